@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create or update the project's virtual environment (.venv) with t3ar and every extra installed.
+# Idempotent: re-installs only when pyproject.toml changed. Needs Python 3.11 and access to PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+py=${T3AR_PYTHON:-}
+if [ -z "$py" ]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      py=$cand; break
+    fi
+  done
+fi
+[ -n "$py" ] || { echo "setup: Python 3.11 is required (set T3AR_PYTHON=/path/to/python3.11)" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $py" >&2
+  "$py" -m venv .venv
+fi
+stamp=.venv/.t3ar-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing t3ar[all,dev] into .venv (first time: torch is large, a few minutes)" >&2
+  log=.venv/pip-install.log
+  if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".[all,dev]" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
+    echo "setup: pip install failed (full log: $log)" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: set everything up, lint, type-check, then run the whole test suite.
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "== ruff" >&2
+.venv/bin/ruff check .
+echo "== mypy" >&2
+.venv/bin/mypy shared services
+echo "== pytest" >&2
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,74 @@
+"""Shared CLI plumbing: error mapping, JSON output, progress bars, option types."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from tqdm import tqdm
+
+from t3ar.errors import T3arError
+from t3ar.method.adapt import StepStats
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def domain_errors(func: F) -> F:
+    """Turn domain errors into a one-line ``Error: ...`` and exit code 1 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except T3arError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except ValueError as exc:  # pydantic validation errors of configs are ValueErrors
+            raise click.ClickException(f"invalid option: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def emit(payload: dict[str, Any], as_json: bool, human: Callable[[dict[str, Any]], str]) -> None:
+    """Print the result: JSON on stdout with ``--json``, else the human summary."""
+    if as_json:
+        click.echo(json.dumps(payload, indent=2, default=str))
+    else:
+        click.echo(human(payload))
+
+
+class StepBar:
+    """A tqdm bar fed by ``on_step`` callbacks (quiet with --json so stdout stays machine-readable)."""
+
+    def __init__(self, desc: str, enabled: bool = True) -> None:
+        self.desc = desc
+        self.enabled = enabled
+        self.bar: tqdm[Any] | None = None
+
+    def __call__(self, s: StepStats) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=s.total_steps, desc=self.desc, file=sys.stderr, leave=False)
+        self.bar.update(1)
+        self.bar.set_postfix(epoch=s.epoch, loss=f"{s.loss:.3f}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")(func)
+
+
+def device_option(func: F) -> F:
+    return click.option("--device", default="auto", show_default=True,
+                        help="auto (CUDA when present), cpu, cuda or cuda:N.")(func)
+
+
+def pct(x: object) -> str:
+    return f"{100 * float(x):.1f}%"  # type: ignore[arg-type]

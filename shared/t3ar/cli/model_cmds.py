@@ -1,0 +1,220 @@
+"""`t3ar train-source`, `t3ar adapt`, `t3ar evaluate`: the method, in-process."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
+from t3ar.data.datasets import ImageSet, load_tensors, read_labelled, read_unlabelled, stratified_subsample
+from t3ar.device import resolve_device, seed_everything
+from t3ar.errors import DatasetError
+from t3ar.method.augment import Normalizer
+from t3ar.method.config import METHODS, AdaptConfig
+from t3ar.method.evaluate import evaluate
+from t3ar.method.supervised import TrainConfig, train_supervised
+from t3ar.models.backbones import parse_backbone
+from t3ar.models.checkpoint import Lineage, load_checkpoint, save_checkpoint
+from t3ar.models.classifier import ModelSpec, build_classifier
+
+log = logging.getLogger(__name__)
+
+
+def _groups(value: str) -> int | None:
+    return None if value == "all" else int(value)
+
+
+@click.command("train-source")
+@click.option("--data", type=click.Path(exists=True, path_type=Path), required=True,
+              help="Labelled source dataset: ImageFolder dir, .zip/.tar(.gz) of one, or path,label CSV.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Checkpoint file to write.")
+@click.option("--arch", default="efficientnet_lite0", show_default=True,
+              help="efficientnet_lite0 | mobilenetv2_100 (packaged weights) | timm:<arch> | clip:<model>.")
+@click.option("--weights", default=None, help="Local weights file (timm state dict or open_clip checkpoint).")
+@click.option("--pretrained", default=None, help="open_clip pretrained tag (needs the weights cached).")
+@click.option("--image-size", default=96, show_default=True, type=click.IntRange(16, 1024))
+@click.option("--epochs", default=15, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--lr", default=0.02, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(2, 4096))
+@click.option("--train-groups", default="2", show_default=True,
+              help="How many final backbone stages train ('all' for every one).")
+@click.option("--val-fraction", default=0.2, show_default=True, type=click.FloatRange(0, 0.9),
+              help="Stratified held-out share for the reported validation accuracy (0 = none).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@device_option
+@json_option
+@domain_errors
+def train_source(data: Path, out: Path, arch: str, weights: str | None, pretrained: str | None,
+                 image_size: int, epochs: int, lr: float, batch_size: int, train_groups: str,
+                 val_fraction: float, seed: int, device: str, as_json: bool) -> None:
+    """Fine-tune a pretrained backbone on labelled source data: the base model f_S.
+
+    \b
+    Example:
+      t3ar train-source --data data/emoji/google --out runs/source.pt --epochs 15
+    """
+    dev = resolve_device(device)
+    gen = seed_everything(seed)
+    ds = read_labelled(data)
+    assert ds.labels is not None and ds.classes is not None
+    val_idx = stratified_subsample(ds.labels, len(ds), val_fraction, seed) if val_fraction > 0 else []
+    held = set(val_idx)
+    train_idx = [i for i in range(len(ds)) if i not in held]
+    spec = ModelSpec(backbone=parse_backbone(arch, weights_path=weights, pretrained_tag=pretrained),
+                     classes=tuple(ds.classes), image_size=image_size)
+    model = build_classifier(spec).to(dev)
+    images = load_tensors(ds, image_size)
+    import torch
+
+    labels = torch.tensor(ds.labels, dtype=torch.long)
+    cfg = TrainConfig(epochs=epochs, lr=lr, batch_size=batch_size, train_groups=_groups(train_groups), seed=seed)
+    bar = StepBar("train-source", enabled=not as_json)
+    res = train_supervised(model, images[train_idx], labels[train_idx], cfg, mean=spec.backbone.mean,
+                           std=spec.backbone.std, device=dev, generator=gen, on_step=bar)
+    bar.close()
+    metrics: dict[str, Any] = {"train_size": len(train_idx), "val_size": len(val_idx),
+                               "seconds": round(res.seconds, 2), "seconds_per_epoch": round(res.seconds_per_epoch, 2)}
+    if val_idx:
+        norm = Normalizer(spec.backbone.mean, spec.backbone.std, dev)
+        metrics["val"] = evaluate(model, images[val_idx], labels[val_idx], spec.classes, norm)
+    sha = save_checkpoint(out, model, spec, lineage=Lineage(method="source"),
+                          metrics={**metrics, "train_config": cfg.model_dump()})
+    payload = {"checkpoint": str(out), "sha256": sha, "classes": len(spec.classes), **metrics}
+    emit(payload, as_json, lambda p: (
+        f"wrote {p['checkpoint']} ({p['classes']} classes, {p['train_size']} train images, "
+        f"{p['seconds_per_epoch']} s/epoch)"
+        + (f"; held-out accuracy {pct(p['val']['top1'])} on {p['val_size']}" if "val" in p else "")))
+
+
+def _read_target(path: Path, need_labels: bool) -> ImageSet:
+    if need_labels:
+        return read_labelled(path)
+    try:
+        return read_labelled(path)  # labels, when present, are used for evaluation only
+    except DatasetError:
+        return read_unlabelled(path)
+
+
+@click.command("adapt")
+@click.option("--model", "model_path", type=click.Path(exists=True, path_type=Path), required=True,
+              help="Base checkpoint (from train-source).")
+@click.option("--target", type=click.Path(exists=True, path_type=Path), required=True,
+              help="Target images: folder or archive (class folders are used for evaluation only).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Adapted checkpoint to write.")
+@click.option("--pool", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Auxiliary pool (folder/archive of images) for t3ar / t3ar-random.")
+@click.option("--method", type=click.Choice(METHODS), default="t3ar", show_default=True)
+@click.option("--k", default=5, show_default=True, type=int, help="Retrieved neighbours per target image.")
+@click.option("--r", default=5, show_default=True, type=int, help="Dedup ratio: sample k of the top r*k.")
+@click.option("--epochs", default=10, show_default=True, type=int)
+@click.option("--min-steps", default=0, show_default=True, type=int)
+@click.option("--batch-size", default=32, show_default=True, type=int)
+@click.option("--lr", default=0.01, show_default=True, type=float)
+@click.option("--fraction", default=1.0, show_default=True, type=float, help="Share of T adapted on.")
+@click.option("--labels", "use_labels", is_flag=True, help="Train-time mode: use the target's labels.")
+@click.option("--eval", "eval_path", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Held-out labelled set to report accuracy on (default: the whole target, if labelled).")
+@click.option("--train-groups", default="2", show_default=True)
+@click.option("--bank-size", default=16384, show_default=True, type=int)
+@click.option("--retriever", default="efficientnet_lite0", show_default=True,
+              help="Embedder R for the pool: efficientnet_lite0 | clip:<model> | timm:<arch>.")
+@click.option("--retriever-weights", default=None, help="Local weights file for R.")
+@click.option("--retriever-tag", default=None, help="open_clip pretrained tag for R.")
+@click.option("--retriever-image-size", default=96, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+@device_option
+@json_option
+@domain_errors
+def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, method: str, k: int, r: int,
+              epochs: int, min_steps: int, batch_size: int, lr: float, fraction: float, use_labels: bool,
+              eval_path: Path | None, train_groups: str, bank_size: int, retriever: str,
+              retriever_weights: str | None, retriever_tag: str | None, retriever_image_size: int, seed: int,
+              device: str, as_json: bool) -> None:
+    """Adapt a base model to target data (in-process; the pool is indexed in memory with faiss).
+
+    \b
+    Example (test-time, 10% of the target, 5 retrieved negatives per image):
+      t3ar adapt --model runs/source.pt --target data/emoji/twitter --pool data/pool \\
+                 --method t3ar --k 5 --fraction 0.1 --epochs 10 --out runs/t3ar.pt
+    """
+    from t3ar.embedder import Embedder, EmbedderSpec
+    from t3ar.local_pool import LocalPool
+    from t3ar.pipeline import run_adaptation
+
+    cfg = AdaptConfig(method=method, mode="train" if use_labels else "test", k=k, r=r, epochs=epochs,  # type: ignore[arg-type]
+                      min_steps=min_steps, batch_size=batch_size, lr=lr, fraction=fraction,
+                      train_groups=_groups(train_groups), bank_size=bank_size, seed=seed)
+    dev = resolve_device(device)
+    model, info = load_checkpoint(model_path, device=dev)
+    tgt = _read_target(target, use_labels)
+    ev = read_labelled(eval_path) if eval_path else None
+    provider = None
+    if cfg.uses_retrieval:
+        if pool is None:
+            raise click.UsageError(f"--method {method} retrieves from a pool: pass --pool DIR")
+        emb = Embedder(EmbedderSpec.parse(retriever, weights_path=retriever_weights, pretrained_tag=retriever_tag,
+                                          image_size=retriever_image_size), device=dev)
+        provider = LocalPool.from_imageset(read_unlabelled(pool), emb)
+    bar = StepBar(f"adapt:{method}", enabled=not as_json)
+    outcome = run_adaptation(model, info, tgt, cfg, provider=provider, device=dev, eval_set=ev, on_step=bar)
+    bar.close()
+    res = outcome.result
+    metrics: dict[str, Any] = {"steps": res.steps, "epochs": res.epochs, "seconds": round(res.seconds, 2),
+                               "seconds_per_epoch": round(res.seconds_per_epoch, 2),
+                               "retrieval_seconds": outcome.retrieval_seconds}
+    if outcome.before is not None and outcome.after is not None:
+        metrics["before"] = outcome.before
+        metrics["after"] = outcome.after
+    sha = save_checkpoint(out, model, info.spec, adapt_config=cfg.model_dump(), lineage=outcome.lineage,
+                          metrics=metrics)
+    payload = {"checkpoint": str(out), "sha256": sha, "method": method, "adapted_on": outcome.lineage.target_size,
+               "pool_ids_used": len(outcome.lineage.pool_ids), **metrics}
+    emit(payload, as_json, _adapt_summary)
+
+
+def _adapt_summary(p: dict[str, Any]) -> str:
+    line = (f"wrote {p['checkpoint']} ({p['method']}, {p['adapted_on']} target images, {p['steps']} steps, "
+            f"{p['seconds_per_epoch']} s/epoch, {p['pool_ids_used']} pool images used)")
+    if "before" in p:
+        line += f"\naccuracy {pct(p['before']['top1'])} -> {pct(p['after']['top1'])} on {p['after']['n']} images"
+    return line
+
+
+@click.command("evaluate")
+@click.option("--model", "model_path", type=click.Path(exists=True, path_type=Path), required=True)
+@click.option("--data", type=click.Path(exists=True, path_type=Path), required=True,
+              help="Labelled dataset (ImageFolder dir, archive or CSV) whose classes the model knows.")
+@click.option("--per-class", is_flag=True, help="Also print per-class accuracy.")
+@click.option("--batch-size", default=256, show_default=True, type=int)
+@device_option
+@json_option
+@domain_errors
+def evaluate_cmd(model_path: Path, data: Path, per_class: bool, batch_size: int, device: str,
+                 as_json: bool) -> None:
+    """Top-1 and per-class accuracy of a checkpoint on a labelled dataset.
+
+    \b
+    Example:
+      t3ar evaluate --model runs/t3ar.pt --data data/emoji/twitter --per-class
+    """
+    from t3ar.pipeline import labels_for_model
+
+    dev = resolve_device(device)
+    model, info = load_checkpoint(model_path, device=dev)
+    ds = read_labelled(data)
+    y = labels_for_model(ds, info.spec.classes)
+    x = load_tensors(ds, info.spec.image_size)
+    norm = Normalizer(info.spec.backbone.mean, info.spec.backbone.std, dev)
+    report = evaluate(model, x, y, info.spec.classes, norm, batch_size)
+    payload = {"checkpoint": str(model_path), "data": str(data), **report}
+
+    def human(p: dict[str, Any]) -> str:
+        s = f"top-1 {pct(p['top1'])}, mean per-class {pct(p['mean_class_accuracy'])} on {p['n']} images"
+        if per_class:
+            s += "".join(f"\n  {c:30s} {pct(v['accuracy']):>7s}  (n={v['n']})" for c, v in p["per_class"].items())
+        return s
+
+    emit(payload, as_json, human)

@@ -1,0 +1,40 @@
+"""Domain errors. Services map these to HTTP status codes in one place; the CLI prints them.
+
+Every error message says what went wrong *and what to do about it*.
+"""
+
+
+class T3arError(Exception):
+    """Base class for all errors raised by the t3ar core."""
+
+
+class InvalidInputError(T3arError):
+    """The caller gave something we cannot use (bad option, bad file, empty dataset...). Maps to 4xx."""
+
+
+class ImageDecodeError(InvalidInputError):
+    """A file is not a readable image."""
+
+
+class UnsafeArchiveError(InvalidInputError):
+    """An archive contains traversal, absolute paths, links, or exceeds size/count limits."""
+
+
+class DatasetError(InvalidInputError):
+    """A dataset is empty, malformed, or its labels do not fit the model."""
+
+
+class CheckpointError(InvalidInputError):
+    """A checkpoint is not ours, is corrupt, or does not match what it is loaded into."""
+
+
+class WeightsUnavailableError(T3arError):
+    """Pretrained weights are not installed / not present at the given path (no silent random init)."""
+
+
+class DeviceUnavailableError(T3arError):
+    """The requested device (e.g. cuda) is not available on this machine."""
+
+
+class ToolMissingError(T3arError):
+    """An external tool (npm, apt-get, dpkg-deb) needed by the data kit is missing."""

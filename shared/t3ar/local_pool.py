@@ -1,0 +1,79 @@
+"""An in-process pool: images on disk, their embeddings and an exact faiss inner-product index.
+
+Implements :class:`t3ar.method.retrieval.NeighbourProvider` for `t3ar adapt --pool DIR` and the
+benchmarks; the retriever service offers the same over HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+from PIL import Image
+
+from t3ar.data.datasets import ImageSet
+from t3ar.data.images import open_image
+from t3ar.embedder import Embedder
+from t3ar.errors import DatasetError
+
+log = logging.getLogger(__name__)
+
+
+def build_flat_index(vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
+    """Exact inner-product index with our own int64 ids (IndexIDMap2 supports remove/reconstruct)."""
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+    if len(vectors):
+        index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids.astype(np.int64))
+    return index
+
+
+class LocalPool:
+    """A read-only pool held in this process."""
+
+    def __init__(self, embedder: Embedder, paths: Sequence[Path], ids: Sequence[str], vectors: np.ndarray) -> None:
+        if len(paths) != len(ids) or len(ids) != len(vectors):
+            raise ValueError("paths, ids and vectors must have the same length")
+        self.embedder = embedder
+        self._paths = list(paths)
+        self._ids = list(ids)
+        self._row = {pid: i for i, pid in enumerate(self._ids)}
+        self.vectors = vectors
+        self.index = build_flat_index(vectors, np.arange(len(vectors)))
+
+    @classmethod
+    def from_imageset(cls, imageset: ImageSet, embedder: Embedder, *, batch_size: int = 128) -> LocalPool:
+        if len(imageset) == 0:
+            raise DatasetError("the pool is empty: give a folder or archive with images")
+        vecs = []
+        for start in range(0, len(imageset), batch_size):
+            chunk = [open_image(p) for p in imageset.paths[start:start + batch_size]]
+            vecs.append(embedder.embed(chunk, batch_size=batch_size))
+        vectors = np.concatenate(vecs)
+        log.info("local pool: %d images embedded with %s", len(vectors), embedder.identity)
+        return cls(embedder, imageset.paths, imageset.ids, vectors)
+
+    @property
+    def identity(self) -> str:
+        return self.embedder.identity
+
+    def size(self) -> int:
+        return len(self._ids)
+
+    def embed(self, images: torch.Tensor) -> np.ndarray:
+        return self.embedder.embed(images)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        k_eff = min(k, self.size())
+        scores, rows = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k_eff)
+        ids = [[self._ids[r] if r >= 0 else "" for r in row] for row in rows]
+        return scores, ids
+
+    def all_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
+        return [open_image(self._paths[self._row[i]]) for i in ids]

@@ -1,0 +1,61 @@
+"""The memory bank: a FIFO queue of features (+ logits for target entries) with ids and a pool flag.
+
+Target entries (from T) store g(t'(x)) (L2-normalised), f(t'(x)) and the sample id; pool entries (from
+A) store only the feature and id (A has other labels). Ids: target samples are ``0..N_T-1``; pool
+entries use their own id space, told apart by ``from_pool``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class MemoryBank:
+    """Fixed-size circular queue. Empty slots are marked invalid and never used as negatives."""
+
+    def __init__(self, size: int, feat_dim: int, num_classes: int, device: torch.device | str = "cpu") -> None:
+        if size < 1:
+            raise ValueError("bank size must be >= 1")
+        self.size = size
+        self.feats = torch.zeros(size, feat_dim, device=device)
+        self.logits = torch.zeros(size, num_classes, device=device)
+        self.ids = torch.full((size,), -1, dtype=torch.long, device=device)
+        self.labels = torch.full((size,), -1, dtype=torch.long, device=device)
+        self.from_pool = torch.zeros(size, dtype=torch.bool, device=device)
+        self.valid = torch.zeros(size, dtype=torch.bool, device=device)
+        self.ptr = 0
+
+    def __len__(self) -> int:
+        return int(self.valid.sum())
+
+    @torch.no_grad()
+    def enqueue(self, feats: torch.Tensor, ids: torch.Tensor, *, logits: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, from_pool: bool = False) -> None:
+        """Write a batch at the head of the queue, overwriting the oldest entries (dequeue)."""
+        n = len(ids)
+        if n == 0:
+            return
+        if n > self.size:  # only the newest entries fit
+            feats, ids = feats[-self.size:], ids[-self.size:]
+            logits = logits[-self.size:] if logits is not None else None
+            labels = labels[-self.size:] if labels is not None else None
+            n = self.size
+        slots = (self.ptr + torch.arange(n, device=self.ids.device)) % self.size
+        self.feats[slots] = feats.detach().float()
+        self.ids[slots] = ids.to(self.ids.device)
+        if logits is not None:
+            self.logits[slots] = logits.detach().float()
+        else:
+            self.logits[slots] = 0
+        self.labels[slots] = labels.to(self.ids.device) if labels is not None else -1
+        self.from_pool[slots] = from_pool
+        self.valid[slots] = True
+        self.ptr = int((self.ptr + n) % self.size)
+
+    @torch.no_grad()
+    def mean_logits(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean of the stored target logits for each id: ([B, C], counts [B]); zeros where none stored."""
+        mask = (self.ids[None, :] == ids[:, None]) & (self.valid & ~self.from_pool)[None, :]
+        counts = mask.sum(1)
+        sums = mask.float() @ self.logits
+        return sums / counts.clamp(min=1)[:, None].float(), counts

@@ -1,0 +1,57 @@
+"""The adaptation config: one frozen model, carried in the job and saved inside the checkpoint."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Method = Literal["source", "tent", "shot-im", "adacontrast", "t3ar-random", "t3ar"]
+METHODS: tuple[str, ...] = ("source", "tent", "shot-im", "adacontrast", "t3ar-random", "t3ar")
+RETRIEVAL_METHODS: tuple[str, ...] = ("t3ar-random", "t3ar")
+
+
+class AdaptConfig(BaseModel):
+    """Every knob of an adaptation run. Defaults follow the paper/AdaContrast, scaled to a CPU budget.
+
+    ``mode='test'``: T is unlabelled; the loss uses filtered pseudo-labels. ``mode='train'``: T is labelled
+    (train-time adaptation); true labels replace pseudo-labels in the CE loss and the negative mask.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: Method = "t3ar"
+    mode: Literal["test", "train"] = "test"
+    # retrieval
+    k: int = Field(default=5, ge=0, le=64, description="retrieved pool neighbours per target image")
+    r: int = Field(default=5, ge=1, le=20, description="dedup: sample k of the top r*k neighbours")
+    # schedule
+    epochs: int = Field(default=10, ge=1, le=1000)
+    min_steps: int = Field(default=0, ge=0, description="lower bound on optimiser steps (tiny fractions of T)")
+    batch_size: int = Field(default=32, ge=2, le=4096)
+    lr: float = Field(default=0.01, gt=0, le=10)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=1e-4, ge=0)
+    warmup_frac: float = Field(default=0.1, ge=0, lt=1, description="fraction of steps of linear warm-up")
+    # losses
+    temperature: float = Field(default=0.07, gt=0)
+    ce_weight: float = Field(default=1.0, ge=0)
+    contrastive_weight: float = Field(default=1.0, ge=0)
+    diversity_weight: float = Field(default=0.0, ge=0, description="AdaContrast's optional diversity term")
+    bank_size: int = Field(default=16384, ge=8)
+    # what trains
+    train_groups: int | None = Field(default=2, ge=0, description="last N backbone groups that train; None=all")
+    # data
+    fraction: float = Field(default=1.0, gt=0, le=1)
+    seed: int = 0
+    amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
+
+    @model_validator(mode="after")
+    def _check(self) -> AdaptConfig:
+        if self.method in RETRIEVAL_METHODS and self.k < 1:
+            raise ValueError(f"method {self.method} retrieves neighbours: k must be >= 1")
+        return self
+
+    @property
+    def uses_retrieval(self) -> bool:
+        return self.method in RETRIEVAL_METHODS

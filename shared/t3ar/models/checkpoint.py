@@ -1,0 +1,164 @@
+"""The t3ar checkpoint: one file that fully describes a classifier.
+
+Layout (a dict saved with ``torch.save``; loaded with ``weights_only=True`` so an uploaded file cannot run
+code)::
+
+    {"format": "t3ar.checkpoint", "version": 1,
+     "spec": ModelSpec (architecture, classes, image size, normalisation, head),
+     "adapt_config": the frozen AdaptConfig used (or None for a source model),
+     "lineage": Lineage (base model hash, target hash, retrieved pool ids, retriever identity),
+     "metrics": {...}, "state_dict": {...}}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from t3ar.errors import CheckpointError
+from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
+
+FORMAT = "t3ar.checkpoint"
+VERSION = 1
+
+
+class Lineage(BaseModel):
+    """Where an adapted model came from. ``pool_ids`` are the pool samples its adaptation retrieved."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_model_sha256: str | None = None
+    target_sha256: str | None = None
+    target_size: int | None = None
+    pool_ids: tuple[str, ...] = ()
+    retriever: str | None = None
+    method: str = "source"
+    created_at: str = Field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """Everything in a checkpoint except the weights."""
+
+    spec: ModelSpec
+    adapt_config: dict[str, Any] | None
+    lineage: Lineage
+    metrics: dict[str, Any]
+    sha256: str
+
+
+def save_checkpoint(
+    path: Path,
+    model: Classifier,
+    spec: ModelSpec,
+    *,
+    adapt_config: dict[str, Any] | None = None,
+    lineage: Lineage | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> str:
+    """Write the checkpoint atomically (temp file + rename in the same folder); return its sha256."""
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "spec": spec.model_dump(mode="json"),
+        "adapt_config": adapt_config,
+        "lineage": (lineage or Lineage()).model_dump(mode="json"),
+        "metrics": metrics or {},
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    data = buf.getvalue()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_payload(path: Path) -> tuple[dict[str, Any], str]:
+    if not Path(path).is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    data = Path(path).read_bytes()
+    try:
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle / zip errors come in many types
+        raise CheckpointError(
+            f"{path} is not a t3ar checkpoint (cannot be read safely: {type(exc).__name__}); "
+            "create one with `t3ar train-source` or `t3ar adapt`"
+        ) from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a t3ar checkpoint (no '{FORMAT}' header)")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {payload.get('version')}; this t3ar reads {VERSION}")
+    return payload, hashlib.sha256(data).hexdigest()
+
+
+def read_info(path: Path) -> CheckpointInfo:
+    """Read and validate everything but the weights (cheap enough for API upload validation)."""
+    payload, sha = _read_payload(path)
+    try:
+        spec = ModelSpec.model_validate(payload["spec"])
+        lineage = Lineage.model_validate(payload.get("lineage") or {})
+    except (KeyError, ValidationError) as exc:
+        raise CheckpointError(f"{path}: malformed checkpoint metadata: {exc}") from exc
+    if not isinstance(payload.get("state_dict"), dict):
+        raise CheckpointError(f"{path}: checkpoint has no state_dict")
+    return CheckpointInfo(spec, payload.get("adapt_config"), lineage, dict(payload.get("metrics") or {}), sha)
+
+
+def load_checkpoint(
+    path: Path, *, expect: ModelSpec | None = None, device: torch.device | str = "cpu"
+) -> tuple[Classifier, CheckpointInfo]:
+    """Rebuild the classifier from the checkpoint alone (no pretrained weights needed) and load its weights.
+
+    ``expect``: when given, the checkpoint must have the same architecture and class list, else a
+    CheckpointError says what differs.
+    """
+    payload, _ = _read_payload(path)
+    info = read_info(path)
+    if expect is not None:
+        check_compatible(info.spec, expect, what=str(path))
+    model = build_classifier(info.spec.model_copy(update={"backbone": info.spec.backbone.without_weights()}))
+    try:
+        model.load_state_dict(payload["state_dict"], strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"{path}: weights do not fit its declared architecture {info.spec.arch_signature()}: "
+            f"{str(exc).splitlines()[0]}"
+        ) from exc
+    return model.to(device), info
+
+
+def check_compatible(found: ModelSpec, expected: ModelSpec, *, what: str = "checkpoint") -> None:
+    """Raise CheckpointError naming the difference when two specs cannot share weights."""
+    if found.arch_signature() != expected.arch_signature():
+        raise CheckpointError(
+            f"{what}: architecture {found.arch_signature()} does not match the expected "
+            f"{expected.arch_signature()}"
+        )
+    if tuple(found.classes) != tuple(expected.classes):
+        extra = sorted(set(found.classes) - set(expected.classes))[:5]
+        missing = sorted(set(expected.classes) - set(found.classes))[:5]
+        raise CheckpointError(
+            f"{what}: class list differs ({found.num_classes} vs {expected.num_classes} classes; "
+            f"unexpected {extra}, missing {missing})"
+        )

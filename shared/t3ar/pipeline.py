@@ -1,0 +1,177 @@
+"""The adaptation harness: the I/O edge around the pure method.
+
+Loads the base checkpoint, prepares target tensors, asks a :class:`NeighbourProvider` for neighbours
+(fixed for the job), fetches them, runs :func:`t3ar.method.adapt.adapt`, evaluates, and returns
+everything needed to write an adapted checkpoint with its lineage. Used by the CLI, the worker and the
+benchmarks alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from t3ar.data.datasets import ImageSet, class_map_check, load_tensors, stratified_subsample
+from t3ar.data.images import to_tensor_uint8
+from t3ar.device import seed_everything
+from t3ar.errors import DatasetError, InvalidInputError
+from t3ar.method.adapt import AdaptResult, StepStats, adapt
+from t3ar.method.augment import Normalizer
+from t3ar.method.config import AdaptConfig
+from t3ar.method.evaluate import evaluate
+from t3ar.method.retrieval import NeighbourProvider, dedup_sample, random_neighbours
+from t3ar.models.checkpoint import CheckpointInfo, Lineage
+from t3ar.models.classifier import Classifier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Retrieved:
+    """Neighbours of every target image as local indices into ``pool_images`` (fetched once)."""
+
+    neighbours: torch.Tensor  # [N, k] long, -1 = missing
+    pool_images: torch.Tensor  # [P, 3, S, S] uint8
+    pool_ids: list[str]  # local index -> pool id
+    seconds_embed: float = 0.0
+    seconds_search: float = 0.0
+    seconds_fetch: float = 0.0
+
+
+def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptConfig, image_size: int,
+             generator: torch.Generator, *, fetch_batch: int = 256) -> Retrieved:
+    """Nearest neighbours with dedup (``t3ar``) or uniformly random pool items (``t3ar-random``)."""
+    t0 = time.perf_counter()
+    n, k = len(target), config.k
+    if provider.size() < k:
+        raise InvalidInputError(f"the pool has {provider.size()} items; k={k} neighbours are needed per image")
+    if config.method == "t3ar-random":
+        all_ids = provider.all_ids()
+        rows = random_neighbours(n, len(all_ids), k, generator)
+        chosen = [[all_ids[int(i)] for i in row] for row in rows]
+        t1 = t2 = time.perf_counter()
+    else:
+        queries = provider.embed(target)
+        t1 = time.perf_counter()
+        _, cand_ids = provider.search(queries, k * config.r)
+        vocab: dict[str, int] = {}
+        cand = torch.full((n, k * config.r), -1, dtype=torch.long)
+        for i, row in enumerate(cand_ids):
+            for j, pid in enumerate(row):
+                if pid:
+                    cand[i, j] = vocab.setdefault(pid, len(vocab))
+        if cand.shape[1] < k:
+            raise InvalidInputError("the pool returned fewer candidates than k")
+        picked = dedup_sample(cand, k, generator)
+        inv = {v: pid for pid, v in vocab.items()}
+        chosen = [[inv[int(i)] if i >= 0 else "" for i in row] for row in picked]
+        t2 = time.perf_counter()
+    local: dict[str, int] = {}
+    neighbours = torch.full((n, k), -1, dtype=torch.long)
+    for i, row in enumerate(chosen):
+        for j, pid in enumerate(row):
+            if pid:
+                neighbours[i, j] = local.setdefault(pid, len(local))
+    pool_ids = list(local)
+    tensors: list[torch.Tensor] = []
+    for start in range(0, len(pool_ids), fetch_batch):
+        tensors += [to_tensor_uint8(img, image_size) for img in provider.fetch(pool_ids[start:start + fetch_batch])]
+    pool_images = torch.stack(tensors) if tensors else torch.empty(0, 3, image_size, image_size, dtype=torch.uint8)
+    t3 = time.perf_counter()
+    log.info("retrieved %d distinct pool images for %d targets (k=%d, r=%d, %s)", len(pool_ids), n, k,
+             config.r, config.method)
+    return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2)
+
+
+def imageset_sha256(imageset: ImageSet) -> str:
+    """Content hash of a dataset: ids, labels and file bytes, in id order."""
+    h = hashlib.sha256()
+    order = sorted(range(len(imageset)), key=lambda i: imageset.ids[i])
+    for i in order:
+        h.update(imageset.ids[i].encode())
+        if imageset.labels is not None and imageset.classes is not None:
+            h.update(imageset.classes[imageset.labels[i]].encode())
+        h.update(hashlib.sha256(Path(imageset.paths[i]).read_bytes()).digest())
+    return h.hexdigest()
+
+
+@dataclass
+class AdaptOutcome:
+    result: AdaptResult
+    lineage: Lineage
+    before: dict[str, object] | None = None
+    after: dict[str, object] | None = None
+    retrieval_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def labels_for_model(imageset: ImageSet, model_classes: Sequence[str]) -> torch.Tensor:
+    """The dataset's labels as indices into the model's class list (DatasetError on unknown classes)."""
+    if imageset.labels is None or imageset.classes is None:
+        raise DatasetError("this dataset has no labels")
+    mapping = class_map_check(list(imageset.classes), list(model_classes))
+    return torch.tensor([mapping[y] for y in imageset.labels], dtype=torch.long)
+
+
+def run_adaptation(
+    model: Classifier,
+    info: CheckpointInfo,
+    target: ImageSet,
+    config: AdaptConfig,
+    *,
+    provider: NeighbourProvider | None,
+    device: torch.device,
+    eval_set: ImageSet | None = None,
+    on_step: Callable[[StepStats], None] | None = None,
+    target_tensor: torch.Tensor | None = None,
+) -> AdaptOutcome:
+    """Subsample T (``config.fraction``), retrieve, adapt ``model`` in place, evaluate before/after.
+
+    Evaluation uses ``eval_set`` when given (held-out images), else the whole of ``target`` when it is
+    labelled (the usual transductive test-time protocol), else none.
+    """
+    spec = info.spec
+    gen = seed_everything(config.seed)
+    if config.mode == "train" and not target.labelled:
+        raise DatasetError("train-time mode needs a labelled target (class folders or labels.csv)")
+    full = target_tensor if target_tensor is not None else load_tensors(target, spec.image_size)
+    keep = stratified_subsample(target.labels, len(target), config.fraction, config.seed)
+    if len(keep) < 2:
+        raise DatasetError(f"{len(keep)} target image(s) after fraction={config.fraction}: need at least 2")
+    adapt_set, x = target.subset(keep), full[keep]
+    labels = labels_for_model(adapt_set, spec.classes) if config.mode == "train" else None
+
+    ev = eval_set if eval_set is not None else (target if target.labelled else None)
+    norm = Normalizer(spec.backbone.mean, spec.backbone.std, device)
+    ev_x = ev_y = None
+    if ev is not None:
+        ev_x = full if ev is target else load_tensors(ev, spec.image_size)
+        ev_y = labels_for_model(ev, spec.classes)
+    model.to(device)
+    before = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None
+
+    retrieved: Retrieved | None = None
+    if config.uses_retrieval:
+        if provider is None:
+            raise InvalidInputError(f"method {config.method} needs a pool (retriever)")
+        retrieved = retrieve(provider, x, config, spec.image_size, gen)
+    result = adapt(model, x, config, mean=spec.backbone.mean, std=spec.backbone.std, labels=labels,
+                   neighbours=retrieved.neighbours if retrieved else None,
+                   pool_images=retrieved.pool_images if retrieved else None,
+                   device=device, generator=gen, on_step=on_step)
+    after = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None
+    used = [retrieved.pool_ids[i] for i in result.pool_used] if retrieved else []
+    lineage = Lineage(
+        base_model_sha256=info.sha256, target_sha256=imageset_sha256(adapt_set), target_size=len(adapt_set),
+        pool_ids=tuple(sorted(used)), retriever=provider.identity if (provider and retrieved) else None,
+        method=config.method,
+    )
+    secs = {"embed": retrieved.seconds_embed, "search": retrieved.seconds_search,
+            "fetch": retrieved.seconds_fetch} if retrieved else {}
+    return AdaptOutcome(result, lineage, before, after, secs)
+
