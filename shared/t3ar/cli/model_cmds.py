@@ -23,6 +23,9 @@ from t3ar.models.classifier import ModelSpec, build_classifier
 log = logging.getLogger(__name__)
 
 
+_D = {name: f.default for name, f in AdaptConfig.model_fields.items()}  # CLI defaults = config defaults
+
+
 def _groups(value: str) -> int | None:
     return None if value == "all" else int(value)
 
@@ -107,18 +110,19 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--pool", type=click.Path(exists=True, path_type=Path), default=None,
               help="Auxiliary pool (folder/archive of images) for t3ar / t3ar-random.")
 @click.option("--method", type=click.Choice(METHODS), default="t3ar", show_default=True)
-@click.option("--k", default=5, show_default=True, type=int, help="Retrieved neighbours per target image.")
-@click.option("--r", default=5, show_default=True, type=int, help="Dedup ratio: sample k of the top r*k.")
-@click.option("--epochs", default=10, show_default=True, type=int)
-@click.option("--min-steps", default=0, show_default=True, type=int)
-@click.option("--batch-size", default=32, show_default=True, type=int)
-@click.option("--lr", default=0.01, show_default=True, type=float)
-@click.option("--fraction", default=1.0, show_default=True, type=float, help="Share of T adapted on.")
+@click.option("--k", default=_D["k"], show_default=True, type=int, help="Retrieved neighbours per target image.")
+@click.option("--r", default=_D["r"], show_default=True, type=int, help="Dedup ratio: sample k of the top r*k.")
+@click.option("--epochs", default=_D["epochs"], show_default=True, type=int)
+@click.option("--min-steps", default=_D["min_steps"], show_default=True, type=int)
+@click.option("--batch-size", default=_D["batch_size"], show_default=True, type=int)
+@click.option("--lr", default=_D["lr"], show_default=True, type=float)
+@click.option("--fraction", default=_D["fraction"], show_default=True, type=float, help="Share of T adapted on.")
 @click.option("--labels", "use_labels", is_flag=True, help="Train-time mode: use the target's labels.")
 @click.option("--eval", "eval_path", type=click.Path(exists=True, path_type=Path), default=None,
               help="Held-out labelled set to report accuracy on (default: the whole target, if labelled).")
-@click.option("--train-groups", default="2", show_default=True)
-@click.option("--bank-size", default=16384, show_default=True, type=int)
+@click.option("--train-groups", default=str(_D["train_groups"]), show_default=True,
+              help="How many final backbone stages train ('all' for every one).")
+@click.option("--bank-size", default=_D["bank_size"], show_default=True, type=int)
 @click.option("--retriever", default="efficientnet_lite0", show_default=True,
               help="Embedder R for the pool: efficientnet_lite0 | clip:<model> | timm:<arch>.")
 @click.option("--retriever-weights", default=None, help="Local weights file for R.")

@@ -20,7 +20,13 @@ from t3ar.method.augment import Normalizer, apply_each, strong_view, weak_view
 from t3ar.method.bank import MemoryBank
 from t3ar.method.config import AdaptConfig
 from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
-from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms, iter_batchnorms
+from t3ar.models.classifier import (
+    Classifier,
+    configure_trainable,
+    freeze_frozen_norms,
+    frozen_norm_stats,
+    iter_batchnorms,
+)
 
 
 @dataclass
@@ -212,7 +218,8 @@ class _ContrastiveState:
         t1 = time.perf_counter()
         stats.seconds_augment = t1 - t0
         ids = idx.to(bank.ids.device)
-        with torch.no_grad():  # keys: momentum encoder with m = 0 is the current model, no gradient
+        # keys: the momentum encoder with m = 0 is the current model, without gradient
+        with torch.no_grad(), frozen_norm_stats(model):
             k_feat, k_logits = model.forward_all(xs)
             k = F.normalize(k_feat.float(), dim=1)
             p = F.normalize(model.features(xp).float(), dim=1) if xp is not None else None

@@ -29,7 +29,7 @@ class AdaptConfig(BaseModel):
     epochs: int = Field(default=10, ge=1, le=1000)
     min_steps: int = Field(default=0, ge=0, description="lower bound on optimiser steps (tiny fractions of T)")
     batch_size: int = Field(default=32, ge=2, le=4096)
-    lr: float = Field(default=0.01, gt=0, le=10)
+    lr: float = Field(default=0.001, gt=0, le=10)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=1e-4, ge=0)
     warmup_frac: float = Field(default=0.1, ge=0, lt=1, description="fraction of steps of linear warm-up")

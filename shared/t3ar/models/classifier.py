@@ -7,6 +7,7 @@ backbone -> [B, D] -> (optional) Linear(D, 256) + BatchNorm1d -> g(x) (the contr
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -142,3 +143,20 @@ def iter_batchnorms(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNor
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             yield m
+
+
+@contextmanager
+def frozen_norm_stats(model: nn.Module) -> Iterator[None]:
+    """BatchNorm still normalises with batch statistics but does not update its running stats.
+
+    Used for auxiliary forward passes (keys, retrieved pool images) so that evaluation-time statistics
+    come from the target's own (weak) views only, never from pool images of another domain.
+    """
+    saved = [(bn, bn.momentum) for bn in iter_batchnorms(model)]
+    for bn, _ in saved:
+        bn.momentum = 0.0
+    try:
+        yield
+    finally:
+        for bn, momentum in saved:
+            bn.momentum = momentum
