@@ -101,6 +101,9 @@ def adapt(
         raise ValueError("train-time mode needs labels")
     if config.uses_retrieval and (neighbours is None or pool_images is None):
         raise ValueError(f"{config.method} needs neighbours and pool images")
+    if device.type == "cuda":  # page-locked host memory makes the non_blocking copies asynchronous
+        target = target.pin_memory()
+        pool_images = pool_images.pin_memory() if pool_images is not None else None
     n = len(target)
     if n < 2:
         raise ValueError("need at least 2 target images")
