@@ -163,7 +163,7 @@ def adapt(
             stats.loss = float(loss.detach())
             if config.method == "shot-im":
                 stats.seconds_augment = t1 - t0
-            stats.seconds_forward_backward = t2 - t1
+            stats.seconds_forward_backward = t2 - t1 - stats.seconds_bank  # bank time is reported apart
             result.history.append(stats)
             if on_step is not None:
                 on_step(stats)
