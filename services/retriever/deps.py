@@ -1,0 +1,99 @@
+"""Dependencies: the service state on ``app.state.retriever`` and bearer-token auth.
+
+They are ``async def`` on purpose: they never block, and FastAPI would run each sync dependency in the thread
+pool (a thread hop per dependency per request, which costs milliseconds on a busy machine).
+
+Scopes: the read/write token (``T3AR_RETRIEVER_TOKEN``) may add, search, embed and read; the admin token
+(``T3AR_RETRIEVER_ADMIN_TOKEN``) may do all that and delete. No or unknown token -> 401, read/write token on
+an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.retriever.errors import AuthError, NotReadyError, PoolConflictError
+from services.retriever.metrics import RetrieverMetrics
+from services.retriever.pool import Pool
+from services.retriever.settings import RetrieverSettings
+
+if TYPE_CHECKING:
+    from services.retriever.ingest import ImageIngestor
+
+
+@dataclass
+class RetrieverState:
+    settings: RetrieverSettings
+    metrics: RetrieverMetrics
+    pool: Pool | None = None
+    ingestor: ImageIngestor | None = None
+    load_error: str | None = None
+    loader: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.pool is not None and self.pool.index is not None
+
+
+async def get_state(request: Request) -> RetrieverState:
+    state: RetrieverState = request.app.state.retriever
+    return state
+
+
+StateDep = Annotated[RetrieverState, Depends(get_state)]
+
+
+async def get_settings(state: StateDep) -> RetrieverSettings:
+    return state.settings
+
+
+async def get_pool(state: StateDep) -> Pool:
+    if state.load_error:
+        raise NotReadyError(f"the pool failed to load: {state.load_error}")
+    if not state.ready or state.pool is None:
+        raise NotReadyError("the index is still loading or being rebuilt; retry in a moment")
+    return state.pool
+
+
+async def get_ingestor(state: StateDep) -> ImageIngestor:
+    if state.ingestor is None:
+        raise PoolConflictError("this retriever is vectors-only (T3AR_RETRIEVER_EMBEDDER=none): it cannot embed "
+                                "images; send vectors, or use a retriever configured with an embedder")
+    return state.ingestor
+
+
+SettingsDep = Annotated[RetrieverSettings, Depends(get_settings)]
+PoolDep = Annotated[Pool, Depends(get_pool)]
+IngestorDep = Annotated["ImageIngestor", Depends(get_ingestor)]
+
+_bearer = HTTPBearer(auto_error=False, description="T3AR_RETRIEVER_TOKEN (read/write) or _ADMIN_TOKEN")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _scope_of(settings: RetrieverSettings, creds: HTTPAuthorizationCredentials | None) -> Literal["rw", "admin"]:
+    if settings.auth_disabled:
+        return "admin"
+    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+        raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'", status=401)
+    given = creds.credentials.encode()
+    if settings.admin_token is not None and \
+            secrets.compare_digest(given, settings.admin_token.get_secret_value().encode()):
+        return "admin"
+    if settings.token is not None and secrets.compare_digest(given, settings.token.get_secret_value().encode()):
+        return "rw"
+    raise AuthError("invalid bearer token", status=401)
+
+
+async def require_token(settings: SettingsDep, creds: BearerDep) -> None:
+    _scope_of(settings, creds)
+
+
+async def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
+    if _scope_of(settings, creds) != "admin":
+        raise AuthError("this operation needs the admin token (T3AR_RETRIEVER_ADMIN_TOKEN)", status=403)

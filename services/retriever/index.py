@@ -1,0 +1,273 @@
+"""The derived faiss index over the pool's vectors, safe for concurrent searches.
+
+- ``flat``: ``IndexIDMap2(IndexFlatIP)``, exact inner product (the paper). ``ivf``: ``IndexIVFFlat`` (inner
+  product, native ids, removal supported), trained on the stored vectors when the index is built.
+- ids are the store's ``seq`` (int64, never reused); faiss' ``-1`` (missing result) is never returned.
+- Concurrency: searches hold the read side of a writer-preferring RW lock; ``add`` and physical removal hold
+  the write side (faiss is not safe for a write concurrent with searches).
+- Deletion is two-phase so that it is immediate without waiting for running searches or paying faiss'
+  O(N) ``remove_ids`` (~30-120 ms at 1M vectors): :meth:`remove` puts the ids in a tombstone set that every
+  search started afterwards filters out; :meth:`compact` later removes them from faiss physically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import faiss
+import numpy as np
+
+F: Any = faiss  # the bundled stubs are incomplete (kwargs constructors, IVF attributes)
+
+log = logging.getLogger(__name__)
+
+IndexKind = Literal["flat", "ivf"]
+SELECTOR_MIN_DROP = 2048  # above this many excluded/tombstoned ids, filter inside faiss instead of over-fetching
+SMALL_BATCH = 20  # faiss' own BLAS threshold: fewer queries are scanned without matrix multiplication
+
+
+def search_threads(n_queries: int, configured: int) -> int:
+    """OpenMP threads for one search: 1 for a few queries (the scan is memory-bound, and a second thread mostly
+    adds barrier waits, badly so when the cores are busy with other searches), else ``configured`` (0 = all)."""
+    if n_queries < SMALL_BATCH:
+        return 1
+    return configured if configured > 0 else (os.cpu_count() or 1)
+
+
+class RWLock:
+    """Many readers or one writer; a waiting writer blocks new readers (no writer starvation)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    kind: IndexKind = "flat"
+    nlist: int = 1024
+    nprobe: int = 32
+    threads: int = 0
+
+
+def _as_f32(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+class VectorIndex:
+    def __init__(self, index: Any, dim: int, kind: IndexKind, nprobe: int = 32) -> None:
+        self._index: Any = index
+        self.threads = 0  # OpenMP threads for large query batches (0 = all cores); see search_threads()
+        self.dim = dim
+        self.kind: IndexKind = kind
+        self.nprobe = nprobe
+        self._lock = RWLock()
+        self._tomb: frozenset[int] = frozenset()
+        self._tomb_lock = threading.Lock()
+
+    # --- construction -----------------------------------------------------------------------------
+    @classmethod
+    def build(cls, dim: int, config: IndexConfig, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> VectorIndex:
+        """Build from ``(seqs, vectors)`` batches. IVF needs data to train: with fewer than 39 vectors per
+        list it uses fewer lists, and an empty pool gets a flat index (rebuilt as IVF at a later start)."""
+        built = cls._build(dim, config, batches)
+        built.threads = config.threads
+        return built
+
+    @classmethod
+    def _build(cls, dim: int, config: IndexConfig, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> VectorIndex:
+        if config.kind == "flat":
+            index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+            for seqs, vecs in batches:
+                index.add_with_ids(_as_f32(vecs), seqs.astype(np.int64))
+            return cls(index, dim, "flat")
+        parts = list(batches)
+        n = sum(len(s) for s, _ in parts)
+        nlist = min(config.nlist, n // 39)
+        if nlist < 1:
+            log.warning("ivf index requested but the pool has %d vectors (too few to train): using flat", n)
+            return cls._build(dim, IndexConfig("flat"), parts)
+        if nlist < config.nlist:
+            log.warning("ivf: %d vectors train only %d lists (configured %d)", n, nlist, config.nlist)
+        allv = np.concatenate([v for _, v in parts]) if len(parts) > 1 else parts[0][1]
+        sample = allv[np.random.default_rng(0).permutation(n)[: nlist * 256]]
+        quantizer: Any = faiss.IndexFlatIP(dim)
+        ivf: Any = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        ivf.own_fields = True  # the IVF index frees its quantizer; Python must not (it would dangle)
+        quantizer.this.disown()
+        ivf.train(_as_f32(sample))
+        for seqs, vecs in parts:
+            ivf.add_with_ids(_as_f32(vecs), seqs.astype(np.int64))
+        ivf.nprobe = min(config.nprobe, nlist)
+        return cls(ivf, dim, "ivf", ivf.nprobe)
+
+    # --- state ---------------------------------------------------------------------------------------
+    @property
+    def count(self) -> int:
+        """Live vectors (tombstoned ones excluded)."""
+        with self._lock.read():
+            return int(self._index.ntotal) - len(self._tomb)
+
+    @property
+    def tombstones(self) -> int:
+        return len(self._tomb)
+
+    @property
+    def nlist(self) -> int | None:
+        return int(self._index.nlist) if self.kind == "ivf" else None
+
+    def live_ids(self) -> np.ndarray:
+        with self._lock.read():
+            if self.kind == "flat":
+                ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+            else:
+                inv = self._index.invlists
+                chunks = [faiss.rev_swig_ptr(inv.get_ids(i), inv.list_size(i)).copy()
+                          for i in range(self._index.nlist) if inv.list_size(i)]
+                ids = np.concatenate(chunks).astype(np.int64) if chunks else np.empty(0, np.int64)
+            tomb = np.fromiter(self._tomb, dtype=np.int64, count=len(self._tomb))
+        return ids[~np.isin(ids, tomb)] if len(tomb) else ids
+
+    # --- mutation ----------------------------------------------------------------------------------
+    def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None:
+        if vectors.shape[1] != self.dim:
+            raise ValueError(f"vectors have dim {vectors.shape[1]}, index has {self.dim}")
+        with self._lock.write():
+            self._index.add_with_ids(_as_f32(vectors), np.asarray(seqs, dtype=np.int64))
+
+    def remove(self, seqs: Iterable[int]) -> None:
+        """Invisible to every search that starts after this returns; physically removed by :meth:`compact`."""
+        with self._tomb_lock:
+            self._tomb = self._tomb | frozenset(int(s) for s in seqs)
+
+    def compact(self) -> int:
+        """Remove tombstoned ids from faiss (an O(N) pass under the write lock). Returns how many."""
+        with self._lock.write():
+            doomed = self._tomb
+            if not doomed:
+                return 0
+            self._index.remove_ids(np.fromiter(doomed, dtype=np.int64, count=len(doomed)))
+            with self._tomb_lock:
+                self._tomb = self._tomb - doomed
+        return len(doomed)
+
+    # --- search ----------------------------------------------------------------------------------------
+    def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
+               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Top-``k`` live ids per query by inner product -> (scores per query, seqs per query), each row
+        sorted best first and at most ``k`` long (shorter when fewer items qualify). ``allowed``: only
+        these ids (e.g. one source). ``exclude``: never these ids."""
+        q = _as_f32(queries)
+        with self._lock.read():
+            drop = self._tomb | frozenset(int(i) for i in exclude)
+            ntotal = int(self._index.ntotal)
+            if ntotal == 0 or len(q) == 0:
+                return [np.empty(0, np.float32)] * len(q), [np.empty(0, np.int64)] * len(q)
+            sel: Any = None
+            if allowed is not None or len(drop) > SELECTOR_MIN_DROP:
+                parts: list[Any] = []
+                if allowed is not None:
+                    parts.append(faiss.IDSelectorBatch(np.asarray(allowed, dtype=np.int64)))
+                if drop:
+                    parts.append(faiss.IDSelectorNot(faiss.IDSelectorBatch(
+                        np.fromiter(drop, dtype=np.int64, count=len(drop)))))
+                sel = parts[0] if len(parts) == 1 else faiss.IDSelectorAnd(parts[0], parts[1])
+                kk = min(k, ntotal)
+            else:
+                kk = min(k + len(drop), ntotal)
+            if self.kind == "ivf":
+                params: Any = F.SearchParametersIVF(nprobe=self.nprobe, sel=sel) if sel is not None \
+                    else F.SearchParametersIVF(nprobe=self.nprobe)
+            else:
+                params = F.SearchParameters(sel=sel) if sel is not None else None
+            faiss.omp_set_num_threads(search_threads(len(q), self.threads))  # per calling thread in libgomp
+            scores, ids = self._index.search(q, kk, params=params)
+        valid = ids >= 0
+        if drop and sel is None:
+            valid &= ~np.isin(ids, np.fromiter(drop, dtype=np.int64, count=len(drop)))
+        out_s, out_i = [], []
+        for row_s, row_i, row_v in zip(scores, ids, valid, strict=True):
+            out_s.append(row_s[row_v][:k])
+            out_i.append(row_i[row_v][:k])
+        return out_s, out_i
+
+    # --- persistence ------------------------------------------------------------------------------------
+    def save(self, path: Path, marker: dict[str, Any]) -> None:
+        """Write the index and its marker (the DB state it reflects) atomically, index first."""
+        self.compact()
+        with self._lock.read():
+            tmp = path.with_suffix(".tmp")
+            faiss.write_index(self._index, str(tmp))
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+        mpath = marker_path(path)
+        mtmp = mpath.with_suffix(".tmp")
+        mtmp.write_text(json.dumps(marker))
+        _fsync_file(mtmp)
+        os.replace(mtmp, mpath)
+        _fsync_file(path.parent)
+
+    @classmethod
+    def load(cls, path: Path, nprobe: int) -> tuple[VectorIndex, dict[str, Any]] | None:
+        mpath = marker_path(path)
+        if not path.exists() or not mpath.exists():
+            return None
+        marker = json.loads(mpath.read_text())
+        index: Any = faiss.read_index(str(path))
+        if isinstance(index, faiss.IndexIDMap2):
+            return cls(index, index.d, "flat"), marker
+        if not isinstance(index, faiss.IndexIVFFlat):  # keep the object read_index returned: it owns the memory
+            raise ValueError(f"{path}: unexpected index type {type(index).__name__}")
+        index.nprobe = min(nprobe, index.nlist)
+        return cls(index, index.d, "ivf", index.nprobe), marker
+
+
+def marker_path(index_path: Path) -> Path:
+    return index_path.with_name(index_path.name + ".marker.json")
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

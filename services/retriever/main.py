@@ -1,0 +1,109 @@
+"""The retriever app: ``create_app()`` (a factory: ``uvicorn --factory services.retriever.main:create_app``).
+
+Start-up (lifespan): settings -> embedder (unless vectors-only) -> open the pool and check its embedder
+identity (refuse a mismatch: the process exits with the reason) -> serve; the index is loaded or rebuilt in a
+background thread, ``/ready`` answers 503 and pool routes 503 ``not_ready`` until it is done.
+Shutdown: stop compaction, save the index with its DB-state marker, close the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import t3ar
+from services.retriever.deps import RetrieverState
+from services.retriever.errors import install_error_handlers
+from services.retriever.metrics import RetrieverMetrics
+from services.retriever.middleware import BodyLimitMiddleware, MetricsMiddleware
+from services.retriever.routes import router
+from services.retriever.settings import RetrieverSettings
+from services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
+
+log = logging.getLogger(__name__)
+
+
+def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor) -> None:
+    """Background start-up work; the service is ready when this finishes."""
+    pool = state.pool
+    assert pool is not None
+    try:
+        if needs_reembed:
+            assert state.ingestor is not None
+            reembed(pool, state.ingestor.embed_bytes, state.settings.embed_batch_size * 4)
+        sweep_orphans(pool)
+        load_index(pool)
+        state.metrics.repairs.inc(len(pool.info.repairs))
+        compactor.start()
+        log.info("retriever ready: %d items, %s index, embedder %s", pool.store.count(),
+                 pool.index.kind if pool.index else "?", pool.info.identity)
+    except Exception as e:
+        state.load_error = f"{type(e).__name__}: {e}"
+        log.exception("the pool failed to load; the service stays not-ready")
+
+
+def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
+    settings = settings if settings is not None else RetrieverSettings()
+    state = RetrieverState(settings=settings, metrics=RetrieverMetrics())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.auth_disabled:
+            log.warning("AUTH IS DISABLED (T3AR_RETRIEVER_AUTH_DISABLED=true): anyone who can reach this port "
+                        "can add, search and delete; use only on a trusted local machine")
+        identity = dim = None
+        if not settings.vectors_only:
+            from services.retriever.ingest import ImageIngestor
+            from t3ar.device import resolve_device
+            from t3ar.embedder import Embedder, EmbedderSpec
+
+            spec = EmbedderSpec.parse(settings.embedder, weights_path=settings.embedder_weights,
+                                      pretrained_tag=settings.embedder_pretrained_tag,
+                                      image_size=settings.embedder_image_size)
+            embedder = Embedder(spec, resolve_device(settings.device))
+            state.ingestor = ImageIngestor(embedder, max_pixels=settings.max_image_pixels,
+                                           batch_size=settings.embed_batch_size)
+            identity, dim = embedder.identity, embedder.dim
+        try:
+            pool, needs_reembed = open_pool(settings, identity, dim)
+        except Exception as e:
+            log.error("retriever cannot start: %s", e)
+            raise
+        state.pool = pool
+        state.metrics.bind_pool(lambda: float(pool.store.count()),
+                                lambda: float(pool.index.count) if pool.index is not None else 0.0)
+        compactor = Compactor(pool, settings.compact_threshold, settings.compact_idle_seconds)
+        state.loader = threading.Thread(target=_prepare, args=(state, needs_reembed, compactor),
+                                        name="pool-loader", daemon=True)
+        state.loader.start()
+        try:
+            yield
+        finally:
+            state.loader.join(timeout=600)
+            if compactor.is_alive():
+                compactor.stop()
+            if pool.index is not None and not state.load_error:
+                try:
+                    save_index(pool)
+                except Exception:
+                    log.exception("could not save the index; the next start rebuilds it from the database")
+            pool.blobs.close()
+            pool.store.close()
+            log.info("retriever stopped")
+
+    app = FastAPI(
+        title="t3ar retriever", version=t3ar.__version__ if hasattr(t3ar, "__version__") else "0",
+        description="The auxiliary pool: durable, reversible embedding index (add / search / get / delete).",
+        lifespan=lifespan,
+        form_limits={"max_files": settings.max_items_per_request, "max_fields": 64, "max_part_size": 1 << 20},
+    )
+    app.state.retriever = state
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # added last = outermost: times everything
+    app.include_router(router)
+    return app

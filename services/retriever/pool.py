@@ -1,0 +1,311 @@
+"""The pool: SQLite store + content-addressed blobs + the derived faiss index, and the rules that keep them
+consistent.
+
+Ordering guarantees (what makes every acknowledged write survive ``kill -9``):
+- add: blob files written and fsynced -> row (with its vector) committed -> index updated -> 2xx.
+- delete: saved index file invalidated -> row deletion committed -> id tombstoned in the live index (no
+  search started afterwards returns it) -> blob unlinked -> WAL checkpoint -> 2xx.
+A crash between steps leaves at worst an orphan blob (swept at start-up) or an index that disagrees with the
+database (rebuilt from the stored vectors at start-up; see :mod:`services.retriever.startup`).
+
+Public ids are ``<pool tag>-<seq>``: ``seq`` is the SQLite AUTOINCREMENT rowid and the faiss id (never
+reused, so a withdrawn id never names anything again); the tag is random per pool so ids of two pools never
+collide. Writers (add/delete) are serialised by one lock; searches run concurrently with each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from services.retriever.blobs import BlobStore
+from services.retriever.errors import NotFoundError, NotReadyError
+from services.retriever.index import IndexConfig, VectorIndex, marker_path
+from services.retriever.store import NewItem, Store
+from t3ar.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+AddStatus = Literal["added", "exists", "duplicate", "rejected"]
+DupTarget = tuple[Literal["pool", "batch"], int]
+
+
+@dataclass
+class Candidate:
+    """A decoded, valid uploaded image waiting to be committed."""
+
+    name: str
+    data: bytes
+    sha256: str
+    media_type: str | None
+    width: int
+    height: int
+    vector: np.ndarray | None = None
+
+
+@dataclass
+class AddOutcome:
+    name: str
+    status: AddStatus
+    id: str | None = None
+    sha256: str | None = None
+    duplicate_of: str | None = None
+    score: float | None = None
+    error: dict[str, str] | None = None
+
+    @classmethod
+    def rejected(cls, name: str, code: str, message: str, sha256: str | None = None) -> AddOutcome:
+        return cls(name, "rejected", sha256=sha256, error={"code": code, "message": message})
+
+
+@dataclass
+class PoolInfo:
+    data_dir: Path
+    identity: str
+    dim: int
+    kind: Literal["images", "vectors"]
+    tag: str
+    index_config: IndexConfig
+    duplicate_threshold: float
+    repairs: list[str] = field(default_factory=list)
+
+
+class Pool:
+    def __init__(self, info: PoolInfo, store: Store, blobs: BlobStore) -> None:
+        self.info = info
+        self.store = store
+        self.blobs = blobs
+        self.index: VectorIndex | None = None
+        self.index_path = info.data_dir / "index" / "faiss.index"
+        self.persisted = False  # True while the saved index file equals the live index
+        self._writer = threading.Lock()
+        self._writes = 0
+        self._source_cache: dict[str, tuple[int, np.ndarray]] = {}
+        self._cache_lock = threading.Lock()
+        self.last_delete = 0.0
+        self.compact_wanted = threading.Event()
+
+    # --- ids --------------------------------------------------------------------------------------------
+    def format_id(self, seq: int) -> str:
+        return f"{self.info.tag}-{seq}"
+
+    def parse_id(self, pid: str) -> int | None:
+        tag, sep, num = pid.partition("-")
+        if tag != self.info.tag or not sep or not num.isdigit() or str(int(num)) != num or int(num) < 1:
+            return None
+        return int(num)
+
+    def require_seq(self, pid: str) -> int:
+        seq = self.parse_id(pid)
+        if seq is None:
+            raise NotFoundError(f"no item {pid!r} in this pool (ids look like {self.info.tag}-123)")
+        return seq
+
+    def live_index(self) -> VectorIndex:
+        if self.index is None:
+            raise NotReadyError("the index is still loading or being rebuilt; retry in a moment")
+        return self.index
+
+    def invalidate_persisted(self) -> None:
+        """Remove the saved index (it would no longer describe the pool, and after a delete it must not keep
+        the deleted vector on disk). Done right after loading it, and again before any write as a guard."""
+        if self.persisted:
+            marker_path(self.index_path).unlink(missing_ok=True)
+            self.index_path.unlink(missing_ok=True)
+            self.persisted = False
+
+    # --- add --------------------------------------------------------------------------------------------
+    def known_shas(self, shas: Sequence[str]) -> dict[str, str]:
+        return {sha: self.format_id(seq) for sha, seq in self.store.find_sha(list(shas)).items()}
+
+    def add(self, entries: Sequence[Candidate | AddOutcome], *, source: str, metadata: dict[str, Any],
+            policy: Literal["skip", "keep"]) -> list[AddOutcome]:
+        """Commit the candidates (vectors filled in), report per entry in input order.
+
+        Exact duplicates (same sha256 as an item in the pool or earlier in the batch) are ``exists`` and
+        never stored twice. Near-duplicates (cosine >= threshold) get ``duplicate_of``; with policy
+        ``skip`` they are ``duplicate`` and not stored, with ``keep`` they are ``added``.
+        """
+        index = self.live_index()
+        out: list[AddOutcome | None] = [e if isinstance(e, AddOutcome) else None for e in entries]
+        cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
+        with self._writer:
+            known = self.store.find_sha([c.sha256 for _, c in cands], writer=True)
+            first_in_batch: dict[str, int] = {}
+            fresh: list[tuple[int, Candidate]] = []
+            for i, c in cands:
+                if c.sha256 in known:
+                    out[i] = AddOutcome(c.name, "exists", self.format_id(known[c.sha256]), c.sha256,
+                                        duplicate_of=self.format_id(known[c.sha256]), score=1.0)
+                elif c.sha256 in first_in_batch:
+                    out[i] = AddOutcome(c.name, "exists", sha256=c.sha256)  # id filled in below
+                else:
+                    first_in_batch[c.sha256] = i
+                    fresh.append((i, c))
+            accepted, dup_of = self._near_duplicates(index, fresh, policy)
+            to_insert = [(i, c) for i, c in fresh if i in accepted]
+            seq_of: dict[int, int] = {}
+            if to_insert:
+                self.blobs.write_many([(c.sha256, c.data) for _, c in to_insert])
+                self.invalidate_persisted()
+                seqs = self.store.insert([
+                    NewItem(c.sha256, source, metadata, c.name, c.media_type, len(c.data), c.width, c.height,
+                            _vec(c)) for _, c in to_insert])
+                self._writes += 1
+                seq_of = {i: s for (i, _), s in zip(to_insert, seqs, strict=True)}
+                vecs = np.stack([_vec(c) for _, c in to_insert])
+                self._index_add(index, np.asarray(seqs, dtype=np.int64), vecs)
+            for i, c in fresh:
+                target, score = dup_of.get(i, (None, None))
+                if isinstance(target, tuple):
+                    target_id = self.format_id(seq_of[target[1]] if target[0] == "batch" else target[1])
+                else:
+                    target_id = None
+                out[i] = AddOutcome(c.name, "added" if i in seq_of else "duplicate",
+                                    self.format_id(seq_of[i]) if i in seq_of else None, c.sha256, target_id, score)
+            for i, c in cands:  # repeats of a sha256 earlier in this batch point at that entry's outcome
+                o, j = out[i], first_in_batch.get(c.sha256)
+                if o is not None and o.status == "exists" and o.id is None and j is not None:
+                    first = out[j]
+                    assert first is not None
+                    o.id = first.id
+                    o.duplicate_of, o.score = first.id or first.duplicate_of, 1.0
+        return [o for o in out if o is not None]
+
+    def _near_duplicates(self, index: VectorIndex, fresh: list[tuple[int, Candidate]],
+                         policy: Literal["skip", "keep"]) -> tuple[set[int], dict[int, tuple[DupTarget, float]]]:
+        """Which fresh entries to store, and each near-duplicate's closest match with its cosine: a pool item
+        (``("pool", seq)``) or an earlier entry of this batch that is stored (``("batch", entry index)``)."""
+        thr = self.info.duplicate_threshold
+        dup_of: dict[int, tuple[DupTarget, float]] = {}
+        accepted: set[int] = set()
+        if not fresh:
+            return accepted, dup_of
+        vecs = np.stack([_vec(c) for _, c in fresh])
+        scores, seqs = index.search(vecs, 1)
+        sims = np.einsum("id,jd->ij", vecs, vecs)  # not `@`: numpy's threaded BLAS costs ~30 ms CPU here when busy
+        for a, (i, _) in enumerate(fresh):
+            best: tuple[DupTarget, float] | None = None
+            if len(seqs[a]) and scores[a][0] >= thr:
+                best = (("pool", int(seqs[a][0])), float(scores[a][0]))
+            for b in np.nonzero(sims[a, :a] >= thr)[0].tolist():
+                j = fresh[b][0]
+                if j in accepted and (best is None or sims[a, b] > best[1]):
+                    best = (("batch", j), float(sims[a, b]))
+            if best is not None:
+                dup_of[i] = best
+            if best is None or policy == "keep":
+                accepted.add(i)
+        return accepted, dup_of
+
+    def add_vectors(self, vectors: np.ndarray, *, source: str, metadata: dict[str, Any]) -> list[str]:
+        """Vector-only items (vectors-only pools): normalised, committed, indexed; no duplicate check."""
+        index = self.live_index()
+        with self._writer:
+            self.invalidate_persisted()
+            seqs = self.store.insert_vectors(vectors, source, metadata)
+            self._writes += 1
+            self._index_add(index, np.asarray(seqs, dtype=np.int64), vectors)
+        return [self.format_id(s) for s in seqs]
+
+    def _index_add(self, index: VectorIndex, seqs: np.ndarray, vecs: np.ndarray) -> None:
+        try:
+            index.add(seqs, vecs)
+        except Exception:  # the rows are committed: make the index agree again rather than fail the add
+            log.exception("index add failed after commit; rebuilding the index from the database")
+            self.index = VectorIndex.build(self.info.dim, self.info.index_config,
+                                           self.store.iter_vectors(self.info.dim))
+
+    # --- delete -----------------------------------------------------------------------------------------
+    def delete(self, ids: Sequence[str], *, missing_ok: bool) -> tuple[list[str], list[str]]:
+        """Delete all given ids (or none: unknown ids raise NotFoundError unless ``missing_ok``).
+        Returns (deleted, not_found). On return no search started afterwards returns a deleted id."""
+        index = self.live_index()
+        parsed = {pid: self.parse_id(pid) for pid in dict.fromkeys(ids)}
+        with self._writer:
+            wanted = [s for s in parsed.values() if s is not None]
+            existing = {r.seq for r in self.store.get_many(wanted)}
+            not_found = [pid for pid, s in parsed.items() if s is None or s not in existing]
+            if not_found and not missing_ok:
+                shown = ", ".join(not_found[:10]) + (" ..." if len(not_found) > 10 else "")
+                raise NotFoundError(f"{len(not_found)} unknown id(s): {shown}; nothing was deleted "
+                                    "(pass missing_ok to delete the others)")
+            if not existing:
+                return [], not_found
+            self.invalidate_persisted()
+            rows = self.store.delete(sorted(existing))
+            self._writes += 1
+            index.remove(r.seq for r in rows)
+            self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
+            if not self.store.checkpoint():
+                log.warning("WAL checkpoint busy after delete; deleted bytes leave the WAL at the next one")
+            self.last_delete = time.monotonic()
+            self.compact_wanted.set()
+        deleted = {r.seq for r in rows}
+        return [pid for pid, s in parsed.items() if s in deleted], not_found
+
+    # --- search -----------------------------------------------------------------------------------------
+    def source_seqs(self, source: str) -> np.ndarray:
+        """Ids with this source tag, cached until the next write (a stale set can only include deleted ids,
+        which the index filters anyway, or miss ids being added at this moment)."""
+        writes = self._writes
+        with self._cache_lock:
+            hit = self._source_cache.get(source)
+        if hit is None or hit[0] != writes:
+            hit = (writes, self.store.seqs_for_source(source))
+            with self._cache_lock:
+                self._source_cache[source] = hit
+                while len(self._source_cache) > 64:
+                    self._source_cache.pop(next(iter(self._source_cache)))
+        return hit[1]
+
+    def search(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
+               source: str | None = None) -> list[tuple[list[str], np.ndarray]]:
+        """Per query: (ids, scores) best first, top-k (or, with r > 1, k sampled uniformly from the top r*k,
+        seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder."""
+        index = self.live_index()
+        if queries.ndim != 2 or queries.shape[1] != self.info.dim:
+            raise InvalidInputError(f"query vectors must have shape [n, {self.info.dim}] for this pool "
+                                    f"({self.info.identity}); got {list(queries.shape)}")
+        if not np.isfinite(queries).all():
+            raise InvalidInputError("query vectors contain NaN or infinity; send finite floats")
+        exclude = [s for s in (self.parse_id(p) for p in exclude_ids) if s is not None]
+        allowed = self.source_seqs(source) if source is not None else None
+        scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed)
+        rng = np.random.default_rng(seed)
+        tag = self.info.tag
+        out = []
+        for row_s, row_i in zip(scores, seqs, strict=True):
+            if r > 1 and len(row_i) > k:
+                pick = np.sort(rng.choice(len(row_i), size=k, replace=False))  # sorted: best first
+                row_s, row_i = row_s[pick], row_i[pick]
+            out.append(([f"{tag}-{s}" for s in row_i.tolist()], row_s))
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        index = self.index
+        return {
+            "count": self.store.count(), "dim": self.info.dim, "identity": self.info.identity,
+            "kind": self.info.kind, "pool_tag": self.info.tag, "sources": self.store.sources(),
+            "index": {"type": index.kind if index else self.info.index_config.kind,
+                      "configured_type": self.info.index_config.kind,
+                      "vectors": index.count if index else None,
+                      "tombstones": index.tombstones if index else 0,
+                      "nlist": index.nlist if index else None,
+                      "nprobe": index.nprobe if index and index.kind == "ivf" else None},
+            "duplicate_threshold": self.info.duplicate_threshold, "ready": index is not None,
+            "repairs": list(self.info.repairs),
+        }
+
+
+def _vec(c: Candidate) -> np.ndarray:
+    if c.vector is None:
+        raise ValueError(f"{c.name}: candidate was not embedded")
+    return c.vector

@@ -1,0 +1,279 @@
+"""HTTP routes. Blocking work runs in sync ``def`` routes (FastAPI's thread pool) or ``run_in_threadpool``."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, UploadFile
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from services.retriever import schemas as s
+from services.retriever.deps import (
+    IngestorDep,
+    PoolDep,
+    SettingsDep,
+    StateDep,
+    require_admin,
+    require_token,
+)
+from services.retriever.errors import ItemsRejectedError, NotFoundError, PoolConflictError
+from services.retriever.pool import AddOutcome, Candidate
+from services.retriever.uploads import expand_uploads
+from t3ar.errors import InvalidInputError
+
+_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
+router = APIRouter(responses=_ERRORS)
+RW = [Depends(require_token)]
+ADMIN = [Depends(require_admin)]
+
+
+def _check_source(source: str) -> str:
+    if len(source) > 200 or any(ord(ch) < 32 for ch in source):
+        raise InvalidInputError("source must be at most 200 printable characters")
+    return source
+
+
+def _parse_metadata(raw: str) -> dict[str, Any]:
+    if len(raw) > 65536:
+        raise InvalidInputError("metadata is larger than 64 KiB of JSON; keep per-item metadata small")
+    try:
+        value = json.loads(raw or "{}")
+    except json.JSONDecodeError as e:
+        raise InvalidInputError(f"metadata is not valid JSON ({e}); send a JSON object, e.g. {{\"k\": \"v\"}}") from e
+    if not isinstance(value, dict):
+        raise InvalidInputError("metadata must be a JSON object, e.g. {\"license\": \"cc0\"}")
+    return value
+
+
+def _item_out(pool: PoolDep, row: Any) -> s.ItemOut:
+    return s.ItemOut(id=pool.format_id(row.seq), sha256=row.sha256, source=row.source, metadata=row.metadata,
+                     filename=row.filename, media_type=row.media_type, size=row.size, width=row.width,
+                     height=row.height, added_at=row.added_at)
+
+
+@router.get("/health", response_model=s.HealthResponse, tags=["ops"])
+def health() -> s.HealthResponse:
+    return s.HealthResponse(status="ok")
+
+
+@router.get("/ready", response_model=s.ReadyResponse, tags=["ops"])
+def ready(state: StateDep) -> Any:
+    if state.ready and state.pool is not None and state.pool.index is not None:
+        return s.ReadyResponse(ready=True, count=state.pool.index.count)
+    detail = f"failed to load: {state.load_error}" if state.load_error else "loading the index"
+    return JSONResponse(s.ReadyResponse(ready=False, detail=detail).model_dump(), status_code=503)
+
+
+@router.get("/metrics", tags=["ops"], response_class=Response)
+def metrics(state: StateDep) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/stats", response_model=s.StatsResponse, dependencies=RW, tags=["ops"])
+def stats(state: StateDep) -> s.StatsResponse:
+    if state.pool is None:
+        raise PoolConflictError("no pool is open")
+    return s.StatsResponse(**state.pool.stats(), duplicate_policy=state.settings.duplicate_policy)
+
+
+@router.post("/pool", response_model=s.AddResponse, dependencies=RW, tags=["pool"])
+def add_images(
+    pool: PoolDep, ingestor: IngestorDep, settings: SettingsDep, state: StateDep,
+    files: Annotated[list[UploadFile], File(description="images and/or zip/tar archives of images")],
+    source: Annotated[str, Form(description="source tag for every item")] = "",
+    metadata: Annotated[str, Form(description="JSON object stored with every item")] = "{}",
+    atomic: Annotated[bool, Form(description="commit nothing if any item is rejected")] = False,
+    duplicate_policy: Annotated[Literal["skip", "keep"] | None, Form()] = None,
+) -> s.AddResponse:
+    """Add images. Every readable, new image is committed; each unusable one is reported ``rejected`` with
+    its reason and does not stop the others (``atomic=true``: one rejection commits nothing, 422). If no
+    item is usable the answer is 422 ``items_rejected`` with the per-item results. An unsafe archive
+    rejects the whole request (422 ``unsafe_archive``). Exact repeats are ``exists``; near-duplicates are
+    skipped (``duplicate``) or kept per policy, with ``duplicate_of``."""
+    src, meta = _check_source(source), _parse_metadata(metadata)
+    items = expand_uploads([(f.filename or "upload", f.file) for f in files], settings)
+    entries = ingestor.prepare(items, pool.known_shas)
+    rejected = [e for e in entries if isinstance(e, AddOutcome) and e.status == "rejected"]
+    if rejected and (atomic or not any(isinstance(e, Candidate) or e.status != "rejected" for e in entries)):
+        state.metrics.adds.labels("rejected").inc(len(rejected))
+        why = "atomic upload: nothing was committed" if atomic else "no usable item"
+        first = rejected[0].error["message"] if rejected[0].error else ""
+        raise ItemsRejectedError(f"{len(rejected)} of {len(entries)} item(s) rejected, {why}; first: {first}",
+                                 [_result(o).model_dump() for o in rejected])
+    outcomes = pool.add(entries, source=src, metadata=meta, policy=duplicate_policy or settings.duplicate_policy)
+    counts = {st: sum(o.status == st for o in outcomes) for st in ("added", "exists", "duplicate", "rejected")}
+    for st, n in counts.items():
+        if n:
+            state.metrics.adds.labels(st).inc(n)
+    return s.AddResponse(items=[_result(o) for o in outcomes], added=counts["added"], exists=counts["exists"],
+                         duplicates=counts["duplicate"], rejected=counts["rejected"])
+
+
+def _result(o: AddOutcome) -> s.AddItemResult:
+    return s.AddItemResult(name=o.name, status=o.status, id=o.id, sha256=o.sha256, duplicate_of=o.duplicate_of,
+                           score=o.score, error=s.ItemError(**o.error) if o.error else None)
+
+
+_OCTET = {"requestBody": {"required": True, "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.post("/pool/vectors", response_model=s.VectorsAddResponse, dependencies=ADMIN, tags=["pool"],
+             openapi_extra=_OCTET)
+async def add_vectors(request: Request, pool: PoolDep, settings: SettingsDep,
+                      identity: Annotated[str, Query(description="embedder identity of these vectors")],
+                      source: Annotated[str, Query()] = "") -> s.VectorsAddResponse:
+    """Vectors-only pools: bulk-add vectors (float32 little-endian, row-major [n, dim]; normalised here)."""
+    if pool.info.kind != "vectors":
+        raise PoolConflictError("this pool stores images: add images with POST /pool (vectors are computed here)")
+    if identity != pool.info.identity:
+        raise PoolConflictError(f"vectors made by {identity!r} cannot join a pool of {pool.info.identity!r}")
+    body = await request.body()
+    vecs = _decode_f32(body, pool.info.dim, settings.max_vectors_per_request)
+    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+    if not np.isfinite(vecs).all() or (norms == 0).any():
+        raise InvalidInputError("vectors contain NaN/infinity or all-zero rows; send finite non-zero vectors")
+    ids = await run_in_threadpool(pool.add_vectors, vecs / norms, source=_check_source(source), metadata={})
+    return s.VectorsAddResponse(ids=ids)
+
+
+def _decode_f32(raw: bytes, dim: int, max_rows: int) -> np.ndarray:
+    if not raw or len(raw) % (4 * dim):
+        raise InvalidInputError(f"expected float32 rows of dim {dim} ({4 * dim} bytes each); got {len(raw)} bytes")
+    n = len(raw) // (4 * dim)
+    if n > max_rows:
+        raise InvalidInputError(f"{n} vectors in one request; the limit is {max_rows}: split it")
+    return np.frombuffer(raw, dtype="<f4").reshape(n, dim).astype(np.float32)
+
+
+@router.get("/pool", response_model=s.ItemPage, dependencies=RW, tags=["pool"])
+def list_items(pool: PoolDep, after: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+               source: str | None = None) -> s.ItemPage:
+    """Items in id order; follow ``next_after`` for the next page."""
+    after_seq = 0 if after is None else pool.parse_id(after)
+    if after_seq is None:
+        raise InvalidInputError(f"after={after!r} is not an id of this pool; pass the previous next_after")
+    rows = pool.store.page(after=after_seq, limit=limit, source=source)
+    nxt = pool.format_id(rows[-1].seq) if len(rows) == limit else None
+    return s.ItemPage(items=[_item_out(pool, r) for r in rows], next_after=nxt, total=pool.store.count(source))
+
+
+@router.post("/pool/exists", response_model=s.ExistsResponse, dependencies=RW, tags=["pool"])
+def exists(pool: PoolDep, body: s.ExistsRequest) -> s.ExistsResponse:
+    """Which of these sha256 digests (lower-case hex of the file bytes) are already in the pool."""
+    return s.ExistsResponse(found=pool.known_shas([h.lower() for h in body.sha256]))
+
+
+@router.get("/pool/{item_id}", response_model=s.ItemOut, dependencies=RW, tags=["pool"])
+def get_item(pool: PoolDep, item_id: str) -> s.ItemOut:
+    row = pool.store.get(pool.require_seq(item_id))
+    if row is None:
+        raise NotFoundError(f"no item {item_id!r} in this pool (deleted, or never added)")
+    return _item_out(pool, row)
+
+
+@router.get("/pool/{item_id}/image", dependencies=RW, tags=["pool"], response_class=Response,
+            responses={200: {"content": {"image/*": {}}}})
+def get_image(pool: PoolDep, item_id: str) -> Response:
+    row = pool.store.get(pool.require_seq(item_id))
+    if row is None:
+        raise NotFoundError(f"no item {item_id!r} in this pool (deleted, or never added)")
+    if row.sha256 is None:
+        raise NotFoundError(f"item {item_id!r} was added as a vector and has no image")
+    try:
+        data = pool.blobs.read(row.sha256)
+    except FileNotFoundError as e:  # deleted between the lookup and the read
+        raise NotFoundError(f"no item {item_id!r} in this pool (deleted)") from e
+    return Response(data, media_type=row.media_type or "application/octet-stream")
+
+
+@router.delete("/pool/{item_id}", response_model=s.DeleteResponse, dependencies=ADMIN, tags=["pool"])
+def delete_item(pool: PoolDep, state: StateDep, item_id: str) -> s.DeleteResponse:
+    """Withdraw one item. On 2xx: no later search returns it (also after a restart); its blob, vector and
+    metadata are gone from disk. Unknown id -> 404."""
+    deleted, missing = pool.delete([item_id], missing_ok=False)
+    state.metrics.deletes.inc(len(deleted))
+    return s.DeleteResponse(deleted=deleted, not_found=missing)
+
+
+@router.post("/pool/delete", response_model=s.DeleteResponse, dependencies=ADMIN, tags=["pool"])
+def delete_items(pool: PoolDep, state: StateDep, body: s.DeleteRequest) -> s.DeleteResponse:
+    """Withdraw many items at once: all of them, or (an unknown id, without ``missing_ok``) none -> 404."""
+    deleted, missing = pool.delete(body.ids, missing_ok=body.missing_ok)
+    state.metrics.deletes.inc(len(deleted))
+    return s.DeleteResponse(deleted=deleted, not_found=missing)
+
+
+@router.post("/embed", response_model=s.EmbedResponse, dependencies=RW, tags=["search"])
+def embed(ingestor: IngestorDep, state: StateDep, settings: SettingsDep,
+          files: Annotated[list[UploadFile], File(description="images (all must be readable)")],
+          encoding: Literal["base64", "json"] = "base64") -> s.EmbedResponse:
+    """Embed images with the pool's retriever R (what workers use for target images)."""
+    if len(files) > settings.max_queries:
+        raise InvalidInputError(f"{len(files)} images; /embed takes at most {settings.max_queries} per request")
+    datas = [f.file.read(settings.max_image_bytes + 1) for f in files]
+    names = [f.filename or f"image {i}" for i, f in enumerate(files)]
+    for name, d in zip(names, datas, strict=True):
+        if len(d) > settings.max_image_bytes:
+            raise InvalidInputError(f"{name}: larger than {settings.max_image_bytes} bytes; downscale it")
+    vecs = ingestor.embed_bytes(datas, names)
+    state.metrics.embedded.inc(len(vecs))
+    out = s.EmbedResponse(identity=ingestor.identity, dim=ingestor.dim, count=len(vecs))
+    if encoding == "json":
+        out.vectors = vecs.tolist()
+    else:
+        out.vectors_b64 = base64.b64encode(np.ascontiguousarray(vecs, dtype="<f4").tobytes()).decode()
+    return out
+
+
+@router.post("/search", dependencies=RW, tags=["search"], response_model=s.SearchResponse)
+def search(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.SearchRequest) -> Response:
+    """Nearest pool items by inner product (cosine for unit vectors) for each query, best first. Queries are
+    vectors (JSON or base64 float32) or images (base64 file bytes, embedded with the pool's R)."""
+    if not 1 <= body.k <= settings.max_k:
+        raise InvalidInputError(f"k={body.k} is out of range: use 1..{settings.max_k} (T3AR_RETRIEVER_MAX_K)")
+    if body.identity is not None and body.identity != pool.info.identity:
+        raise PoolConflictError(f"query vectors made by {body.identity!r}; this pool uses {pool.info.identity!r}")
+    if body.images_b64 is not None:
+        if state.ingestor is None:
+            raise PoolConflictError("this retriever is vectors-only: send query vectors, not images")
+        datas = [_b64(x, f"images_b64[{i}]") for i, x in enumerate(body.images_b64[: settings.max_queries + 1])]
+        _check_n(len(datas), settings.max_queries)
+        queries = state.ingestor.embed_bytes(datas, [f"images_b64[{i}]" for i in range(len(datas))])
+        state.metrics.embedded.inc(len(queries))
+    elif body.vectors_b64 is not None:
+        queries = _decode_f32(_b64(body.vectors_b64, "vectors_b64"), pool.info.dim, settings.max_queries)
+    else:
+        assert body.vectors is not None
+        _check_n(len(body.vectors), settings.max_queries)
+        dims = {len(v) for v in body.vectors}
+        if dims != {pool.info.dim}:
+            raise InvalidInputError(f"each vector must have {pool.info.dim} numbers; got lengths {sorted(dims)}")
+        queries = np.asarray(body.vectors, dtype=np.float32)
+    _check_n(len(queries), settings.max_queries)
+    hits = pool.search(queries, body.k, r=body.r, seed=body.seed, exclude_ids=body.exclude_ids,
+                       source=body.source)
+    state.metrics.searches.inc()
+    state.metrics.search_queries.inc(len(queries))
+    # Built by hand: JSON-encoding 256 x 50 results through pydantic costs more than the search at 20k vectors.
+    payload = {"identity": pool.info.identity, "k": body.k,
+               "results": [{"ids": ids, "scores": np.round(sc.astype(np.float64), 6).tolist()} for ids, sc in hits]}
+    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+
+
+def _check_n(n: int, limit: int) -> None:
+    if n == 0 or n > limit:
+        raise InvalidInputError(f"{n} queries; send 1..{limit} (T3AR_RETRIEVER_MAX_QUERIES) per request")
+
+
+def _b64(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidInputError(f"{what} is not valid base64: {e}") from e

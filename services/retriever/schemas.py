@@ -1,0 +1,164 @@
+"""Request and response bodies of the retriever API (the OpenAPI schema at /docs is generated from these)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ItemError(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(description="machine-readable: not_found, invalid_input, bad_image, unsafe_archive, "
+                      "payload_too_large, items_rejected, unauthorized, forbidden, conflict, identity_mismatch, "
+                      "not_ready, invalid_request, internal")
+    message: str = Field(description="what went wrong and what to do about it")
+    items: list[AddItemResult] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorInfo
+
+
+class AddItemResult(BaseModel):
+    name: str = Field(description="file name, or <archive>/<member path>")
+    status: Literal["added", "exists", "duplicate", "rejected"]
+    id: str | None = Field(default=None, description="the item's id (added, or exists: the id already holding it)")
+    sha256: str | None = None
+    duplicate_of: str | None = Field(default=None, description="closest near-duplicate (cosine >= threshold)")
+    score: float | None = Field(default=None, description="cosine similarity to duplicate_of")
+    error: ItemError | None = None
+
+
+class AddResponse(BaseModel):
+    items: list[AddItemResult]
+    added: int
+    exists: int
+    duplicates: int
+    rejected: int
+
+
+class VectorsAddResponse(BaseModel):
+    ids: list[str]
+
+
+class ItemOut(BaseModel):
+    id: str
+    sha256: str | None
+    source: str
+    metadata: dict[str, Any]
+    filename: str | None
+    media_type: str | None
+    size: int = Field(description="image bytes (0 for vector-only items)")
+    width: int | None
+    height: int | None
+    added_at: float = Field(description="unix time")
+
+
+class ItemPage(BaseModel):
+    items: list[ItemOut]
+    next_after: str | None = Field(description="pass as ?after= for the next page; null at the end")
+    total: int = Field(description="items matching the filter")
+
+
+class ExistsRequest(_Strict):
+    sha256: list[Sha256] = Field(max_length=10_000)
+
+
+class ExistsResponse(BaseModel):
+    found: dict[str, str] = Field(description="sha256 -> id, for those already in the pool")
+
+
+class DeleteRequest(_Strict):
+    ids: list[str] = Field(min_length=1, max_length=100_000)
+    missing_ok: bool = Field(default=False, description="delete the known ids even if some are unknown")
+
+
+class DeleteResponse(BaseModel):
+    deleted: list[str]
+    not_found: list[str]
+
+
+class EmbedResponse(BaseModel):
+    identity: str
+    dim: int
+    count: int
+    vectors: list[list[float]] | None = None
+    vectors_b64: str | None = Field(default=None, description="float32 little-endian, row-major [count, dim]")
+
+
+class SearchRequest(_Strict):
+    vectors: list[list[float]] | None = Field(default=None, description="query vectors [n, dim] (unit norm)")
+    vectors_b64: str | None = Field(default=None, description="float32 little-endian row-major [n, dim], base64")
+    images_b64: list[str] | None = Field(default=None, description="query images (file bytes, base64)")
+    k: int = Field(default=10, description="neighbours per query (1..T3AR_RETRIEVER_MAX_K)")
+    r: int = Field(default=1, ge=1, le=100, description="dedup: sample k of the top r*k uniformly (seeded)")
+    seed: int = 0
+    exclude_ids: list[str] = Field(default_factory=list, max_length=100_000,
+                                   description="never return these ids (unknown ids are ignored)")
+    source: str | None = Field(default=None, description="only items with this source tag")
+    identity: str | None = Field(default=None, description="embedder identity the vectors were made with; checked")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SearchRequest:
+        given = [n for n in ("vectors", "vectors_b64", "images_b64") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of vectors, vectors_b64, images_b64")
+        return self
+
+
+class SearchResult(BaseModel):
+    ids: list[str] = Field(description="best first; fewer than k when fewer items qualify")
+    scores: list[float] = Field(description="inner products (cosine for unit vectors), rounded to 6 decimals")
+
+
+class SearchResponse(BaseModel):
+    identity: str
+    k: int
+    results: list[SearchResult]
+
+
+class IndexInfo(BaseModel):
+    type: str
+    configured_type: str
+    vectors: int | None
+    tombstones: int
+    nlist: int | None
+    nprobe: int | None
+
+
+class StatsResponse(BaseModel):
+    count: int
+    dim: int
+    identity: str
+    kind: Literal["images", "vectors"]
+    pool_tag: str
+    sources: dict[str, int]
+    index: IndexInfo
+    duplicate_threshold: float
+    duplicate_policy: Literal["skip", "keep"]
+    ready: bool
+    repairs: list[str] = Field(description="what start-up repaired (index rebuilds, orphan blobs swept)")
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    count: int | None = None
+    detail: str | None = None
+
+
+ErrorInfo.model_rebuild()

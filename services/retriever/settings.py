@@ -1,0 +1,81 @@
+"""Retriever settings: one pydantic-settings class, env prefix ``T3AR_RETRIEVER_``, built at start-up.
+
+Every field is documented in ``services/retriever/README.md``; keep the two in sync.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024**2
+
+
+class RetrieverSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="T3AR_RETRIEVER_", extra="ignore", frozen=True)
+
+    data_dir: Path = Path("data/retriever")
+
+    # --- auth ---
+    token: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    auth_disabled: bool = False
+
+    # --- the retriever R ---
+    embedder: str = "efficientnet_lite0"  # an EmbedderSpec arch string, or "none" (vectors-only pool)
+    embedder_weights: str | None = None
+    embedder_pretrained_tag: str | None = None
+    embedder_image_size: int = Field(default=96, ge=16, le=1024)
+    device: str = "cpu"
+    embed_batch_size: int = Field(default=64, ge=1, le=4096)
+    reembed_on_start: bool = False
+    vector_dim: int | None = Field(default=None, ge=1, le=65536)  # vectors-only pools
+    vector_identity: str | None = None  # vectors-only pools
+
+    # --- index ---
+    index_type: Literal["flat", "ivf"] = "flat"
+    ivf_nlist: int = Field(default=1024, ge=1)
+    ivf_nprobe: int = Field(default=32, ge=1)
+    search_threads: int = Field(default=0, ge=0, le=256)  # for batches of >= 20 queries; 0 = all cores
+    compact_threshold: int = Field(default=512, ge=1)
+    compact_idle_seconds: float = Field(default=2.0, ge=0.0)
+
+    # --- adds ---
+    duplicate_threshold: float = Field(default=0.98, ge=-1.0, le=1.0)
+    duplicate_policy: Literal["skip", "keep"] = "skip"
+
+    # --- limits ---
+    max_upload_bytes: int = Field(default=512 * MiB, ge=1)
+    max_image_bytes: int = Field(default=32 * MiB, ge=1)
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    max_items_per_request: int = Field(default=2048, ge=1)
+    max_archive_files: int = Field(default=20_000, ge=1)
+    max_archive_bytes: int = Field(default=2048 * MiB, ge=1)
+    max_k: int = Field(default=1000, ge=1)
+    max_queries: int = Field(default=4096, ge=1)
+    max_vectors_per_request: int = Field(default=200_000, ge=1)
+
+    @field_validator("token", "admin_token", "embedder_weights", "embedder_pretrained_tag", "vector_identity",
+                     mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _check(self) -> RetrieverSettings:
+        if not self.auth_disabled and (self.token is None or self.admin_token is None):
+            raise ValueError(
+                "set T3AR_RETRIEVER_TOKEN and T3AR_RETRIEVER_ADMIN_TOKEN, "
+                "or T3AR_RETRIEVER_AUTH_DISABLED=true for local use only"
+            )
+        if self.token is not None and self.admin_token is not None and \
+                self.token.get_secret_value() == self.admin_token.get_secret_value():
+            raise ValueError("T3AR_RETRIEVER_TOKEN and T3AR_RETRIEVER_ADMIN_TOKEN must differ")
+        return self
+
+    @property
+    def vectors_only(self) -> bool:
+        return self.embedder.lower() == "none"

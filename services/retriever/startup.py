@@ -1,0 +1,212 @@
+"""Opening a pool directory, checking it, repairing it, and closing it cleanly.
+
+Data directory layout: ``pool.sqlite3`` (+ WAL), ``blobs/<sha[0]>/<sha256>``, ``index/faiss.index`` with
+``faiss.index.marker.json`` (the DB state the saved index reflects; written at a clean shutdown, read and
+removed at the next start-up), ``tmp/`` (upload spooling; emptied at start-up).
+
+Start-up, in order: identity check (refuse a pool built by another embedder unless re-embedding is
+enabled) -> [resumable re-embed] -> orphan-blob sweep -> load the saved index if its marker and its ids
+agree with the database, else rebuild from the stored vectors (and log why) -> ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from services.retriever.blobs import BlobStore
+from services.retriever.errors import PoolConflictError, PoolIdentityError
+from services.retriever.index import IndexConfig, VectorIndex
+from services.retriever.pool import Pool, PoolInfo
+from services.retriever.settings import RetrieverSettings
+from services.retriever.store import Store, id_checksum
+
+log = logging.getLogger(__name__)
+
+def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None) -> tuple[Pool, bool]:
+    """Open (or create) the pool in ``settings.data_dir``. ``identity``/``dim`` are the configured embedder's
+    (None for a vectors-only service). Returns (pool, needs_reembed)."""
+    root = settings.data_dir
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "index").mkdir(exist_ok=True)
+    shutil.rmtree(root / "tmp", ignore_errors=True)
+    (root / "tmp").mkdir()
+    store = Store(root / "pool.sqlite3")
+    meta = store.meta()
+    kind = "vectors" if settings.vectors_only else "images"
+    if settings.vectors_only:
+        identity, dim = settings.vector_identity, settings.vector_dim
+    needs_reembed = False
+    if "identity" not in meta:
+        if identity is None or dim is None:
+            store.close()
+            raise PoolConflictError(
+                f"{root} holds no pool yet: a vectors-only retriever needs T3AR_RETRIEVER_VECTOR_DIM and "
+                "T3AR_RETRIEVER_VECTOR_IDENTITY to create one")
+        store.set_meta({"identity": identity, "dim": str(dim), "kind": kind, "tag": secrets.token_hex(3),
+                        "created_at": str(time.time())})
+        log.info("created a new %s pool in %s (embedder %s, dim %d)", kind, root, identity, dim)
+        meta = store.meta()
+    elif meta["kind"] != kind:
+        store.close()
+        mode = "vectors-only (T3AR_RETRIEVER_EMBEDDER=none)" if kind == "vectors" else "an image retriever"
+        raise PoolIdentityError(
+            f"the pool in {root} is a {meta['kind']} pool (embedder {meta['identity']!r}) but this retriever is "
+            f"configured as {mode}; point T3AR_RETRIEVER_DATA_DIR at another directory or change "
+            "T3AR_RETRIEVER_EMBEDDER")
+    elif identity is not None and meta["identity"] != identity:
+        if kind == "images" and settings.reembed_on_start:
+            needs_reembed = True
+            log.warning("pool embedder %r differs from the configured %r: re-embedding every stored image",
+                        meta["identity"], identity)
+        else:
+            store.close()
+            raise PoolIdentityError(
+                f"the pool in {root} was embedded with {meta['identity']!r} but this retriever is configured "
+                f"with {identity!r}. Start it with the embedder settings that built the pool "
+                "(T3AR_RETRIEVER_EMBEDDER / _EMBEDDER_WEIGHTS / _EMBEDDER_IMAGE_SIZE), or re-embed the pool with "
+                "the configured embedder: set T3AR_RETRIEVER_REEMBED_ON_START=true (or run `t3ar serve retriever "
+                "--reembed`); re-embedding is resumable and keeps every id")
+    elif kind == "vectors" and dim is not None and int(meta["dim"]) != dim:
+        store.close()
+        raise PoolIdentityError(f"the pool in {root} holds {meta['dim']}-d vectors, "
+                                f"T3AR_RETRIEVER_VECTOR_DIM says {dim}")
+    info = PoolInfo(
+        data_dir=root, identity=identity if needs_reembed and identity else meta["identity"],
+        dim=dim if needs_reembed and dim else int(meta["dim"]), kind=kind, tag=meta["tag"],  # type: ignore[arg-type]
+        index_config=IndexConfig(settings.index_type, settings.ivf_nlist, settings.ivf_nprobe, settings.search_threads),
+        duplicate_threshold=settings.duplicate_threshold)
+    return Pool(info, store, BlobStore(root / "blobs")), needs_reembed
+
+
+def reembed(pool: Pool, embed: Callable[[list[bytes], list[str]], np.ndarray], batch: int) -> None:
+    """Re-embed every stored image with the configured embedder; resumable (staged per batch)."""
+    store, target = pool.store, pool.info.identity
+    if store.meta().get("reembed_target") != target:
+        store.reembed_reset()
+        store.set_meta({"reembed_target": target})
+    after, total, done, t0 = store.reembed_done(), store.count(), 0, time.monotonic()
+    while todo := store.reembed_todo(after, batch):
+        if any(sha is None for _, sha in todo):
+            raise PoolConflictError("this pool has vector-only items, which cannot be re-embedded")
+        vecs = np.asarray(embed([pool.blobs.read(sha) for _, sha in todo if sha], [str(s) for s, _ in todo]))
+        store.reembed_stage([s for s, _ in todo], vecs)
+        after, done = todo[-1][0], done + len(todo)
+        log.info("re-embedding: %d/%d items (%.0f/s)", done, total, done / max(time.monotonic() - t0, 1e-9))
+    store.reembed_finish({"identity": target, "dim": str(pool.info.dim), "reembed_target": ""})
+    pool.info.repairs.append(f"re-embedded {done} items with {target}")
+    log.info("re-embedding finished: the pool now uses %s", target)
+
+
+def sweep_orphans(pool: Pool) -> None:
+    shas = pool.store.shas()
+    removed = pool.blobs.sweep(lambda name: name in shas)
+    missing = sum(1 for sha in shas if not pool.blobs.exists(sha))
+    if removed:
+        msg = f"removed {removed} orphan blob file(s) (writes interrupted before their commit, or deletes " \
+              "interrupted before their unlink)"
+        pool.info.repairs.append(msg)
+        log.warning("start-up repair: %s", msg)
+    if missing:
+        log.error("%d committed item(s) have no blob file: their images are lost (disk tampering?)", missing)
+
+
+def load_index(pool: Pool) -> None:
+    """Use the saved index when it provably matches the database, else rebuild it from stored vectors."""
+    cfg, info = pool.info.index_config, pool.info
+    state = pool.store.state()
+    loaded = VectorIndex.load(pool.index_path, cfg.nprobe)
+    reason = None
+    if loaded is None:
+        reason = "no saved index (first start, or the last run did not shut down cleanly)"
+    else:
+        index, marker = loaded
+        expected = {"generation": state.generation, "identity": info.identity, "dim": info.dim,
+                    "configured_type": cfg.kind, "configured_nlist": cfg.nlist if cfg.kind == "ivf" else None}
+        for key, want in expected.items():
+            if marker.get(key) != want:
+                reason = f"saved index has {key}={marker.get(key)!r}, the database needs {want!r}"
+                break
+        trainable = min(cfg.nlist, state.count // 39)
+        if reason is None and cfg.kind == "ivf" and (index.nlist or 0) * 2 < trainable:
+            reason = (f"the saved index has {index.nlist or 0} IVF lists (built when the pool was smaller); "
+                      f"retraining with {trainable} lists")
+        if reason is None:
+            ids = index.live_ids()
+            if len(ids) != state.count or id_checksum(ids) != state.checksum:
+                reason = (f"saved index holds {len(ids)} ids (checksum {id_checksum(ids)}), the database "
+                          f"{state.count} (checksum {state.checksum})")
+    if reason is None and loaded is not None:
+        pool.index, pool.persisted = loaded[0], True
+        pool.index.threads = cfg.threads
+        # The saved file is a start-up cache only: drop it now, so that no write (a delete in particular)
+        # has to remove a multi-GB file before its 2xx. A crash from here on means a rebuild at the next start.
+        pool.invalidate_persisted()
+        log.info("index loaded from %s: %d vectors (%s)", pool.index_path, state.count, loaded[0].kind)
+        return
+    t0 = time.monotonic()
+    pool.persisted = False
+    for p in (pool.index_path, pool.index_path.with_name(pool.index_path.name + ".marker.json")):
+        p.unlink(missing_ok=True)
+    index = VectorIndex.build(info.dim, cfg, pool.store.iter_vectors(info.dim))
+    if index.count != state.count:
+        raise RuntimeError(f"rebuilt index has {index.count} vectors, database {state.count}")
+    pool.index = index
+    msg = f"rebuilt the index from {state.count} stored vectors in {time.monotonic() - t0:.1f}s: {reason}"
+    if state.count or loaded is not None:
+        pool.info.repairs.append(msg)
+        log.warning("start-up repair: %s", msg)
+    else:
+        log.info("new empty %s index", index.kind)
+
+
+def save_index(pool: Pool) -> None:
+    """On clean shutdown: persist the index with the DB state it reflects, for a fast next start."""
+    if pool.index is None or pool.persisted:
+        return
+    state = pool.store.state()
+    cfg = pool.info.index_config
+    marker = {"generation": state.generation, "count": state.count, "checksum": state.checksum,
+              "identity": pool.info.identity, "dim": pool.info.dim, "configured_type": cfg.kind,
+              "configured_nlist": cfg.nlist if cfg.kind == "ivf" else None, "saved_at": time.time()}
+    t0 = time.monotonic()
+    pool.index.save(pool.index_path, marker)
+    pool.persisted = True
+    log.info("index saved (%d vectors) in %.1fs", state.count, time.monotonic() - t0)
+
+
+class Compactor(threading.Thread):
+    """Physically removes tombstoned ids from faiss when many accumulated or deletes went quiet."""
+
+    def __init__(self, pool: Pool, threshold: int, idle_seconds: float) -> None:
+        super().__init__(name="index-compactor", daemon=True)
+        self.pool, self.threshold, self.idle = pool, threshold, idle_seconds
+        self.stop_event = threading.Event()
+        self.compactions = 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            self.pool.compact_wanted.wait(timeout=max(self.idle, 0.05))
+            self.pool.compact_wanted.clear()
+            index = self.pool.index
+            if index is None or not index.tombstones:
+                continue
+            quiet = time.monotonic() - self.pool.last_delete >= self.idle
+            if index.tombstones >= self.threshold or quiet:
+                try:
+                    n = index.compact()
+                    self.compactions += 1
+                    log.debug("compacted %d tombstoned ids out of the index", n)
+                except Exception:
+                    log.exception("index compaction failed (searches still filter the tombstones)")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.pool.compact_wanted.set()
+        self.join(timeout=30)

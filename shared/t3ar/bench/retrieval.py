@@ -1,0 +1,360 @@
+"""Retriever benchmark: the HTTP service against the in-process baselines, measured side by side in one run.
+
+1. Search over the same 100k vectors (512-d synthetic unit vectors, k=50): QPS at batch 256 over HTTP vs
+   faiss ``IndexIDMap2(IndexFlatIP)`` in this process (goal >= 0.9), and single-query p50/p99 overhead
+   (goal <= 2 ms).
+2. Ingest: images/s through ``POST /pool`` (decode, embed, near-duplicate check, fsynced blob + SQLite commit,
+   index add) vs the bare embedder forward on already decoded tensors (goal >= 0.85).
+3. At 1M vectors (512-d synthetic unit vectors, loaded through the admin bulk-vector endpoint, because
+   embedding 1M images is out of reach on 2 CPU cores): delete latency and visibility (goal <= 50 ms, at once),
+   single-query search p50/p99, resident memory of the service vs the raw vector bytes (goal <= 1.3x).
+
+Services run as real uvicorn subprocesses on 127.0.0.1; nothing runs concurrently with a measurement.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from t3ar.clients.retriever import RetrieverClient
+
+log = logging.getLogger(__name__)
+DIM, K, BATCH = 512, 50, 256
+WARMUP_BATCHES = 3
+RW, ADMIN = "bench-rw", "bench-admin"
+
+
+def _unit_vectors(n: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, DIM), dtype=np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@contextmanager
+def _service(data_dir: Path, env: dict[str, str]) -> Iterator[tuple[RetrieverClient, subprocess.Popen[bytes]]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                "T3AR_RETRIEVER_DATA_DIR": str(data_dir), "T3AR_RETRIEVER_TOKEN": RW,
+                "T3AR_RETRIEVER_ADMIN_TOKEN": ADMIN, **env}
+    logf = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "services.retriever.main:create_app",
+                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                             "--timeout-graceful-shutdown", "120"], env=full_env, stdout=logf, stderr=logf)
+    client = RetrieverClient(f"http://127.0.0.1:{port}", ADMIN, timeout=600)
+    try:
+        deadline = time.monotonic() + 900
+        while not client.ready():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"retriever failed to start; see {logf.name}")
+            time.sleep(0.2)
+        yield client, proc
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        logf.close()
+
+
+def _pcts(seconds: list[float]) -> dict[str, float]:
+    ms = np.asarray(seconds) * 1000
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "max_ms": float(ms.max()), "n": len(ms)}
+
+
+def _load_vectors(client: RetrieverClient, n: int, chunk: int = 50_000) -> float:
+    """Bulk-load n synthetic vectors (seeded chunk by chunk); returns vectors/s."""
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+        client.add_vectors(_unit_vectors(min(chunk, n - start), seed=1000 + start // chunk), identity="synthetic")
+    return n / (time.perf_counter() - t0)
+
+
+def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int) -> dict[str, Any]:
+    import faiss
+
+    from t3ar.local_pool import build_flat_index
+
+    vecs = np.concatenate([_unit_vectors(min(50_000, n - s), seed=1000 + s // 50_000) for s in range(0, n, 50_000)])
+    local = build_flat_index(vecs, np.arange(1, n + 1))
+    queries = _unit_vectors(BATCH * n_batches + n_single, seed=7)
+    env = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
+           "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
+    with _service(work / "search", env) as (client, proc):
+        load_rate = _load_vectors(client, n)
+        batches = [queries[i * BATCH:(i + 1) * BATCH] for i in range(n_batches)]
+        # The baseline uses the service's thread policy: all cores for a batch, one thread for a single query.
+        faiss.omp_set_num_threads(os.cpu_count() or 1)
+        local.search(batches[0], K), client.search(batches[0], K)  # warm-up
+        sum_faiss = sum_http = cpu_faiss = cpu_http = 0.0
+        for i, b in enumerate(batches * rounds):  # interleaved (alternating order): both see the same load
+            for side in ((0, 1) if i % 2 else (1, 0)):
+                t = time.perf_counter()
+                if side == 0:
+                    c = time.process_time()
+                    local.search(b, K)
+                    sum_faiss += time.perf_counter() - t
+                    cpu_faiss += time.process_time() - c
+                else:
+                    c = _cpu_seconds(proc.pid)
+                    res = client.search(b, K)
+                    sum_http += time.perf_counter() - t
+                    cpu_http += _cpu_seconds(proc.pid) - c
+        faiss_qps = BATCH * n_batches * rounds / sum_faiss
+        http_qps = BATCH * n_batches * rounds / sum_http
+        assert len(res.ids) == BATCH and len(res.ids[0]) == K
+        singles = queries[BATCH * n_batches:]
+        faiss.omp_set_num_threads(1)
+        t_local, t_http = [], []
+        c_local = c_http = c_client = 0.0
+        for q in singles:  # interleaved, so both see the same machine state
+            t, c = time.perf_counter(), time.process_time()
+            local.search(q[None], K)
+            t_local.append(time.perf_counter() - t)
+            c_local += time.process_time() - c
+            t, c, cs = time.perf_counter(), time.process_time(), _cpu_seconds(proc.pid)
+            client.search(q[None], K)
+            t_http.append(time.perf_counter() - t)
+            c_http += _cpu_seconds(proc.pid) - cs
+            c_client += time.process_time() - c
+    lp, hp = _pcts(t_local), _pcts(t_http)
+    return {"vectors": n, "dim": DIM, "k": K, "batch": BATCH, "bulk_load_vectors_per_s": load_rate,
+            "faiss_qps": faiss_qps, "http_qps": http_qps, "qps_ratio": http_qps / faiss_qps,
+            "faiss_cpu_s_per_batch": cpu_faiss / (n_batches * rounds),
+            "service_cpu_s_per_batch": cpu_http / (n_batches * rounds), "cpu_ratio": cpu_faiss / cpu_http,
+            "single_faiss": lp, "single_http": hp,
+            "single_overhead_p50_ms": hp["p50_ms"] - lp["p50_ms"],
+            "single_overhead_p99_ms": hp["p99_ms"] - lp["p99_ms"], "rounds": rounds,
+            "single_cpu_faiss_ms": c_local / len(singles) * 1000, "single_cpu_service_ms": c_http / len(singles) * 1000,
+            "single_cpu_client_ms": c_client / len(singles) * 1000}
+
+
+def _png(seed: int, size: int = 64) -> bytes:
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (size, size), tuple(int(x) for x in rng.integers(0, 256, 3)))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(2, 6))):
+        x, y = (int(v) for v in rng.integers(0, size, 2))
+        box = [x, y, x + int(rng.integers(8, 40)), y + int(rng.integers(8, 40))]
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.rectangle if rng.integers(0, 2) else draw.ellipse)(box, fill=colour)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def forward_worker(batch: int) -> None:
+    """Run in a clean process (faiss' and torch's OpenMP pools in one process slow each other down): reads a
+    number of batches per stdin line, embeds that many decoded batches, prints the seconds it took."""
+    import torch
+
+    from t3ar.data.images import open_image, to_tensor_uint8
+    from t3ar.embedder import Embedder, EmbedderSpec
+
+    embedder = Embedder(EmbedderSpec())
+    tensors = torch.stack([to_tensor_uint8(open_image(_png(50_000 + s)), embedder.spec.image_size)
+                           for s in range(4 * batch)])
+    for w in range(WARMUP_BATCHES):  # oneDNN needs a few calls to reach its pace
+        embedder.embed(tensors[w % 4 * batch:(w % 4 + 1) * batch], batch_size=batch)
+    print("ready", flush=True)
+    done = 0
+    for line in sys.stdin:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(int(line)):
+            embedder.embed(tensors[done % 4 * batch:(done % 4 + 1) * batch], batch_size=batch)
+            done += 1
+        print(time.perf_counter() - t0, time.process_time() - c0, flush=True)
+
+
+def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight: int = 2) -> dict[str, Any]:
+    """Alternate blocks of ``block`` batches: bare forward (worker process), then HTTP ingest (two requests in
+    flight, as ``t3ar pool ingest`` does), so that both see the same machine load."""
+    pngs = [_png(s) for s in range(n)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    worker = subprocess.Popen([sys.executable, "-c", f"from t3ar.bench.retrieval import forward_worker; "
+                               f"forward_worker({batch})"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert worker.stdin is not None and worker.stdout is not None
+    t_forward = t_http = cpu_forward = cpu_http = 0.0
+    added = 0
+    try:
+        with _service(work / "ingest", {"T3AR_RETRIEVER_DUPLICATE_POLICY": "keep"}) as (client, proc):
+            for w in range(WARMUP_BATCHES):  # the same warm-up as the forward pass gets
+                client.add_images([(f"warm{i}.png", _png(10_000 + w * batch + i)) for i in range(batch)])
+            assert worker.stdout.readline().strip() == "ready"
+            with ThreadPoolExecutor(max_workers=in_flight) as ex:
+                for first in range(0, n, block * batch):
+                    starts = range(first, min(n, first + block * batch), batch)
+                    worker.stdin.write(f"{len(starts)}\n")
+                    worker.stdin.flush()
+                    wall, cpu = (float(x) for x in worker.stdout.readline().split())
+                    t_forward, cpu_forward = t_forward + wall, cpu_forward + cpu
+                    t0, c0 = time.perf_counter(), _cpu_seconds(proc.pid)
+                    reports = list(ex.map(lambda s: client.add_images(
+                        [(f"{i}.png", pngs[i]) for i in range(s, min(n, s + batch))]), starts))
+                    t_http += time.perf_counter() - t0
+                    cpu_http += _cpu_seconds(proc.pid) - c0
+                    added += sum(r["added"] for r in reports)
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=60)
+    n_forward = sum(len(range(f, min(n, f + block * batch), batch)) for f in range(0, n, block * batch)) * batch
+    forward, ingest = n_forward / t_forward, n / t_http
+    return {"images": n, "image_px": 64, "embed_px": 96, "batch": batch, "added": added,
+            "bare_forward_images_per_s": forward, "http_ingest_images_per_s": ingest, "ratio": ingest / forward,
+            "bare_forward_cpu_s_per_image": cpu_forward / n_forward, "service_cpu_s_per_image": cpu_http / n,
+            "cpu_ratio": (cpu_forward / n_forward) / (cpu_http / n)}
+
+
+def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[str, Any]:
+    env = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
+           "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
+    data = work / "million"
+    out: dict[str, Any] = {"vectors": n, "dim": DIM, "raw_vector_bytes": n * DIM * 4}
+    with _service(data, env) as (client, proc):
+        out["bulk_load_vectors_per_s"] = _load_vectors(client, n)
+        out["rss_after_load_bytes"] = _rss_bytes(proc.pid)
+    with _service(data, env) as (client, proc):  # the steady state: a fresh process that loaded the saved index
+        out["restart_repairs"] = client.stats()["repairs"]
+        out["rss_bytes"] = _rss_bytes(proc.pid)
+        queries = _unit_vectors(n_single, seed=11)
+        client.search(queries[:1], K)
+        t_single = []
+        for q in queries:
+            t = time.perf_counter()
+            client.search(q[None], K)
+            t_single.append(time.perf_counter() - t)
+        out["search_single"] = _pcts(t_single)
+        t = time.perf_counter()
+        client.search(_unit_vectors(BATCH, seed=12), K)
+        out["search_batch256_s"] = time.perf_counter() - t
+        rng = np.random.default_rng(3)
+        victims = [int(s) for s in rng.choice(np.arange(1, n + 1), size=n_deletes, replace=False)]
+        tag = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
+        vectors = {}
+        chunks = {s: _unit_vectors(min(50_000, n - s), seed=1000 + s // 50_000) for s in
+                  sorted({(v - 1) // 50_000 * 50_000 for v in victims})}
+        for v in victims:
+            vectors[v] = chunks[(v - 1) // 50_000 * 50_000][(v - 1) % 50_000]
+        t_del, visible_after = [], 0
+        for v in victims:
+            pid = f"{tag}-{v}"
+            assert client.search(vectors[v][None], 1).ids[0] == [pid]  # it is its own nearest neighbour
+            t = time.perf_counter()
+            client.delete(pid)
+            t_del.append(time.perf_counter() - t)
+            if pid in client.search(vectors[v][None], 10).ids[0]:
+                visible_after += 1
+        out["delete"] = _pcts(t_del)
+        out["deleted_still_returned"] = visible_after
+        time.sleep(3)  # let the compactor run, then measure single-query latency again
+        t_after = []
+        for q in queries[: max(5, n_single // 4)]:
+            t = time.perf_counter()
+            client.search(q[None], K)
+            t_after.append(time.perf_counter() - t)
+        out["search_single_after_deletes"] = _pcts(t_after)
+        out["rss_end_bytes"] = _rss_bytes(proc.pid)
+    out["rss_ratio"] = (out["rss_bytes"] or 0) / out["raw_vector_bytes"]
+    out["disk_bytes"] = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    return out
+
+
+def headline(r: dict[str, Any]) -> dict[str, Any]:
+    s, i, big = r["search"], r["ingest"], r["large"]
+    return {"started_at": r["started_at"], "quick": r["quick"], "load_average_start": r.get("load_average_start"),
+            "qps_ratio": s["qps_ratio"], "single_overhead_p50_ms": s["single_overhead_p50_ms"],
+            "single_overhead_p99_ms": s["single_overhead_p99_ms"], "ingest_ratio": i["ratio"],
+            "delete_p99_ms": big["delete"]["p99_ms"], "rss_ratio": big["rss_ratio"]}
+
+
+def _history(previous: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Headline figures of the last runs written to the same place (the machine may be shared: show spread)."""
+    runs: list[dict[str, Any]] = []
+    if previous.exists():
+        try:
+            old = json.loads(previous.read_text())
+            runs = old.get("history") or [headline(old)]
+        except (ValueError, KeyError):
+            runs = []
+    return [*runs, headline(current)][-10:]
+
+
+def run_retrieval_benchmark(out_dir: Path, *, quick: bool) -> dict[str, Any]:
+    """Run everything, write ``retrieval.json`` and ``retrieval.md`` into ``out_dir``; return the results."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Every process of the run (this one's faiss, the forward worker, the services) waits passively in OpenMP,
+    # like the service does by default: busy-waiting threads on a shared machine burn 3-4x the CPU per image.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    work = Path(tempfile.mkdtemp(prefix="t3ar-bench-retrieval-"))
+    sizes = {"search_n": 20_000 if quick else 100_000, "batches": 2 if quick else 4, "rounds": 2 if quick else 3,
+             "single": 50 if quick else 300,
+             "ingest_n": 128 if quick else 640, "big_n": 100_000 if quick else 1_000_000,
+             "big_single": 10 if quick else 60, "deletes": 10 if quick else 50}
+    t0 = time.time()
+    try:
+        results: dict[str, Any] = {
+            "quick": quick, "started_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                        "uvicorn_extras": [m for m in ("httptools", "uvloop") if importlib.util.find_spec(m)]},
+            "load_average_start": os.getloadavg(), "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+        }
+        log.info("search: %d vectors", sizes["search_n"])
+        results["search"] = _bench_search(work, sizes["search_n"], sizes["batches"], sizes["single"], sizes["rounds"])
+        log.info("ingest: %d images", sizes["ingest_n"])
+        results["ingest"] = _bench_ingest(work, sizes["ingest_n"])
+        log.info("large pool: %d vectors", sizes["big_n"])
+        results["large"] = _bench_million(work, sizes["big_n"], sizes["big_single"], sizes["deletes"])
+        results["wall_seconds"] = time.time() - t0
+        results["load_average_end"] = os.getloadavg()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results["history"] = _history(out_dir / "retrieval.json", results)
+    (out_dir / "retrieval.json").write_text(json.dumps(results, indent=2, sort_keys=True))
+    from t3ar.bench.retrieval_report import render_markdown
+
+    (out_dir / "retrieval.md").write_text(render_markdown(results))
+    return results
+

@@ -1,0 +1,199 @@
+"""``t3ar pool``: manage the auxiliary pool held by a retriever service over HTTP."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from t3ar.clients.retriever import RetrieverClient
+from t3ar.clients.retriever_errors import RetrieverInputError
+from t3ar.errors import T3arError
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_URL = "http://127.0.0.1:8701"
+
+
+def _common(token_env: tuple[str, ...] = ("T3AR_TOKEN",)) -> Callable[[F], F]:
+    """--url, --token, --json, and T3arError -> ClickException (exit 1 with the message)."""
+
+    def deco(fn: F) -> F:
+        @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+        @click.option("--token", envvar=list(token_env), default=None,
+                      help=f"Bearer token (env {' or '.join(token_env)}).")
+        @click.option("--url", envvar="T3AR_RETRIEVER_URL", default=DEFAULT_URL, show_default=True,
+                      help="Retriever base URL (env T3AR_RETRIEVER_URL).")
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except T3arError as e:
+                raise click.ClickException(str(e)) from e
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def _emit(as_json: bool, data: Any, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+@click.group("pool")
+def pool() -> None:
+    """Manage the auxiliary pool held by a retriever service."""
+
+
+def _image_files(root: Path) -> list[Path]:
+    from t3ar.data.images import is_image_name
+
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and is_image_name(p.name)
+                  and not any(part.startswith(".") or part == "__MACOSX" for part in p.relative_to(root).parts))
+
+
+def _batches(items: list[Path], size: int) -> Iterator[list[Path]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+@pool.command("ingest")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--source", default="", help="Source tag stored with every item.")
+@click.option("--metadata", default="{}", help="JSON object stored with every item.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 1000))
+@_common()
+def ingest(path: Path, source: str, metadata: str, batch_size: int, url: str, token: str | None,
+           as_json: bool) -> None:
+    """Add every image under PATH (a folder, a zip/tar archive, or one image) to the pool.
+
+    Resumable: files whose sha256 is already in the pool are skipped before upload, so re-running after an
+    interruption only sends what is missing. Unreadable images are reported and skipped.
+
+    \b
+    Example:
+      t3ar pool ingest data/clipart.tar.gz --source openclipart --url http://127.0.0.1:8701
+    """
+    from tqdm import tqdm
+
+    from t3ar.data.archive import archive_kind, safe_extract
+
+    try:
+        meta = json.loads(metadata)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--metadata") from e
+    if not isinstance(meta, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--metadata")
+    tmp: Path | None = None
+    try:
+        if path.is_dir():
+            files = _image_files(path)
+        elif archive_kind(path) is not None:
+            tmp = Path(tempfile.mkdtemp(prefix="t3ar-ingest-"))
+            files = _image_files(safe_extract(path, tmp / "x"))
+        else:
+            files = [path]
+        if not files:
+            raise click.ClickException(f"{path}: no image files (.png/.jpg/.webp/...) found")
+        with RetrieverClient(url, token) as client:
+            shas = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+            present = client.exists(list(shas.values()))
+            todo = [f for f in files if shas[f] not in present]
+            summary: dict[str, Any] = {"files": len(files), "skipped_existing": len(files) - len(todo), "added": 0,
+                                       "exists": 0, "duplicates": 0, "rejected": 0, "rejected_items": []}
+            with tqdm(total=len(files), initial=len(files) - len(todo), unit="img", desc="ingest",
+                      disable=None) as bar, ThreadPoolExecutor(max_workers=2) as ex:
+                def send(batch: list[Path]) -> dict[str, Any]:
+                    try:
+                        return client.add_images([(str(f.relative_to(path) if path.is_dir() else f.name),
+                                                   f.read_bytes()) for f in batch], source=source, metadata=meta)
+                    except RetrieverInputError as e:
+                        if not e.items:
+                            raise
+                        return {"items": e.items, "added": 0, "exists": 0, "duplicates": 0,
+                                "rejected": len(e.items)}
+
+                pending: list[tuple[Future[dict[str, Any]], int]] = []
+                try:
+                    for batch in _batches(todo, batch_size):
+                        pending.append((ex.submit(send, batch), len(batch)))
+                        if len(pending) >= 2:  # two requests in flight: upload/decode overlaps embedding
+                            _collect(pending.pop(0), summary, bar)
+                    while pending:
+                        _collect(pending.pop(0), summary, bar)
+                except T3arError as e:
+                    raise click.ClickException(f"{e}\n{summary['added']} item(s) were added before this; re-run "
+                                               "the same command to resume (items already in are skipped)") from e
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    text = (f"{summary['files']} files: {summary['added']} added, {summary['skipped_existing']} already in the "
+            f"pool, {summary['exists']} exact repeats, {summary['duplicates']} near-duplicates skipped, "
+            f"{summary['rejected']} rejected")
+    for item in summary["rejected_items"][:20]:
+        text += f"\n  rejected {item['name']}: {(item.get('error') or {}).get('message', '')}"
+    _emit(as_json, summary, text)
+
+
+def _collect(entry: tuple[Future[dict[str, Any]], int], summary: dict[str, Any], bar: Any) -> None:
+    fut, n = entry
+    res = fut.result()
+    for key in ("added", "exists", "duplicates", "rejected"):
+        summary[key] += res[key]
+    summary["rejected_items"] += [i for i in res["items"] if i["status"] == "rejected"]
+    bar.update(n)
+
+
+@pool.command("rm")
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--missing-ok", is_flag=True, help="Delete the known ids even if some are unknown.")
+@_common(token_env=("T3AR_ADMIN_TOKEN", "T3AR_TOKEN"))
+def rm(ids: tuple[str, ...], missing_ok: bool, url: str, token: str | None, as_json: bool) -> None:
+    """Withdraw pool items (admin token). All or none unless --missing-ok.
+
+    Once this returns, no search returns these ids, also after a restart, and their image, embedding
+    and metadata are gone from the retriever's disk.
+    """
+    with RetrieverClient(url, token) as client:
+        out = client.delete_many(list(ids), missing_ok=missing_ok)
+    text = f"deleted {len(out['deleted'])}: {' '.join(out['deleted'])}"
+    if out["not_found"]:
+        text += f"\nnot found {len(out['not_found'])}: {' '.join(out['not_found'])}"
+    _emit(as_json, out, text)
+
+
+@pool.command("search")
+@click.argument("image", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--k", "k", default=10, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--r", "r", default=1, show_default=True, type=click.IntRange(1, 100),
+              help="Dedup: sample k of the top r*k.")
+@click.option("--source", default=None, help="Only items with this source tag.")
+@_common()
+def search(image: Path, k: int, r: int, source: str | None, url: str, token: str | None, as_json: bool) -> None:
+    """Nearest pool items to IMAGE (embedded by the retriever with the pool's embedder)."""
+    with RetrieverClient(url, token) as client:
+        res = client.search_images([image], k, r=r, source=source)
+    rows = [{"id": i, "score": sc} for i, sc in zip(res.ids[0], res.scores[0], strict=True)]
+    text = "\n".join(f"{row['score']:.4f}  {row['id']}" for row in rows) or "(the pool is empty)"
+    _emit(as_json, {"identity": res.identity, "results": rows}, text)
+
+
+@pool.command("stats")
+@_common()
+def stats(url: str, token: str | None, as_json: bool) -> None:
+    """Pool size, embedder identity, index type and sources."""
+    with RetrieverClient(url, token) as client:
+        st = client.stats()
+    idx = st["index"]
+    lines = [f"items:      {st['count']}", f"dim:        {st['dim']}", f"embedder:   {st['identity']}",
+             f"index:      {idx['type']} ({idx['vectors']} vectors, {idx['tombstones']} tombstones)",
+             f"duplicates: {st['duplicate_policy']} at cosine >= {st['duplicate_threshold']}",
+             "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st["sources"].items()) or "-")]
+    _emit(as_json, st, "\n".join(lines))

@@ -1,0 +1,293 @@
+"""HTTP client for the retriever service, and :class:`RetrieverProvider`, the
+:class:`~t3ar.method.retrieval.NeighbourProvider` the adaptation harness uses to reach a remote pool.
+
+Retries: connection failures before the request was sent and 503 (not ready) are always retried; read
+timeouts, dropped connections and 502/504 only for calls that are safe to repeat (reads, searches, image
+adds — the pool stores each sha256 once, so a repeated add answers ``exists`` — and deletes, where a 404 on a
+retry means the first attempt succeeded). Exponential back-off with jitter, honouring ``Retry-After``.
+Errors come back as :mod:`t3ar.clients.retriever_errors` classes carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import random
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from t3ar.clients.retriever_errors import (
+    RetrieverError,
+    RetrieverUnavailableError,
+    error_from_response,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+ImageInput = Path | str | bytes | tuple[str, bytes]
+"""A file path, raw file bytes, or ``(file name, bytes)``."""
+
+_ALWAYS_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_RETRY_IF_SAFE = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
+                  httpx.RemoteProtocolError)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Per query: ids best first and their inner-product scores (rows may be shorter than k)."""
+
+    ids: list[list[str]]
+    scores: list[list[float]]
+    identity: str
+
+
+def _as_file(item: ImageInput, i: int) -> tuple[str, bytes]:
+    if isinstance(item, tuple):
+        return item
+    if isinstance(item, bytes | bytearray):
+        return f"image-{i}", bytes(item)
+    path = Path(item)
+    return path.name, path.read_bytes()
+
+
+class RetrieverClient:
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 4,
+                 backoff: float = 0.25, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(base_url=self.url, headers=headers, transport=transport,
+                                  timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RetrieverClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- transport ---------------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, *, safe: bool, ok_404_on_retry: bool = False,
+                 **kwargs: Any) -> httpx.Response:
+        what = f"{method} {path}"
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                resp = self._http.request(method, path, **kwargs)
+            except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
+                if last or (isinstance(e, _RETRY_IF_SAFE) and not safe):
+                    raise RetrieverUnavailableError(f"retriever at {self.url} unreachable ({what}): "
+                                                    f"{type(e).__name__}: {e}; is it running?") from e
+                self._sleep(attempt, None, what, type(e).__name__)
+                continue
+            except httpx.HTTPError as e:
+                raise RetrieverUnavailableError(f"retriever {what}: {type(e).__name__}: {e}") from e
+            if resp.status_code == 404 and attempt > 0 and ok_404_on_retry:
+                return resp
+            transient = resp.status_code == 503 or (safe and resp.status_code in (502, 504))
+            if transient and not last:
+                self._sleep(attempt, resp.headers.get("retry-after"), what, f"HTTP {resp.status_code}")
+                continue
+            if resp.status_code >= 400:
+                try:
+                    body = resp.json()
+                except ValueError:
+                    body = None
+                raise error_from_response(resp.status_code, body, resp.text, what)
+            return resp
+        raise AssertionError("unreachable")
+
+    def _sleep(self, attempt: int, retry_after: str | None, what: str, why: str) -> None:
+        delay = self.backoff * (2 ** attempt) * (0.5 + random.random())
+        if retry_after and retry_after.isdigit():
+            delay = max(delay, min(float(retry_after), 30.0))
+        log.debug("retrying %s after %s in %.2fs", what, why, delay)
+        time.sleep(delay)
+
+    def _json(self, method: str, path: str, *, safe: bool = True, **kwargs: Any) -> Any:
+        return self._request(method, path, safe=safe, **kwargs).json()
+
+    # --- ops ---------------------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return dict(self._json("GET", "/health"))
+
+    def ready(self) -> bool:
+        try:
+            return self._http.get("/ready").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() > deadline:
+                raise RetrieverUnavailableError(f"retriever at {self.url} not ready after {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._json("GET", "/stats"))
+
+    def metrics(self) -> str:
+        return self._request("GET", "/metrics", safe=True).text
+
+    # --- pool --------------------------------------------------------------------------------------------
+    def add_images(self, images: Sequence[ImageInput], *, source: str = "", metadata: dict[str, Any] | None = None,
+                   atomic: bool = False, duplicate_policy: str | None = None) -> dict[str, Any]:
+        """Upload images and/or zip/tar archives; returns the per-item report (``items``, counts).
+        Raises RetrieverInputError (with ``items``) when nothing could be committed."""
+        files = [("files", _as_file(x, i)) for i, x in enumerate(images)]
+        data: dict[str, str] = {"source": source, "metadata": json.dumps(metadata or {}),
+                                "atomic": "true" if atomic else "false"}
+        if duplicate_policy:
+            data["duplicate_policy"] = duplicate_policy
+        return dict(self._json("POST", "/pool", files=files, data=data))
+
+    def add_vectors(self, vectors: np.ndarray, *, identity: str, source: str = "") -> list[str]:
+        """Vectors-only pools (admin token): bulk-add float32 vectors; returns their ids in order."""
+        body = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
+        out = self._json("POST", "/pool/vectors", safe=False, content=body,
+                         params={"identity": identity, "source": source},
+                         headers={"Content-Type": "application/octet-stream"})
+        return list(out["ids"])
+
+    def exists(self, sha256s: Sequence[str]) -> dict[str, str]:
+        """sha256 (hex of the file bytes) -> id, for those already in the pool."""
+        found: dict[str, str] = {}
+        for start in range(0, len(sha256s), 10_000):
+            found.update(self._json("POST", "/pool/exists", json={"sha256": list(sha256s[start:start + 10_000])})[
+                "found"])
+        return found
+
+    def list_items(self, *, after: str | None = None, limit: int = 100, source: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if after:
+            params["after"] = after
+        if source is not None:
+            params["source"] = source
+        return dict(self._json("GET", "/pool", params=params))
+
+    def iter_items(self, *, source: str | None = None, page_size: int = 1000) -> Iterator[dict[str, Any]]:
+        after = None
+        while True:
+            page = self.list_items(after=after, limit=page_size, source=source)
+            yield from page["items"]
+            after = page["next_after"]
+            if after is None:
+                return
+
+    def get_item(self, item_id: str) -> dict[str, Any]:
+        return dict(self._json("GET", f"/pool/{item_id}"))
+
+    def get_image(self, item_id: str) -> bytes:
+        return self._request("GET", f"/pool/{item_id}/image", safe=True).content
+
+    def delete(self, item_id: str) -> None:
+        """Withdraw one item (admin token). Unknown id -> RetrieverNotFoundError."""
+        self._request("DELETE", f"/pool/{item_id}", safe=True, ok_404_on_retry=True)
+
+    def delete_many(self, ids: Sequence[str], *, missing_ok: bool = False) -> dict[str, Any]:
+        """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``."""
+        return dict(self._json("POST", "/pool/delete", json={"ids": list(ids), "missing_ok": missing_ok}))
+
+    # --- search ------------------------------------------------------------------------------------------
+    def embed(self, images: Sequence[ImageInput]) -> np.ndarray:
+        """Embed with the pool's retriever R -> float32 [N, dim] unit vectors."""
+        files = [("files", _as_file(x, i)) for i, x in enumerate(images)]
+        out = self._json("POST", "/embed", files=files, params={"encoding": "base64"})
+        return np.frombuffer(base64.b64decode(out["vectors_b64"]), dtype="<f4").reshape(out["count"], out["dim"])
+
+    def search(self, vectors: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
+               source: str | None = None, identity: str | None = None) -> SearchResult:
+        q = np.ascontiguousarray(np.atleast_2d(vectors), dtype="<f4")
+        body: dict[str, Any] = {"vectors_b64": base64.b64encode(q.tobytes()).decode(), "k": k, "r": r,
+                                "seed": seed, "exclude_ids": list(exclude_ids), "source": source,
+                                "identity": identity}
+        return self._search(body)
+
+    def search_images(self, images: Sequence[ImageInput], k: int, *, r: int = 1, seed: int = 0,
+                      exclude_ids: Sequence[str] = (), source: str | None = None) -> SearchResult:
+        body: dict[str, Any] = {"images_b64": [base64.b64encode(_as_file(x, i)[1]).decode()
+                                               for i, x in enumerate(images)],
+                                "k": k, "r": r, "seed": seed, "exclude_ids": list(exclude_ids), "source": source}
+        return self._search(body)
+
+    def _search(self, body: dict[str, Any]) -> SearchResult:
+        out = self._json("POST", "/search", json=body)
+        return SearchResult([row["ids"] for row in out["results"]], [row["scores"] for row in out["results"]],
+                            out["identity"])
+
+
+class RetrieverProvider:
+    """:class:`~t3ar.method.retrieval.NeighbourProvider` backed by a retriever service."""
+
+    def __init__(self, client: RetrieverClient, *, batch_size: int = 128, fetch_workers: int = 4) -> None:
+        self.client = client
+        self.batch_size = batch_size
+        self.fetch_workers = fetch_workers
+        self._identity: str | None = None
+
+    @property
+    def identity(self) -> str:
+        if self._identity is None:
+            self._identity = str(self.client.stats()["identity"])
+        return self._identity
+
+    def size(self) -> int:
+        return int(self.client.stats()["count"])
+
+    def embed(self, images: torch.Tensor) -> np.ndarray:
+        """uint8 [N,3,H,W] -> PNGs -> ``/embed`` in batches -> float32 [N, d]."""
+        if images.dtype.is_floating_point or images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError("images must be a uint8 tensor [N, 3, H, W]")
+        arr = images.permute(0, 2, 3, 1).contiguous().cpu().numpy()
+        out = []
+        for start in range(0, len(arr), self.batch_size):
+            pngs = []
+            for j, a in enumerate(arr[start:start + self.batch_size]):
+                buf = io.BytesIO()
+                Image.fromarray(a).save(buf, format="PNG", compress_level=1)
+                pngs.append((f"query-{start + j}.png", buf.getvalue()))
+            out.append(self.client.embed(pngs))
+        return np.concatenate(out) if out else np.empty((0, 0), dtype=np.float32)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        """Top-k per query; rows padded with '' (score -inf) when the pool has fewer than k items."""
+        n = len(queries)
+        scores = np.full((n, k), -np.inf, dtype=np.float32)
+        ids: list[list[str]] = []
+        for start in range(0, n, self.batch_size):
+            res = self.client.search(queries[start:start + self.batch_size], k, identity=self._identity)
+            for i, (row_ids, row_s) in enumerate(zip(res.ids, res.scores, strict=True)):
+                scores[start + i, :len(row_s)] = row_s
+                ids.append(list(row_ids) + [""] * (k - len(row_ids)))
+        return scores, ids
+
+    def all_ids(self) -> list[str]:
+        return [item["id"] for item in self.client.iter_items(page_size=1000)]
+
+    def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
+        """Download and decode (RGB, alpha on white) the pool images, in order."""
+        from t3ar.data.images import open_image
+
+        with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
+            blobs = list(ex.map(self.client.get_image, ids))
+        return [open_image(b) for b in blobs]
+
+
+__all__ = ["RetrieverClient", "RetrieverProvider", "SearchResult", "RetrieverError", "ImageInput"]

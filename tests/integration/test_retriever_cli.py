@@ -1,0 +1,112 @@
+"""`t3ar pool ...` against a real retriever, and `t3ar serve retriever` as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+from click.testing import CliRunner
+
+from t3ar.cli.pool_cmd import pool
+
+if TYPE_CHECKING:
+    from conftest import RetrieverProcess
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], url: str, token: str = "test-admin-token") -> tuple[int, str]:
+    result = CliRunner().invoke(pool, [*args, "--url", url, "--token", token])
+    return result.exit_code, result.output
+
+
+def test_pool_commands(retriever_module: RetrieverProcess, tmp_path: Path, make_png: Callable[..., bytes]) -> None:
+    src = tmp_path / "imgs"
+    (src / "sub").mkdir(parents=True)
+    for i in range(6):
+        (src / ("sub" if i % 2 else "") / f"{i}.png").write_bytes(make_png(200 + i))
+    (src / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nbroken")
+    (src / "notes.txt").write_text("ignored: not an image name")
+    url = retriever_module.url
+
+    code, out = _run(["ingest", str(src), "--source", "cli", "--batch-size", "2", "--json"], url)
+    assert code == 0, out
+    summary = json.loads(out[out.index("{"):])
+    assert (summary["files"], summary["added"], summary["rejected"]) == (7, 6, 1)
+    assert summary["rejected_items"][0]["name"] == "broken.png"
+    code, out = _run(["ingest", str(src), "--source", "cli", "--json"], url)  # resumable: nothing re-sent
+    again = json.loads(out[out.index("{"):])
+    assert code == 0 and again["skipped_existing"] == 6 and again["added"] == 0
+
+    archive = tmp_path / "more.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        for i in range(3):
+            p = tmp_path / f"t{i}.png"
+            p.write_bytes(make_png(300 + i))
+            tf.add(p, arcname=f"more/t{i}.png")
+    code, out = _run(["ingest", str(archive), "--source", "tar"], url)
+    assert code == 0 and "3 added" in out, out
+
+    query = src / "3.png" if (src / "3.png").exists() else src / "sub" / "3.png"
+    code, out = _run(["search", str(query), "--k", "3", "--json"], url, "test-rw-token")
+    hits = json.loads(out)["results"]
+    assert code == 0 and len(hits) == 3 and hits[0]["score"] > 0.999
+    code, out = _run(["stats", "--json"], url, "test-rw-token")
+    assert code == 0 and json.loads(out)["sources"]["cli"] == 6 and json.loads(out)["sources"]["tar"] == 3
+    code, out = _run(["stats"], url, "test-rw-token")
+    assert code == 0 and "embedder:" in out
+
+    code, out = _run(["rm", hits[0]["id"]], url, "test-rw-token")
+    assert code == 1 and "admin token" in out
+    code, out = _run(["rm", hits[0]["id"], "--json"], url)
+    assert code == 0 and json.loads(out)["deleted"] == [hits[0]["id"]]
+    code, out = _run(["rm", hits[0]["id"]], url)
+    assert code == 1 and "unknown id" in out and "nothing was deleted" in out
+    code, out = _run(["stats"], "http://127.0.0.1:9", "x")
+    assert code == 1 and "unreachable" in out
+
+
+def test_serve_retriever_runs_and_stops_gracefully(tmp_path: Path) -> None:
+    from conftest import free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'shared'}{os.pathsep}{REPO}", "T3AR_RETRIEVER_AUTH_DISABLED": "true",
+           "T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": "4", "T3AR_RETRIEVER_VECTOR_IDENTITY": "t"}
+    cmd = [sys.executable, "-c", "from t3ar.cli.serve_cmd import serve; serve()", "retriever",
+           "--data-dir", str(tmp_path / "pool"), "--port", str(port)]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(log.read_text())
+        added = httpx.post(f"http://127.0.0.1:{port}/pool/vectors", params={"identity": "t"},
+                           content=b"\x00\x00\x80?" * 8)
+        assert added.status_code == 200 and len(added.json()["ids"]) == 2
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "services.retriever.startup: index saved (2 vectors)" in text and "retriever stopped" in text
+    assert "AUTH IS DISABLED" in text
+    bad = subprocess.run(cmd, env={**env, "T3AR_RETRIEVER_AUTH_DISABLED": "false"}, cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "invalid retriever settings" in bad.stderr and "T3AR_RETRIEVER_TOKEN" in bad.stderr

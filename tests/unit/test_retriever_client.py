@@ -1,0 +1,119 @@
+"""RetrieverClient retry and error mapping, against httpx.MockTransport (no server)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import numpy as np
+import pytest
+
+from t3ar.clients.retriever import RetrieverClient, RetrieverProvider
+from t3ar.clients.retriever_errors import (
+    RetrieverArchiveError,
+    RetrieverAuthError,
+    RetrieverConflictError,
+    RetrieverError,
+    RetrieverImageError,
+    RetrieverInputError,
+    RetrieverNotFoundError,
+    RetrieverUnavailableError,
+)
+from t3ar.errors import ImageDecodeError, InvalidInputError, UnsafeArchiveError
+
+
+def _client(handler: Callable[[httpx.Request], httpx.Response], retries: int = 3) -> RetrieverClient:
+    return RetrieverClient("http://retriever", "tok", retries=retries, backoff=0.001,
+                           transport=httpx.MockTransport(handler))
+
+
+def _err(status: int, code: str, message: str = "what to fix") -> httpx.Response:
+    return httpx.Response(status, json={"error": {"code": code, "message": message}})
+
+
+def test_transient_failures_are_retried_then_succeed() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        assert request.headers["authorization"] == "Bearer tok"
+        if len(calls) == 1:
+            raise httpx.ConnectError("refused")
+        if len(calls) == 2:
+            return httpx.Response(503, headers={"Retry-After": "0"}, json={"error": {"code": "not_ready",
+                                                                                   "message": "loading"}})
+        if len(calls) == 3:
+            return httpx.Response(502, text="bad gateway")
+        return httpx.Response(200, json={"count": 3, "identity": "r"})
+
+    assert _client(handler).stats()["count"] == 3 and len(calls) == 4
+
+
+def test_gives_up_after_retries_with_unavailable() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    with pytest.raises(RetrieverUnavailableError, match="unreachable"):
+        _client(handler, retries=2).stats()
+
+
+def test_unsafe_calls_are_not_retried_after_the_request_may_have_run() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        raise httpx.ReadTimeout("slow")
+
+    with pytest.raises(RetrieverUnavailableError):
+        _client(handler).add_vectors(np.zeros((1, 4), np.float32), identity="x")
+    assert calls == 1
+
+
+def test_delete_retry_that_finds_the_item_gone_counts_as_done() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise httpx.ReadTimeout("the first attempt ran but its answer was lost")
+        return _err(404, "not_found", "no item")
+
+    _client(handler).delete("abc-1")
+    assert calls == 2
+    with pytest.raises(RetrieverNotFoundError):
+        _client(lambda r: _err(404, "not_found", "no item 'abc-1'")).delete("abc-1")
+
+
+@pytest.mark.parametrize(("status", "code", "classes"), [
+    (422, "bad_image", (RetrieverImageError, ImageDecodeError, InvalidInputError)),
+    (422, "unsafe_archive", (RetrieverArchiveError, UnsafeArchiveError)),
+    (404, "not_found", (RetrieverNotFoundError, InvalidInputError)),
+    (401, "unauthorized", (RetrieverAuthError,)),
+    (403, "forbidden", (RetrieverAuthError,)),
+    (409, "identity_mismatch", (RetrieverConflictError,)),
+    (413, "payload_too_large", (RetrieverInputError,)),
+    (422, "items_rejected", (RetrieverInputError,)),
+])
+def test_errors_map_to_core_exceptions_with_the_server_message(status: int, code: str,
+                                                                classes: tuple[type, ...]) -> None:
+    with pytest.raises(classes[0]) as info:
+        _client(lambda r: _err(status, code, "the server says why")).get_item("x-1")
+    err = info.value
+    assert all(isinstance(err, c) for c in classes) and isinstance(err, RetrieverError)
+    assert "the server says why" in str(err) and err.status == status and err.code == code
+
+
+def test_provider_pads_short_rows_and_checks_input() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"identity": "r", "k": 3,
+                                         "results": [{"ids": ["t-1"], "scores": [0.9]}] * 2})
+
+    provider = RetrieverProvider(_client(handler))
+    scores, ids = provider.search(np.ones((2, 4), np.float32), 3)
+    assert ids == [["t-1", "", ""]] * 2 and scores[0, 0] == pytest.approx(0.9) and np.isneginf(scores[0, 1])
+    import torch
+
+    with pytest.raises(ValueError, match="uint8"):
+        provider.embed(torch.zeros(1, 3, 8, 8))
