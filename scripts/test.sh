@@ -8,5 +8,7 @@ echo "== ruff" >&2
 .venv/bin/ruff check .
 echo "== mypy" >&2
 .venv/bin/mypy shared services
+echo "== containers (hadolint, compose schema)" >&2
+bash scripts/check_containers.sh
 echo "== pytest" >&2
 exec .venv/bin/python -m pytest "$@"

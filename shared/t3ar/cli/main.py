@@ -1,25 +1,25 @@
-"""The `t3ar` command line. Logging is configured here, once."""
+"""The `t3ar` command line. Logging is configured here, once.
+
+Service commands import their heavy dependencies (uvicorn, rq, ...) inside the command, so `t3ar --help`
+stays fast and the core CLI works without the service extras installed.
+"""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 
 import click
 
 from t3ar import __version__
+from t3ar.cli.bench_cmd import bench
+from t3ar.cli.data_cmd import data
+from t3ar.cli.job_cmd import jobs, models, submit, withdraw
 from t3ar.cli.model_cmds import adapt_cmd, evaluate_cmd, train_source
-
-# Command groups that live in their own modules: (module, attribute).
-_GROUPS = [
-    ("t3ar.cli.data_cmd", "data"),
-    ("t3ar.cli.pool_cmd", "pool"),
-    ("t3ar.cli.serve_cmd", "serve"),
-    ("t3ar.cli.bench_cmd", "bench"),
-    ("t3ar.cli.stack_cmd", "up"),
-    ("t3ar.cli.stack_cmd", "worker"),
-]
+from t3ar.cli.pool_cmd import pool
+from t3ar.cli.serve_api import api
+from t3ar.cli.serve_cmd import serve
+from t3ar.cli.stack_cmd import up, worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -36,15 +36,10 @@ def cli(log_level: str) -> None:
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-cli.add_command(train_source)
-cli.add_command(adapt_cmd)
-cli.add_command(evaluate_cmd)
-for _module, _attr in _GROUPS:
-    try:
-        cli.add_command(getattr(importlib.import_module(_module), _attr))
-    except (ModuleNotFoundError, AttributeError) as _exc:
-        if not getattr(_exc, "name", "").startswith("t3ar.cli") and not isinstance(_exc, AttributeError):
-            raise
+serve.add_command(api)
+for _command in (train_source, adapt_cmd, evaluate_cmd, data, pool, serve, bench, up, worker, submit, jobs, models,
+                 withdraw):
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""The adaptation API: models, jobs (validated before enqueueing), checkpoints, pool withdrawal with lineage."""

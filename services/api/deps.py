@@ -1,0 +1,79 @@
+"""Dependencies: the service state on ``app.state.api`` and bearer-token auth.
+
+Scopes: the user token (``T3AR_API_TOKEN``) may upload models, adapt, read, cancel and readapt; the admin
+token (``T3AR_API_ADMIN_TOKEN``) may do all that and withdraw pool items. No or unknown token -> 401, user
+token on an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis import Redis
+
+from services.api.errors import AuthError
+from services.api.jobs import JobService
+from services.api.metrics import ApiMetrics
+from services.api.settings import ApiSettings
+from services.api.store import Store
+from t3ar.clients.retriever import RetrieverClient
+
+
+@dataclass
+class ApiState:
+    settings: ApiSettings
+    store: Store
+    redis: Redis
+    jobs: JobService
+    retriever: RetrieverClient  # read/write token: stats before enqueueing
+    retriever_admin: RetrieverClient  # admin token: forwarded deletes
+    metrics: ApiMetrics
+
+
+def get_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+StateDep = Annotated[ApiState, Depends(get_state)]
+
+
+def get_settings(state: StateDep) -> ApiSettings:
+    return state.settings
+
+
+SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
+
+_bearer = HTTPBearer(auto_error=False, description="T3AR_API_TOKEN (user) or T3AR_API_ADMIN_TOKEN (admin)")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _scope_of(settings: ApiSettings, creds: HTTPAuthorizationCredentials | None) -> Literal["user", "admin"]:
+    if settings.auth_disabled:
+        return "admin"
+    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
+        raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'", status=401)
+    given = creds.credentials.encode()
+    if settings.admin_token is not None and \
+            secrets.compare_digest(given, settings.admin_token.get_secret_value().encode()):
+        return "admin"
+    if settings.token is not None and secrets.compare_digest(given, settings.token.get_secret_value().encode()):
+        return "user"
+    raise AuthError("invalid bearer token", status=401)
+
+
+def require_user(settings: SettingsDep, creds: BearerDep) -> None:
+    _scope_of(settings, creds)
+
+
+def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
+    if _scope_of(settings, creds) != "admin":
+        raise AuthError("withdrawing pool items needs the admin token (T3AR_API_ADMIN_TOKEN)", status=403)
+
+
+USER = [Depends(require_user)]
+ADMIN = [Depends(require_admin)]

@@ -1,0 +1,192 @@
+"""Jobs on the rq queue: enqueue, describe (status + progress + timings + error), cancel, and the periodic sweep
+(abandoned jobs -> failed; finished jobs' lineage -> the index).
+
+Status model: ``queued`` | ``started`` | ``finished`` | ``failed`` | ``canceled``. rq's own record lives for
+``result_ttl``/``failure_ttl``; after that a job is ``finished`` if its artifacts exist, else ``failed``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+
+from services.api.errors import ConflictError, NotFoundError
+from services.api.settings import ApiSettings
+from services.api.store import JobRow, Store
+from services.worker.protocol import (
+    CANCEL_KEY,
+    JOB_FUNCTION,
+    LINEAGE_FILE,
+    SERIALIZER,
+    JobSpec,
+    artifacts_dir,
+)
+
+log = logging.getLogger(__name__)
+
+_STATUS = {JobStatus.QUEUED: "queued", JobStatus.DEFERRED: "queued", JobStatus.SCHEDULED: "queued",
+           JobStatus.CREATED: "queued", JobStatus.STARTED: "started", JobStatus.FINISHED: "finished",
+           JobStatus.FAILED: "failed", JobStatus.STOPPED: "failed", JobStatus.CANCELED: "canceled"}
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.isoformat(timespec="seconds")
+
+
+def explain_failure(exc_string: str | None, timeout: int) -> str:
+    """A one-line reason from rq's failure record (used when the job could not write its own message)."""
+    text = (exc_string or "").strip()
+    if "AbandonedJobError" in text or "terminated unexpectedly" in text or "work-horse terminated" in text:
+        return ("the worker running this job stopped (killed, crashed or lost its machine) before it finished; "
+                "nothing was written: POST /jobs/{id}/readapt to run it again")
+    if "JobTimeoutException" in text:
+        return f"the job ran longer than its timeout ({timeout} s, T3AR_API_JOB_TIMEOUT) and was stopped"
+    if "stopped by user" in text:
+        return "the job was stopped"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else "the job failed without an error message"
+
+
+@dataclass
+class JobState:
+    status: str
+    enqueued_at: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    position: int | None = None
+    worker: str | None = None
+    progress: dict[str, Any] | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = None
+
+
+class JobService:
+    def __init__(self, settings: ApiSettings, store: Store, connection: Redis) -> None:
+        self.settings = settings
+        self.store = store
+        self.connection = connection
+        self.queue = Queue(settings.queue, connection=connection, serializer=SERIALIZER)
+
+    # --- submit ------------------------------------------------------------------------------------------
+    def enqueue(self, row: JobRow, model_path: str) -> None:
+        spec = JobSpec(job_id=row.id, model_id=row.model_id, model_path=model_path, target_dir=row.target_dir,
+                       config=row.config, parent_id=row.parent_id)
+        self.queue.enqueue_call(
+            JOB_FUNCTION, args=(spec.model_dump(),), job_id=row.id, timeout=self.settings.job_timeout,
+            result_ttl=self.settings.result_ttl, failure_ttl=self.settings.failure_ttl,
+            description=f"adapt {row.model_id} ({row.config.get('method', 't3ar')}, {row.n_images} images)")
+
+    # --- read --------------------------------------------------------------------------------------------
+    def fetch(self, job_id: str) -> Job | None:
+        try:
+            return Job.fetch(job_id, connection=self.connection, serializer=SERIALIZER)
+        except NoSuchJobError:
+            return None
+
+    def fetch_many(self, job_ids: list[str]) -> list[Job | None]:
+        return list(Job.fetch_many(job_ids, connection=self.connection, serializer=SERIALIZER)) if job_ids else []
+
+    def state(self, row: JobRow, job: Job | None = None) -> JobState:
+        job = job if job is not None else self.fetch(row.id)
+        finished_on_disk = (artifacts_dir(self.settings.data_dir, row.id) / LINEAGE_FILE).is_file()
+        if job is None:
+            if finished_on_disk:
+                return JobState("finished")
+            return JobState("failed", error="the job's queue record is gone (expired or Redis was reset) and it "
+                                            "left no checkpoint: POST /jobs/{id}/readapt to run it again")
+        rq_status = job.get_status(refresh=False)
+        meta = dict(job.meta or {})
+        status = _STATUS.get(rq_status, "queued") if rq_status is not None else "queued"
+        if status == "failed" and meta.get("canceled"):
+            status = "canceled"
+        st = JobState(status, _iso(job.enqueued_at), _iso(job.started_at), _iso(job.ended_at),
+                      worker=job.worker_name or None)
+        if status == "queued":
+            st.position = job.get_position()
+        progress = {k: v for k, v in meta.items() if k not in ("error", "canceled")}
+        st.progress = progress or None
+        if status == "failed":
+            st.error = meta.get("error")
+            if not st.error:
+                result = job.latest_result()
+                st.error = explain_failure(result.exc_string if result else None, self.settings.job_timeout)
+            st.error = st.error.replace("{id}", row.id)
+        elif status == "finished":
+            value = job.return_value()
+            st.result = value if isinstance(value, dict) else None
+        return st
+
+    # --- cancel ------------------------------------------------------------------------------------------
+    def cancel(self, row: JobRow) -> str:
+        """Queued: removed from the queue at once. Started: the job stops at its next step (a few seconds).
+        Returns the status after the request."""
+        job = self.fetch(row.id)
+        state = self.state(row, job)
+        if state.status in ("finished", "failed", "canceled"):
+            raise ConflictError(f"job {row.id} is already {state.status}; nothing to cancel")
+        self.connection.set(CANCEL_KEY.format(job_id=row.id), "1", ex=self.settings.failure_ttl)
+        if job is not None and state.status == "queued":
+            try:
+                job.cancel()
+                return "canceled"
+            except InvalidJobOperation:
+                pass
+        return "canceling"
+
+    # --- sweep -------------------------------------------------------------------------------------------
+    def sweep_abandoned(self) -> None:
+        """Fail jobs whose worker stopped heart-beating (rq's abandoned-job handling)."""
+        StartedJobRegistry(queue=self.queue).cleanup()
+
+    def sync_lineage(self) -> int:
+        """Index the lineage of every finished job not indexed yet (artifacts/<id>/lineage.json)."""
+        root = self.settings.data_dir / "artifacts"
+        if not root.is_dir():
+            return 0
+        known = self.store.indexed_jobs()
+        n = 0
+        for d in root.iterdir():
+            if d.name in known or not (d / LINEAGE_FILE).is_file():
+                continue
+            try:
+                data = json.loads((d / LINEAGE_FILE).read_text())
+            except (OSError, ValueError) as e:
+                log.warning("unreadable lineage file %s: %s", d / LINEAGE_FILE, e)
+                continue
+            self.store.index_lineage(d.name, list(data.get("pool_ids") or []), finished_at=data.get("created_at"),
+                                     checkpoint_sha256=data.get("checkpoint_sha256"))
+            n += 1
+        return n
+
+    def started_ids(self) -> list[str]:
+        return list(StartedJobRegistry(queue=self.queue).get_job_ids())
+
+    def counts(self) -> dict[str, int]:
+        return {"queued": self.queue.count, "started": StartedJobRegistry(queue=self.queue).count,
+                "finished": FinishedJobRegistry(queue=self.queue).count,
+                "failed": FailedJobRegistry(queue=self.queue).count}
+
+
+def require_job(store: Store, job_id: str) -> JobRow:
+    row = store.get_job(job_id)
+    if row is None:
+        raise NotFoundError(f"no job {job_id!r}; list jobs with GET /jobs")
+    return row
+
+
+def artifact(settings: ApiSettings, job_id: str, name: str) -> Path:
+    return artifacts_dir(settings.data_dir, job_id) / name

@@ -1,0 +1,110 @@
+"""The adaptation API: ``create_app()`` (a factory: ``uvicorn --factory services.api.main:create_app``).
+
+Start-up (lifespan): settings -> data dir + SQLite store -> Redis connection and queue -> retriever clients ->
+a background sweeper that, every ``sweep_interval`` seconds, fails jobs whose worker stopped heart-beating
+(never stuck in "started") and indexes the lineage of newly finished jobs. Redis or the retriever being down
+does not stop start-up: ``/ready`` says what is missing and routes answer 503 until it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from redis import Redis
+from starlette.concurrency import run_in_threadpool
+
+import t3ar
+from services.api.deps import ApiState
+from services.api.errors import install_error_handlers
+from services.api.jobs import JobService
+from services.api.metrics import ApiMetrics, MetricsMiddleware
+from services.api.routes import router
+from services.api.routes_jobs import router as jobs_router
+from services.api.settings import ApiSettings
+from services.api.store import Store
+from t3ar.clients.retriever import RetrieverClient
+
+log = logging.getLogger(__name__)
+
+
+def _secret(value: object) -> str | None:
+    return value.get_secret_value() if value is not None else None  # type: ignore[attr-defined]
+
+
+def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
+    data = settings.data_dir
+    for sub in ("models", "jobs", "artifacts"):
+        (data / sub).mkdir(parents=True, exist_ok=True)
+    store = Store(data / "api.sqlite3")
+    conn = redis if redis is not None else Redis.from_url(settings.redis_url, socket_timeout=10,
+                                                          socket_connect_timeout=5, health_check_interval=30)
+    retriever = RetrieverClient(settings.retriever_url, _secret(settings.retriever_token),
+                                timeout=settings.retriever_timeout, retries=1)
+    admin = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
+                            timeout=settings.retriever_timeout, retries=2)
+    return ApiState(settings=settings, store=store, redis=conn, jobs=JobService(settings, store, conn),
+                    retriever=retriever, retriever_admin=admin, metrics=ApiMetrics())
+
+
+def sweep_once(state: ApiState) -> None:
+    """Abandoned jobs -> failed; newly finished jobs -> lineage index. Errors are logged, never raised."""
+    try:
+        state.jobs.sweep_abandoned()
+    except Exception as e:
+        log.warning("abandoned-job sweep failed (Redis down?): %s", e)
+    try:
+        if n := state.jobs.sync_lineage():
+            log.info("indexed the lineage of %d finished job(s)", n)
+    except Exception:
+        log.exception("lineage sync failed")
+    state.metrics.abandoned_sweeps.inc()
+
+
+async def _sweeper(state: ApiState) -> None:
+    while True:
+        await run_in_threadpool(sweep_once, state)
+        await asyncio.sleep(state.settings.sweep_interval)
+
+
+def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = None) -> FastAPI:
+    settings = settings if settings is not None else ApiSettings()
+    state = build_state(settings, redis)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.auth_disabled:
+            log.warning("AUTH IS DISABLED (T3AR_API_AUTH_DISABLED=true): anyone who can reach this port can submit "
+                        "jobs, download checkpoints and withdraw pool items; use only on a trusted local machine")
+        log.info("api: data dir %s, queue %s, retriever %s", settings.data_dir.resolve(), settings.queue,
+                 settings.retriever_url)
+        sweeper = asyncio.create_task(_sweeper(state), name="t3ar-api-sweeper")
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            state.retriever.close()
+            state.retriever_admin.close()
+            state.redis.close()
+            state.store.close()
+            log.info("api stopped")
+
+    app = FastAPI(
+        title="t3ar adaptation API", version=getattr(t3ar, "__version__", "0"), lifespan=lifespan,
+        description="Adapt a base classifier to target data with retrieval from the auxiliary pool; withdraw pool "
+                    "items and find (and re-run) every checkpoint that used them.",
+        max_body_size=settings.max_body_bytes,
+        form_limits={"max_files": 1, "max_fields": 16, "max_part_size": 1 << 20},
+    )
+    app.state.api = state
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.include_router(router)
+    app.include_router(jobs_router)
+    return app

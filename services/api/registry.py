@@ -1,0 +1,61 @@
+"""Base models: validate an uploaded checkpoint (our format, loaded with ``weights_only``, weights that fit the
+declared architecture) and store it as ``models/<id>.pt``. The id is derived from the file's sha256, so
+uploading the same file twice yields the same model."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from pathlib import Path
+from typing import BinaryIO
+
+from services.api.errors import NotFoundError
+from services.api.settings import ApiSettings
+from services.api.store import ModelRow, Store
+from services.api.uploads import save_upload
+from t3ar.errors import CheckpointError
+
+
+def model_path(data_dir: Path, model_id: str) -> Path:
+    return data_dir / "models" / f"{model_id}.pt"
+
+
+def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str) -> tuple[ModelRow, bool]:
+    """Validate and store; returns (row, created). Raises CheckpointError / PayloadTooLargeError."""
+    from t3ar.models.checkpoint import load_checkpoint, read_info
+
+    models = settings.data_dir / "models"
+    tmp = models / f".upload-{uuid.uuid4().hex}.pt"
+    try:
+        size = save_upload(src, tmp, settings.max_model_bytes, "the checkpoint", "T3AR_API_MAX_MODEL_BYTES")
+        info = read_info(tmp)
+        try:
+            load_checkpoint(tmp)  # the weights must fit the architecture the checkpoint declares
+        except CheckpointError:
+            raise
+        except Exception as e:  # architecture construction can fail in many ways on a forged spec
+            raise CheckpointError(f"the checkpoint's model cannot be built: {type(e).__name__}: {e}") from e
+        model_id = info.sha256[:16]
+        row = ModelRow(id=model_id, name=name or model_id, sha256=info.sha256, size=size,
+                       arch=info.spec.arch_signature(), image_size=info.spec.image_size,
+                       classes=list(info.spec.classes),
+                       uploaded_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+        final = model_path(settings.data_dir, model_id)
+        if not final.exists():
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, final)
+        created = store.add_model(row)
+        return (row if created else store.get_model(model_id) or row), created
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def require_model(store: Store, settings: ApiSettings, model_id: str) -> ModelRow:
+    row = store.get_model(model_id)
+    if row is None:
+        raise NotFoundError(f"no model {model_id!r}; upload one with POST /models or list them with GET /models")
+    if not model_path(settings.data_dir, model_id).is_file():
+        raise NotFoundError(f"model {model_id!r} is registered but its file is missing from the data dir; "
+                            "upload it again")
+    return row

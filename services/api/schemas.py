@@ -1,0 +1,133 @@
+"""Request and response bodies of the adaptation API (the OpenAPI schema at /docs is generated from these)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(description="machine-readable: not_found, invalid_input, bad_image, unsafe_archive, "
+                      "bad_checkpoint, payload_too_large, unauthorized, forbidden, conflict, unavailable, "
+                      "retriever_unavailable, retriever_rejected, retriever_auth, invalid_request, internal")
+    message: str = Field(description="what went wrong and what to do about it")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorInfo
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    redis: bool
+    retriever: bool
+    workers: int = Field(description="rq workers listening on the adaptation queue")
+    detail: str | None = None
+
+
+class ModelOut(BaseModel):
+    id: str
+    name: str
+    sha256: str
+    size: int
+    arch: str
+    image_size: int
+    num_classes: int
+    classes: list[str]
+    uploaded_at: str
+
+
+class ModelList(BaseModel):
+    models: list[ModelOut]
+
+
+class Progress(BaseModel):
+    phase: str | None = Field(default=None, description="starting, loading, retrieving, adapting, saving, done")
+    epoch: int | None = None
+    epochs: int | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    loss_ce: float | None = None
+    loss_contrastive: float | None = None
+    pl_change_rate: float | None = Field(default=None, description="share of pseudo-labels that changed")
+    lr: float | None = None
+    device: str | None = None
+    host: str | None = Field(default=None, description="machine running the job")
+    pid: int | None = Field(default=None, description="process running the job")
+    updated_at: str | None = None
+
+
+class TargetInfo(BaseModel):
+    images: int
+    labelled: bool
+    skipped: int = Field(description="unreadable files dropped (only with skip_bad_images=true)")
+
+
+class JobOut(BaseModel):
+    id: str
+    url: str
+    status: JobStatusName
+    model_id: str
+    parent_id: str | None = Field(default=None, description="the job this one re-runs (readapt)")
+    created_at: str
+    enqueued_at: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    queue_position: int | None = None
+    worker: str | None = None
+    config: dict[str, Any]
+    target: TargetInfo
+    progress: Progress | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = None
+    checkpoint_url: str | None = None
+    report_url: str | None = None
+
+
+class JobAccepted(BaseModel):
+    id: str
+    url: str
+    status: JobStatusName = "queued"
+    parent_id: str | None = None
+    config: dict[str, Any]
+    target: TargetInfo
+    warnings: list[str] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+    total: int
+    next_before: str | None = Field(default=None, description="pass as ?before= for the next (older) page")
+
+
+class CancelResponse(BaseModel):
+    id: str
+    status: Literal["canceled", "canceling"]
+
+
+class LineageJob(BaseModel):
+    job_id: str
+    url: str
+    checkpoint_url: str
+    readapt_url: str
+    model_id: str | None = None
+    finished_at: str | None = None
+
+
+class LineageResponse(BaseModel):
+    pool_id: str
+    jobs: list[LineageJob] = Field(description="finished jobs whose adaptation retrieved this pool item")
+    in_flight: list[str] = Field(default_factory=list,
+                                 description="jobs running now; they may have retrieved it already")
+
+
+class DeleteResponse(LineageResponse):
+    deleted: bool = True

@@ -1,0 +1,65 @@
+"""API settings: one pydantic-settings class, env prefix ``T3AR_API_``, built at start-up (never at import).
+
+Every field is documented in ``services/api/README.md``; keep the two in sync.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.worker.protocol import DEFAULT_QUEUE
+
+MiB = 1024**2
+DAY = 86400
+
+
+class ApiSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="T3AR_API_", extra="ignore", frozen=True)
+
+    data_dir: Path = Path("data/api")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    queue: str = DEFAULT_QUEUE
+
+    # --- auth ---
+    token: SecretStr | None = None  # user token: adapt, read, cancel, readapt, upload models
+    admin_token: SecretStr | None = None  # admin token: everything, plus DELETE /pool/{id}
+    auth_disabled: bool = False
+
+    # --- the retriever (pool) ---
+    retriever_url: str = "http://127.0.0.1:8701"
+    retriever_token: SecretStr | None = None  # read/write token: pool size checks before enqueueing
+    retriever_admin_token: SecretStr | None = None  # admin token: forwarded deletes
+    retriever_timeout: float = Field(default=30.0, gt=0)
+
+    # --- jobs ---
+    job_timeout: int = Field(default=6 * 3600, ge=10, description="seconds a job may run before it is killed")
+    result_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a finished job's record")
+    failure_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a failed job's record")
+    sweep_interval: float = Field(default=5.0, gt=0, description="seconds between abandoned-job / lineage sweeps")
+
+    # --- limits ---
+    max_upload_bytes: int = Field(default=1024 * MiB, ge=1, description="target archive, as uploaded")
+    max_model_bytes: int = Field(default=1024 * MiB, ge=1, description="base checkpoint upload")
+    max_archive_files: int = Field(default=50_000, ge=1)
+    max_archive_bytes: int = Field(default=4096 * MiB, ge=1, description="target archive, extracted")
+    max_image_bytes: int = Field(default=64 * MiB, ge=1, description="one extracted file")
+    validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
+
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _check(self) -> ApiSettings:
+        if not self.auth_disabled and (self.token is None or self.admin_token is None):
+            raise ValueError("set T3AR_API_TOKEN and T3AR_API_ADMIN_TOKEN, "
+                             "or T3AR_API_AUTH_DISABLED=true for local use only")
+        if self.token is not None and self.admin_token is not None and \
+                self.token.get_secret_value() == self.admin_token.get_secret_value():
+            raise ValueError("T3AR_API_TOKEN and T3AR_API_ADMIN_TOKEN must differ")
+        return self
+
+    @property
+    def max_body_bytes(self) -> int:
+        return max(self.max_upload_bytes, self.max_model_bytes) + MiB  # + multipart overhead

@@ -1,0 +1,165 @@
+"""The API's own records, in SQLite (``<data_dir>/api.sqlite3``): base models, submitted jobs, and the
+lineage index (pool id -> finished jobs whose adaptation retrieved it).
+
+Redis holds the live state of jobs (status, progress) for ``result_ttl`` seconds; these records outlive it.
+The API is the only writer: workers write ``artifacts/<job>/lineage.json`` and the API indexes it
+(:meth:`Store.index_lineage`), so no SQLite file is ever shared across machines.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS models (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+    arch TEXT NOT NULL, image_size INTEGER NOT NULL, classes TEXT NOT NULL, uploaded_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, model_id TEXT NOT NULL, parent_id TEXT, created_at TEXT NOT NULL,
+    config TEXT NOT NULL, target_dir TEXT NOT NULL, n_images INTEGER NOT NULL, labelled INTEGER NOT NULL,
+    skipped INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
+CREATE TABLE IF NOT EXISTS lineage_jobs (
+    job_id TEXT PRIMARY KEY, finished_at TEXT, checkpoint_sha256 TEXT, n_pool_ids INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lineage (
+    pool_id TEXT NOT NULL, job_id TEXT NOT NULL, PRIMARY KEY (pool_id, job_id)
+) WITHOUT ROWID;
+"""
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    id: str
+    name: str
+    sha256: str
+    size: int
+    arch: str
+    image_size: int
+    classes: list[str]
+    uploaded_at: str
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    model_id: str
+    parent_id: str | None
+    created_at: str
+    config: dict[str, Any]
+    target_dir: str
+    n_images: int
+    labelled: bool
+    skipped: int
+
+
+class Store:
+    """One connection guarded by a lock (the API's traffic is small; SQLite serialises writers anyway)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, args).fetchall())
+
+    # --- models ------------------------------------------------------------------------------------------
+    def add_model(self, m: ModelRow) -> bool:
+        """Insert; False when the id exists already (same file uploaded twice)."""
+        with self._tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO models VALUES (?,?,?,?,?,?,?,?)",
+                             (m.id, m.name, m.sha256, m.size, m.arch, m.image_size, json.dumps(m.classes),
+                              m.uploaded_at))
+            return cur.rowcount == 1
+
+    def get_model(self, model_id: str) -> ModelRow | None:
+        rows = self._all("SELECT * FROM models WHERE id = ?", (model_id,))
+        return _model(rows[0]) if rows else None
+
+    def list_models(self) -> list[ModelRow]:
+        return [_model(r) for r in self._all("SELECT * FROM models ORDER BY uploaded_at, id")]
+
+    # --- jobs --------------------------------------------------------------------------------------------
+    def add_job(self, j: JobRow) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?)",
+                       (j.id, j.model_id, j.parent_id, j.created_at, json.dumps(j.config), j.target_dir,
+                        j.n_images, int(j.labelled), j.skipped))
+
+    def delete_job(self, job_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+
+    def get_job(self, job_id: str) -> JobRow | None:
+        rows = self._all("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return _job(rows[0]) if rows else None
+
+    def list_jobs(self, *, limit: int, before: str | None = None) -> list[JobRow]:
+        """Newest first; ``before`` is the (created_at, id) cursor of the previous page's last job."""
+        if before is None:
+            rows = self._all("SELECT * FROM jobs ORDER BY created_at DESC, id DESC LIMIT ?", (limit,))
+        else:
+            ref = self.get_job(before)
+            if ref is None:
+                return []
+            rows = self._all("SELECT * FROM jobs WHERE (created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC "
+                             "LIMIT ?", (ref.created_at, ref.id, limit))
+        return [_job(r) for r in rows]
+
+    def count_jobs(self) -> int:
+        return int(self._all("SELECT COUNT(*) FROM jobs")[0][0])
+
+    # --- lineage -----------------------------------------------------------------------------------------
+    def indexed_jobs(self) -> set[str]:
+        return {r[0] for r in self._all("SELECT job_id FROM lineage_jobs")}
+
+    def index_lineage(self, job_id: str, pool_ids: list[str], *, finished_at: str | None,
+                      checkpoint_sha256: str | None) -> None:
+        """Record one finished job's retrieved pool ids (idempotent)."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO lineage_jobs VALUES (?,?,?,?)",
+                       (job_id, finished_at, checkpoint_sha256, len(pool_ids)))
+            db.executemany("INSERT OR IGNORE INTO lineage VALUES (?,?)", [(p, job_id) for p in pool_ids])
+
+    def jobs_using(self, pool_id: str) -> list[tuple[str, str | None]]:
+        """(job id, finished_at) of every indexed job whose lineage contains ``pool_id``."""
+        rows = self._all("SELECT l.job_id, j.finished_at FROM lineage l JOIN lineage_jobs j ON j.job_id = l.job_id "
+                         "WHERE l.pool_id = ? ORDER BY j.finished_at, l.job_id", (pool_id,))
+        return [(r[0], r[1]) for r in rows]
+
+
+def _model(r: tuple[Any, ...]) -> ModelRow:
+    return ModelRow(r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), list(json.loads(r[6])), r[7])
+
+
+def _job(r: tuple[Any, ...]) -> JobRow:
+    return JobRow(r[0], r[1], r[2], r[3], dict(json.loads(r[4])), r[5], int(r[6]), bool(r[7]), int(r[8]))

@@ -1,0 +1,120 @@
+"""Validation of uploads before anything is enqueued: size-limited streaming to disk, safe extraction of the
+target archive into the job's own folder, every image decoded, labels checked against the model's classes,
+and the adaptation config validated.
+
+Contract of :func:`prepare_target`: it either returns a :class:`PreparedTarget` whose folder the worker can
+read exactly as validated, or raises an :class:`~t3ar.errors.InvalidInputError` subclass (mapped to a 4xx)
+after removing everything it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pydantic import ValidationError
+
+from services.api.errors import PayloadTooLargeError
+from services.api.settings import ApiSettings
+from t3ar.errors import DatasetError, InvalidInputError
+
+_CHUNK = 1 << 20
+
+
+def save_upload(src: BinaryIO, dest: Path, limit: int, what: str, setting: str) -> int:
+    """Copy ``src`` to ``dest`` (created exclusively), at most ``limit`` bytes; returns the size."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    size = 0
+    try:
+        with open(dest, "xb") as out:
+            while chunk := src.read(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLargeError(f"{what} is larger than {limit} bytes ({setting}); send a smaller one")
+                out.write(chunk)
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+    if size == 0:
+        dest.unlink(missing_ok=True)
+        raise InvalidInputError(f"{what} is empty (0 bytes)")
+    return size
+
+
+def parse_config(raw: str) -> tuple[dict[str, Any], Any]:
+    """The ``config`` form field (a JSON object of AdaptConfig fields) -> (dict as given, AdaptConfig)."""
+    from t3ar.method.config import AdaptConfig
+
+    try:
+        given = json.loads(raw or "{}")
+    except json.JSONDecodeError as e:
+        raise InvalidInputError(f"config is not valid JSON ({e}); send an object like "
+                                "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}") from e
+    if not isinstance(given, dict):
+        raise InvalidInputError("config must be a JSON object of adaptation options")
+    try:
+        cfg = AdaptConfig.model_validate(given)
+    except ValidationError as e:
+        msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors())
+        raise InvalidInputError(f"invalid adaptation config: {msgs}") from e
+    return given, cfg
+
+
+@dataclass
+class PreparedTarget:
+    target_dir: Path  # the folder the worker reads (jobs/<id>/target)
+    n_images: int
+    labelled: bool
+    mode: str
+    classes: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_classes: list[str],
+                   config_given: dict[str, Any], config: Any, *, skip_bad_images: bool) -> tuple[PreparedTarget, Any]:
+    """Extract and validate; returns the prepared target and the final AdaptConfig (mode resolved).
+
+    Mode: ``train`` when the archive has ``labels.csv`` and the config does not set ``mode``; an explicit
+    ``mode: test`` keeps the labels for evaluation only (the report then gives accuracy before/after).
+    """
+    from services.worker.target import read_target
+    from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
+    from t3ar.data.datasets import class_map_check, stratified_subsample
+    from t3ar.errors import UnsafeArchiveError
+
+    if archive_kind(archive) is None:
+        raise UnsafeArchiveError("the upload is not a zip or tar(.gz/.bz2/.xz) archive; pack the images into one")
+    limits = ExtractLimits(max_files=settings.max_archive_files, max_total_bytes=settings.max_archive_bytes,
+                           max_file_bytes=settings.max_image_bytes)
+    target_dir = job_dir / "target"
+    safe_extract(archive, target_dir, limits)
+    images = read_target(target_dir, strict=not skip_bad_images, num_workers=settings.validate_threads)
+    assert images.root is not None
+    for rel, _ in images.skipped:  # the worker must see exactly the validated set
+        bad = (images.root / rel).resolve()
+        if bad.is_relative_to(target_dir.resolve()):
+            bad.unlink(missing_ok=True)
+    if len(images) < 2:
+        raise DatasetError(f"the archive has {len(images)} usable image(s); adaptation needs at least 2")
+    if images.labelled:
+        assert images.classes is not None
+        class_map_check(list(images.classes), list(model_classes))
+    mode = config_given.get("mode") or ("train" if images.labelled else "test")
+    if mode == "train" and not images.labelled:
+        raise DatasetError("mode 'train' (train-time adaptation) needs labels: add labels.csv (path,label) at the "
+                           "archive root, or use mode 'test'")
+    config = config.model_copy(update={"mode": mode})
+    kept = stratified_subsample(images.labels, len(images), config.fraction, config.seed)
+    if len(kept) < 2:
+        raise DatasetError(f"fraction={config.fraction} of {len(images)} images leaves {len(kept)}; "
+                           "adaptation needs at least 2: raise fraction or send more images")
+    prepared = PreparedTarget(target_dir, len(images), images.labelled, mode,
+                              list(images.classes or []), list(images.skipped))
+    return prepared, config
+
+
+def discard(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,7 @@
+"""``python -m services.worker [--burst | check]``: run the adaptation worker (settings from T3AR_WORKER_*)."""
+
+import sys
+
+from services.worker.main import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""A :class:`~t3ar.method.retrieval.NeighbourProvider` over the retriever service with a local disk cache of
+fetched pool images.
+
+Pool ids are never reused by the retriever, so an id -> image-bytes cache never goes stale. Withdrawn ids are
+dropped from the cache at the start of every job (the API records them in Redis, see
+:data:`~services.worker.protocol.WITHDRAWN_KEY`) so a withdrawn image does not linger on worker disks, and
+the cache is trimmed (oldest first) to a byte budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PIL import Image
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from t3ar.clients.retriever import RetrieverClient
+
+log = logging.getLogger(__name__)
+_SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class ImageCache:
+    """Files ``<root>/<sha1(id)[:2]>/<id>``; writes are atomic (temp + rename) so concurrent workers may share it."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, pool_id: str) -> Path:
+        name = pool_id if _SAFE.match(pool_id) else hashlib.sha256(pool_id.encode()).hexdigest()
+        return self.root / hashlib.sha1(pool_id.encode()).hexdigest()[:2] / name
+
+    def get(self, pool_id: str) -> bytes | None:
+        try:
+            return self.path(pool_id).read_bytes()
+        except OSError:
+            return None
+
+    def put(self, pool_id: str, data: bytes) -> None:
+        if self.max_bytes <= 0:
+            return
+        path = self.path(pool_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+
+    def forget(self, pool_ids: Iterable[str]) -> int:
+        n = 0
+        for pid in pool_ids:
+            try:
+                self.path(pid).unlink()
+                n += 1
+            except FileNotFoundError:
+                pass
+        return n
+
+    def trim(self) -> None:
+        """Delete the least recently written files until the cache fits ``max_bytes``."""
+        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.glob("*/*") if p.is_file()]
+        total = sum(size for _, size, _ in files)
+        for _, size, p in sorted(files):
+            if total <= self.max_bytes:
+                break
+            p.unlink(missing_ok=True)
+            total -= size
+
+
+class CachedRetrieverProvider:
+    """NeighbourProvider: embed and search through the retriever, fetch through the cache.
+
+    ``checkpoint`` is called between remote calls (the job's cancellation check).
+    """
+
+    def __init__(self, client: RetrieverClient, cache: ImageCache, *, batch_size: int = 128, fetch_workers: int = 4,
+                 checkpoint: Callable[[], None] | None = None) -> None:
+        from t3ar.clients.retriever import RetrieverProvider
+
+        self.remote = RetrieverProvider(client, batch_size=batch_size, fetch_workers=fetch_workers)
+        self.client = client
+        self.cache = cache
+        self.fetch_workers = fetch_workers
+        self.checkpoint = checkpoint or (lambda: None)
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def identity(self) -> str:
+        return self.remote.identity
+
+    def size(self) -> int:
+        return self.remote.size()
+
+    def embed(self, images: torch.Tensor) -> np.ndarray:
+        self.checkpoint()
+        return self.remote.embed(images)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        self.checkpoint()
+        return self.remote.search(queries, k)
+
+    def all_ids(self) -> list[str]:
+        self.checkpoint()
+        return self.remote.all_ids()
+
+    def _bytes(self, pool_id: str) -> bytes:
+        data = self.cache.get(pool_id)
+        if data is not None:
+            self.hits += 1
+            return data
+        data = self.client.get_image(pool_id)
+        self.misses += 1
+        try:
+            self.cache.put(pool_id, data)
+        except OSError as e:  # a full or read-only cache disk must not fail the job
+            log.warning("could not cache pool image %s: %s", pool_id, e)
+        return data
+
+    def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
+        from t3ar.data.images import open_image
+
+        self.checkpoint()
+        with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
+            blobs = list(ex.map(self._bytes, ids))
+        return [open_image(b) for b in blobs]

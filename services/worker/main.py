@@ -1,0 +1,107 @@
+"""The worker process: an rq worker on the adaptation queue.
+
+Why the default forking worker: each job runs in a fresh work-horse forked from a parent that never imports
+torch (this module and rq only; the job imports torch), which avoids the fork-after-torch deadlock and gives
+every job a clean process whose memory is returned when it ends. A crashed work-horse is failed by the
+parent at once; a dead parent (machine loss, SIGKILL) stops heart-beating and the job is failed as abandoned
+``monitor_interval + abandon_grace`` seconds later by whoever cleans the started-job registry (the API does
+so every few seconds). Run it with ``python -m services.worker`` (or ``t3ar worker``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from redis import Redis
+from rq import Queue, Worker
+from rq.job import Job
+
+from services.worker.protocol import SERIALIZER
+from services.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+
+class AdaptWorker(Worker):
+    """rq's forking worker with a configurable heartbeat grace (rq hard-codes 60 s) so an abandoned job is
+    detected ``monitor_interval + abandon_grace`` seconds after its worker vanished."""
+
+    abandon_grace: int = 60
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        if job.timeout and job.timeout > 0:
+            remaining = job.timeout - working_time
+            return int(min(remaining, self.job_monitoring_interval)) + self.abandon_grace
+        return int(self.job_monitoring_interval) + self.abandon_grace
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """A canceled job is expected: one log line instead of rq's error traceback (it still ends failed,
+        with ``meta.canceled``, which the API reports as canceled)."""
+        if exc_info and getattr(exc_info[0], "__name__", "") == "JobCanceledError":
+            log.info("job %s canceled by request", job.id)
+            return
+        super().handle_exception(job, *exc_info)
+
+
+def build_worker(settings: WorkerSettings, connection: Redis | None = None) -> AdaptWorker:
+    conn = connection if connection is not None else Redis.from_url(settings.redis_url)
+    queue = Queue(settings.queue, connection=conn, serializer=SERIALIZER)
+    name = settings.name or f"{socket.gethostname()}.{os.getpid()}"
+    worker = AdaptWorker([queue], connection=conn, serializer=SERIALIZER, name=name,
+                         job_monitoring_interval=settings.monitor_interval)
+    worker.abandon_grace = settings.abandon_grace
+    return worker
+
+
+def run(settings: WorkerSettings, *, burst: bool = False) -> bool:
+    """Work until stopped (SIGTERM/SIGINT: warm shutdown after the current job; twice: abort it)."""
+    if "torch" in sys.modules:
+        log.warning("torch is already imported in the worker parent; forked jobs may deadlock. "
+                    "Start the worker with `python -m services.worker` or `t3ar worker`.")
+    conn = Redis.from_url(settings.redis_url)
+    conn.ping()
+    worker = build_worker(settings, conn)
+    log.info("worker %s on queue %s (redis %s, retriever %s, data dir %s, device %s)", worker.name,
+             settings.queue, _redact(settings.redis_url), settings.retriever_url, settings.data_dir.resolve(),
+             settings.device)
+    result: Any = worker.work(burst=burst, logging_level=settings.log_level.upper(), with_scheduler=False)
+    return bool(result)
+
+
+def check(settings: WorkerSettings) -> int:
+    """Container health check: Redis answers and a worker of this host is registered. Exit status."""
+    try:
+        conn = Redis.from_url(settings.redis_url, socket_timeout=5)
+        conn.ping()
+        host = socket.gethostname()
+        names = [w.name for w in Worker.all(connection=conn)]
+    except Exception as e:
+        print(f"unhealthy: {e}", file=sys.stderr)
+        return 1
+    if not any(n == settings.name or n.startswith(f"{host}.") for n in names):
+        print(f"unhealthy: no worker of {host} registered (workers: {names})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    settings = WorkerSettings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too chatty
+    if args and args[0] == "check":
+        return check(settings)
+    burst = "--burst" in args
+    run(settings, burst=burst)
+    return 0

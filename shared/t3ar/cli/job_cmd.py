@@ -1,0 +1,323 @@
+"""``t3ar submit``, ``t3ar jobs ...``, ``t3ar models ...``, ``t3ar withdraw``: use the adaptation API over HTTP.
+
+The API URL and tokens come from ``--url``/``--token`` or the environment (``T3AR_API_URL``, ``T3AR_API_TOKEN``,
+``T3AR_API_ADMIN_TOKEN``), which ``t3ar up`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from t3ar.clients.api import ApiClient
+from t3ar.errors import T3arError
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_URL = "http://127.0.0.1:8700"
+
+
+def _api_options(admin: bool = False) -> Callable[[F], F]:
+    token_env = ["T3AR_API_ADMIN_TOKEN", "T3AR_API_TOKEN"] if admin else ["T3AR_API_TOKEN"]
+
+    def deco(fn: F) -> F:
+        @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+        @click.option("--token", envvar=token_env, default=None, help=f"Bearer token (env {' or '.join(token_env)}).")
+        @click.option("--url", envvar="T3AR_API_URL", default=DEFAULT_URL, show_default=True,
+                      help="API base URL (env T3AR_API_URL).")
+        @wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except T3arError as e:
+                raise click.ClickException(str(e)) from e
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def _emit(as_json: bool, data: Any, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * float(x):.1f}%"
+
+
+def _summary(job: dict[str, Any]) -> str:
+    p = job.get("progress") or {}
+    line = f"{job['id']}  {job['status']:9s} model {job['model_id']}  {job['config'].get('method')}"
+    line += f"  {job['target']['images']} images"
+    if job["status"] == "started" and p.get("total_steps"):
+        line += f"  step {p.get('step')}/{p['total_steps']} (epoch {p.get('epoch')})"
+    if job.get("parent_id"):
+        line += f"  readapt of {job['parent_id']}"
+    if job.get("error"):
+        line += f"\n    error: {job['error']}"
+    return line
+
+
+def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: float | None = None) -> dict[str, Any]:
+    """Wait for the job, drawing a progress bar of adaptation steps on stderr."""
+    from tqdm import tqdm
+
+    bar: tqdm[Any] | None = None
+    phase = ""
+    tty = sys.stderr.isatty()
+
+    def update(job: dict[str, Any]) -> None:
+        nonlocal bar, phase
+        if quiet:
+            return
+        p = job.get("progress") or {}
+        now = p.get("phase") or job["status"]
+        if bar is None and p.get("total_steps"):
+            # a log file gets a line every 20 s instead of a redraw every second
+            bar = tqdm(total=int(p["total_steps"]), desc=f"job {job_id[:8]}", unit="step", file=sys.stderr,
+                       mininterval=0.5 if tty else 20.0, dynamic_ncols=tty)
+        if bar is not None:
+            bar.set_postfix_str(f"{now} epoch {p.get('epoch')} loss {p.get('loss')} "
+                                f"pl-change {_pct(p.get('pl_change_rate'))}", refresh=False)
+            bar.update(max(0, int(p.get("step") or 0) - bar.n))
+        elif now != phase:
+            click.echo(f"job {job_id[:8]}: {now}", err=True)
+        phase = now
+
+    try:
+        return client.wait(job_id, on_update=update, poll=1.0, timeout=timeout)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _finish(client: ApiClient, job: dict[str, Any], out: Path | None, as_json: bool) -> None:
+    text = _summary(job)
+    res = job.get("result") or {}
+    if "accuracy_after" in res:
+        text += f"\naccuracy {_pct(res['accuracy_before'])} -> {_pct(res['accuracy_after'])} on the target labels"
+    if job["status"] == "finished" and out is not None:
+        client.download_checkpoint(job["id"], out)
+        text += f"\ncheckpoint written to {out}"
+        job = {**job, "checkpoint_path": str(out)}
+    _emit(as_json, job, text)
+    if job["status"] != "finished":
+        sys.exit(1)
+
+
+def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
+    try:
+        cfg = json.loads(config)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--config") from e
+    if not isinstance(cfg, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--config")
+    cfg.update({k: v for k, v in opts.items() if v is not None})
+    return cfg
+
+
+@click.command("submit")
+@click.argument("target", type=click.Path(exists=True, path_type=Path))
+@click.option("--model", "model", required=True, help="A model id (t3ar models list), or a checkpoint file to upload.")
+@click.option("--method", type=click.Choice(["source", "tent", "shot-im", "adacontrast", "t3ar-random", "t3ar"]),
+              default=None, help="Adaptation method (server default: t3ar).")
+@click.option("--mode", type=click.Choice(["test", "train"]), default=None,
+              help="Default: train when the target has labels.csv, else test. test + labels.csv = evaluate only.")
+@click.option("--k", type=int, default=None, help="Retrieved neighbours per target image.")
+@click.option("--r", type=int, default=None, help="Dedup: sample k of the top r*k.")
+@click.option("--epochs", type=int, default=None)
+@click.option("--batch-size", type=int, default=None)
+@click.option("--lr", type=float, default=None)
+@click.option("--fraction", type=float, default=None, help="Share of the target adapted on.")
+@click.option("--seed", type=int, default=None)
+@click.option("--config", default="{}", help="JSON object of any other AdaptConfig fields.")
+@click.option("--skip-bad-images", is_flag=True, help="Drop unreadable files instead of refusing the upload.")
+@click.option("--follow/--no-follow", default=True, show_default=True, help="Wait for the job with a progress bar.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Download the adapted checkpoint here when the job finishes (implies --follow).")
+@click.option("--timeout", type=float, default=None, help="Give up following after this many seconds.")
+@_api_options()
+def submit(target: Path, model: str, method: str | None, mode: str | None, k: int | None, r: int | None,
+           epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None, seed: int | None,
+           config: str, skip_bad_images: bool, follow: bool, out: Path | None, timeout: float | None, url: str,
+           token: str | None, as_json: bool) -> None:
+    """Adapt a base model to TARGET (a folder, zip or tar of images; labels.csv at its root = labelled).
+
+    \b
+    Example:
+      t3ar submit data/twitter-subset --model runs/source.pt --k 5 --epochs 2 --out runs/adapted.pt
+    """
+    cfg = _config(config, {"method": method, "mode": mode, "k": k, "r": r, "epochs": epochs,
+                           "batch_size": batch_size, "lr": lr, "fraction": fraction, "seed": seed})
+    with ApiClient(url, token) as client:
+        model_id = model
+        if Path(model).is_file():
+            model_id = client.upload_model(Path(model))["id"]
+            click.echo(f"model {model} uploaded as {model_id}", err=True)
+        accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images)
+        for w in accepted.get("warnings", []):
+            click.echo(f"warning: {w}", err=True)
+        if not (follow or out):
+            _emit(as_json, accepted, f"job {accepted['id']} queued: {accepted['url']}")
+            return
+        click.echo(f"job {accepted['id']} queued ({accepted['target']['images']} images)", err=True)
+        _finish(client, follow_job(client, accepted["id"], as_json, timeout), out, as_json)
+
+
+def follow_job(client: ApiClient, job_id: str, as_json: bool, timeout: float | None) -> dict[str, Any]:
+    """Progress goes to stderr, so it is shown with --json too (stdout stays machine-readable)."""
+    return follow(client, job_id, timeout=timeout)
+
+
+@click.group("jobs")
+def jobs() -> None:
+    """List, follow, cancel, download and re-run adaptation jobs."""
+
+
+@jobs.command("list")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 200))
+@_api_options()
+def jobs_list(limit: int, url: str, token: str | None, as_json: bool) -> None:
+    """The newest jobs first."""
+    with ApiClient(url, token) as client:
+        page = client.jobs(limit=limit)
+    _emit(as_json, page, "\n".join(_summary(j) for j in page["jobs"]) or "(no jobs)")
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@_api_options()
+def jobs_show(job_id: str, url: str, token: str | None, as_json: bool) -> None:
+    """Status, progress, timings and error of one job."""
+    with ApiClient(url, token) as client:
+        job = client.job(job_id)
+    _emit(as_json, job, _summary(job) + f"\n    created {job['created_at']}  started {job['started_at']}  "
+                                        f"ended {job['ended_at']}")
+
+
+@jobs.command("follow")
+@click.argument("job_id")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Download the checkpoint here when finished.")
+@_api_options()
+def jobs_follow(job_id: str, out: Path | None, url: str, token: str | None, as_json: bool) -> None:
+    """Wait for a job with a progress bar; exit status 1 unless it finishes."""
+    with ApiClient(url, token) as client:
+        _finish(client, follow(client, job_id), out, as_json)
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@_api_options()
+def jobs_cancel(job_id: str, url: str, token: str | None, as_json: bool) -> None:
+    """Cancel a queued job at once, or a running one at its next step."""
+    with ApiClient(url, token) as client:
+        out = client.cancel(job_id)
+    _emit(as_json, out, f"job {job_id}: {out['status']}")
+
+
+@jobs.command("download")
+@click.argument("job_id")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@_api_options()
+def jobs_download(job_id: str, out: Path, url: str, token: str | None, as_json: bool) -> None:
+    """Save a finished job's adapted checkpoint to OUT."""
+    with ApiClient(url, token) as client:
+        client.download_checkpoint(job_id, out)
+    _emit(as_json, {"job_id": job_id, "path": str(out)}, f"wrote {out}")
+
+
+@jobs.command("report")
+@click.argument("job_id")
+@_api_options()
+def jobs_report(job_id: str, url: str, token: str | None, as_json: bool) -> None:
+    """A finished job's report (JSON): timings, losses per epoch, accuracy when labels were given."""
+    with ApiClient(url, token) as client:
+        rep = client.report(job_id)
+    click.echo(json.dumps(rep, indent=2))
+
+
+@jobs.command("readapt")
+@click.argument("job_id")
+@click.option("--follow/--no-follow", default=False, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@_api_options()
+def jobs_readapt(job_id: str, follow: bool, out: Path | None, url: str, token: str | None, as_json: bool) -> None:
+    """Re-run a job (same model, target and options) against the current pool."""
+    with ApiClient(url, token) as client:
+        accepted = client.readapt(job_id)
+        if not (follow or out):
+            _emit(as_json, accepted, f"job {accepted['id']} queued (readapt of {job_id}): {accepted['url']}")
+            return
+        _finish(client, follow_job(client, accepted["id"], as_json, None), out, as_json)
+
+
+@click.group("models")
+def models() -> None:
+    """Upload and list base models on the adaptation API."""
+
+
+@models.command("upload")
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--name", default="", help="A readable name (default: the file name).")
+@_api_options()
+def models_upload(checkpoint: Path, name: str, url: str, token: str | None, as_json: bool) -> None:
+    """Upload a base checkpoint (from t3ar train-source); prints its id."""
+    with ApiClient(url, token) as client:
+        m = client.upload_model(checkpoint, name)
+    _emit(as_json, m, f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)")
+
+
+@models.command("list")
+@_api_options()
+def models_list(url: str, token: str | None, as_json: bool) -> None:
+    with ApiClient(url, token) as client:
+        ms = client.list_models()
+    _emit(as_json, ms, "\n".join(f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)"
+                                 for m in ms) or "(no models)")
+
+
+@click.command("withdraw")
+@click.argument("pool_ids", nargs=-1, required=True)
+@click.option("--readapt", is_flag=True, help="Re-run every job that used a withdrawn item.")
+@_api_options(admin=True)
+def withdraw(pool_ids: tuple[str, ...], readapt: bool, url: str, token: str | None, as_json: bool) -> None:
+    """Withdraw pool items through the API (admin token) and list the checkpoints that used them.
+
+    With --readapt, every affected job is re-run against the pool without them.
+    """
+    results: list[dict[str, Any]] = []
+    lines: list[str] = []
+    with ApiClient(url, token) as client:
+        affected: dict[str, None] = {}
+        for pid in pool_ids:
+            out = client.delete_pool_item(pid)
+            results.append(out)
+            lines.append(f"withdrew {pid}: used by {len(out['jobs'])} finished job(s)"
+                         + "".join(f"\n  {j['job_id']}  {j['checkpoint_url']}" for j in out["jobs"])
+                         + (f"\n  running now (may have used it): {', '.join(out['in_flight'])}"
+                            if out["in_flight"] else ""))
+            affected.update({j["job_id"]: None for j in out["jobs"]})
+        if readapt:
+            for job_id in affected:
+                acc = client.readapt(job_id)
+                lines.append(f"readapt of {job_id} queued as {acc['id']}")
+                results.append({"readapt_of": job_id, **acc})
+    _emit(as_json, results, "\n".join(lines))
+
+
+@click.group("t3ar-api")
+def standalone() -> None:
+    """These commands without the rest of the CLI (``python -m t3ar.cli.job_cmd ...``)."""
+
+
+for _cmd in (submit, jobs, models, withdraw):
+    standalone.add_command(_cmd)
+
+if __name__ == "__main__":
+    standalone()

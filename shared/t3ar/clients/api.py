@@ -1,0 +1,232 @@
+"""HTTP client for the adaptation API: upload a base model, submit a target, follow a job, download its
+checkpoint, withdraw a pool item (getting its lineage), re-run a job.
+
+Retries: connection failures before the request was sent and 503 are retried for every call; read timeouts
+and 502/504 only for calls that are safe to repeat (GETs, model uploads, which are idempotent by content,
+cancel). Submissions and deletes are not retried after the request may have reached the server, so a job
+is never submitted twice. Errors come back as :class:`ApiError` subclasses that are also core errors
+(a 4xx is an :class:`~t3ar.errors.InvalidInputError`), carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from t3ar.errors import InvalidInputError, T3arError
+
+log = logging.getLogger(__name__)
+TERMINAL = ("finished", "failed", "canceled")
+_ALWAYS_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_RETRY_IF_SAFE = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
+                  httpx.RemoteProtocolError)
+
+
+class ApiError(T3arError):
+    """An error answered by (or on the way to) the API; ``status`` 0 means no HTTP answer."""
+
+    def __init__(self, message: str, *, status: int = 0, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class ApiInputError(ApiError, InvalidInputError):
+    """4xx: the request was refused (bad archive, unknown model, invalid options, job not finished...)."""
+
+
+class ApiNotFoundError(ApiInputError):
+    """404: unknown model, job or pool item."""
+
+
+class ApiAuthError(ApiError):
+    """401 (missing/invalid token) or 403 (the admin token is needed)."""
+
+
+class ApiUnavailableError(ApiError):
+    """The API (or Redis/the retriever behind it) could not be reached or kept failing after retries."""
+
+
+def _error(resp: httpx.Response, what: str) -> ApiError:
+    try:
+        err = resp.json().get("error", {})
+        code, message = str(err.get("code", "")), str(err.get("message", ""))
+    except (ValueError, AttributeError):
+        code, message = "", resp.text[:500]
+    cls: type[ApiError] = ApiError
+    if resp.status_code in (401, 403):
+        cls = ApiAuthError
+    elif resp.status_code == 404:
+        cls = ApiNotFoundError
+    elif 400 <= resp.status_code < 500:
+        cls = ApiInputError
+    elif resp.status_code in (502, 503, 504):
+        cls = ApiUnavailableError
+    return cls(f"{what}: {message or 'HTTP ' + str(resp.status_code)} (HTTP {resp.status_code}"
+               f"{' ' + code if code else ''})", status=resp.status_code, code=code)
+
+
+def zip_folder(folder: Path, dest: Path) -> Path:
+    """Zip a target folder (files only, relative names, symlinks skipped) for upload."""
+    with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_STORED) as zf:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                zf.write(p, p.relative_to(folder).as_posix())
+    return dest
+
+
+class ApiClient:
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 120.0, retries: int = 4,
+                 backoff: float = 0.25, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(base_url=self.url, headers=headers, transport=transport,
+                                  timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> httpx.Response:
+        what = f"{method} {path}"
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                for f in kwargs.get("files") or []:  # rewind uploads for a retry
+                    if hasattr(f[1][1], "seek"):
+                        f[1][1].seek(0)
+                resp = self._http.request(method, path, **kwargs)
+            except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
+                if last or (isinstance(e, _RETRY_IF_SAFE) and not safe):
+                    raise ApiUnavailableError(f"API at {self.url} unreachable ({what}): {type(e).__name__}: {e}; "
+                                              "is it running (t3ar up)?") from e
+                self._sleep(attempt, None)
+                continue
+            except httpx.HTTPError as e:
+                raise ApiUnavailableError(f"{what}: {type(e).__name__}: {e}") from e
+            transient = resp.status_code == 503 or (safe and resp.status_code in (502, 504))
+            if transient and not last:
+                self._sleep(attempt, resp.headers.get("retry-after"))
+                continue
+            if resp.status_code >= 400:
+                raise _error(resp, what)
+            return resp
+        raise AssertionError("unreachable")
+
+    def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        delay = self.backoff * (2 ** attempt) * (0.5 + random.random())
+        if retry_after and retry_after.isdigit():
+            delay = max(delay, min(float(retry_after), 30.0))
+        time.sleep(delay)
+
+    def _json(self, method: str, path: str, *, safe: bool = True, **kwargs: Any) -> dict[str, Any]:
+        return dict(self._request(method, path, safe=safe, **kwargs).json())
+
+    # --- ops / models ------------------------------------------------------------------------------------
+    def ready(self) -> dict[str, Any]:
+        resp = self._http.get("/ready")
+        return dict(resp.json())
+
+    def upload_model(self, path: Path, name: str = "") -> dict[str, Any]:
+        """Upload a base checkpoint; returns the model (``id`` ...). Same file twice -> same id."""
+        with open(path, "rb") as fh:
+            return self._json("POST", "/models", files=[("file", (Path(path).name, fh, "application/octet-stream"))],
+                              data={"name": name or Path(path).stem})
+
+    def list_models(self) -> list[dict[str, Any]]:
+        return list(self._json("GET", "/models")["models"])
+
+    # --- jobs --------------------------------------------------------------------------------------------
+    def adapt(self, target: Path, model_id: str, config: dict[str, Any] | None = None, *,
+              skip_bad_images: bool = False) -> dict[str, Any]:
+        """Submit a target (a zip/tar archive, or a folder that is zipped on the fly); returns the accepted job."""
+        target = Path(target)
+        tmp: tempfile.TemporaryDirectory[str] | None = None
+        try:
+            if target.is_dir():
+                tmp = tempfile.TemporaryDirectory(prefix="t3ar-submit-")
+                target = zip_folder(target, Path(tmp.name) / f"{target.name or 'target'}.zip")
+            with open(target, "rb") as fh:
+                return self._json("POST", "/adapt", safe=False,
+                                  files=[("archive", (target.name, fh, "application/octet-stream"))],
+                                  data={"model_id": model_id, "config": json.dumps(config or {}),
+                                        "skip_bad_images": "true" if skip_bad_images else "false"})
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}")
+
+    def jobs(self, *, limit: int = 50, before: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if before:
+            params["before"] = before
+        return self._json("GET", "/jobs", params=params)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/jobs/{job_id}/cancel")
+
+    def wait(self, job_id: str, *, on_update: Callable[[dict[str, Any]], None] | None = None,
+             poll: float = 1.0, timeout: float | None = None) -> dict[str, Any]:
+        """Poll until the job is finished, failed or canceled; ``on_update`` gets every snapshot."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if on_update is not None:
+                on_update(job)
+            if job["status"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise ApiError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
+            time.sleep(poll)
+
+    def download_checkpoint(self, job_id: str, dest: Path) -> Path:
+        """Stream the adapted checkpoint to ``dest`` atomically (temp file + rename)."""
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self.job(job_id)  # clear errors (unknown job, auth) before streaming
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as out, self._http.stream("GET", f"/jobs/{job_id}/checkpoint") as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _error(resp, f"GET /jobs/{job_id}/checkpoint")
+                for chunk in resp.iter_bytes(1 << 20):
+                    out.write(chunk)
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return dest
+
+    def report(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}/report")
+
+    def readapt(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/jobs/{job_id}/readapt", safe=False)
+
+    # --- pool --------------------------------------------------------------------------------------------
+    def delete_pool_item(self, pool_id: str) -> dict[str, Any]:
+        """Withdraw a pool item (admin token); returns its lineage (``jobs``, ``in_flight``)."""
+        return self._json("DELETE", f"/pool/{pool_id}", safe=False)
+
+    def lineage(self, pool_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/pool/{pool_id}/lineage")

@@ -1,0 +1,94 @@
+"""Helpers of the end-to-end tests (the fixtures are in conftest.py): the :class:`Stack` handle, synthetic
+images and archives, tiny checkpoints, polling."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from t3ar.clients.api import ApiClient
+from t3ar.clients.retriever import RetrieverClient
+
+ROOT = Path(__file__).resolve().parents[2]
+CLASSES = ("blue", "green", "red")
+FAST_JOB = {"method": "t3ar", "k": 2, "r": 2, "epochs": 1, "batch_size": 4, "bank_size": 64}
+LONG_JOB = {**FAST_JOB, "epochs": 1000}
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    info: dict[str, Any]
+    proc: subprocess.Popen[bytes]
+
+    def api(self, scope: str | None = "user") -> ApiClient:
+        t = self.info["tokens"]
+        token = {"user": t["api_token"], "admin": t["api_admin_token"], None: None}.get(scope, scope)
+        return ApiClient(self.info["api_url"], token, retries=2)
+
+    def retriever(self) -> RetrieverClient:
+        return RetrieverClient(self.info["retriever_url"], self.info["tokens"]["retriever_token"])
+
+    def pids(self) -> dict[str, int]:
+        return dict(json.loads((self.data_dir / "stack.json").read_text())["pids"])
+
+    def redis(self) -> Any:
+        from redis import Redis
+
+        return Redis.from_url(self.info["redis_url"])
+
+    def log(self, name: str) -> str:
+        return (self.data_dir / "logs" / f"{name}.log").read_text(errors="replace")
+
+
+def png(color: str, rng: np.random.Generator, size: int = 40) -> bytes:
+    """A noisy image dominated by one colour channel: real PNG bytes a classifier can learn."""
+    a = rng.integers(0, 90, (size, size, 3), dtype=np.uint8)
+    a[..., {"red": 0, "green": 1, "blue": 2}[color]] += 150
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def target_zip(path: Path, *, per_class: int = 3, labels: bool = True, seed: int = 0,
+               classes: tuple[str, ...] = CLASSES) -> Path:
+    rng = np.random.default_rng(seed)
+    rows = ["path,label"]
+    with zipfile.ZipFile(path, "w") as zf:
+        for c in classes:
+            for i in range(per_class):
+                name = f"images/{c}-{i}.png"
+                zf.writestr(name, png(c if c in ("red", "green", "blue") else "red", rng))
+                rows.append(f"{name},{c}")
+        if labels:
+            zf.writestr("labels.csv", "\n".join(rows) + "\n")
+    return path
+
+
+def tiny_checkpoint(path: Path, classes: tuple[str, ...] = CLASSES) -> Path:
+    from t3ar.models.backbones import BackboneSpec
+    from t3ar.models.checkpoint import save_checkpoint
+    from t3ar.models.classifier import ModelSpec, build_classifier
+
+    spec = ModelSpec(backbone=BackboneSpec(name="mobilenetv2_050", weights="none"), classes=classes, image_size=32)
+    save_checkpoint(path, build_classifier(spec), spec)
+    return path
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.3) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,54 @@
+"""Auth matrix of the API: open ops routes; user token for adapt/read; admin token for pool deletes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from stack_helpers import Stack
+
+USER_ROUTES = [
+    ("GET", "/models"), ("POST", "/models"), ("GET", "/models/none"), ("GET", "/jobs"), ("GET", "/jobs/none"),
+    ("POST", "/adapt"), ("POST", "/jobs/none/cancel"), ("GET", "/jobs/none/checkpoint"),
+    ("GET", "/jobs/none/report"), ("POST", "/jobs/none/readapt"), ("GET", "/pool/none-1/lineage"),
+]
+ADMIN_ROUTES = [("DELETE", "/pool/none-1")]
+OPEN_ROUTES = [("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics")]
+
+
+def _call(stack: Stack, method: str, path: str, token: str | None) -> httpx.Response:
+    headers = {"Authorization": token if " " in (token or "") else f"Bearer {token}"} if token is not None else {}
+    return httpx.request(method, stack.info["api_url"] + path, headers=headers, timeout=30)
+
+
+@pytest.mark.parametrize(("method", "path"), OPEN_ROUTES)
+def test_open_routes(stack: Stack, method: str, path: str) -> None:
+    assert _call(stack, method, path, None).status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path"), USER_ROUTES + ADMIN_ROUTES)
+def test_no_or_wrong_token_is_401(stack: Stack, method: str, path: str) -> None:
+    for token in (None, "wrong-token", f"Basic {stack.info['tokens']['api_admin_token']}"):
+        resp = _call(stack, method, path, token)
+        assert resp.status_code == 401, (token, resp.text)
+        assert resp.json()["error"]["code"] == "unauthorized"
+        assert resp.headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize(("method", "path"), USER_ROUTES)
+def test_user_and_admin_tokens_pass_user_routes(stack: Stack, method: str, path: str) -> None:
+    for token in (stack.info["tokens"]["api_token"], stack.info["tokens"]["api_admin_token"]):
+        resp = _call(stack, method, path, token)
+        assert resp.status_code not in (401, 403, 500), resp.text  # 404/409/422: the request itself is bad
+        assert "error" in resp.json() or resp.status_code == 200
+
+
+def test_pool_delete_needs_admin(stack: Stack) -> None:
+    resp = _call(stack, "DELETE", "/pool/none-1", stack.info["tokens"]["api_token"])
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden"
+    resp = _call(stack, "DELETE", "/pool/none-1", stack.info["tokens"]["api_admin_token"])
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+
+
+def test_retriever_tokens_are_not_api_tokens(stack: Stack) -> None:
+    resp = _call(stack, "GET", "/jobs", stack.info["tokens"]["retriever_admin_token"])
+    assert resp.status_code == 401

@@ -1,0 +1,87 @@
+"""Adaptation jobs through the embedded stack: queued -> finished -> checkpoint, failures, cancellation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from stack_helpers import FAST_JOB, LONG_JOB, Stack, tiny_checkpoint, wait_for
+
+from t3ar.clients.api import ApiInputError
+from t3ar.models.checkpoint import load_checkpoint, read_info
+
+
+def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids: list[str], labelled_zip: Path,
+                                           tmp_path: Path) -> None:
+    with stack.api() as api:
+        accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "mode": "test"})
+        assert accepted["status"] == "queued" and accepted["url"].endswith(accepted["id"])
+        assert accepted["target"] == {"images": 9, "labelled": True, "skipped": 0}
+        seen: list[str] = []
+        job = api.wait(accepted["id"], on_update=lambda j: seen.append(j["status"]), poll=0.2, timeout=180)
+        assert job["status"] == "finished", job
+        assert seen[0] in ("queued", "started")
+        assert job["progress"]["step"] == job["progress"]["total_steps"] > 0
+        assert job["progress"]["loss"] is not None and job["started_at"] and job["ended_at"]
+        path = api.download_checkpoint(accepted["id"], tmp_path / "adapted.pt")
+        model, info = load_checkpoint(path)
+        assert info.adapt_config is not None and info.adapt_config["k"] == 2
+        assert info.lineage.method == "t3ar" and info.lineage.target_size == 9
+        assert info.lineage.pool_ids and set(info.lineage.pool_ids) <= set(pool_ids)
+        report = api.report(accepted["id"])
+        assert report["accuracy"]["before"]["n"] == 9 and not report["accuracy"]["labels_used_for_training"]
+        assert report["pool_ids_used"] == len(info.lineage.pool_ids)
+        listed = api.jobs()["jobs"]
+        assert accepted["id"] in [j["id"] for j in listed]
+
+
+def test_train_mode_from_labels_csv(stack: Stack, model_id: str, pool_ids: list[str], labelled_zip: Path) -> None:
+    with stack.api() as api:
+        accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "method": "adacontrast"})
+        assert accepted["config"]["mode"] == "train"
+        job = api.wait(accepted["id"], poll=0.2, timeout=180)
+        assert job["status"] == "finished", job
+        assert api.report(accepted["id"])["accuracy"]["labels_used_for_training"] is True
+
+
+def test_failed_job_shows_its_error(stack: Stack, labelled_zip: Path, tmp_path: Path, pool_ids: list[str]) -> None:
+    with stack.api() as api:
+        model = api.upload_model(tiny_checkpoint(tmp_path / "doomed.pt", ("blue", "green", "red", "other")))
+        accepted = api.adapt(labelled_zip, model["id"], {**FAST_JOB, "mode": "test"})
+        # the base checkpoint disappears from storage after validation: the worker cannot load it
+        (stack.data_dir / "api" / "models" / f"{model['id']}.pt").unlink()
+        job = api.wait(accepted["id"], poll=0.2, timeout=120)
+        assert job["status"] == "failed"
+        assert "checkpoint not found" in job["error"]
+        with pytest.raises(ApiInputError, match="not finished"):
+            api.report(accepted["id"])
+
+
+def test_cancel_queued_and_running(stack: Stack, model_id: str, pool_ids: list[str], labelled_zip: Path) -> None:
+    with stack.api() as api:
+        running = api.adapt(labelled_zip, model_id, LONG_JOB)
+        queued = api.adapt(labelled_zip, model_id, LONG_JOB)
+        wait_for(lambda: (api.job(running["id"]).get("progress") or {}).get("phase") == "adapting", 120,
+                 "the first job to start adapting")
+        assert api.job(queued["id"])["status"] == "queued"
+        assert api.cancel(queued["id"])["status"] == "canceled"
+        assert api.cancel(running["id"])["status"] == "canceling"
+        job = api.wait(running["id"], poll=0.2, timeout=60)
+        assert job["status"] == "canceled" and job["error"] is None
+        assert api.job(queued["id"])["status"] == "canceled"
+        with pytest.raises(ApiInputError, match="already canceled"):
+            api.cancel(running["id"])
+        assert not (stack.data_dir / "api" / "artifacts" / running["id"] / "model.pt").exists()
+
+
+def test_upload_model_is_idempotent_and_validated(stack: Stack, tmp_path: Path) -> None:
+    ckpt = tiny_checkpoint(tmp_path / "m.pt", ("a", "b"))
+    with stack.api() as api:
+        first, again = api.upload_model(ckpt), api.upload_model(ckpt)
+        assert first["id"] == again["id"] and first["num_classes"] == 2
+        assert first["id"] in [m["id"] for m in api.list_models()]
+        assert read_info(ckpt).sha256 == first["sha256"]
+        bad = tmp_path / "bad.pt"
+        bad.write_bytes(b"not a checkpoint at all")
+        with pytest.raises(ApiInputError, match="not a t3ar checkpoint"):
+            api.upload_model(bad)

@@ -1,0 +1,207 @@
+"""API routes in-process: FastAPI TestClient, fakeredis for the queue, a mocked retriever (httpx MockTransport).
+No worker runs here; job outcomes are simulated by writing what a worker writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+from rq import Queue
+from rq.job import Job
+
+from services.api.jobs import explain_failure
+from services.api.main import create_app, sweep_once
+from services.api.settings import ApiSettings
+from services.worker.protocol import CANCEL_KEY, SERIALIZER, WITHDRAWN_KEY, write_json_atomic
+from t3ar.clients.retriever import RetrieverClient
+from t3ar.models.backbones import BackboneSpec
+from t3ar.models.checkpoint import save_checkpoint
+from t3ar.models.classifier import ModelSpec, build_classifier
+
+USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admin-t"}
+
+
+def _retriever(pool: dict[str, Any]) -> httpx.MockTransport:
+    def handle(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/stats":
+            return httpx.Response(200, json={"count": pool["count"], "identity": "fake"})
+        if req.url.path == "/ready":
+            return httpx.Response(200, json={"ready": True})
+        if req.method == "DELETE":
+            pid = req.url.path.rsplit("/", 1)[1]
+            if pid not in pool["ids"]:
+                return httpx.Response(404, json={"error": {"code": "not_found", "message": f"no item {pid}"}})
+            pool["ids"].remove(pid)
+            assert req.headers["authorization"] == "Bearer r-admin"
+            return httpx.Response(200, json={"deleted": [pid], "not_found": []})
+        return httpx.Response(404, json={"error": {"code": "not_found", "message": "?"}})
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> Iterator[tuple[TestClient, Any, dict[str, Any], Path]]:
+    settings = ApiSettings(data_dir=tmp_path / "data", token="user-t", admin_token="admin-t",  # type: ignore[arg-type]
+                           retriever_admin_token="r-admin", validate_threads=0, max_upload_bytes=200_000,
+                           sweep_interval=3600)
+    redis = fakeredis.FakeRedis()
+    pool: dict[str, Any] = {"count": 50, "ids": {"p-1", "p-2"}}
+    app = create_app(settings, redis=redis)
+    state = app.state.api
+    state.retriever = RetrieverClient("http://r", "r-rw", transport=_retriever(pool), retries=0)
+    state.retriever_admin = RetrieverClient("http://r", "r-admin", transport=_retriever(pool), retries=0)
+    with TestClient(app) as client:
+        yield client, redis, pool, settings.data_dir
+
+
+def _png(seed: int) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _archive(n: int = 4, labels: bool = False) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(n):
+            zf.writestr(f"i{i}.png", _png(i))
+        if labels:
+            zf.writestr("labels.csv", "path,label\n" + "".join(f"i{i}.png,{'ab'[i % 2]}\n" for i in range(n)))
+    return buf.getvalue()
+
+
+def _model(client: TestClient, tmp_path: Path) -> str:
+    spec = ModelSpec(backbone=BackboneSpec(name="mobilenetv2_050", weights="none"), classes=("a", "b"), image_size=32)
+    save_checkpoint(tmp_path / "m.pt", build_classifier(spec), spec)
+    resp = client.post("/models", files={"file": ("m.pt", (tmp_path / "m.pt").read_bytes())}, headers=USER)
+    assert resp.status_code == 201, resp.text
+    again = client.post("/models", files={"file": ("m.pt", (tmp_path / "m.pt").read_bytes())}, headers=USER)
+    assert again.status_code == 200 and again.json()["id"] == resp.json()["id"]
+    return str(resp.json()["id"])
+
+
+def _adapt(client: TestClient, model_id: str, archive: bytes, config: dict[str, Any]) -> httpx.Response:
+    return client.post("/adapt", files={"archive": ("t.zip", archive)},
+                       data={"model_id": model_id, "config": json.dumps(config)}, headers=USER)
+
+
+def test_adapt_enqueues_json_job(env: Any, tmp_path: Path) -> None:
+    client, redis, _, data = env
+    model_id = _model(client, tmp_path)
+    resp = _adapt(client, model_id, _archive(labels=True), {"method": "t3ar", "k": 3, "epochs": 1})
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert resp.headers["location"] == body["url"] and body["config"]["mode"] == "train"
+    queue = Queue("t3ar-adapt", connection=redis, serializer=SERIALIZER)
+    assert queue.job_ids == [body["id"]]
+    job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
+    spec = job.args[0]
+    assert spec["model_path"] == f"models/{model_id}.pt" and spec["target_dir"] == f"jobs/{body['id']}/target"
+    assert job.timeout == 6 * 3600 and job.result_ttl == 30 * 86400 and job.failure_ttl == 30 * 86400
+    assert (data / spec["target_dir"] / "labels.csv").is_file() and not (data / "jobs" / body["id"] / "upload").exists()
+    got = client.get(f"/jobs/{body['id']}", headers=USER).json()
+    assert got["status"] == "queued" and got["queue_position"] == 0 and got["checkpoint_url"] is None
+
+
+def test_rejections_leave_nothing(env: Any, tmp_path: Path) -> None:
+    client, redis, pool, data = env
+    model_id = _model(client, tmp_path)
+    pool["count"] = 2
+    cases = [
+        (_adapt(client, model_id, _archive(), {"k": 5}), 422, "the pool has 2"),
+        (_adapt(client, model_id, b"x" * 300_000, {}), 413, "T3AR_API_MAX_UPLOAD_BYTES"),
+        (_adapt(client, "nope", _archive(), {}), 404, "no model"),
+        (_adapt(client, model_id, _archive(1), {"method": "tent"}), 422, "at least 2"),
+        (client.post("/adapt", data={"model_id": model_id}, headers=USER), 422, "archive"),
+    ]
+    for resp, status, message in cases:
+        assert resp.status_code == status, resp.text
+        assert message in resp.json()["error"]["message"]
+    assert Queue("t3ar-adapt", connection=redis, serializer=SERIALIZER).count == 0
+    assert list((data / "jobs").iterdir()) == []
+    assert client.get("/jobs", headers=USER).json()["total"] == 0
+
+
+def test_cancel_queued_and_states(env: Any, tmp_path: Path) -> None:
+    client, redis, _, _ = env
+    model_id = _model(client, tmp_path)
+    job_id = _adapt(client, model_id, _archive(), {"method": "tent"}).json()["id"]
+    assert client.post(f"/jobs/{job_id}/cancel", headers=USER).json() == {"id": job_id, "status": "canceled"}
+    assert redis.exists(CANCEL_KEY.format(job_id=job_id))
+    assert client.get(f"/jobs/{job_id}", headers=USER).json()["status"] == "canceled"
+    assert client.post(f"/jobs/{job_id}/cancel", headers=USER).status_code == 409
+    assert client.get(f"/jobs/{job_id}/checkpoint", headers=USER).status_code == 409
+
+
+def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None:
+    client, redis, pool, data = env
+    model_id = _model(client, tmp_path)
+    failed = _adapt(client, model_id, _archive(), {"method": "tent"}).json()["id"]
+    done = _adapt(client, model_id, _archive(), {"method": "t3ar", "k": 2}).json()["id"]
+    job = Job.fetch(failed, connection=redis, serializer=SERIALIZER)
+    job.meta["error"] = "DatasetError: something broke"
+    job.save_meta()
+    job.set_status("failed")
+    got = client.get(f"/jobs/{failed}", headers=USER).json()
+    assert got["status"] == "failed" and got["error"] == "DatasetError: something broke"
+    # what a worker leaves behind when a job finishes
+    save_checkpoint(data / "artifacts" / done / "model.pt", *_tiny())
+    write_json_atomic(data / "artifacts" / done / "report.json", {"accuracy": None})
+    write_json_atomic(data / "artifacts" / done / "lineage.json", {"pool_ids": ["p-1"], "created_at": "now"})
+    Job.fetch(done, connection=redis, serializer=SERIALIZER).set_status("finished")
+    assert client.get(f"/jobs/{done}/report", headers=USER).json() == {"accuracy": None}
+    assert client.get(f"/jobs/{done}/checkpoint", headers=USER).content[:2] == b"PK"
+    assert client.delete("/pool/p-1", headers=USER).status_code == 403
+    out = client.delete("/pool/p-1", headers=ADMIN).json()
+    assert [j["job_id"] for j in out["jobs"]] == [done] and out["deleted"]
+    assert redis.sismember(WITHDRAWN_KEY, "p-1")
+    gone = client.delete("/pool/p-1", headers=ADMIN)
+    assert gone.status_code == 404 and "already withdrawn" in gone.json()["error"]["message"]
+    assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == done
+    readapt = client.post(f"/jobs/{done}/readapt", headers=USER)
+    assert readapt.status_code == 202 and readapt.json()["parent_id"] == done
+
+
+def _tiny() -> tuple[Any, ModelSpec]:
+    spec = ModelSpec(backbone=BackboneSpec(name="mobilenetv2_050", weights="none"), classes=("a", "b"), image_size=32)
+    return build_classifier(spec), spec
+
+
+def test_sweep_and_expired_jobs(env: Any, tmp_path: Path) -> None:
+    client, redis, _, _ = env
+    model_id = _model(client, tmp_path)
+    job_id = _adapt(client, model_id, _archive(), {"method": "tent"}).json()["id"]
+    Job.fetch(job_id, connection=redis, serializer=SERIALIZER).delete()  # Redis lost the record
+    got = client.get(f"/jobs/{job_id}", headers=USER).json()
+    assert got["status"] == "failed" and "readapt" in got["error"]
+    sweep_once(client.app.state.api)  # type: ignore[attr-defined]
+
+
+def test_ops_routes(env: Any) -> None:
+    client, _, _, _ = env
+    assert client.get("/health").json() == {"status": "ok"}
+    ready = client.get("/ready")
+    assert ready.status_code == 200 and ready.json()["redis"] and ready.json()["retriever"]
+    assert "t3ar_api_request_seconds" in client.get("/metrics").text
+    assert client.get("/jobs").status_code == 401
+    assert client.get("/nope", headers=USER).json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(("text", "expect"), [
+    ("Moved to FailedJobRegistry, due to AbandonedJobError", "worker running this job stopped"),
+    ("Work-horse terminated unexpectedly; waitpid returned 9", "worker running this job stopped"),
+    ("Traceback...\nrq.timeouts.JobTimeoutException: Task exceeded", "timeout (60 s"),
+    ("Traceback...\nValueError: boom", "ValueError: boom"), (None, "without an error message"),
+])
+def test_explain_failure(text: str | None, expect: str) -> None:
+    assert expect in explain_failure(text, 60)

@@ -1,0 +1,91 @@
+"""Worker parts without a worker process: progress throttling and cancellation, the image cache, the heartbeat
+TTL, the job-spec contract, and that the worker parent never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fakeredis
+import pytest
+from rq import Queue
+from rq.job import Job
+
+from services.worker.cache import ImageCache
+from services.worker.main import AdaptWorker
+from services.worker.progress import Progress
+from services.worker.protocol import CANCEL_KEY, SERIALIZER, JobCanceledError, JobSpec, resolve_inside
+from t3ar.method.adapt import StepStats
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _job(redis: fakeredis.FakeRedis) -> Job:
+    q = Queue("q", connection=redis, serializer=SERIALIZER)
+    return q.enqueue_call("services.worker.jobs.run_adapt_job", args=({},), job_id="j1")
+
+
+def test_progress_is_throttled_and_cancellable() -> None:
+    redis = fakeredis.FakeRedis()
+    job = _job(redis)
+    writes = 0
+    original = job.save_meta
+
+    def counting() -> None:
+        nonlocal writes
+        writes += 1
+        original()
+
+    job.save_meta = counting  # type: ignore[method-assign]
+    p = Progress(job, redis, "j1", interval=10.0, epochs=2)
+    for i in range(1, 50):
+        p.step(StepStats(epoch=1, step=i, total_steps=50, lr=0.1, loss=1.0, pl_change_rate=0.2))
+    assert writes <= 2  # the first write only; the rest are throttled
+    p.step(StepStats(epoch=2, step=50, total_steps=50, lr=0.1, loss=0.5))
+    stored = Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta
+    assert stored["step"] == 50 and stored["epochs"] == 2 and stored["phase"] == "adapting"
+    redis.set(CANCEL_KEY.format(job_id="j1"), "1")
+    p2 = Progress(job, redis, "j1", interval=0.0)
+    with pytest.raises(JobCanceledError):
+        p2.step(StepStats(epoch=1, step=1, total_steps=5, lr=0.1, loss=1.0))
+    assert Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta["canceled"] is True
+
+
+def test_image_cache(tmp_path: Path) -> None:
+    cache = ImageCache(tmp_path, max_bytes=25)
+    for i in range(4):
+        cache.put(f"pool-{i}", bytes(10))
+        time.sleep(0.01)
+    assert cache.get("pool-3") == bytes(10) and cache.get("missing") is None
+    assert cache.forget(["pool-0", "never"]) == 1 and cache.get("pool-0") is None
+    cache.trim()
+    assert cache.get("pool-1") is None and cache.get("pool-3") is not None  # oldest evicted first
+    assert cache.path("../../etc").is_relative_to(tmp_path)
+
+
+def test_heartbeat_ttl_uses_grace() -> None:
+    redis = fakeredis.FakeRedis()
+    w = AdaptWorker([Queue("q", connection=redis)], connection=redis, job_monitoring_interval=2)
+    w.abandon_grace = 3
+    job = _job(redis)
+    job.timeout = 100
+    assert w.get_heartbeat_ttl(job) == 5
+    job.timeout = -1
+    assert w.get_heartbeat_ttl(job) == 5
+
+
+def test_job_spec_contract(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        JobSpec(job_id="../x", model_id="m", model_path="a", target_dir="b", config={})
+    with pytest.raises(ValueError, match="escapes"):
+        resolve_inside(tmp_path, "../outside")
+    assert resolve_inside(tmp_path, "jobs/1/target") == (tmp_path / "jobs/1/target").resolve()
+
+
+def test_worker_parent_does_not_import_torch() -> None:
+    code = "import sys, services.worker.main, services.worker.jobs; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": f"{ROOT / 'shared'}:{ROOT}"}, check=True)
+    assert out.stdout.strip() == "False"
