@@ -26,8 +26,6 @@ step "setup (.venv)"
 bash scripts/setup.sh
 T=.venv/bin/t3ar
 PY=.venv/bin/python
-# `t3ar submit` once registered in the CLI; the module itself until then
-if "$T" submit --help >/dev/null 2>&1; then J=("$T"); else J=("$PY" -m t3ar.cli.job_cmd); fi
 D=${T3AR_DEMO_DIR:-.cache/demo}
 CACHE=${T3AR_CACHE_DIR:-.cache/packages}
 EPOCHS=${T3AR_DEMO_EPOCHS:-2}
@@ -84,7 +82,7 @@ step "ingest the pool into the retriever"
 "$T" pool ingest "$D/pool" --source openclipart
 
 step "submit the target and follow the job"
-"${J[@]}" submit "$D/target" --model "$D/source.pt" --method t3ar --mode test --k 5 --epochs "$EPOCHS" \
+"$T" submit "$D/target" --model "$D/source.pt" --method t3ar --mode test --k 5 --epochs "$EPOCHS" \
   --batch-size 32 --out "$D/adapted.pt" --json >"$D/job.json"
 
 step "accuracy on all Twitter emoji (the submitted subset and the rest)"
