@@ -269,3 +269,26 @@ def test_missing_apt_get_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("PATH", str(tmp_path / "nobin"))
     with pytest.raises(ToolMissingError, match="apt-get"):
         build_pool(tmp_path / "p", cache=tmp_path / "cache", sources=["tuxpaint"])
+
+
+def test_fetch_npm_package_with_a_relative_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """npm runs in a scratch folder: a relative cache path must still land in the right place."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "npm"
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import io, sys, tarfile\n"
+        "dest = sys.argv[sys.argv.index('--pack-destination') + 1]\n"
+        "name, version = sys.argv[2].rsplit('@', 1)\n"
+        "with tarfile.open(f'{dest}/{name}-{version}.tgz', 'w:gz') as tf:\n"
+        "    data = b'{\"name\": \"x\"}'\n"
+        "    info = tarfile.TarInfo('package/package.json'); info.size = len(data)\n"
+        "    tf.addfile(info, io.BytesIO(data))\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    package = common.fetch_npm_package("fakepkg", "1.0.0", Path("rel-cache"))
+    assert (package / "package.json").is_file()
+    assert (tmp_path / "rel-cache" / "npm" / "fakepkg-1.0.0.tgz").is_file()

@@ -62,7 +62,7 @@ def fetch_npm_package(name: str, version: str, cache: Path) -> Path:
     The tarball is kept in ``<cache>/npm/`` and reused; it is extracted with
     :func:`~t3ar.data.archive.safe_extract` (no install scripts ever run).
     """
-    npm_dir = cache / "npm"
+    npm_dir = cache.resolve() / "npm"  # absolute: npm runs with another working directory
     npm_dir.mkdir(parents=True, exist_ok=True)
     tgz = npm_dir / npm_tarball_name(name, version)
     if not tgz.is_file():
@@ -95,7 +95,7 @@ def fetch_deb(name: str, cache: Path) -> Path:
 
     A ``<cache>/deb/<name>_*.deb`` already present is reused, as is its unpacked folder.
     """
-    deb_dir = cache / "deb"
+    deb_dir = cache.resolve() / "deb"  # absolute: apt-get runs with another working directory
     deb_dir.mkdir(parents=True, exist_ok=True)
     found = sorted(deb_dir.glob(f"{name}_*.deb"))
     if not found:
