@@ -52,7 +52,10 @@ class StepBar:
         if not self.enabled:
             return
         if self.bar is None:
-            self.bar = tqdm(total=s.total_steps, desc=self.desc, file=sys.stderr, leave=False)
+            # redraw at most every 10 s when stderr is a log file rather than a terminal
+            interval = 0.1 if sys.stderr.isatty() else 10.0
+            self.bar = tqdm(total=s.total_steps, desc=self.desc, file=sys.stderr, leave=False,
+                            mininterval=interval, maxinterval=max(10.0, interval))
         self.bar.update(1)
         self.bar.set_postfix(epoch=s.epoch, loss=f"{s.loss:.3f}", refresh=False)
 
