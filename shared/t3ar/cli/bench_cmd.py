@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from t3ar.bench.adaptation import adapt_bench
+
 
 @click.group("bench")
 def bench() -> None:
@@ -33,3 +35,6 @@ def retrieval(out_dir: Path, quick: bool) -> None:
                            "delete_p99_ms": round(results["large"]["delete"]["p99_ms"], 1),
                            "rss_ratio": round(results["large"]["rss_ratio"], 3)}, indent=2))
     click.echo(f"wrote {out_dir / 'retrieval.md'} and {out_dir / 'retrieval.json'}")
+
+
+bench.add_command(adapt_bench, "adapt")
