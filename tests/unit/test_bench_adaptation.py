@@ -1,6 +1,7 @@
 """The pure parts of `t3ar bench adapt`: protocol split and subsets, aggregation, diagnostics, the verdict."""
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -185,3 +186,41 @@ def test_report_renders_every_section() -> None:
         assert heading in text
     assert "**The goal was NOT met**" in text and "Quick smoke run" in text
     assert "| T3AR | 35.0 | 35.0 | 35.0 |" in text  # t3ar is the 6th method: 0.3 + 0.05
+
+
+def test_interleaved_runs_steps_in_lock_step() -> None:
+    from t3ar.bench.adaptation_runs import interleaved
+    from t3ar.method.adapt import StepStats
+
+    order: list[str] = []
+
+    def loop(name: str, steps: int) -> Callable[[Callable[[StepStats], None]], None]:
+        def run(on_step: Callable[[StepStats], None]) -> None:
+            for i in range(steps):
+                order.append(name)
+                on_step(StepStats(1, i + 1, steps, 0.0, 0.0))
+        return run
+
+    out = interleaved({"a": loop("a", 3), "b": loop("b", 2), "c": loop("c", 3)})
+    assert order == ["a", "b", "c", "a", "b", "c", "a", "c"]
+    assert [len(out[n][0]) for n in "abc"] == [2, 1, 2]  # the first step of each run is dropped
+    assert all(w >= 0 for n in "abc" for w in out[n][0])
+
+
+def test_interleaved_reraises_and_finishes_the_others() -> None:
+    from t3ar.bench.adaptation_runs import interleaved
+    from t3ar.method.adapt import StepStats
+
+    finished: list[str] = []
+
+    def bad(on_step: Callable[[StepStats], None]) -> None:
+        raise RuntimeError("boom")
+
+    def good(on_step: Callable[[StepStats], None]) -> None:
+        for i in range(3):
+            on_step(StepStats(1, i + 1, 3, 0.0, 0.0))
+        finished.append("good")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        interleaved({"bad": bad, "good": good})
+    assert finished == ["good"]

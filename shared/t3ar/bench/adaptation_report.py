@@ -25,9 +25,9 @@ def _pc(x: float) -> str:
 def _speed_section(s: Mapping[str, Any]) -> list[str]:
     out = [f"Measured side by side in one process on `{s['device']}` (shift google → {s['shift']}, the seed-0 "
            f"source model, batch {s['batch_size']}, T3AR with k = {s['k']}): {s['rounds']} interleaved rounds, each "
-           f"one epoch of {s['images']} target images per method in turn (the first step of every run, which "
-           "includes its set-up, is not timed). Wall time and this process's CPU time per step are both "
-           "recorded; on a shared machine the CPU-time ratio is the better estimate of the unshared ratio.",
+           f"one epoch of {s['images']} target images of the three methods in lock-step (one step of each in turn, so "
+           "a change in machine load hits all three alike; the first step of every run, which includes its set-up, "
+           "is not timed). Wall time and this process's CPU time per step are both recorded.",
            "", "| step | wall s/step (median) | CPU s/step (median) | target img/s (wall) | s/epoch of the full "
            "adaptation part | augment | fwd+bwd | bank | other |", "|---|---|---|---|---|---|---|---|---|"]
     for m, label in (("supervised", "plain supervised fine-tuning (CE)"), ("adacontrast", "AdaContrast"),

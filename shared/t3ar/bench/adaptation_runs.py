@@ -9,8 +9,9 @@ import hashlib
 import json
 import logging
 import statistics
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.supervised import TrainConfig, train_supervised
-from t3ar.pipeline import retrieve
+from t3ar.pipeline import Retrieved, retrieve
 
 log = logging.getLogger(__name__)
 
@@ -130,22 +131,67 @@ class Runner:
         return {**record, "cached": False}
 
 
-def _timed(run: Any) -> tuple[list[float], list[float], list[StepStats]]:
-    """Call ``run(on_step)``; per step (between consecutive callbacks): wall seconds, process CPU seconds, stats.
+StepFn = Callable[[StepStats], None]
 
-    The first step's interval also covers the run's set-up (model copy, bank initialisation): callers drop it.
+
+def interleaved(runs: Mapping[str, Callable[[StepFn], object]]) -> dict[str, tuple[list[float], list[float],
+                                                                                 list[StepStats]]]:
+    """Run training loops in lock-step — one step of each in turn — and time every step.
+
+    Each ``runs[name](on_step)`` runs in its own thread, but a baton passed in ``on_step`` lets only one of
+    them compute at any time, so a change in machine load affects all of them alike. Returns, per run, the
+    wall and process-CPU seconds of each step and its stats; the first step (which also covers the run's
+    set-up, e.g. the bank initialisation) is dropped. Exceptions are re-raised after every thread finished.
     """
-    stamps: list[tuple[float, float]] = []
-    stats: list[StepStats] = []
+    names = list(runs)
+    cond = threading.Condition()
+    current: list[str | None] = [names[0] if names else None]
+    done: set[str] = set()
+    out: dict[str, tuple[list[float], list[float], list[StepStats]]] = {n: ([], [], []) for n in names}
+    errors: list[BaseException] = []
 
-    def on_step(s: StepStats) -> None:
-        stamps.append((time.perf_counter(), time.process_time()))
-        stats.append(s)
+    def following(name: str) -> str | None:
+        i = names.index(name)
+        return next((c for j in range(1, len(names) + 1) if (c := names[(i + j) % len(names)]) not in done), None)
 
-    start = (time.perf_counter(), time.process_time())
-    run(on_step)
-    pairs = list(zip([start] + stamps[:-1], stamps, strict=True))
-    return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs], stats
+    def worker(name: str) -> None:
+        resumed = [0.0, 0.0]
+
+        def take_turn() -> None:
+            with cond:
+                cond.wait_for(lambda: current[0] == name)
+            resumed[:] = [time.perf_counter(), time.process_time()]
+
+        def on_step(stats: StepStats) -> None:
+            walls, cpus, all_stats = out[name]
+            walls.append(time.perf_counter() - resumed[0])
+            cpus.append(time.process_time() - resumed[1])
+            all_stats.append(stats)
+            with cond:
+                current[0] = following(name)
+                cond.notify_all()
+            take_turn()
+
+        try:
+            take_turn()
+            runs[name](on_step)
+        except BaseException as exc:  # noqa: B036 - re-raised in the caller's thread
+            errors.append(exc)
+        finally:
+            with cond:
+                done.add(name)
+                if current[0] == name:
+                    current[0] = following(name)
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker, args=(n,), name=f"speed-{n}") for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return {n: (w[1:], c[1:], st[1:]) for n, (w, c, st) in out.items()}
 
 
 def _summary(walls: list[float], cpus: list[float], stats: list[StepStats], batch: int,
@@ -161,52 +207,66 @@ def _summary(walls: list[float], cpus: list[float], stats: list[StepStats], batc
                                   "other": max(0.0, statistics.mean(walls) - aug - fb - bank)}}
 
 
+def _supervised_run(source: SourceModel, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+                    device: torch.device) -> Callable[[StepFn], object]:
+    def run(on_step: StepFn) -> object:
+        b = source.spec.backbone
+        return train_supervised(copy.deepcopy(source.model), x, y, cfg, mean=b.mean, std=b.std, device=device,
+                                generator=seed_everything(100 + cfg.seed), on_step=on_step)
+
+    return run
+
+
+def _adapt_run(source: SourceModel, x: torch.Tensor, cfg: AdaptConfig, ret: Retrieved | None,
+               device: torch.device) -> Callable[[StepFn], object]:
+    def run(on_step: StepFn) -> object:
+        b = source.spec.backbone
+        return adapt(copy.deepcopy(source.model), x, cfg, mean=b.mean, std=b.std,
+                     neighbours=ret.neighbours if ret else None, pool_images=ret.pool_images if ret else None,
+                     device=device, generator=seed_everything(100 + cfg.seed), on_step=on_step)
+
+    return run
+
+
 def measure_speed(source: SourceModel, target: Target, provider: BenchPool, *, k: int, lr: float,
                   batch_size: int, train_groups: int, n_images: int | None, rounds: int,
                   device: torch.device) -> dict[str, Any]:
     """Supervised, AdaContrast and T3AR steps on the same model, images and batch size, interleaved.
 
-    Each round runs one short epoch (``n_images`` of the adaptation part) of each method in turn, so that
-    a change in machine load hits all three alike; the first step of every run (which includes its set-up)
-    is not timed. Wall time and process CPU time are both recorded: on a shared machine the CPU-time ratio
-    is the better estimate of the unshared one. ``provider`` must not have query embeddings precomputed (so
-    the retrieval time is real); retrieval is timed once per T3AR run, outside the steps.
+    Each round runs one short epoch (``n_images`` of the adaptation part) of the three methods in lock-step
+    (:func:`interleaved`: one step of each in turn), so that a change in machine load hits all three alike;
+    the first step of every run (which includes its set-up) is not timed. Wall and process CPU time are both
+    recorded. ``provider`` must not have query embeddings precomputed (so the retrieval time is real);
+    retrieval is timed once per T3AR run, outside the steps.
     """
     style = target.style
     idx = target.adapt_idx if n_images is None else target.adapt_idx[:n_images]
     x, y = style.images[idx], style.labels[idx]
     spec = source.spec
-    mean, std = spec.backbone.mean, spec.backbone.std
     full_spe = steps_per_epoch(len(target.adapt_idx), batch_size)
     walls: dict[str, list[float]] = {"supervised": [], "adacontrast": [], "t3ar": []}
     cpus: dict[str, list[float]] = {m: [] for m in walls}
     stats: dict[str, list[StepStats]] = {m: [] for m in walls}
     retrieval: list[dict[str, float]] = []
     for r in range(rounds):
-        for method in walls:
-            model = copy.deepcopy(source.model)
-            gen = seed_everything(100 + r)
-            if method == "supervised":
-                tc = TrainConfig(epochs=1, lr=lr, batch_size=batch_size, train_groups=train_groups, seed=r)
-                w, c, s = _timed(lambda cb, m=model, g=gen, c=tc: train_supervised(
-                    m, x, y, c, mean=mean, std=std, device=device, generator=g, on_step=cb))
-            else:
-                cfg = AdaptConfig(method=method, k=k, epochs=1, lr=lr, batch_size=batch_size,  # type: ignore[arg-type]
-                                  train_groups=train_groups, seed=r)
-                ret = None
-                if cfg.uses_retrieval:
-                    provider.clear_image_cache()  # fetching (decoding) is part of retrieval
-                    ret = retrieve(provider, x, cfg, spec.image_size, gen)
-                    retrieval.append({"embed": ret.seconds_embed, "search": ret.seconds_search,
-                                      "fetch": ret.seconds_fetch, "pool_images": float(len(ret.pool_ids))})
-                w, c, s = _timed(lambda cb, m=model, g=gen, c=cfg, rt=ret: adapt(
-                    m, x, c, mean=mean, std=std, neighbours=rt.neighbours if rt else None,
-                    pool_images=rt.pool_images if rt else None, device=device, generator=g, on_step=cb))
-            walls[method] += w[1:]
-            cpus[method] += c[1:]
-            stats[method] += s[1:]
-            log.info("speed round %d %s: median step %.3f s wall, %.3f s CPU", r, method, statistics.median(w[1:]),
-                     statistics.median(c[1:]))
+        tc = TrainConfig(epochs=1, lr=lr, batch_size=batch_size, train_groups=train_groups, seed=r)
+        runs: dict[str, Callable[[StepFn], object]] = {"supervised": _supervised_run(source, x, y, tc, device)}
+        for method in ("adacontrast", "t3ar"):
+            cfg = AdaptConfig(method=method, k=k, epochs=1, lr=lr, batch_size=batch_size,
+                              train_groups=train_groups, seed=r)
+            ret = None
+            if cfg.uses_retrieval:
+                provider.clear_image_cache()  # fetching (decoding) is part of retrieval
+                ret = retrieve(provider, x, cfg, spec.image_size, seed_everything(100 + r))
+                retrieval.append({"embed": ret.seconds_embed, "search": ret.seconds_search,
+                                  "fetch": ret.seconds_fetch, "pool_images": float(len(ret.pool_ids))})
+            runs[method] = _adapt_run(source, x, cfg, ret, device)
+        for method, (w, c, st) in interleaved(runs).items():
+            walls[method] += w
+            cpus[method] += c
+            stats[method] += st
+            log.info("speed round %d %s: median step %.3f s wall, %.3f s CPU", r, method, statistics.median(w),
+                     statistics.median(c))
     out: dict[str, Any] = {"images": len(idx), "batch_size": batch_size, "k": k, "rounds": rounds,
                            "steps_per_full_epoch": full_spe, "n_adapt_full": len(target.adapt_idx),
                            "shift": target.shift, "device": str(device)}
