@@ -171,7 +171,7 @@ def _fake_results() -> dict[str, object]:
     rows = aggregate(recs)
     return {"plan": plan, "quick": True, "device": "cpu", "records": recs, "aggregate": rows,
             "verdict": goal_verdict(rows), "speed": speed, "diagnostics": [diag], "runs_executed": 3,
-            "runs_reused": 0, "timings": {"total": 60.0},
+            "runs_reused": 0, "timings": {"total": 60.0}, "source_models": {"0": {"reused": True, "seconds": 5.0}},
             "machine": {"cpus": 2, "loadavg_start": [0.1, 0.2, 0.3], "loadavg_end": [0.1, 0.2, 0.3]},
             "data": {"classes": 96, "source_images": 1851, "targets": {"twitter": {"adapt": 160, "eval": 240}},
                      "pool_components": {"openclipart": 10, "tuxpaint": 10, "openmoji": 10}}}
@@ -186,6 +186,7 @@ def test_report_renders_every_section() -> None:
         assert heading in text
     assert "**The goal was NOT met**" in text and "Quick smoke run" in text
     assert "| T3AR | 35.0 | 35.0 | 35.0 |" in text  # t3ar is the 6th method: 0.3 + 0.05
+    assert "source models trained earlier (seed 0: 5 s)" in text
 
 
 def test_interleaved_runs_steps_in_lock_step() -> None:

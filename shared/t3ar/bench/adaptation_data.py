@@ -135,6 +135,7 @@ class EmbeddingStore:
         self.cache_dir = cache_dir
         self.seconds = 0.0  # spent embedding (cache misses only)
         self.embedded = 0  # images embedded (cache misses only)
+        self.seconds_reused = 0.0  # what the reused (cached) embeddings cost when they were computed
         self._memo: dict[str, np.ndarray] = {}
 
     def _cached(self, what: str, key: Any, compute: Any) -> np.ndarray:
@@ -142,17 +143,21 @@ class EmbeddingStore:
         if name in self._memo:
             return self._memo[name]
         path = self.cache_dir / name
+        cost = path.with_suffix(".seconds")
         if path.is_file():
             vecs = np.load(path)
+            self.seconds_reused += float(cost.read_text()) if cost.is_file() else 0.0
         else:
             t0 = time.perf_counter()
             vecs = compute()
-            self.seconds += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self.seconds += took
             self.embedded += len(vecs)
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp.npy")
             np.save(tmp, vecs)
             tmp.replace(path)
+            cost.write_text(f"{took:.3f}\n")
         self._memo[name] = vecs
         return vecs
 

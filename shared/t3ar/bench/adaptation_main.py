@@ -119,6 +119,8 @@ def run_adaptation_benchmark(plan: Plan, *, out_dir: Path, work: Path, cache: Pa
         for shift in plan.shifts:
             make_pool(store, shift, True)
     timings["embeddings"] = time.perf_counter() - t0
+    reused = {"source_models": sum(float(m.metrics.get("seconds", 0.0)) for m in sources.values() if m.reused),
+              "embeddings": sum(s.seconds_reused for s in stores.values())}
 
     t0 = time.perf_counter()
     first = plan.shifts[0]
@@ -208,7 +210,8 @@ def run_adaptation_benchmark(plan: Plan, *, out_dir: Path, work: Path, cache: Pa
                  "pool_components": {n: len(c.ids) for n, c in comps.items()}},
         "retrievers": {n: s.tag for n, s in stores.items()},
         "source_models": {str(s): {"sha256": m.sha256, "reused": m.reused, **m.metrics} for s, m in sources.items()},
-        "timings": timings, "runs_executed": runner.ran, "runs_reused": runner.reused,
+        "timings": timings, "timings_reused_from_cache": reused,
+        "runs_executed": runner.ran, "runs_reused": runner.reused,
         "speed": speed, "diagnostics": diagnostics, "aggregate": aggregate(records), "records": records,
     }
     results["verdict"] = goal_verdict(results["aggregate"])

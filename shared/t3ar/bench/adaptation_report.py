@@ -63,6 +63,22 @@ def _speed_section(s: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _reused_lines(results: Mapping[str, Any]) -> list[str]:
+    """What this invocation took from the caches (not in its total), with what it cost when it was computed."""
+    src = [f"seed {s}: {float(m.get('seconds', 0)):.0f} s" for s, m in results["source_models"].items()
+           if m.get("reused")]
+    emb = float((results.get("timings_reused_from_cache") or {}).get("embeddings", 0.0))
+    runs = results["runs_reused"]
+    if not (src or emb or runs):
+        return []
+    parts = [f"source models trained earlier ({', '.join(src)})" if src else "",
+             f"pool/query embeddings computed earlier ({emb:.0f} s)" if emb else
+             ("pool/query embeddings computed earlier" if src else ""),
+             f"{runs} adaptation runs from the run cache" if runs else ""]
+    return ["", "Reused from the caches under the work dir and not included in the total above: "
+            + "; ".join(p for p in parts if p) + "."]
+
+
 def _grid_epochs(results: Mapping[str, Any]) -> list[str]:
     """Seconds per epoch at 100 % of T in the main grid (includes per-run set-up such as the bank init)."""
     per: dict[str, list[float]] = {}
@@ -177,6 +193,7 @@ def render(results: Mapping[str, Any], stem: str) -> str:
               *diag_lines, "", "## Speed", "", *_speed_section(results["speed"]), *_grid_epochs(results),
               "", "## Time spent", "",
               "| phase | seconds |", "|---|---|", *[f"| {k} | {val:.0f} |" for k, val in t.items()],
+              *_reused_lines(results),
               "", f"Every run (config, steps, timings, accuracy, neighbour diagnostics) is in `{stem}.json`."]
     return "\n".join(lines) + "\n"
 
