@@ -21,7 +21,7 @@ def _default_cache() -> str:
 
 @click.command("adapt")
 @click.option("--quick", is_flag=True,
-              help="Smoke run (~5 min): 1 shift, 1 seed, small caps. Writes adaptation-quick.*")
+              help="Smoke run (~3 min): 1 shift, 1 seed, small caps. Writes adaptation-quick.*")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the report, JSON and plots go [default: docs/benchmarks; with --quick: WORK_DIR/quick].")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-adapt"),
@@ -39,7 +39,8 @@ def adapt_bench(quick: bool, out_dir: Path | None, work_dir: Path, cache: Path, 
     at 1 %, 10 % and 100 % of the target, 3 seeds; ablations, retrieval diagnostics, speed ratios, plots.
 
     \b
-    The full run takes about 60 minutes on 2 CPU cores; --quick about 5.
+    The full run takes about 45 minutes on 2 unshared CPU cores from a fresh clone (less with warm caches
+    under --work-dir: source models, embeddings and finished runs are reused); --quick about 3.
     Example:
       t3ar bench adapt --quick
     """

@@ -31,8 +31,11 @@ def plot_fractions(rows: Sequence[Mapping[str, Any]], methods: Sequence[str], fr
     """Accuracy vs fraction of T, one line per method (± std over seeds); the shift average, then each shift."""
     plt = _pyplot()
     panels = [AVERAGE, *shifts] if len(shifts) > 1 else list(shifts)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True, squeeze=False)
-    for ax, shift in zip(axes[0], panels, strict=True):
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.6 * nrows), sharey=True, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, shift in zip(flat, panels, strict=False):
         for m in methods:
             cells = [(f, r) for f in fractions
                      if (r := lookup(rows, variant="main", method=m, fraction=f, shift=shift))]
@@ -47,8 +50,15 @@ def plot_fractions(rows: Sequence[Mapping[str, Any]], methods: Sequence[str], fr
         ax.set_title("average over shifts" if shift == AVERAGE else f"google → {shift}")
         ax.set_xlabel("fraction of the adaptation part")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("top-1 on held-out target images (%)")
-    axes[0][-1].legend(fontsize=8, loc="lower right")
+    for row in axes:
+        row[0].set_ylabel("top-1 on held-out images (%)")
+    handles, labels = flat[0].get_legend_handles_labels()
+    if len(flat) > len(panels):  # a spare panel holds the legend
+        for ax in flat[len(panels):]:
+            ax.axis("off")
+        flat[-1].legend(handles, labels, loc="center", fontsize=10)
+    else:
+        flat[len(panels) - 1].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -133,6 +133,14 @@ def why_lines(results: Mapping[str, Any], dmain: Mapping[str, float]) -> list[st
             for f in fr]
     out.append("- Strongest adaptation baseline: " + ", ".join(f"{m} {pct(v)} at {100 * f:g} %" for f, (m, v) in best)
                + f"; source only {pct(_mean(rows, 'source', fr[0]))}.")
+    n_a = next(iter(results["data"]["targets"].values()))["adapt"]
+    for f in fr:
+        src = _mean(rows, "source", f)
+        adapted = [m for m in plan["methods"] if m != "source"]
+        if all(_mean(rows, m, f) < src for m in adapted):
+            out.append(f"- At {100 * f:g} % of T ({fraction_size(n_a, f)} images, {plan['min_steps']} steps) every "
+                       f"adaptation method ends *below* the source model ({pct(src)}): on so few images the updates "
+                       "drift rather than adapt, so the best 'baseline' there is not adapting at all.")
     low = [f for f in fr if f < 1.0]
     same = [_sampled(recs, "t3ar", f, "same_label_fraction") for f in low]
     item = [_sampled(recs, "t3ar", f, "same_item_fraction") for f in low]
@@ -189,6 +197,9 @@ def _reading(results: Mapping[str, Any], same: Sequence[float], chance: float, g
                    ", i.e. no measurable change (within 1 point).")
         parts.append("Removing the emoji styles (the only same-class material) from the pool changes T3AR by "
                      f"{pts(d_pool)} points{verdict}")
+    parts.append(f"Note also how few pool negatives a query gets: only its own k = {results['plan']['k']} retrieved "
+                 "images (however many copies the bank holds) count as its negatives, against every bank entry of T "
+                 "with another pseudo-label.")
     small = [abs(e) for _, e in eff] + [abs(e) for _, e in rnd]
     if small and not math.isnan(noise) and max(small) <= 2 * noise:
         parts.append(f"All retrieval effects are within about twice the seed-to-seed std ({pct(noise)} points): with "
