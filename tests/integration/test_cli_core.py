@@ -53,7 +53,7 @@ def _invoke(*args: str) -> dict[str, object]:
 
 
 def test_adapt_every_method_and_evaluate(data: dict[str, Path]) -> None:
-    for method in ("source", "tent", "shot-im", "adacontrast", "t3ar-random", "t3ar"):
+    for method in ("source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"):
         out = data["root"] / f"{method}.pt"
         got = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool",
                       str(data["pool"]), "--method", method, "--k", "2", "--r", "2", "--epochs", "1",
@@ -74,7 +74,7 @@ def test_adapt_every_method_and_evaluate(data: dict[str, Path]) -> None:
 
 def test_fraction_and_train_time_mode(data: dict[str, Path]) -> None:
     got = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--method",
-                  "adacontrast", "--labels", "--fraction", "0.25", "--epochs", "1", "--out",
+                  "t3ar-noretrieval", "--labels", "--fraction", "0.25", "--epochs", "1", "--out",
                   str(data["root"] / "tt.pt"))
     assert got["adapted_on"] == 4  # 25% of 8 per class, stratified
     _, info = load_checkpoint(data["root"] / "tt.pt")

@@ -91,7 +91,7 @@ def test_contract_errors() -> None:
     with pytest.raises(ValueError, match="needs neighbours"):
         adapt(model, x, AdaptConfig(method="t3ar"), **kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs labels"):
-        adapt(model, x, AdaptConfig(method="adacontrast", mode="train"), **kw)  # type: ignore[arg-type]
+        adapt(model, x, AdaptConfig(method="t3ar-noretrieval", mode="train"), **kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="k must be"):
         AdaptConfig(method="t3ar", k=0)
 
@@ -110,7 +110,7 @@ def test_on_step_reports_progress_and_can_cancel() -> None:
     model = Classifier(TinyBackbone(), 8, 3, 16)
     with pytest.raises(Cancelled):
         adapt(model, torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8),
-              AdaptConfig(method="adacontrast", epochs=3, batch_size=4, bank_size=16), mean=(0.5,) * 3,
+              AdaptConfig(method="t3ar-noretrieval", epochs=3, batch_size=4, bank_size=16), mean=(0.5,) * 3,
               std=(0.5,) * 3, device=torch.device("cpu"), on_step=on_step)
     assert [s.step for s in seen] == [1, 2] and seen[0].total_steps == 9
     assert seen[1].loss_contrastive > 0 and seen[1].seconds_forward_backward > 0
@@ -119,7 +119,7 @@ def test_on_step_reports_progress_and_can_cancel() -> None:
 def test_min_steps_for_tiny_targets() -> None:
     model = Classifier(TinyBackbone(), 8, 3, 16)
     res = adapt(model, torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8),
-                AdaptConfig(method="adacontrast", epochs=1, min_steps=5, batch_size=32, bank_size=16),
+                AdaptConfig(method="t3ar-noretrieval", epochs=1, min_steps=5, batch_size=32, bank_size=16),
                 mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"))
     assert res.steps == 5
 

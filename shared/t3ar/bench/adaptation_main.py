@@ -1,5 +1,5 @@
 """The adaptation benchmark's driver (``t3ar bench adapt``): data, source models, pools, the grid of runs,
-ablations, diagnostics and speed, then the report. Does retrieval help adaptation when target data is scarce?
+ablations and diagnostics, then the report. Does retrieval help adaptation when target data is scarce?
 
 Source f_S: trained on the Google emoji style. Targets: the Twitter, OpenMoji colour, OpenMoji black line-art
 and Fluent 3D styles (4 shifts), labels = emoji subcategory. Pool A per shift: OpenClipart + Tux Paint + the
@@ -40,7 +40,7 @@ from t3ar.bench.adaptation_protocol import (
     retrieval_diagnostics,
     split_adapt_eval,
 )
-from t3ar.bench.adaptation_runs import Runner, Target, measure_speed
+from t3ar.bench.adaptation_runs import Runner, Target
 from t3ar.datakit.emoji import ALL_STYLES
 from t3ar.embedder import Embedder, EmbedderSpec
 from t3ar.method.config import AdaptConfig
@@ -121,15 +121,6 @@ def run_adaptation_benchmark(plan: Plan, *, out_dir: Path, work: Path, cache: Pa
     timings["embeddings"] = time.perf_counter() - t0
     reused = {"source_models": sum(float(m.metrics.get("seconds", 0.0)) for m in sources.values() if m.reused),
               "embeddings": sum(s.seconds_reused for s in stores.values())}
-
-    t0 = time.perf_counter()
-    first = plan.shifts[0]
-    speed_pool, _ = make_pool(stores["imagenet"], first, True, known=False)
-    speed = measure_speed(sources[plan.seeds[0]], targets[first], speed_pool, k=plan.k, lr=plan.lr,
-                          batch_size=plan.batch_size, train_groups=plan.train_groups, n_images=plan.speed_images,
-                          rounds=plan.speed_rounds, device=device)
-    speed["embedding_seconds_per_image"] = {n: s.seconds / s.embedded for n, s in stores.items() if s.embedded}
-    timings["speed"] = time.perf_counter() - t0
 
     runner = Runner(device, work / "runs", side, fresh=fresh)
     records: list[dict[str, Any]] = []
@@ -212,7 +203,8 @@ def run_adaptation_benchmark(plan: Plan, *, out_dir: Path, work: Path, cache: Pa
         "source_models": {str(s): {"sha256": m.sha256, "reused": m.reused, **m.metrics} for s, m in sources.items()},
         "timings": timings, "timings_reused_from_cache": reused,
         "runs_executed": runner.ran, "runs_reused": runner.reused,
-        "speed": speed, "diagnostics": diagnostics, "aggregate": aggregate(records), "records": records,
+        "embedding_seconds_per_image": {n: s.seconds / s.embedded for n, s in stores.items() if s.embedded},
+        "diagnostics": diagnostics, "aggregate": aggregate(records), "records": records,
     }
     results["verdict"] = goal_verdict(results["aggregate"])
     write_report(results, out_dir, stem="adaptation-quick" if plan.name == "quick" else "adaptation")

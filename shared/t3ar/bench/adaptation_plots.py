@@ -11,10 +11,12 @@ from t3ar.bench.adaptation_protocol import AVERAGE, lookup
 
 log = logging.getLogger(__name__)
 
-LABELS = {"source": "source only", "tent": "TENT", "shot-im": "SHOT-IM", "adacontrast": "AdaContrast (no retrieval)",
+LABELS = {"source": "source only", "tent": "TENT", "shot-im": "SHOT-IM",
+          "adacontrast": "AdaContrast", "t3ar-noretrieval": "T3AR without retrieval",
           "t3ar-random": "T3AR, random retrieval", "t3ar": "T3AR"}
 STYLE = {"source": ("grey", ":"), "tent": ("tab:orange", "--"), "shot-im": ("tab:green", "--"),
-         "adacontrast": ("tab:blue", "-"), "t3ar-random": ("tab:purple", "-."), "t3ar": ("tab:red", "-")}
+         "adacontrast": ("tab:cyan", "-"), "t3ar-noretrieval": ("tab:blue", "-"),
+         "t3ar-random": ("tab:purple", "-."), "t3ar": ("tab:red", "-")}
 
 
 def _pyplot() -> Any:

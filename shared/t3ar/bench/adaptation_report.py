@@ -22,47 +22,6 @@ def _pc(x: float) -> str:
     return "–" if math.isnan(x) else f"{pct(x)} %"
 
 
-def _speed_section(s: Mapping[str, Any]) -> list[str]:
-    out = [f"Measured side by side in one process on `{s['device']}` (shift google → {s['shift']}, the seed-0 "
-           f"source model, batch {s['batch_size']}, T3AR with k = {s['k']}): {s['rounds']} interleaved rounds, each "
-           f"one epoch of {s['images']} target images of the three methods in lock-step (one step of each in turn, so "
-           "a change in machine load hits all three alike; the first step of every run, which includes its set-up, "
-           "is not timed). Wall time and this process's CPU time per step are both recorded.",
-           "", "| step | wall s/step (median) | CPU s/step (median) | target img/s (wall) | s/epoch of the full "
-           "adaptation part | augment | fwd+bwd | bank | other |", "|---|---|---|---|---|---|---|---|---|"]
-    for m, label in (("supervised", "plain supervised fine-tuning (CE)"), ("adacontrast", "AdaContrast"),
-                     ("t3ar", "T3AR")):
-        x, b = s[m], s[m]["breakdown_seconds"]
-        out.append(f"| {label} | {x['step_seconds_median']:.3f} | {x.get('cpu_seconds_median', math.nan):.3f} | "
-                   f"{x['images_per_second']:.0f} | {x['seconds_per_epoch']:.0f} ({s['steps_per_full_epoch']} steps) "
-                   f"| {b['augment']:.3f} | {b['forward_backward']:.3f} | {b['bank']:.3f} | {b['other']:.3f} |")
-    cpu = s.get("throughput_ratio_cpu", {})
-    r = s["t3ar"]["retrieval"]
-    ratio = s["throughput_ratio"]
-    t3, ada = s["t3ar"]["breakdown_seconds"], s["adacontrast"]["breakdown_seconds"]
-    extra = {key: t3[key] - ada[key] for key in t3}
-    tot = sum(max(0.0, v) for v in extra.values()) or math.nan
-    best = cpu.get("t3ar", ratio["t3ar"])
-    out += ["", f"- **T3AR step throughput / supervised step throughput = {ratio['t3ar']:.2f} by wall time, "
-            f"{cpu.get('t3ar', math.nan):.2f} by CPU time** — the goal (≥ 0.5) is "
-            f"{'met' if best >= 0.5 else 'NOT met'}. With retrieval amortised over the epoch: "
-            f"{s['throughput_ratio_with_retrieval']:.2f} (wall). AdaContrast / supervised = "
-            f"{ratio['adacontrast']:.2f} (wall), {cpu.get('adacontrast', math.nan):.2f} (CPU).",
-            f"- Retrieval (once per job, for {r['queries']} queries): embed {r.get('embed', 0):.2f} s, search "
-            f"{r.get('search', 0):.2f} s, fetch+decode {r.get('fetch', 0):.2f} s of {r.get('pool_images', 0):.0f} "
-            f"distinct pool images = {r['seconds_per_step']:.3f} s per step of one epoch "
-            f"({r['seconds_per_full_epoch_equiv']:.1f} s for the full adaptation part).",
-            f"- A T3AR step also augments (strong view, image by image on the CPU) and forwards (no gradient) the "
-            f"B·k = {s['batch_size'] * s['k']} retrieved pool images. Of its extra time over an AdaContrast step, "
-            f"{pct(max(0.0, extra['augment']) / tot, 0)} % is augmentation and "
-            f"{pct(max(0.0, extra['forward_backward']) / tot, 0)} % forward/backward."]
-    emb = s.get("embedding_seconds_per_image") or {}
-    if emb:
-        out.append("- Embedding the pool once (offline, not per job): "
-                   + ", ".join(f"{n} {1000 * v:.1f} ms/image" for n, v in emb.items()) + ".")
-    return out
-
-
 def _reused_lines(results: Mapping[str, Any]) -> list[str]:
     """What this invocation took from the caches (not in its total), with what it cost when it was computed."""
     src = [f"seed {s}: {float(m.get('seconds', 0)):.0f} s" for s, m in results["source_models"].items()
@@ -136,8 +95,7 @@ def render(results: Mapping[str, Any], stem: str) -> str:
              f"**{t['total'] / 60:.1f} min** in total ({results['runs_executed']} adaptations run, "
              f"{results['runs_reused']} reused from the run cache). Load average at start/end "
              f"{load[1]:.1f} / {results['machine']['loadavg_end'][1]:.1f} (1-min/5-min from the OS): "
-             + ("**the machine was shared with other jobs, so absolute times are inflated**; the speed ratios "
-                "were measured side by side and are the meaningful figures." if shared else
+             + ("**the machine was shared with other jobs, so absolute times are inflated**." if shared else
                 "the machine was not noticeably shared.")]
     if results["quick"]:
         lines += ["", "> **Quick smoke run**: 1 shift, 1 seed, capped sets and a few steps. These numbers only show "
@@ -147,7 +105,7 @@ def render(results: Mapping[str, Any], stem: str) -> str:
         lines.append("**Goal not evaluated**: a fraction it needs was not run.")
     else:
         lines.append(f"**The goal was {'met' if v['met'] else 'NOT met'}** (T3AR ≥ best baseline + 3 points at 1 % "
-                     "and 10 % of T, averaged over the shifts, and not below AdaContrast at 100 %):")
+                     "and 10 % of T, averaged over the shifts, and not below T3AR without retrieval at 100 %):")
     for c in v["checks"]:
         if c["met"] is None:
             continue
@@ -156,8 +114,8 @@ def render(results: Mapping[str, Any], stem: str) -> str:
                          f"{LABELS.get(c['best_baseline'], c['best_baseline'])} {pct(c['best_baseline_mean'])}: "
                          f"{pts(c['gap'])} points (needed +3.0) — {'met' if c['met'] else 'not met'}.")
         else:
-            lines.append(f"- {100 * c['fraction']:g} %: T3AR {pct(c['t3ar'])} vs AdaContrast "
-                         f"{pct(c['adacontrast'])}: {pts(c['gap'])} points (needed ≥ 0) — "
+            lines.append(f"- {100 * c['fraction']:g} %: T3AR {pct(c['t3ar'])} vs T3AR without retrieval "
+                         f"{pct(c['t3ar-noretrieval'])}: {pts(c['gap'])} points (needed ≥ 0) — "
                          f"{'met' if c['met'] else 'not met'}.")
     diag_lines, dmain = _diag_section(results)
     lines += ["", "Why, in numbers:", *why_lines(results, dmain)]
@@ -179,7 +137,8 @@ def render(results: Mapping[str, Any], stem: str) -> str:
     abl, same = aggregate(recs), aggregate(recs, metric="same")
     lines += ["", "## Ablations", "", f"T3AR at {100 * plan['ablation_fraction']:g} % of T, seed(s) "
               f"{', '.join(map(str, plan['ablation_seeds']))}, averaged over the shifts (the k = {plan['k']}, random "
-              "and AdaContrast cells are the main-grid runs of those seeds). 'Same subcat.' = share of the sampled "
+              "and T3AR-without-retrieval cells are the main-grid runs of those seeds). 'Same subcat.' = share of the "
+              "sampled "
               "neighbours (negatives) of known label that have the query's subcategory.", "",
               "| ablation | setting | top-1 | same subcat. |",
               "|---|---|---|---|"]
@@ -190,7 +149,8 @@ def render(results: Mapping[str, Any], stem: str) -> str:
         srow = lookup(same, variant="ablation", method=key, fraction=plan["ablation_fraction"])
         lines.append(f"| {group} | {label} | {cell(row)} | {pct(srow['mean']) if srow else '–'} |")
     lines += ["", f"![accuracy vs retrievals]({stem}_retrievals.png)", "", "## Retrieval diagnostics", "",
-              *diag_lines, "", "## Speed", "", *_speed_section(results["speed"]), *_grid_epochs(results),
+              *diag_lines, "", "## Speed", "",
+              "Step speed is measured by `t3ar bench speed`: see [speed.md](speed.md).", *_grid_epochs(results),
               "", "## Time spent", "",
               "| phase | seconds |", "|---|---|", *[f"| {k} | {val:.0f} |" for k, val in t.items()],
               *_reused_lines(results),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from t3ar.bench.adaptation import adapt_bench
+from t3ar.bench.adaptation import _default_cache, adapt_bench
 
 
 @click.group("bench")
@@ -35,6 +35,58 @@ def retrieval(out_dir: Path, quick: bool) -> None:
                            "delete_p99_ms": round(results["large"]["delete"]["p99_ms"], 1),
                            "rss_ratio": round(results["large"]["rss_ratio"], 3)}, indent=2))
     click.echo(f"wrote {out_dir / 'retrieval.md'} and {out_dir / 'retrieval.json'}")
+
+
+@bench.command("speed")
+@click.option("--device", "device_name", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="cpu, cuda, or auto = every device available here.")
+@click.option("--rounds", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Timed rounds (one epoch each).")
+@click.option("--images", type=click.IntRange(64, 2000), default=192, show_default=True,
+              help="Target images per round (an epoch of images/batch steps).")
+@click.option("--batch-size", type=click.IntRange(2, 1024), default=32, show_default=True)
+@click.option("--k", type=click.IntRange(1, 20), default=5, show_default=True, help="Retrieved neighbours per image.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("docs/benchmarks"),
+              show_default=True, help="Where speed.md/.json/.png are written.")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-adapt"),
+              show_default=True, help="Data kits and the prepared speed data (reused).")
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=_default_cache,
+              show_default="$T3AR_CACHE_DIR or .cache/t3ar", help="Downloaded npm/Debian packages (reused).")
+@click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A prepared speed-data file (WORK_DIR/speed/data-*.pt) instead of the data kits.")
+@click.option("--no-profile", is_flag=True, help="Skip the torch.profiler table.")
+@click.option("--no-write", is_flag=True, help="Measure only; write no files.")
+@click.option("--json", "as_json", is_flag=True, help="Print {devices: {cpu|cuda: {ratios, step_s}}} as JSON.")
+def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, out_dir: Path, work_dir: Path,
+          cache: Path, data_file: Path | None, no_profile: bool, no_write: bool, as_json: bool) -> None:
+    """Step speed of T3AR, T3AR without retrieval and AdaContrast relative to a supervised step, side by side.
+
+    \b
+    A CPU run takes about 3 minutes on 2 cores (plus building the data kits the first time).
+    Example:
+      t3ar bench speed --device cpu --json
+    """
+    import torch
+
+    from t3ar.bench.speed import SpeedData, prepare_data, run_speed_benchmark
+    from t3ar.bench.speed_report import write_report
+    from t3ar.device import resolve_device
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    if device_name == "auto":
+        devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    else:
+        devices = [resolve_device(device_name)]
+    data = SpeedData.load(data_file) if data_file else prepare_data(work_dir, cache, n_images=images, k=k,
+                                                                     device=devices[-1])
+    res = run_speed_benchmark(devices, data, rounds=rounds, batch_size=batch_size, k=k, profile=not no_profile)
+    if not no_write:
+        write_report(res, out_dir)
+    if as_json:
+        click.echo(json.dumps({"devices": {d: {"ratios": v["ratios"], "step_s": v["step_s"]}
+                                           for d, v in res["devices"].items()}}, indent=2))
+    elif not no_write:
+        click.echo(f"wrote {out_dir / 'speed.md'} and {out_dir / 'speed.json'}")
 
 
 bench.add_command(adapt_bench, "adapt")

@@ -17,6 +17,7 @@ import click
 
 from t3ar.clients.api import ApiClient
 from t3ar.errors import T3arError
+from t3ar.method.config import METHODS
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_URL = "http://127.0.0.1:8700"
@@ -124,8 +125,7 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.command("submit")
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
 @click.option("--model", "model", required=True, help="A model id (t3ar models list), or a checkpoint file to upload.")
-@click.option("--method", type=click.Choice(["source", "tent", "shot-im", "adacontrast", "t3ar-random", "t3ar"]),
-              default=None, help="Adaptation method (server default: t3ar).")
+@click.option("--method", type=click.Choice(METHODS), default=None, help="Adaptation method (server default: t3ar).")
 @click.option("--mode", type=click.Choice(["test", "train"]), default=None,
               help="Default: train when the target has labels.csv, else test. test + labels.csv = evaluate only.")
 @click.option("--k", type=int, default=None, help="Retrieved neighbours per target image.")

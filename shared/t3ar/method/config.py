@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Method = Literal["source", "tent", "shot-im", "adacontrast", "t3ar-random", "t3ar"]
-METHODS: tuple[str, ...] = ("source", "tent", "shot-im", "adacontrast", "t3ar-random", "t3ar")
+Method = Literal["source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"]
+METHODS: tuple[str, ...] = get_args(Method)
 RETRIEVAL_METHODS: tuple[str, ...] = ("t3ar-random", "t3ar")
+CONTRASTIVE_METHODS: tuple[str, ...] = ("t3ar-noretrieval", "t3ar-random", "t3ar")
 
 
 class AdaptConfig(BaseModel):
@@ -37,8 +38,12 @@ class AdaptConfig(BaseModel):
     temperature: float = Field(default=0.07, gt=0)
     ce_weight: float = Field(default=1.0, ge=0)
     contrastive_weight: float = Field(default=1.0, ge=0)
-    diversity_weight: float = Field(default=0.0, ge=0, description="AdaContrast's optional diversity term")
-    bank_size: int = Field(default=16384, ge=8)
+    diversity_weight: float | None = Field(
+        default=None, ge=0, description="diversity term weight; None = the method's own (AdaContrast 1, else 0)")
+    bank_size: int = Field(default=16384, ge=8, description="memory bank / MoCo queue entries")
+    # AdaContrast (its published defaults)
+    ema: float = Field(default=0.999, ge=0, lt=1, description="AdaContrast: key-encoder momentum")
+    refine_neighbors: int = Field(default=10, ge=1, description="AdaContrast: soft-voting neighbours")
     # what trains
     train_groups: int | None = Field(default=2, ge=0, description="last N backbone groups that train; None=all")
     # data
@@ -50,8 +55,17 @@ class AdaptConfig(BaseModel):
     def _check(self) -> AdaptConfig:
         if self.method in RETRIEVAL_METHODS and self.k < 1:
             raise ValueError(f"method {self.method} retrieves neighbours: k must be >= 1")
+        if self.method == "adacontrast" and self.mode == "train":
+            raise ValueError("adacontrast is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
+                             "mode 'train'")
         return self
 
     @property
     def uses_retrieval(self) -> bool:
         return self.method in RETRIEVAL_METHODS
+
+    @property
+    def resolved_diversity_weight(self) -> float:
+        if self.diversity_weight is not None:
+            return self.diversity_weight
+        return 1.0 if self.method == "adacontrast" else 0.0

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from t3ar.method.adapt import AdaptResult, StepStats
-from t3ar.method.augment import Normalizer, apply_each, weak_view
+from t3ar.method.adapt import AdaptResult, StepStats, fast_layout, place, stream
+from t3ar.method.augment import Normalizer
 from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
+from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms
 
 
@@ -38,6 +39,7 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
                      on_step: Callable[[StepStats], None] | None = None) -> AdaptResult:
     """Fine-tune ``model`` in place: last ``train_groups`` backbone groups + bottleneck + head."""
     gen = generator or torch.Generator().manual_seed(config.seed)
+    fast_layout(model, device)
     params = configure_trainable(model, config.train_groups, head=True)
     optim = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
                             weight_decay=config.weight_decay, nesterov=True)
@@ -48,8 +50,8 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(total, config.warmup_frac))
     use_amp = device.type == "cuda" and config.amp
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-    norm = Normalizer(mean, std, device)
-    weak = weak_view(images.shape[-1])
+    views = Views(Normalizer(mean, std, device), stream(config.seed, 1))
+    images = place(images, device, float("inf"))
     labels = labels.to(device)
     result = AdaptResult()
     t_start = time.perf_counter()
@@ -59,7 +61,7 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
             model.train()
             freeze_frozen_norms(model)
             t0 = time.perf_counter()
-            x = norm(apply_each(weak, images[idx]))
+            x = views.weak(images[idx.to(images.device)])
             t1 = time.perf_counter()
             with torch.autocast(device.type, enabled=use_amp):
                 loss = F.cross_entropy(model(x).float(), labels[idx.to(device)],

@@ -1,0 +1,234 @@
+"""``t3ar bench speed``: the cost of one adaptation step, per method, relative to a plain supervised step.
+
+Same model (the packaged ImageNet EfficientNet-Lite0 with a 96-class head), same real images (a slice of the
+Twitter emoji style at 64 px), same batch, on each device asked for. Supervised fine-tuning, T3AR without
+retrieval, AdaContrast and T3AR (k retrieved clipart neighbours per image) run interleaved in lock-step
+(:func:`interleaved`: one step of each in turn, so a change in machine load hits all alike), for a warm-up
+round and then ``rounds`` timed rounds of one epoch each; the first step of every run (its set-up) is never
+timed. Each ratio is the method's step throughput over the supervised step's. A torch.profiler table of one
+T3AR step per device says where the time goes.
+
+The data (target slice, its retrieved neighbours and their decoded pool images) is prepared once from the
+data kits and cached as one tensor file, so a GPU machine without the kits can run from it (``--data``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from t3ar.device import seed_everything
+from t3ar.method.adapt import StepStats, adapt
+from t3ar.method.config import AdaptConfig
+from t3ar.method.supervised import TrainConfig, train_supervised
+from t3ar.models.backbones import PRESETS
+from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
+
+log = logging.getLogger(__name__)
+
+METHODS: tuple[str, ...] = ("supervised", "t3ar-noretrieval", "adacontrast", "t3ar")
+StepFn = Callable[[StepStats], None]
+
+
+@dataclass
+class SpeedData:
+    """Target images with labels, their retrieved neighbours (local indices) and those pool images."""
+
+    target: torch.Tensor  # uint8 [N, 3, S, S]
+    labels: torch.Tensor  # [N] long
+    classes: list[str]
+    neighbours: torch.Tensor  # [N, k] long into pool_images
+    pool_images: torch.Tensor  # uint8 [P, 3, S, S]
+    pool_size: int  # size of the pool searched
+    seconds_retrieval: float
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.__dict__, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> SpeedData:
+        return cls(**torch.load(path, weights_only=True))
+
+
+def prepare_data(work: Path, cache: Path, *, n_images: int, k: int, r: int = 5, pool_cap: int = 3000,
+                 size: int = 64, device: torch.device | None = None) -> SpeedData:
+    """From the data kits (built or reused under ``work``): Twitter emoji as the target, OpenClipart + Tux Paint
+    as the pool, neighbours by the packaged ImageNet retriever (exact inner product, top r·k, k sampled)."""
+    from t3ar.bench.adaptation_data import build_kits, load_style, pool_components
+    from t3ar.data.images import open_image, to_tensor_uint8
+    from t3ar.embedder import Embedder, EmbedderSpec
+    from t3ar.method.retrieval import dedup_sample
+
+    key = hashlib.sha256(f"{n_images}|{k}|{r}|{pool_cap}|{size}".encode()).hexdigest()[:12]
+    path = work / "speed" / f"data-{key}.pt"
+    if path.is_file():
+        return SpeedData.load(path)
+    kits = build_kits(work, cache)
+    style = load_style(kits.emoji, "twitter", size)
+    pick = torch.randperm(len(style.labels), generator=torch.Generator().manual_seed(0))[:n_images]
+    comps = pool_components(kits, [], pool_cap)
+    paths = [p for c in comps.values() for p in c.paths]
+    t0 = time.perf_counter()
+    pool = torch.stack([to_tensor_uint8(open_image(p), size) for p in paths])
+    emb = Embedder(EmbedderSpec(image_size=size), device or torch.device("cpu"))
+    q, a = torch.from_numpy(emb.embed(style.images[pick])), torch.from_numpy(emb.embed(pool))
+    cand = (q @ a.T).topk(k * r, dim=1).indices
+    picked = dedup_sample(cand, k, torch.Generator().manual_seed(0))
+    distinct, local = torch.unique(picked, return_inverse=True)
+    data = SpeedData(style.images[pick], style.labels[pick], style.classes, local, pool[distinct], len(pool),
+                     time.perf_counter() - t0)
+    data.save(path)
+    log.info("speed data: %d target images, %d distinct neighbours from a pool of %d", n_images, len(distinct),
+             len(pool))
+    return data
+
+
+def interleaved(runs: Mapping[str, Callable[[StepFn], object]]) -> dict[str, tuple[list[float], list[StepStats]]]:
+    """Run training loops in lock-step — one step of each in turn — and time every step (wall seconds).
+
+    Each ``runs[name](on_step)`` runs in its own thread, but a baton passed in ``on_step`` lets only one of
+    them compute at any time. The first step (which also covers the run's set-up) is dropped. Exceptions are
+    re-raised after every thread finished.
+    """
+    names = list(runs)
+    cond = threading.Condition()
+    current: list[str | None] = [names[0] if names else None]
+    done: set[str] = set()
+    out: dict[str, tuple[list[float], list[StepStats]]] = {n: ([], []) for n in names}
+    errors: list[BaseException] = []
+
+    def following(name: str) -> str | None:
+        i = names.index(name)
+        return next((c for j in range(1, len(names) + 1) if (c := names[(i + j) % len(names)]) not in done), None)
+
+    def worker(name: str) -> None:
+        resumed = [0.0]
+
+        def take_turn() -> None:
+            with cond:
+                cond.wait_for(lambda: current[0] == name)
+            resumed[0] = time.perf_counter()
+
+        def on_step(stats: StepStats) -> None:
+            out[name][0].append(time.perf_counter() - resumed[0])
+            out[name][1].append(stats)
+            with cond:
+                current[0] = following(name)
+                cond.notify_all()
+            take_turn()
+
+        try:
+            take_turn()
+            runs[name](on_step)
+        except BaseException as exc:  # noqa: B036 - re-raised in the caller's thread
+            errors.append(exc)
+        finally:
+            with cond:
+                done.add(name)
+                if current[0] == name:
+                    current[0] = following(name)
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker, args=(n,), name=f"speed-{n}") for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return {n: (w[1:], st[1:]) for n, (w, st) in out.items()}
+
+
+def make_model(classes: list[str], size: int, device: torch.device) -> tuple[Classifier, ModelSpec]:
+    spec = ModelSpec(backbone=PRESETS["efficientnet_lite0"], classes=tuple(classes), image_size=size)
+    torch.manual_seed(0)  # the head's initialisation
+    return build_classifier(spec).to(device), spec
+
+
+def _runner(method: str, model: Classifier, spec: ModelSpec, data: SpeedData, device: torch.device, seed: int,
+            batch_size: int, k: int) -> Callable[[StepFn], object]:
+    b = spec.backbone
+
+    def run(on_step: StepFn) -> object:
+        m = copy.deepcopy(model)
+        if method == "supervised":
+            tc = TrainConfig(epochs=1, batch_size=batch_size, lr=1e-3, seed=seed)
+            return train_supervised(m, data.target, data.labels, tc, mean=b.mean, std=b.std, device=device,
+                                    generator=seed_everything(seed), on_step=on_step)
+        cfg = AdaptConfig(method=method, k=k, epochs=1, batch_size=batch_size, seed=seed)  # type: ignore[arg-type]
+        return adapt(m, data.target, cfg, mean=b.mean, std=b.std, neighbours=data.neighbours[:, :k],
+                     pool_images=data.pool_images, device=device, generator=seed_everything(seed), on_step=on_step)
+
+    return run
+
+
+def profile_step(model: Classifier, spec: ModelSpec, data: SpeedData, device: torch.device, *, batch_size: int,
+                 k: int, rows: int = 12) -> str:
+    """torch.profiler table (top operators by self time on the device) of the 3rd step of a T3AR run."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    tables: list[str] = []
+    with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=1),
+                 on_trace_ready=lambda p: tables.append(p.key_averages().table(sort_by=sort, row_limit=rows))
+                 ) as prof:
+        _runner("t3ar", model, spec, data, device, 0, batch_size, k)(lambda _s: prof.step())
+    return tables[0] if tables else ""
+
+
+def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
+                   methods: tuple[str, ...] = METHODS, profile: bool = True) -> dict[str, Any]:
+    """All ``methods`` interleaved on ``device``: a warm-up round, then ``rounds`` timed rounds."""
+    model, spec = make_model(data.classes, data.target.shape[-1], device)
+    walls: dict[str, list[float]] = {m: [] for m in methods}
+    stats: dict[str, list[StepStats]] = {m: [] for m in methods}
+    for r in range(rounds + 1):
+        res = interleaved({m: _runner(m, model, spec, data, device, r, batch_size, k) for m in methods})
+        if r == 0:
+            continue  # warm-up: caches, allocator, cuDNN plans
+        for m, (w, st) in res.items():
+            walls[m] += w
+            stats[m] += st
+        log.info("%s round %d: %s", device, r, ", ".join(f"{m} {statistics.median(w):.3f} s" for m, (w, _) in
+                                                            res.items()))
+    step_s = {m: statistics.median(walls[m]) for m in methods}
+    out: dict[str, Any] = {
+        "step_s": step_s,
+        "ratios": {m: step_s["supervised"] / step_s[m] for m in methods if m != "supervised"},
+        "steps_timed": {m: len(walls[m]) for m in methods},
+        "augment_s": {m: statistics.median(s.seconds_augment for s in stats[m]) for m in methods},
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(),
+    }
+    if profile:
+        out["profile_t3ar_step"] = profile_step(model, spec, data, device, batch_size=batch_size, k=k)
+    return out
+
+
+def run_speed_benchmark(devices: list[torch.device], data: SpeedData, *, rounds: int = 3, batch_size: int = 32,
+                        k: int = 5, profile: bool = True) -> dict[str, Any]:
+    """Measure every device; the result's ``devices`` maps 'cpu'/'cuda' to its figures."""
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {"devices": {}, "batch_size": batch_size, "k": k, "rounds": rounds,
+                           "images": len(data.target), "image_size": int(data.target.shape[-1]),
+                           "distinct_pool_images": len(data.pool_images), "pool_size": data.pool_size,
+                           "torch": torch.__version__}
+    for dev in devices:
+        res["devices"][dev.type] = measure_device(data, dev, rounds=rounds, batch_size=batch_size, k=k,
+                                                  profile=profile)
+    res["seconds"] = time.perf_counter() - t0
+    return res

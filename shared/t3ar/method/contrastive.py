@@ -1,0 +1,129 @@
+"""T3AR and its ablations (``t3ar-noretrieval``, ``t3ar-random``): bank, filtered pseudo-labels, InfoNCE
+with retrieved pool negatives, cross-entropy. Pure torch; the loop that drives it is :mod:`t3ar.method.adapt`.
+
+One step, for a batch x of target images with retrieved neighbours N(x):
+* q = g(t(x)) with gradient (weak view); keys k = g(t'(x)) and logits f(t'(x)) without gradient (strong view,
+  the momentum encoder with m = 0 is the current model); pool features g(t'(a)) of every *distinct*
+  neighbour a of the batch, without gradient. The key pass and the pool pass run as one forward with
+  per-segment BatchNorm statistics (:mod:`t3ar.method.segments`): the same numbers as two passes.
+* bank: enqueue (k, f(t'(x)), id) and (g(t'(a)), pool id); filtered pseudo-label ȳ(x) = argmax of the mean
+  of the logits stored for x's id.
+* loss = ce_weight · CE(f(t(x)), ȳ) + contrastive_weight · InfoNCE(q, k; negatives = target entries with
+  another pseudo-label + the bank entries of x's own neighbours).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from t3ar.method import losses
+from t3ar.method.bank import MemoryBank
+from t3ar.method.config import AdaptConfig
+from t3ar.method.segments import bucket, segmented_batch_stats
+from t3ar.method.views import Views
+from t3ar.models.classifier import Classifier
+
+
+@dataclass
+class StepOut:
+    """A step's loss and its parts (tensors: read them after backward, in one device sync)."""
+
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]
+
+
+@dataclass
+class ContrastiveState:
+    """Bank + per-id pseudo-labels for the T3AR family."""
+
+    bank: MemoryBank
+    id_pl: torch.Tensor  # [N_T] filtered pseudo-label per target id (-1 = none yet)
+    labels: torch.Tensor | None  # [N_T] true labels (train-time mode) on the device
+    config: AdaptConfig
+    shape_bucket: int  # pad the no-grad pass to a multiple of this many rows (CUDA: few distinct shapes)
+
+    @classmethod
+    @torch.no_grad()
+    def create(cls, model: Classifier, target: torch.Tensor, config: AdaptConfig, labels: torch.Tensor | None,
+               views: Views, gen: torch.Generator, device: torch.device, shape_bucket: int = 1) -> ContrastiveState:
+        """Initialise the bank from min(m_b, N_T) random target samples (strong views, current model, eval)."""
+        n = len(target)
+        bank = MemoryBank(config.bank_size, model.feature_dim, model.num_classes, device)
+        id_pl = torch.full((n,), -1, dtype=torch.long, device=device)
+        lab = labels.to(device) if (labels is not None and config.mode == "train") else None
+        was_training = model.training
+        model.eval()
+        init = torch.randperm(n, generator=gen)[: min(config.bank_size, n)]
+        for chunk in init.split(256):
+            ids = chunk.to(device)
+            feats, logits = model.forward_all(views.strong(target[ids]))
+            bank.enqueue(F.normalize(feats.float(), dim=1), ids, logits=logits.float(),
+                         labels=lab[ids] if lab is not None else None)
+            id_pl[ids] = logits.argmax(1)
+        model.train(was_training)
+        return cls(bank, id_pl, lab, config, shape_bucket)
+
+    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, nbr: torch.Tensor | None,
+             pool_images: torch.Tensor | None, views: Views) -> StepOut:
+        """Forward passes, bank update, pseudo-labels and the loss for one batch.
+
+        x: uint8 [B,3,S,S] and ids [B] on the model's device; nbr: [B, k] local pool indices on the CPU
+        (-1 = none) or None; pool_images: uint8 [P,3,S,S] on the device (or the CPU: moved per step).
+        """
+        cfg, bank, dev = self.config, self.bank, ids.device
+        b = len(x)
+        xw = views.weak(x)
+        pool_local: torch.Tensor | None = None
+        with torch.no_grad():
+            images, segments = x, [b]
+            if nbr is not None and pool_images is not None:
+                pool_local = torch.unique(nbr[nbr >= 0])  # each distinct neighbour once (CPU: no sync)
+                if len(pool_local):
+                    pool_x = pool_images[pool_local.to(pool_images.device)].to(dev, non_blocking=True)
+                    images = torch.cat([x, pool_x])
+                    segments.append(len(pool_local))
+            xs = views.strong(images)  # one call: every image still draws its own parameters
+            rows = len(xs)
+            pad = bucket(rows, self.shape_bucket) - rows
+            if pad:
+                xs = torch.cat([xs, xs[:1].expand(pad, -1, -1, -1)])
+            with segmented_batch_stats(model, segments):
+                feats_all = model.features(xs)
+            k_feat = feats_all[:b]
+            k_logits = model.head(k_feat)
+            k = F.normalize(k_feat.float(), dim=1)
+            p = F.normalize(feats_all[b:rows].float(), dim=1) if pool_local is not None else None
+        q_feat, q_logits = model.forward_all(xw)
+        q = F.normalize(q_feat.float(), dim=1)
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            lab = self.labels[ids] if self.labels is not None else None
+            bank.enqueue(k, ids, logits=k_logits.float(), labels=lab)
+            if p is not None and pool_local is not None:
+                bank.enqueue(p, pool_local.to(dev), from_pool=True)
+            if lab is None:
+                mean_logits, _ = bank.mean_logits(ids)
+                new_pl = mean_logits.argmax(1)
+                had = self.id_pl[ids] >= 0
+                out["pl_change_rate"] = ((new_pl != self.id_pl[ids]) & had).sum() / had.sum().clamp(min=1)
+                self.id_pl[ids] = new_pl
+                y = new_pl
+                # pool entries and empty slots get a dummy id; negative_mask ignores their label
+                target_ids = torch.where(bank.from_pool | ~bank.valid, 0, bank.ids)
+                bank_labels = self.id_pl[target_ids]
+            else:
+                y = lab
+                bank_labels = bank.labels
+            nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
+            neg = losses.negative_mask(bank, ids, y, bank_labels, nbr_dev)
+        loss_ce = F.cross_entropy(q_logits.float(), y)
+        loss_con = losses.info_nce(q, k, bank.feats, neg, cfg.temperature)
+        loss = cfg.ce_weight * loss_ce + cfg.contrastive_weight * loss_con
+        diversity_weight = cfg.resolved_diversity_weight
+        if diversity_weight > 0:
+            loss = loss + diversity_weight * losses.diversity(q_logits.float())
+        out["loss_ce"], out["loss_contrastive"] = loss_ce.detach(), loss_con.detach()
+        return StepOut(loss, out)
