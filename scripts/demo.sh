@@ -4,20 +4,31 @@
 #   1. set up .venv (scripts/setup.sh)
 #   2. build the emoji style-shift data (Google = source style, Twitter = target style) and an auxiliary pool
 #      (OpenClipart) with the data kit; packages are downloaded once into the cache
-#   3. train a source model on Google emoji (or reuse .cache/demo/source.pt)
-#   4. `t3ar up`: Redis + retriever + API + one worker on 127.0.0.1
+#   3. train a source model on Google emoji (or reuse .cache/demo/source.pt when source.json shows it was
+#      trained on the same data, code, library versions, thread count and CPU ISA)
+#   4. `t3ar up` on a fresh state dir: Redis + retriever (empty pool) + API + one worker on 127.0.0.1
 #   5. ingest the pool, submit a Twitter target subset (its labels are used for evaluation only), follow the
 #      job with a progress bar, download the adapted checkpoint
 #   6. print accuracy on all Twitter emoji before -> after, stop the stack
 #
 # Environment: T3AR_DEMO_DIR (default .cache/demo), T3AR_CACHE_DIR (downloaded packages, default .cache/packages),
 # T3AR_DEMO_EPOCHS (adaptation epochs, default 2), T3AR_DEMO_FRACTION (share of Twitter submitted, default 0.3),
-# OMP_NUM_THREADS (torch threads per process, default 1).
+# OMP_NUM_THREADS (torch threads per process, default 1), T3AR_DEMO_DEVICE (default cpu; auto = CUDA when present).
+#
+# Reproducibility: the printed accuracies are the same in every run on one machine with the same settings.
+# They change with OMP_NUM_THREADS and with the CPU's instruction set (oneDNN/MKL kernels: AVX2 vs AVX-512
+# give different weight gradients), with the device (CUDA trains with AMP), with the torch/timm/Pillow/numpy
+# versions (unpinned ones come from PyPI at set-up) and with the openclipart-png version apt serves.
 set -euo pipefail
 # One torch thread per process: on a small CPU shared with other work, two threads that wait for each other
 # at every op were 6x slower (measured here under load: 206 s vs 34 s per adaptation epoch). It also leaves
 # the second core to the retriever and the API.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# Every torch process of the demo uses that count: the CLI commands through OMP_NUM_THREADS, the stack's worker
+# through T3AR_WORKER_TORCH_THREADS (a value inherited from the caller's shell would otherwise win there).
+export MKL_NUM_THREADS=$OMP_NUM_THREADS T3AR_WORKER_TORCH_THREADS=$OMP_NUM_THREADS
+DEVICE=${T3AR_DEMO_DEVICE:-cpu}
+export T3AR_WORKER_DEVICE=$DEVICE
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 step() { printf '\n== [%4ss] %s\n' "$(( $(date +%s) - start ))" "$*" >&2; }
@@ -39,10 +50,17 @@ step "auxiliary pool: 600 OpenClipart images"
 "$T" data pool --out "$D/pool" --sources openclipart --max-items 600 --cache "$CACHE"
 
 step "source model on Google emoji"
-if [ -f "$D/source.pt" ]; then
-  echo "reusing $D/source.pt (delete it to retrain)" >&2
+TRAIN_ARGS=(--epochs 8 --val-fraction 0.1 --seed 0 --device "$DEVICE")
+# source.pt is reused only if it was trained on the same data, code, library versions, threads and CPU ISA.
+"$PY" -m t3ar.fingerprint "$D/emoji/google" "${TRAIN_ARGS[@]}" >"$D/source.json.new"
+if [ -f "$D/source.pt" ] && cmp -s "$D/source.json" "$D/source.json.new"; then
+  echo "reusing $D/source.pt (same data, code, libraries, threads and CPU as when it was trained)" >&2
+  rm -f "$D/source.json.new"
 else
-  "$T" train-source --data "$D/emoji/google" --out "$D/source.pt" --epochs 8 --val-fraction 0.1
+  [ -f "$D/source.pt" ] && echo "retraining: $D/source.pt was made with other inputs (see $D/source.json)" >&2
+  rm -f "$D/source.pt" "$D/source.json"
+  "$T" train-source --data "$D/emoji/google" --out "$D/source.pt" "${TRAIN_ARGS[@]}"
+  mv "$D/source.json.new" "$D/source.json"
 fi
 
 step "target: a stratified ${FRACTION} of Twitter emoji, labels.csv for evaluation only"
@@ -65,7 +83,9 @@ print(f"{len(keep)} of {len(ds)} twitter images in {dst}", file=sys.stderr)
 EOF
 
 step "t3ar up (logs: $D/stack/logs, $D/up.log)"
-rm -f "$D/stack/stack.json"
+# A fresh stack every run: a pool left from an earlier run (another pool kit, another code version) would
+# add its items to this run's neighbours.
+rm -rf "$D/stack"
 "$T" up --data-dir "$D/stack" --api-port 0 --retriever-port 0 --workers 1 >"$D/up.log" 2>&1 &
 up_pid=$!
 trap 'kill -TERM "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null || true' EXIT
@@ -79,20 +99,25 @@ eval "$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['exports']
 sed -n '1,5p' "$D/up.log" >&2
 
 step "ingest the pool into the retriever"
-"$T" pool ingest "$D/pool" --source openclipart
+# One request in flight: batches are committed in file order, so near-duplicate skipping keeps the same images
+# in every run (with two in flight, which copy of a near-identical pair is kept depends on timing).
+"$T" pool ingest "$D/pool" --source openclipart --in-flight 1
 
 step "submit the target and follow the job"
 "$T" submit "$D/target" --model "$D/source.pt" --method t3ar --mode test --k 5 --epochs "$EPOCHS" \
   --batch-size 32 --out "$D/adapted.pt" --json >"$D/job.json"
 
 step "accuracy on all Twitter emoji (the submitted subset and the rest)"
-"$T" evaluate --model "$D/source.pt" --data "$D/emoji/twitter" --json >"$D/before.json"
-"$T" evaluate --model "$D/adapted.pt" --data "$D/emoji/twitter" --json >"$D/after.json"
-"$PY" - "$D" "$start" <<'EOF'
+"$T" evaluate --model "$D/source.pt" --data "$D/emoji/twitter" --device "$DEVICE" --json >"$D/before.json"
+"$T" evaluate --model "$D/adapted.pt" --data "$D/emoji/twitter" --device "$DEVICE" --json >"$D/after.json"
+"$PY" - "$D" "$start" "$DEVICE" <<'EOF'
 import json, sys, time
 from pathlib import Path
 d = Path(sys.argv[1])
 job, before, after = (json.loads((d / f).read_text()) for f in ("job.json", "before.json", "after.json"))
+src = json.loads((d / "source.json").read_text())
+libs, rt = src["libraries"], src["runtime"]
+pool = json.loads((d / "pool" / "manifest.json").read_text())["report"]["sources"]["openclipart"]
 res = job.get("result") or {}
 print(f"\njob {job['id']}: {job['status']} on {job['target']['images']} target images, {res.get('steps')} steps, "
       f"{res.get('pool_ids_used')} pool images used")
@@ -100,6 +125,10 @@ if "accuracy_after" in res:
     print(f"accuracy on the adapted target subset: {100 * res['accuracy_before']:.1f}% -> "
           f"{100 * res['accuracy_after']:.1f}%")
 print(f"accuracy on all {after['n']} Twitter emoji:  {100 * before['top1']:.1f}% -> {100 * after['top1']:.1f}%")
+print(f"these numbers depend on: device {sys.argv[3]}, {rt['threads']} torch thread(s), CPU {rt['machine']} "
+      f"{rt['cpu_capability']}, torch {libs['torch']}, timm {libs['timm']}, Pillow {libs['pillow']}, "
+      f"numpy {libs['numpy']}, {pool['package']} {pool['version']}, training inputs {src['digest'][:12]} "
+      f"({d / 'source.json'})")
 print(f"checkpoint: {d / 'adapted.pt'}   demo wall time: {time.time() - float(sys.argv[2]):.0f} s")
 EOF
 step "stopping the stack"

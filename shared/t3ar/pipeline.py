@@ -1,9 +1,9 @@
 """The adaptation harness: the I/O edge around the pure method.
 
 Loads the base checkpoint, prepares target tensors, asks a :class:`NeighbourProvider` for neighbours
-(fixed for the job), fetches them, runs :func:`t3ar.method.adapt.adapt`, evaluates, and returns
-everything needed to write an adapted checkpoint with its lineage. Used by the CLI, the worker and the
-benchmarks alike.
+(fixed for the job, or candidates to redraw from at every visit), fetches them, runs
+:func:`t3ar.method.adapt.adapt`, evaluates, and returns everything needed to write an adapted checkpoint
+with its lineage. Used by the CLI, the worker and the benchmarks alike.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from t3ar.data.datasets import ImageSet, class_map_check, load_tensors, stratified_subsample
@@ -34,7 +35,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Retrieved:
-    """Neighbours of every target image as local indices into ``pool_images`` (fetched once)."""
+    """Neighbours of every target image as local indices into ``pool_images`` (fetched once).
+
+    ``candidates`` ([N, m] local indices, -1 = missing or dropped as a near-duplicate) is set when
+    ``config.redraw_neighbours``: then ``pool_images`` covers every candidate and ``neighbours`` is the first
+    draw from them (what a fixed-neighbour run would use). None otherwise (only the k drawn are fetched).
+    """
 
     neighbours: torch.Tensor  # [N, k] long, -1 = missing
     pool_images: torch.Tensor  # [P, 3, S, S] uint8
@@ -42,24 +48,61 @@ class Retrieved:
     seconds_embed: float = 0.0
     seconds_search: float = 0.0
     seconds_fetch: float = 0.0
+    candidates: torch.Tensor | None = None  # [N, m] long, -1 = missing; see above
+
+
+def _localise(rows: list[list[str]], width: int, local: dict[str, int]) -> torch.Tensor:
+    """[N, width] local indices of pool ids (first-seen order, added to ``local``); '' and absent -> -1."""
+    out = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, row in enumerate(rows):
+        for j, pid in enumerate(row):
+            if pid:
+                out[i, j] = local.setdefault(pid, len(local))
+    return out
+
+
+def near_duplicates(scores: np.ndarray, shape: tuple[int, int], threshold: float | None) -> torch.Tensor:
+    """[N, m] bool: candidates whose retriever score is >= ``threshold`` (none when it is None).
+
+    ``scores`` [N, c], c <= m (a provider may return fewer columns than asked); missing columns never match.
+    """
+    drop = torch.zeros(shape, dtype=torch.bool)
+    if threshold is None:
+        return drop
+    s = torch.from_numpy(np.asarray(scores, dtype=np.float32).reshape(shape[0], -1))
+    c = min(s.shape[1], shape[1])
+    drop[:, :c] = s[:, :c] >= threshold
+    return drop
 
 
 def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptConfig, image_size: int,
              generator: torch.Generator, *, fetch_batch: int = 256) -> Retrieved:
-    """Nearest neighbours with dedup (``t3ar``) or uniformly random pool items (``t3ar-random``)."""
+    """Nearest neighbours with dedup (``t3ar``) or uniformly random pool items (``t3ar-random``).
+
+    ``t3ar``: the top r·k by the provider's search, minus near-duplicates (score >= ``config.dedup_threshold``),
+    then k drawn uniformly with ``generator``. ``t3ar-random``: k (with ``config.redraw_neighbours``: r·k,
+    capped at the pool size, the first k of which are the same draw) distinct random pool items; the dedup
+    threshold does not apply (there are no scores). With ``config.redraw_neighbours`` the images of every
+    candidate are fetched and returned with ``candidates``; otherwise only the k drawn are. ``generator`` is
+    consumed identically either way, so both settings share the rest of the run's random streams.
+    """
     t0 = time.perf_counter()
     n, k = len(target), config.k
     if provider.size() < k:
         raise InvalidInputError(f"the pool has {provider.size()} items; k={k} neighbours are needed per image")
+    cand_rows: list[list[str]] | None = None
+    dropped = 0
     if config.method == "t3ar-random":
         all_ids = provider.all_ids()
-        rows = random_neighbours(n, len(all_ids), k, generator)
-        chosen = [[all_ids[int(i)] for i in row] for row in rows]
+        m = min(k * config.r, len(all_ids)) if config.redraw_neighbours else k
+        rows = random_neighbours(n, len(all_ids), m, generator)  # its first k columns do not depend on m
+        cand_rows = [[all_ids[int(i)] for i in row] for row in rows]
+        chosen = [row[:k] for row in cand_rows]
         t1 = t2 = time.perf_counter()
     else:
         queries = provider.embed(target)
         t1 = time.perf_counter()
-        _, cand_ids = provider.search(queries, k * config.r)
+        scores, cand_ids = provider.search(queries, k * config.r)
         vocab: dict[str, int] = {}
         cand = torch.full((n, k * config.r), -1, dtype=torch.long)
         for i, row in enumerate(cand_ids):
@@ -68,25 +111,27 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
                     cand[i, j] = vocab.setdefault(pid, len(vocab))
         if cand.shape[1] < k:
             raise InvalidInputError("the pool returned fewer candidates than k")
+        drop = near_duplicates(scores, (n, k * config.r), config.dedup_threshold) & (cand >= 0)
+        dropped = int(drop.sum())
+        cand[drop] = -1
         picked = dedup_sample(cand, k, generator)
         inv = {v: pid for pid, v in vocab.items()}
         chosen = [[inv[int(i)] if i >= 0 else "" for i in row] for row in picked]
+        cand_rows = [[inv[int(i)] if i >= 0 else "" for i in row] for row in cand]
         t2 = time.perf_counter()
     local: dict[str, int] = {}
-    neighbours = torch.full((n, k), -1, dtype=torch.long)
-    for i, row in enumerate(chosen):
-        for j, pid in enumerate(row):
-            if pid:
-                neighbours[i, j] = local.setdefault(pid, len(local))
+    neighbours = _localise(chosen, k, local)  # the drawn ones first: same local order as without redraw
+    candidates = (_localise(cand_rows, max(map(len, cand_rows), default=k), local)
+                  if (config.redraw_neighbours and cand_rows is not None) else None)
     pool_ids = list(local)
     tensors: list[torch.Tensor] = []
     for start in range(0, len(pool_ids), fetch_batch):
         tensors += [to_tensor_uint8(img, image_size) for img in provider.fetch(pool_ids[start:start + fetch_batch])]
     pool_images = torch.stack(tensors) if tensors else torch.empty(0, 3, image_size, image_size, dtype=torch.uint8)
     t3 = time.perf_counter()
-    log.info("retrieved %d distinct pool images for %d targets (k=%d, r=%d, %s)", len(pool_ids), n, k,
-             config.r, config.method)
-    return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2)
+    log.info("retrieved %d distinct pool images for %d targets (k=%d, r=%d, %s, redraw=%s, %d near-duplicates "
+             "dropped)", len(pool_ids), n, k, config.r, config.method, config.redraw_neighbours, dropped)
+    return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2, candidates)
 
 
 def imageset_sha256(imageset: ImageSet) -> str:
@@ -163,6 +208,7 @@ def run_adaptation(
     result = adapt(model, x, config, mean=spec.backbone.mean, std=spec.backbone.std, labels=labels,
                    neighbours=retrieved.neighbours if retrieved else None,
                    pool_images=retrieved.pool_images if retrieved else None,
+                   candidates=retrieved.candidates if retrieved else None,
                    device=device, generator=gen, on_step=on_step)
     after = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None
     used = [retrieved.pool_ids[i] for i in result.pool_used] if retrieved else []

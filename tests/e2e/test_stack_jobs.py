@@ -85,3 +85,13 @@ def test_upload_model_is_idempotent_and_validated(stack: Stack, tmp_path: Path) 
         bad.write_bytes(b"not a checkpoint at all")
         with pytest.raises(ApiInputError, match="not a t3ar checkpoint"):
             api.upload_model(bad)
+
+
+def test_adacontrast_on_a_labelled_target_runs_test_time(stack: Stack, model_id: str, pool_ids: list[str],
+                                                          labelled_zip: Path) -> None:
+    with stack.api() as api:
+        accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "method": "adacontrast"})
+        assert accepted["config"]["mode"] == "test"  # labels score the result, never train it
+        job = api.wait(accepted["id"], poll=0.2, timeout=180)
+        assert job["status"] == "finished", job
+        assert api.report(accepted["id"])["accuracy"]["labels_used_for_training"] is False

@@ -1,24 +1,21 @@
-"""The pure parts of `t3ar bench adapt`: protocol split and subsets, aggregation, diagnostics, the verdict."""
+"""The pure parts of `t3ar bench adapt`: split and subsets, retrieval diagnostics, paired statistics, the
+summary and its verdict, the report."""
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from t3ar.bench.adaptation_protocol import (
-    AVERAGE,
-    FULL,
-    QUICK,
-    aggregate,
     cap_indices,
     fraction_size,
     fraction_subset,
-    goal_verdict,
-    lookup,
-    mean_std,
     retrieval_diagnostics,
     split_adapt_eval,
 )
+from t3ar.bench.method_main import summarise
+from t3ar.bench.plans import PLANS, QUICK, paired, t_quantile
 
 
 def _labels() -> list[int]:
@@ -71,34 +68,6 @@ def test_cap_indices() -> None:
     assert len(capped) == 10 and capped == sorted(capped) and capped == cap_indices(list(range(100)), 10, 0)
 
 
-def test_mean_std_is_sample_std() -> None:
-    r = mean_std([0.5, 0.6, 0.7])
-    assert r["n"] == 3 and math.isclose(r["mean"], 0.6) and math.isclose(r["std"], 0.1)
-    assert mean_std([0.4]) == {"mean": 0.4, "std": 0.0, "n": 1}
-    assert mean_std([])["n"] == 0
-
-
-def _rec(method: str, shift: str, seed: int, top1: float, fraction: float = 0.1) -> dict[str, object]:
-    return {"variant": "main", "method": method, "fraction": fraction, "shift": shift, "seed": seed, "top1": top1}
-
-
-def test_aggregate_per_shift_and_average_over_seeds() -> None:
-    recs = [_rec("t3ar", "a", 0, 0.5), _rec("t3ar", "a", 1, 0.7), _rec("t3ar", "b", 0, 0.3), _rec("t3ar", "b", 1, 0.5)]
-    rows = aggregate(recs)
-    a = lookup(rows, variant="main", method="t3ar", fraction=0.1, shift="a")
-    assert a is not None and math.isclose(a["mean"], 0.6) and a["n"] == 2
-    avg = lookup(rows, variant="main", method="t3ar", fraction=0.1, shift=AVERAGE)
-    # per seed averages over shifts: 0.4 and 0.6 -> mean 0.5, sample std 0.1414
-    assert avg is not None and math.isclose(avg["mean"], 0.5) and math.isclose(avg["std"], math.sqrt(0.02))
-    assert avg["seeds"] == [0, 1] and avg["shifts"] == ["a", "b"]
-
-
-def test_aggregate_average_uses_only_seeds_present_for_every_shift() -> None:
-    recs = [_rec("tent", "a", 0, 0.5), _rec("tent", "a", 1, 0.9), _rec("tent", "b", 0, 0.3)]
-    avg = lookup(aggregate(recs), variant="main", method="tent", fraction=0.1)
-    assert avg is not None and avg["seeds"] == [0] and math.isclose(avg["mean"], 0.4)
-
-
 def test_retrieval_diagnostics() -> None:
     side = {"openmoji/1f600": ("face-smiling", "1f600"), "openmoji/1f601": ("face-smiling", "1f601"),
             "fluent3d/1f436": ("animal-mammal", "1f436")}
@@ -122,63 +91,98 @@ def test_retrieval_diagnostics_without_known_items_is_nan() -> None:
         retrieval_diagnostics([["a"]], ["x", "y"], ["1", "2"], {})
 
 
-def _grid(t3ar: dict[float, float], best: dict[float, float]) -> list[dict[str, object]]:
-    recs = []
-    for f in (0.01, 0.1, 1.0):
-        recs += [_rec("t3ar", "a", 0, t3ar[f], f), _rec("shot-im", "a", 0, best[f], f),
-                 _rec("t3ar-noretrieval", "a", 0, best[f] - 0.05, f), _rec("source", "a", 0, 0.3, f)]
+def test_t_quantiles_and_paired_ci() -> None:
+    assert math.isclose(t_quantile(0.975, 4), 2.776, abs_tol=1e-3)  # tables: t(0.975; 4) = 2.776
+    assert math.isclose(t_quantile(0.975, 1), 12.706, abs_tol=1e-2)
+    d = paired([0.5, 0.6, 0.7, 0.6, 0.5], [0.4, 0.5, 0.6, 0.6, 0.5])
+    diffs = [0.1, 0.1, 0.1, 0.0, 0.0]
+    m = sum(diffs) / 5
+    sd = math.sqrt(sum((x - m) ** 2 for x in diffs) / 4)
+    assert math.isclose(d["mean"], m) and math.isclose(d["hi"] - d["mean"], t_quantile(0.975, 4) * sd / math.sqrt(5))
+    assert d["lo"] < m < d["hi"]
+    assert paired([0.5], [0.4])["n"] == 1 and math.isnan(paired([0.5], [0.4])["lo"])
+    with pytest.raises(ValueError):
+        paired([0.1, 0.2], [0.1])
+
+
+def _records(t3ar_gain: float, noise: list[float]) -> list[dict[str, object]]:
+    """A fake main/train grid on the quick plan: T3AR = no-retrieval + gain (+ per-seed noise)."""
+    plan = QUICK
+    base = {"source": 0.30, "tent": 0.31, "shot-im": 0.33, "adacontrast": 0.34, "t3ar-noretrieval": 0.35,
+            "t3ar-random": 0.345, "supervised": 0.36}
+    recs: list[dict[str, object]] = []
+    for shift in plan.eval_shifts:
+        for i, seed in enumerate(plan.seeds):
+            for f in set(plan.fractions) | set(plan.train_fractions):
+                for m, acc in base.items():
+                    if m == "supervised":
+                        continue
+                    recs.append({"phase": "source" if m == "source" else "main", "shift": shift, "seed": seed,
+                                 "fraction": f, "method": m, "top1": acc})
+                recs.append({"phase": "main", "shift": shift, "seed": seed, "fraction": f, "method": "t3ar",
+                             "top1": base["t3ar-noretrieval"] + t3ar_gain + noise[i]})
+                for m in plan.train_methods:
+                    acc = base.get(m, 0.35) + (t3ar_gain + noise[i] if m == "t3ar" else 0.0)
+                    recs.append({"phase": "train", "shift": shift, "seed": seed, "fraction": f, "method": m,
+                                 "top1": acc})
     return recs
 
 
-def test_goal_verdict() -> None:
-    ok = goal_verdict(aggregate(_grid({0.01: 0.64, 0.1: 0.70, 1.0: 0.70}, {0.01: 0.60, 0.1: 0.66, 1.0: 0.72})))
-    assert ok["met"] is True
-    assert ok["checks"][0]["best_baseline"] == "shot-im" and math.isclose(ok["checks"][0]["gap"], 0.04)
-    bad = goal_verdict(aggregate(_grid({0.01: 0.62, 0.1: 0.70, 1.0: 0.70}, {0.01: 0.60, 0.1: 0.66, 1.0: 0.72})))
-    assert bad["met"] is False and [c["met"] for c in bad["checks"]] == [False, True, True]
-    missing = goal_verdict(aggregate([_rec("t3ar", "a", 0, 0.5, 1.0)]))
-    assert missing["met"] is None
+def test_summary_verdict_follows_the_paired_effect() -> None:
+    good = summarise(QUICK, _records(0.04, [0.001, -0.001]))
+    assert good["verdict"]["met"] is True
+    assert math.isclose(good["diffs"]["0.3"]["t3ar-noretrieval"]["mean"], 0.04, abs_tol=1e-9)
+    weak = summarise(QUICK, _records(0.01, [0.02, -0.02]))  # a small, noisy effect: CI spans 0, < 3 points
+    failed = [c["check"] for c in weak["verdict"]["checks"] if not c["met"]]
+    assert weak["verdict"]["met"] is False and any("CI above 0" in c for c in failed)
+    assert any("+ 3 points" in c for c in failed)
+
+
+def test_summary_flags_methods_below_source() -> None:
+    recs = _records(0.04, [0.0, 0.0])
+    for r in recs:
+        if r["method"] == "tent":
+            r["top1"] = 0.1
+    checks = {c["check"]: c for c in summarise(QUICK, recs)["verdict"]["checks"]}
+    below = checks["no adapted method below source-only on average"]
+    assert below["met"] is False and ("tent", 0.3) in below["value"]
+    assert checks["T3AR below source-only on no shift"]["met"] is True
 
 
 def test_plans_are_consistent() -> None:
-    for plan in (FULL, QUICK):
-        assert set(plan.ablation_seeds) <= set(plan.seeds) | {0} and plan.ablation_fraction in plan.fractions
-        assert plan.methods[0] == "source" and "t3ar" in plan.methods
+    for plan in PLANS.values():
+        assert set(plan.low_fractions) <= set(plan.fractions)
+        assert plan.ablation_fraction in plan.fractions and plan.select_fraction in plan.fractions
+        assert plan.validation_shift not in plan.eval_shifts  # choices are never made on evaluation shifts
+        assert set(plan.select_seeds) <= set(plan.seeds) and plan.methods[0] == "source"
+    assert len(PLANS["cpu"].seeds) >= 5 and len(PLANS["paper"].seeds) >= 5 and PLANS["paper"].epochs == 30
 
 
-def _fake_results() -> dict[str, object]:
-    """A small, complete results dict (what run_adaptation_benchmark produces) without any training."""
-    plan = QUICK.as_dict()
-    recs: list[dict[str, object]] = []
-    for f in plan["fractions"]:
-        for i, m in enumerate(plan["methods"]):
-            nb = {"same_label_fraction": 0.2, "same_item_fraction": 0.05, "known_fraction": 0.7} \
-                if m.startswith("t3ar") else None
-            recs.append({**_rec(m, "twitter", 0, 0.3 + 0.01 * i, f), "k": 5, "seconds_per_epoch": 1.0,
-                         "neighbours": nb})
-    for variant in ("k=1", "pool: clipart only", "retriever: random-init"):
-        recs.append({**_rec("t3ar", "twitter", 0, 0.33, 0.1), "variant": variant, "neighbours": None})
-    diag = {"shift": "twitter", "retriever": "imagenet", "pool_with_emoji": True, "depth": 25,
-            **retrieval_diagnostics([["openmoji/1"]], ["a"], ["1"], {"openmoji/1": ("a", "1")}, ["a", "b"]).as_dict()}
-    rows = aggregate(recs)
-    return {"plan": plan, "quick": True, "device": "cpu", "records": recs, "aggregate": rows,
-            "verdict": goal_verdict(rows), "diagnostics": [diag], "runs_executed": 3,
-            "runs_reused": 0, "timings": {"total": 60.0}, "source_models": {"0": {"reused": True, "seconds": 5.0}},
-            "machine": {"cpus": 2, "loadavg_start": [0.1, 0.2, 0.3], "loadavg_end": [0.1, 0.2, 0.3]},
-            "data": {"classes": 96, "source_images": 1851, "targets": {"twitter": {"adapt": 160, "eval": 240}},
-                     "pool_components": {"openclipart": 10, "tuxpaint": 10, "openmoji": 10}}}
+def test_report_renders(tmp_path: Path) -> None:
+    from t3ar.bench.method_report import render
 
-
-def test_report_renders_every_section() -> None:
-    from t3ar.bench.adaptation_report import render
-
-    text = render(_fake_results(), "adaptation-quick")
-    for heading in ("## Verdict", "## Protocol", "## Results", "## Ablations", "## Retrieval diagnostics",
-                    "## Speed", "## Time spent"):
+    plan = QUICK
+    recs = _records(0.04, [0.001, -0.001])
+    recs.append({"phase": "ablation", "variant": "k=1", "shift": "twitter", "seed": 0, "fraction": 0.3,
+                 "method": "t3ar", "top1": 0.36})
+    curve = {"epoch": 1.0, "loss": 1.0, "loss_ce": 0.5, "loss_contrastive": 0.5, "loss_diversity": 0.0,
+             "pl_accuracy": 0.4, "pool_neg_share": 0.2, "grad_norm_ce": 0.1, "grad_norm_contrastive": 0.2,
+             "pl_change_rate": 0.0, "lr": 0.001}
+    recs.append({"phase": "main", "shift": "twitter", "seed": 0, "fraction": 0.3, "method": "t3ar", "top1": 0.39,
+                 "curves": [curve, {**curve, "epoch": 2.0}], "curves_only": True})
+    summary = summarise(plan, [r for r in recs if not r.get("curves_only")])
+    sel = {"lr": {m: 1e-3 for m in plan.methods if m != "source"}, "train_lr": {m: 1e-3 for m in plan.train_methods},
+           "t3ar_options": {}, "lr_table": [{"method": "t3ar", "mode": "test", "lr": 1e-3, "top1": 0.4}],
+           "options_table": [{"option": "pool_negatives", "value": "all", "top1": 0.39, "base_top1": 0.4,
+                              "kept": False}], "source_top1": 0.3}
+    res = {"plan": plan.as_dict(), "device": "cpu", "device_name": "x86", "minutes": {"total": 1.0},
+           "runs_executed": 3, "runs_cached": 0, "selection": sel, "records": recs,
+           "targets": {"twitter": {"adapt": 160, "eval": 240, "classes": 96}}, **summary}
+    text = render(res, "adaptation-quick")
+    for heading in ("## Verdict", "## Protocol", "## Choices made on the validation shift", "## Test-time results",
+                    "## Train-time results", "## Ablations", "## Stability"):
         assert heading in text
-    assert "**The goal was NOT met**" in text and "Quick smoke run" in text
-    assert "| T3AR | 36.0 | 36.0 | 36.0 |" in text  # t3ar is the 7th method: 0.3 + 0.06
-    assert "source models trained earlier (seed 0: 5 s)" in text
+    assert "**Goal met.**" in text and "| k=1 | 36.0 |" in text and "48 img, 0.5/class" in text
 
 
 def test_interleaved_runs_steps_in_lock_step() -> None:

@@ -1,11 +1,9 @@
-"""The adaptation benchmark's protocol and its pure computations (no I/O, no training).
+"""The method benchmark's data protocol: pure computations (no I/O, no training). The plans are in
+:mod:`t3ar.bench.plans`.
 
-* :class:`Plan`: every choice of a benchmark run (shifts, seeds, fractions, schedule, ablations); ``FULL``
-  and ``QUICK`` are the two presets of ``t3ar bench adapt``.
 * :func:`split_adapt_eval`: the fixed, stratified split of a target style into an adaptation part and a
   held-out evaluation part (the same evaluation images for every fraction, method and seed).
 * :func:`fraction_subset`: the seeded, label-blind, nested subsets (1 % ⊂ 10 % ⊂ 100 %) of the adaptation part.
-* :func:`aggregate`: mean ± sample standard deviation over seeds, per shift and averaged over shifts.
 * :func:`retrieval_diagnostics`: how often retrieved neighbours share the query's true subcategory.
 """
 
@@ -18,51 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from t3ar.method.config import METHODS
-
-#: Target styles of the four shifts (the source is always the Google style).
-SHIFTS: tuple[str, ...] = ("twitter", "openmoji", "openmoji-black", "fluent3d")
 SOURCE_STYLE = "google"
-#: Methods that are compared with T3AR in the goal (the paper's baselines; T3AR-random is an ablation).
-BASELINES: tuple[str, ...] = ("source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval")
-AVERAGE = "average"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything a benchmark run decides. Hyper-parameters not listed are ``AdaptConfig`` defaults."""
-
-    name: str
-    shifts: tuple[str, ...] = SHIFTS
-    seeds: tuple[int, ...] = (0, 1, 2)
-    fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
-    methods: tuple[str, ...] = METHODS
-    image_size: int = 64  # the emoji kit's native size
-    eval_share: float = 0.65  # of each class of the target style, held out for evaluation
-    split_seed: int = 0  # the split is fixed: it does not change with the run seed
-    max_adapt: int | None = None  # caps (quick mode only)
-    max_eval: int | None = None
-    epochs: int = 1
-    min_steps: int = 20
-    batch_size: int = 32
-    lr: float = 1e-3
-    train_groups: int = 2
-    k: int = 5
-    source_epochs: int = 6
-    source_lr: float = 0.02
-    retriever_size: int = 96
-    pool_cap: int | None = None  # max images per pool source (openclipart, tuxpaint, each emoji style)
-    ablation_fraction: float = 0.1
-    ablation_seeds: tuple[int, ...] = (0, 1)
-    ablation_ks: tuple[int, ...] = (1, 2)  # k = 5 and random retrieval come from the main grid
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-FULL = Plan(name="full")
-QUICK = Plan(name="quick", shifts=("twitter",), seeds=(0,), max_adapt=160, max_eval=240, min_steps=4,
-             source_epochs=1, pool_cap=150, ablation_seeds=(0,), ablation_ks=(1,))
 
 
 def split_adapt_eval(labels: Sequence[int], eval_share: float, seed: int) -> tuple[list[int], list[int]]:
@@ -111,51 +65,6 @@ def fraction_subset(n: int, fraction: float, seed: int, minimum: int = 2) -> lis
     order = list(range(n))
     random.Random(f"fraction:{seed}").shuffle(order)
     return sorted(order[: fraction_size(n, fraction, minimum)])
-
-
-def mean_std(values: Iterable[float]) -> dict[str, float | int]:
-    """``{'mean', 'std', 'n'}``; std is the sample standard deviation (ddof = 1), 0.0 for one value."""
-    vals = [float(v) for v in values]
-    if not vals:
-        return {"mean": math.nan, "std": math.nan, "n": 0}
-    m = sum(vals) / len(vals)
-    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-    return {"mean": m, "std": sd, "n": len(vals)}
-
-
-def aggregate(records: Sequence[Mapping[str, Any]], metric: str = "top1") -> list[dict[str, Any]]:
-    """Mean ± std over seeds of ``metric``, grouped by (variant, method, fraction, shift).
-
-    Records need ``variant``, ``method``, ``fraction``, ``shift``, ``seed`` and ``metric``. A row with
-    ``shift == 'average'`` is added per (variant, method, fraction): each seed's mean over the shifts it
-    has *all* of (the shifts present in that group), then mean ± std over those seeds.
-    """
-    groups: dict[tuple[str, str, float, str], dict[int, float]] = defaultdict(dict)
-    for r in records:
-        groups[(str(r["variant"]), str(r["method"]), float(r["fraction"]), str(r["shift"]))][int(r["seed"])] = \
-            float(r[metric])
-    rows: list[dict[str, Any]] = []
-    by_cell: dict[tuple[str, str, float], dict[str, dict[int, float]]] = defaultdict(dict)
-    for (variant, method, fraction, shift), per_seed in sorted(groups.items()):
-        rows.append({"variant": variant, "method": method, "fraction": fraction, "shift": shift,
-                     **mean_std(per_seed[s] for s in sorted(per_seed)), "seeds": sorted(per_seed)})
-        by_cell[(variant, method, fraction)][shift] = per_seed
-    for (variant, method, fraction), shifts in sorted(by_cell.items()):
-        seeds = sorted(set.intersection(*(set(v) for v in shifts.values())))
-        per_seed_avg = [sum(shifts[sh][s] for sh in shifts) / len(shifts) for s in seeds]
-        rows.append({"variant": variant, "method": method, "fraction": fraction, "shift": AVERAGE,
-                     **mean_std(per_seed_avg), "seeds": seeds, "shifts": sorted(shifts)})
-    return rows
-
-
-def lookup(rows: Sequence[Mapping[str, Any]], *, variant: str, method: str, fraction: float,
-           shift: str = AVERAGE) -> Mapping[str, Any] | None:
-    """The aggregate row for one cell, or None."""
-    for r in rows:
-        if (r["variant"], r["method"], r["shift"]) == (variant, method, shift) and \
-                math.isclose(float(r["fraction"]), fraction):
-            return r
-    return None
 
 
 @dataclass
@@ -219,33 +128,3 @@ def retrieval_diagnostics(neighbours: Sequence[Sequence[str]], query_labels: Seq
     if n_pool and query_labels:
         d.chance_same_label = sum(counts[q] / n_pool for q in query_labels) / len(query_labels)
     return d
-
-
-def goal_verdict(rows: Sequence[Mapping[str, Any]], *, low: Sequence[float] = (0.01, 0.1), high: float = 1.0,
-                 margin: float = 0.03) -> dict[str, Any]:
-    """The issue's goal on the shift-averaged main results.
-
-    At every ``low`` fraction T3AR must beat the best of :data:`BASELINES` by ``margin`` (accuracy units);
-    at ``high`` it must not be below T3AR without retrieval. ``met`` is None when a cell is
-    missing (e.g. a quick run without those fractions).
-    """
-    checks: list[dict[str, Any]] = []
-    for f in low:
-        t = lookup(rows, variant="main", method="t3ar", fraction=f)
-        base = [(b, r) for b in BASELINES if (r := lookup(rows, variant="main", method=b, fraction=f))]
-        if t is None or not base:
-            checks.append({"fraction": f, "kind": "low", "met": None})
-            continue
-        name, best = max(base, key=lambda br: float(br[1]["mean"]))
-        gap = float(t["mean"]) - float(best["mean"])
-        checks.append({"fraction": f, "kind": "low", "t3ar": t["mean"], "best_baseline": name,
-                       "best_baseline_mean": best["mean"], "gap": gap, "needed": margin, "met": gap >= margin})
-    t, ada = (lookup(rows, variant="main", method=m, fraction=high) for m in ("t3ar", "t3ar-noretrieval"))
-    if t is None or ada is None:
-        checks.append({"fraction": high, "kind": "high", "met": None})
-    else:
-        gap = float(t["mean"]) - float(ada["mean"])
-        checks.append({"fraction": high, "kind": "high", "t3ar": t["mean"], "t3ar-noretrieval": ada["mean"],
-                       "gap": gap, "needed": 0.0, "met": gap >= 0.0})
-    states = [c["met"] for c in checks]
-    return {"met": None if None in states else all(states), "checks": checks}

@@ -190,6 +190,35 @@ def profile_step(model: Classifier, spec: ModelSpec, data: SpeedData, device: to
     return tables[0] if tables else ""
 
 
+def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.device, repeats: int = 5) -> float:
+    """Median seconds of the T3AR step's no-gradient pass alone (``rows`` images: the batch's strong views and
+    its distinct neighbours), with the same layout, BatchNorm mode and AMP as in the step."""
+    from t3ar.method.adapt import fast_layout
+    from t3ar.method.segments import segmented_batch_stats
+    from t3ar.models.classifier import configure_trainable, freeze_frozen_norms
+
+    m = copy.deepcopy(model)
+    fast_layout(m, device)
+    configure_trainable(m, AdaptConfig().train_groups)
+    m.train()
+    freeze_frozen_norms(m)
+    x = torch.randn(rows, 3, size, size, device=device)
+    if device.type == "cpu":
+        x = x.contiguous(memory_format=torch.channels_last)
+    times = []
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        amp = torch.autocast(device.type, enabled=device.type == "cuda")
+        with torch.no_grad(), segmented_batch_stats(m, [rows]), amp:
+            m.features(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
 def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
                    methods: tuple[str, ...] = METHODS, profile: bool = True) -> dict[str, Any]:
     """All ``methods`` interleaved on ``device``: a warm-up round, then ``rounds`` timed rounds."""
@@ -214,6 +243,16 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
     }
+    # the compute ceiling of a faithful T3AR step: a supervised step plus the no-gradient pass over the batch's
+    # strong views and its distinct neighbours (everything else, views and bank included, is overhead)
+    per_step = statistics.mean(len(torch.unique(data.neighbours[i:i + batch_size, :k]))
+                               for i in range(0, len(data.neighbours) - batch_size + 1, batch_size))
+    rows = batch_size + round(per_step)
+    nograd = nograd_pass_seconds(model, rows, data.target.shape[-1], device)
+    out["ceiling"] = {"nograd_rows": rows, "nograd_s": nograd,
+                      "t3ar_ratio": step_s["supervised"] / (step_s["supervised"] + nograd)}
+    out["ceiling"]["t3ar_share_of_ceiling"] = out["ratios"]["t3ar"] / out["ceiling"]["t3ar_ratio"] \
+        if "t3ar" in out["ratios"] else None
     if profile:
         out["profile_t3ar_step"] = profile_step(model, spec, data, device, batch_size=batch_size, k=k)
     return out

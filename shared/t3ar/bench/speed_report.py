@@ -33,10 +33,11 @@ def _commit() -> str:
 
 
 def merge(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``new`` with each device stamped, plus the devices only ``old`` has (kept as they were)."""
+    """``new`` with each fresh device entry stamped (when and at which commit), plus the devices only ``old``
+    has (kept as they were)."""
     stamp = {"measured_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit()}
     out = dict(new)
-    out["devices"] = {d: {**v, **stamp} for d, v in new["devices"].items()}
+    out["devices"] = {d: v if "measured_at" in v else {**v, **stamp} for d, v in new["devices"].items()}
     for d, v in (old or {}).get("devices", {}).items():
         out["devices"].setdefault(d, v)
     return out
@@ -55,18 +56,19 @@ def verdict(res: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _table(res: Mapping[str, Any], before: Mapping[str, Any] | None) -> list[str]:
-    out = ["| device | method | s/step (median) | throughput / supervised | goal | before |",
-           "|---|---|---|---|---|---|"]
+    out = ["| device | method | s/step (median) | throughput / supervised | goal | before: s/step | before: ratio |",
+           "|---|---|---|---|---|---|---|"]
     for dev, figs in res["devices"].items():
         prev = (before or {}).get("devices", {}).get(dev, {})
         for m, s in figs["step_s"].items():
             ratio = figs["ratios"].get(m)
             goal = GOALS.get(dev, {}).get(m)
             p = prev.get("ratios", {}).get(m)
+            ps = prev.get("step_s", {}).get(m)
             status = "" if goal is None else f"≥ {goal:.1f}: {'met' if ratio and ratio >= goal else 'NOT met'}"
             out.append(f"| {dev} ({figs.get('device_name', dev)}) | {LABELS.get(m, m)} | {s:.3f} | "
                        f"{'1.00' if ratio is None else f'{ratio:.2f}'} | {status} | "
-                       f"{'' if p is None else f'{p:.2f}'} |")
+                       f"{'' if ps is None else f'{ps:.3f}'} | {'' if p is None else f'{p:.2f}'} |")
     return out
 
 
@@ -94,6 +96,16 @@ def write_report(res: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                   f"Measured {figs.get('measured_at', '?')} at commit {figs.get('commit', '?')}, torch threads "
                   f"{figs.get('threads', '?')}. Median time spent drawing and rendering views per step: "
                   + ", ".join(f"{LABELS.get(m, m)} {v:.3f} s" for m, v in figs.get("augment_s", {}).items()) + "."]
+        if figs.get("note"):
+            lines += ["", f"> {figs['note']}"]
+        c = figs.get("ceiling")
+        if c:
+            share = c.get("t3ar_share_of_ceiling")
+            lines += ["", f"Compute ceiling of a faithful T3AR step here: a supervised step plus one no-gradient pass "
+                      f"over {c['nograd_rows']} images (the batch's strong views and its distinct neighbours, "
+                      f"{c['nograd_s']:.3f} s alone) gives **{c['t3ar_ratio']:.2f}x** supervised; T3AR reaches "
+                      + (f"**{100 * share:.0f} %** of that ceiling." if share is not None else "–.")
+                      + " Everything else in the step (views, bank, loss) is overhead above the ceiling."]
         if figs.get("profile_t3ar_step"):
             lines += ["", "Where one T3AR step's time goes (torch.profiler, top operators by self time):", "",
                       "```", figs["profile_t3ar_step"].rstrip(), "```"]

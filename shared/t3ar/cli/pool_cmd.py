@@ -69,13 +69,19 @@ def _batches(items: list[Path], size: int) -> Iterator[list[Path]]:
 @click.option("--source", default="", help="Source tag stored with every item.")
 @click.option("--metadata", default="{}", help="JSON object stored with every item.")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--in-flight", default=2, show_default=True, type=click.IntRange(1, 8),
+              help="Upload requests in flight at once. 1 commits the batches in file order, so the pool's content "
+                   "does not depend on timing (near-duplicate skipping keeps whichever copy is committed first).")
 @_common()
-def ingest(path: Path, source: str, metadata: str, batch_size: int, url: str, token: str | None,
+def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: int, url: str, token: str | None,
            as_json: bool) -> None:
     """Add every image under PATH (a folder, a zip/tar archive, or one image) to the pool.
 
     Resumable: files whose sha256 is already in the pool are skipped before upload, so re-running after an
-    interruption only sends what is missing. Unreadable images are reported and skipped.
+    interruption only sends what is missing. Unreadable images are reported and skipped. With more than one
+    request in flight (the default, faster) the retriever may commit two batches in either order; with
+    near-duplicate skipping on, which of two near-identical images is kept then varies from run to run:
+    use ``--in-flight 1`` for a reproducible pool.
 
     \b
     Example:
@@ -109,7 +115,7 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, url: str, to
             summary: dict[str, Any] = {"files": len(files), "skipped_existing": len(files) - len(todo), "added": 0,
                                        "exists": 0, "duplicates": 0, "rejected": 0, "rejected_items": []}
             with tqdm(total=len(files), initial=len(files) - len(todo), unit="img", desc="ingest",
-                      disable=None) as bar, ThreadPoolExecutor(max_workers=2) as ex:
+                      disable=None) as bar, ThreadPoolExecutor(max_workers=in_flight) as ex:
                 def send(batch: list[Path]) -> dict[str, Any]:
                     try:
                         return client.add_images([(str(f.relative_to(path) if path.is_dir() else f.name),
@@ -124,7 +130,7 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, url: str, to
                 try:
                     for batch in _batches(todo, batch_size):
                         pending.append((ex.submit(send, batch), len(batch)))
-                        if len(pending) >= 2:  # two requests in flight: upload/decode overlaps embedding
+                        if len(pending) >= in_flight:  # >1 in flight: upload/decode overlaps embedding
                             _collect(pending.pop(0), summary, bar)
                     while pending:
                         _collect(pending.pop(0), summary, bar)

@@ -6,13 +6,18 @@ the device once per job when they fit; views are computed there a batch at a tim
 (:mod:`t3ar.method.views`). Each method's step lives in its own module; this loop owns the optimiser,
 schedule, AMP and timing. Progress goes to a callback, which may raise to cancel the run.
 
-Random streams are separate (so the arms of a comparison can share all but what differs): batch order
-from ``generator`` (or ``config.seed``), views and bank initialisation from their own generators derived
-from ``config.seed``.
+Random streams are separate (so the arms of a comparison share all but what differs): batch order from
+``generator`` (or ``config.seed``); target views, pool views, bank initialisation and
+(``config.redraw_neighbours``) the per-visit neighbour draws (stream 3) each from their own generator derived
+from ``config.seed`` (:func:`stream`).
+
+Diagnostics never touch a loss: ``diagnostic_labels`` only score the pseudo-labels each step used
+(``StepStats.pl_accuracy``); ``diagnostics=True`` adds the T3AR family's per-term gradient norms.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,6 +31,7 @@ from t3ar.method.adacontrast import AdaContrastState
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import CONTRASTIVE_METHODS, AdaptConfig
 from t3ar.method.contrastive import ContrastiveState
+from t3ar.method.retrieval import dedup_sample
 from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms, iter_batchnorms
@@ -39,7 +45,16 @@ DEVICE_DATA_SHARE = 0.25
 
 @dataclass
 class StepStats:
-    """One optimiser step, reported to ``on_step``."""
+    """One optimiser step, reported to ``on_step``. NaN = not measured for this method/run.
+
+    ``pl_accuracy``: accuracy of the labels the step trained on against ``adapt(diagnostic_labels=...)``
+    (T3AR family: the filtered pseudo-labels, or the true labels in train mode; AdaContrast: its refined
+    pseudo-labels; tent / SHOT-IM: the argmax of the logits their loss is computed on, i.e. the plain view for
+    tent and the weak view for SHOT-IM). ``pool_neg_share`` (T3AR family, always): the batch-mean share of the
+    InfoNCE denominator (positive + negatives, Σ exp(logit)) from pool negatives; 0.0 without any.
+    ``grad_norm_ce`` / ``grad_norm_contrastive`` (T3AR family with ``diagnostics=True``): L2 norm of the
+    gradient of each weighted term at the query features (a proxy, not the parameter gradient).
+    """
 
     epoch: int
     step: int
@@ -52,6 +67,10 @@ class StepStats:
     loss_diversity: float = 0.0
     seconds_augment: float = 0.0
     seconds_forward_backward: float = 0.0
+    pl_accuracy: float = math.nan
+    pool_neg_share: float = math.nan
+    grad_norm_ce: float = math.nan
+    grad_norm_contrastive: float = math.nan
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -121,12 +140,20 @@ def adapt(
     device: torch.device | None = None,
     generator: torch.Generator | None = None,
     on_step: Callable[[StepStats], None] | None = None,
+    candidates: torch.Tensor | None = None,
+    diagnostic_labels: torch.Tensor | None = None,
+    diagnostics: bool = False,
 ) -> AdaptResult:
     """Adapt ``model`` in place on ``target`` (uint8 [N,3,S,S]) with ``config.method``.
 
-    ``labels`` are required in train mode. Retrieval methods need ``neighbours`` ([N, k] indices into
-    ``pool_images``). ``generator`` draws the batch order (default: seeded from ``config.seed``). Returns
-    timings, the history of steps and the pool indices actually used.
+    ``labels`` are required in train mode. Retrieval methods need ``pool_images`` and either ``neighbours``
+    ([N, k] indices into ``pool_images``, -1 = missing: fixed for the job) or, with
+    ``config.redraw_neighbours``, ``candidates`` ([N, m >= k] indices, -1 = missing): every visit of a batch
+    then draws k of each row's valid candidates anew (``dedup_sample``, generator ``stream(seed, 3)``) and
+    ``neighbours`` is ignored. ``generator`` draws the batch order (default: seeded from ``config.seed``).
+    ``diagnostic_labels`` ([N] true labels) are used only to report ``StepStats.pl_accuracy``;
+    ``diagnostics`` adds the T3AR family's gradient-norm proxies. Neither changes what is trained.
+    Returns timings, the history of steps and the pool indices actually used (drawn).
     """
     device = device or next(model.parameters()).device
     gen = generator or torch.Generator().manual_seed(config.seed)
@@ -135,16 +162,28 @@ def adapt(
         return result
     if config.mode == "train" and labels is None:
         raise ValueError("train-time mode needs labels")
-    if config.uses_retrieval and (neighbours is None or pool_images is None):
+    redraw = config.uses_retrieval and config.redraw_neighbours
+    if redraw and candidates is None:
+        raise ValueError(f"{config.method} with redraw_neighbours=True needs candidates ([N, r*k] pool indices, "
+                         "e.g. Retrieved.candidates)")
+    if config.uses_retrieval and ((neighbours is None and not redraw) or pool_images is None):
         raise ValueError(f"{config.method} needs neighbours and pool images")
     n = len(target)
     if n < 2:
         raise ValueError("need at least 2 target images")
+    if redraw and candidates is not None and (candidates.dim() != 2 or len(candidates) != n
+                                              or candidates.shape[1] < config.k):
+        raise ValueError(f"candidates must be [N={n}, m >= k={config.k}], got {list(candidates.shape)}")
+    if diagnostic_labels is not None and diagnostic_labels.shape != (n,):
+        raise ValueError(f"diagnostic_labels must be [N={n}], got {list(diagnostic_labels.shape)}")
     budget = _device_budget(device)
     target = place(target, device, budget)
     if config.uses_retrieval and pool_images is not None:
         pool_images = place(pool_images, device, budget - target.numel() * (target.device == device))
-    nbrs = neighbours.cpu() if (config.uses_retrieval and neighbours is not None) else None
+    nbrs = neighbours.cpu() if (config.uses_retrieval and neighbours is not None and not redraw) else None
+    cands = candidates.cpu() if (redraw and candidates is not None) else None
+    pool_gen = stream(config.seed, 3)
+    diag = diagnostic_labels.to(device) if diagnostic_labels is not None else None
 
     fast_layout(model, device)
     params = _setup_params(model, config)
@@ -156,7 +195,7 @@ def adapt(
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(total, config.warmup_frac))
     use_amp = device.type == "cuda" and config.amp
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-    views = Views(Normalizer(mean, std, device), stream(config.seed, 1))
+    views = Views(Normalizer(mean, std, device), stream(config.seed, 1), stream(config.seed, 5))
     contrastive: ContrastiveState | None = None
     ada: AdaContrastState | None = None
     with torch.autocast(device.type, enabled=use_amp):
@@ -189,20 +228,29 @@ def adapt(
             parts: dict[str, torch.Tensor] = {}
             with torch.autocast(device.type, enabled=use_amp):
                 if config.method == "tent":  # test images as they are, BN affine only
-                    loss = losses.entropy(model(views.plain(x)))
+                    logits = model(views.plain(x))
+                    loss, y = losses.entropy(logits), logits.detach().argmax(1)
                 elif config.method == "shot-im":
-                    loss = losses.information_maximisation(model(views.weak(x)))
+                    logits = model(views.weak(x))
+                    loss, y = losses.information_maximisation(logits), logits.detach().argmax(1)
                 elif ada is not None:
                     loss, info = ada.loss(model, x, views.weak, views.strong)
                     parts = {"loss_ce": torch.tensor(info["ce"]), "loss_contrastive": torch.tensor(info["ins"]),
                              "loss_diversity": torch.tensor(info["div"])}
+                    y = torch.as_tensor(info["pseudo_labels"])
                 else:
                     assert contrastive is not None
-                    nbr = nbrs[idx] if nbrs is not None else None
-                    out = contrastive.step(model, x, ids.to(device), nbr, pool_images, views)
-                    loss, parts = out.loss, out.parts
+                    if cands is not None:  # the paper's sampling: k of the r*k candidates, anew at every visit
+                        nbr: torch.Tensor | None = dedup_sample(cands[idx], config.k, pool_gen)
+                    else:
+                        nbr = nbrs[idx] if nbrs is not None else None
+                    out = contrastive.step(model, x, ids.to(device), nbr, pool_images, views,
+                                           diagnostics=diagnostics)
+                    loss, parts, y = out.loss, out.parts, out.pseudo_labels
                     if nbr is not None:
                         used[nbr[nbr >= 0]] = True
+            if diag is not None:  # reporting only: compared after the fact, never part of a loss
+                parts["pl_accuracy"] = (y.to(device) == diag[idx.to(device)]).float().mean()
             optim.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optim)

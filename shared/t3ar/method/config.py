@@ -26,6 +26,15 @@ class AdaptConfig(BaseModel):
     # retrieval
     k: int = Field(default=5, ge=0, le=64, description="retrieved pool neighbours per target image")
     r: int = Field(default=5, ge=1, le=20, description="dedup: sample k of the top r*k neighbours")
+    redraw_neighbours: bool = Field(
+        default=False, description="re-sample k of the top r*k neighbours at every visit (the paper's sampling); "
+                                   "False = drawn once per job")
+    pool_negatives: Literal["own", "all"] = Field(
+        default="own", description="own: a query's negatives from A are its own retrieved neighbours in the bank; "
+                                   "all: every pool entry in the bank")
+    dedup_threshold: float | None = Field(
+        default=None, gt=0, le=1, description="drop candidates whose retriever similarity to the query is >= this "
+                                              "(near-duplicates) before sampling")
     # schedule
     epochs: int = Field(default=10, ge=1, le=1000)
     min_steps: int = Field(default=0, ge=0, description="lower bound on optimiser steps (tiny fractions of T)")

@@ -9,7 +9,12 @@ One step, for a batch x of target images with retrieved neighbours N(x):
 * bank: enqueue (k, f(t'(x)), id) and (g(t'(a)), pool id); filtered pseudo-label ȳ(x) = argmax of the mean
   of the logits stored for x's id.
 * loss = ce_weight · CE(f(t(x)), ȳ) + contrastive_weight · InfoNCE(q, k; negatives = target entries with
-  another pseudo-label + the bank entries of x's own neighbours).
+  another pseudo-label + the bank entries of x's own neighbours, or of every pool image with
+  ``pool_negatives='all'``).
+
+Reported alongside the loss (tensors, read by the loop in its one device sync): ``pool_neg_share``, the share
+of the InfoNCE denominator that comes from pool negatives (always); with ``diagnostics``, the gradient norms
+of the two weighted loss terms at the query feature (``grad_norm_ce``, ``grad_norm_contrastive``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class StepOut:
 
     loss: torch.Tensor
     parts: dict[str, torch.Tensor]
+    pseudo_labels: torch.Tensor  # [B] the labels the CE term used (filtered pseudo-labels, or true in train mode)
 
 
 @dataclass
@@ -67,25 +73,28 @@ class ContrastiveState:
         return cls(bank, id_pl, lab, config, shape_bucket)
 
     def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, nbr: torch.Tensor | None,
-             pool_images: torch.Tensor | None, views: Views) -> StepOut:
+             pool_images: torch.Tensor | None, views: Views, *, diagnostics: bool = False) -> StepOut:
         """Forward passes, bank update, pseudo-labels and the loss for one batch.
 
         x: uint8 [B,3,S,S] and ids [B] on the model's device; nbr: [B, k] local pool indices on the CPU
         (-1 = none) or None; pool_images: uint8 [P,3,S,S] on the device (or the CPU: moved per step).
+        ``diagnostics``: also return the gradient norms of the CE and contrastive terms at the query feature
+        (two extra partial backward passes through the head/normalisation only).
         """
         cfg, bank, dev = self.config, self.bank, ids.device
         b = len(x)
         xw = views.weak(x)
         pool_local: torch.Tensor | None = None
         with torch.no_grad():
-            images, segments = x, [b]
+            segments = [b]
+            pool_x = None
             if nbr is not None and pool_images is not None:
                 pool_local = torch.unique(nbr[nbr >= 0])  # each distinct neighbour once (CPU: no sync)
                 if len(pool_local):
-                    pool_x = pool_images[pool_local.to(pool_images.device)].to(dev, non_blocking=True)
-                    images = torch.cat([x, pool_x])
+                    pool_x = pool_images[pool_local.to(pool_images.device)]
                     segments.append(len(pool_local))
-            xs = views.strong(images)  # one call: every image still draws its own parameters
+            # one call, every image with its own parameters; the pool's from their own stream
+            xs = views.strong(x) if pool_x is None else views.strong_with(x, pool_x)
             rows = len(xs)
             pad = bucket(rows, self.shape_bucket) - rows
             if pad:
@@ -118,12 +127,33 @@ class ContrastiveState:
                 y = lab
                 bank_labels = bank.labels
             nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
-            neg = losses.negative_mask(bank, ids, y, bank_labels, nbr_dev)
+            neg = losses.negative_mask(bank, ids, y, bank_labels, nbr_dev, cfg.pool_negatives)
         loss_ce = F.cross_entropy(q_logits.float(), y)
-        loss_con = losses.info_nce(q, k, bank.feats, neg, cfg.temperature)
+        nce_logits = losses.info_nce_logits(q, k, bank.feats, neg, cfg.temperature)
+        loss_con = losses.info_nce_from_logits(nce_logits)
+        out["pool_neg_share"] = losses.denominator_share(nce_logits.detach(), neg & bank.from_pool[None, :])
+        if diagnostics:
+            out.update(_grad_norms_at(q_feat, cfg.ce_weight * loss_ce, cfg.contrastive_weight * loss_con))
         loss = cfg.ce_weight * loss_ce + cfg.contrastive_weight * loss_con
         diversity_weight = cfg.resolved_diversity_weight
         if diversity_weight > 0:
             loss = loss + diversity_weight * losses.diversity(q_logits.float())
         out["loss_ce"], out["loss_contrastive"] = loss_ce.detach(), loss_con.detach()
-        return StepOut(loss, out)
+        return StepOut(loss, out, y)
+
+
+def _grad_norms_at(feat: torch.Tensor, loss_ce: torch.Tensor, loss_con: torch.Tensor) -> dict[str, torch.Tensor]:
+    """L2 norms of d(loss_ce)/d(feat) and d(loss_con)/d(feat) over the whole [B, D] feature batch.
+
+    A proxy measured at the query feature q_feat, not the gradient on the parameters: it tells how strongly
+    each term pulls the features, cheaply (the graph is retained for the real backward). NaN when ``feat``
+    carries no gradient (nothing before it trains).
+    """
+    if not feat.requires_grad:
+        nan = torch.tensor(float("nan"), device=feat.device)
+        return {"grad_norm_ce": nan, "grad_norm_contrastive": nan}
+    out = {}
+    for name, term in (("grad_norm_ce", loss_ce), ("grad_norm_contrastive", loss_con)):
+        (g,) = torch.autograd.grad(term, feat, retain_graph=True, allow_unused=True)
+        out[name] = g.float().norm() if g is not None else torch.zeros((), device=feat.device)
+    return out

@@ -68,6 +68,11 @@ class ViewParams:
     ra_negative: torch.Tensor  # [B, RA_NUM_OPS] bool: signed ops take the negative magnitude
 
 
+def cat_params(a: ViewParams, b: ViewParams) -> ViewParams:
+    """The parameters of two batches, one after the other."""
+    return ViewParams(**{f: torch.cat([getattr(a, f), getattr(b, f)]) for f in ViewParams.__dataclass_fields__})
+
+
 def _crop_boxes(n: int, size: int, scale: tuple[float, float], gen: torch.Generator) -> torch.Tensor:
     """torchvision's ``RandomResizedCrop.get_params`` for n square images of side ``size``, vectorised:
     up to 10 tries of (area, log-ratio) per image, the first that fits wins, else the whole image."""
@@ -297,16 +302,22 @@ class Views:
     Views come out in the device's layout (:data:`CHANNELS_LAST`).
     """
 
-    def __init__(self, norm: Normalizer, generator: torch.Generator) -> None:
+    def __init__(self, norm: Normalizer, generator: torch.Generator,
+                 extra_generator: torch.Generator | None = None) -> None:
         self.norm = norm
         self.gen = generator
-        self.seconds = 0.0  # wall time spent in weak()/strong() so far
+        self.extra_gen = extra_generator or generator  # draws the views of ``strong_with``'s extra images
+        self.seconds = 0.0  # wall time spent making views so far
 
-    def _make(self, images: torch.Tensor, spec: ViewSpec) -> torch.Tensor:
-        if len(images) == 0:
+    def _make(self, images: torch.Tensor, spec: ViewSpec, extra: torch.Tensor | None = None) -> torch.Tensor:
+        if len(images) == 0 and extra is None:
             return torch.empty(0, *images.shape[1:], device=self.norm.device)
         t0 = time.perf_counter()
         p = sample_params(len(images), images.shape[-1], spec, self.gen)
+        if extra is not None:
+            p = cat_params(p, sample_params(len(extra), extra.shape[-1], spec, self.extra_gen))
+            images = torch.cat([images.to(self.norm.device, non_blocking=True),
+                                extra.to(self.norm.device, non_blocking=True)])
         x = render(images.to(self.norm.device, non_blocking=True), p, spec)
         out = self._layout((x - self.norm.mean) / self.norm.std)
         self.seconds += time.perf_counter() - t0
@@ -317,6 +328,12 @@ class Views:
 
     def strong(self, images: torch.Tensor) -> torch.Tensor:
         return self._make(images, STRONG)
+
+    def strong_with(self, images: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        """Strong views of ``images`` then of ``extra``, rendered in one call; the extra images' parameters come
+        from their own stream, so the views of ``images`` are what ``strong(images)`` would give (paired runs
+        with and without extra images see the same target views)."""
+        return self._make(images, STRONG, extra)
 
     def plain(self, images: torch.Tensor) -> torch.Tensor:
         """No augmentation: the evaluation transform."""

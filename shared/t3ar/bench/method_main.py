@@ -1,0 +1,208 @@
+"""The method benchmark's driver: select on the validation shift, freeze, run the paired grid, summarise.
+
+Phases: (1) learning rate per method on the validation shift (``select_fraction``, ``select_seeds``), and
+the T3AR fidelity options there, each kept only if it beats the base on validation; (2) the main test-time
+grid on the evaluation shifts with the frozen choices; (3) labelled ablations (each option flipped, k,
+the oracle arm without same-class neighbours); (4) the train-time grid (labelled target). Nothing is
+chosen by looking at evaluation images; the per-epoch pseudo-label accuracy uses the adapted images'
+labels for the diagnostic curves only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from t3ar.bench.method_runs import Context, build_context, run_all, source_record
+from t3ar.bench.plans import BenchPlan, paired
+
+log = logging.getLogger(__name__)
+
+
+def _arm(phase: str, shift: str, seed: int, fraction: float, method: str, lr: float, **extra: Any) -> dict[str, Any]:
+    return {"phase": phase, "shift": shift, "seed": seed, "fraction": fraction, "method": method, "lr": lr, **extra}
+
+
+def _mean_top1(records: Sequence[Mapping[str, Any]], **match: Any) -> float:
+    vals = [r["top1"] for r in records if all(r.get(k) == v for k, v in match.items())]
+    return statistics.mean(vals) if vals else math.nan
+
+
+def select(ctx: Context, cache: Path) -> dict[str, Any]:
+    """Learning rates (per method and mode) and T3AR options, chosen on the validation shift only."""
+    p = ctx.plan
+    v, f = p.validation_shift, p.select_fraction
+    arms = [_arm("select", v, s, f, m, lr) for m in p.methods if m != "source" for lr in p.lr_grid
+            for s in p.select_seeds]
+    arms += [_arm("select-train", v, s, f, m, lr, mode="train") for m in p.train_methods for lr in p.lr_grid
+             for s in p.select_seeds]
+    recs = run_all(ctx, arms, cache)
+    def best_lr(phase: str, method: str) -> float:
+        return max(p.lr_grid, key=lambda lr: _mean_top1(recs, phase=phase, method=method, lr=lr))
+
+    lrs = {m: best_lr("select", m) for m in p.methods if m != "source"}
+    train_lrs = {m: best_lr("select-train", m) for m in p.train_methods}
+    base = _mean_top1(recs, phase="select", method="t3ar", lr=lrs["t3ar"])
+    opt_arms = [_arm("select-option", v, s, f, "t3ar", lrs["t3ar"], options={name: value})
+                for name, value in p.options for s in p.select_seeds]
+    opt_recs = run_all(ctx, opt_arms, cache)
+    chosen: dict[str, Any] = {}
+    option_rows = []
+    for name, value in p.options:
+        got = _mean_top1(opt_recs, method="t3ar", options={name: value})
+        option_rows.append({"option": name, "value": value, "top1": got, "base_top1": base, "kept": got > base})
+        if got > base:
+            chosen[name] = value
+    table = [{"method": m, "mode": "test", "lr": lr, "top1": _mean_top1(recs, phase="select", method=m, lr=lr)}
+             for m in p.methods if m != "source" for lr in p.lr_grid]
+    table += [{"method": m, "mode": "train", "lr": lr, "top1": _mean_top1(recs, phase="select-train", method=m, lr=lr)}
+              for m in p.train_methods for lr in p.lr_grid]
+    src = statistics.mean(source_record(ctx, v, s)["top1"] for s in p.select_seeds)
+    return {"lr": lrs, "train_lr": train_lrs, "t3ar_options": chosen, "lr_table": table, "options_table": option_rows,
+            "source_top1": src, "shift": v, "fraction": f, "seeds": list(p.select_seeds)}
+
+
+def main_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
+    opts = dict(sel["t3ar_options"])
+    arms = []
+    for shift in p.eval_shifts:
+        for seed in p.seeds:
+            for f in p.fractions:
+                for m in p.methods:
+                    if m == "source":
+                        continue
+                    curves = p.curves and seed == p.seeds[0] and math.isclose(f, p.select_fraction) \
+                        and m in ("t3ar", "t3ar-noretrieval", "adacontrast")
+                    arms.append(_arm("main", shift, seed, f, m, sel["lr"][m], curves=curves,
+                                     **({"options": opts} if m in ("t3ar", "t3ar-random") and opts else {})))
+            fa = p.ablation_fraction
+            for name, value in p.options:  # each option flipped relative to the frozen choice
+                flipped = dict(opts)
+                if name in flipped:
+                    flipped.pop(name)
+                else:
+                    flipped[name] = value
+                arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options=flipped,
+                                 variant=f"{name}={'default' if name in opts else value}"))
+            for k in p.ablation_ks:
+                arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], k=k, options=opts,
+                                 variant=f"k={k}"))
+            arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options=opts, oracle=True,
+                             variant="oracle: no same-class neighbours"))
+            for f in p.train_fractions:
+                for m in p.train_methods:
+                    arms.append(_arm("train", shift, seed, f, m, sel["train_lr"][m], mode="train",
+                                     **({"options": opts} if m in ("t3ar", "t3ar-random") and opts else {})))
+    return arms
+
+
+def per_seed_average(records: Sequence[Mapping[str, Any]], shifts: Sequence[str], seeds: Sequence[int],
+                     **match: Any) -> list[float]:
+    """For each seed, the mean over ``shifts`` of the matching records' top-1 (NaN where one is missing)."""
+    out = []
+    for s in seeds:
+        vals = [r["top1"] for r in records if r["seed"] == s and r["shift"] in shifts
+                and all(r.get(k) == v for k, v in match.items())]
+        out.append(statistics.mean(vals) if len(vals) == len(shifts) else math.nan)
+    return out
+
+
+def summarise(p: BenchPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Means per cell, paired differences with 95 % CIs, and the goal's verdict."""
+    seeds, shifts = list(p.seeds), list(p.eval_shifts)
+    mains = [r for r in records if r["phase"] in ("main", "source")]
+    cells: dict[str, dict[str, dict[str, float]]] = {}
+    for f in p.fractions:
+        cells[str(f)] = {}
+        for m in p.methods:
+            per = per_seed_average(mains, shifts, seeds, method=m, fraction=f)
+            cells[str(f)][m] = {"mean": statistics.mean(per), "std": statistics.stdev(per) if len(per) > 1 else 0.0,
+                                **{sh: statistics.mean(r["top1"] for r in mains if r["method"] == m
+                                                       and r["shift"] == sh and r["fraction"] == f)
+                                   for sh in shifts}}
+    diffs: dict[str, dict[str, Any]] = {}
+    for f in p.fractions:
+        t = per_seed_average(mains, shifts, seeds, method="t3ar", fraction=f)
+        diffs[str(f)] = {m: paired(t, per_seed_average(mains, shifts, seeds, method=m, fraction=f))
+                         for m in p.methods if m != "t3ar"}
+    trains = [r for r in records if r["phase"] == "train"]
+    train_cells = {str(f): {m: statistics.mean(per_seed_average(trains, shifts, seeds, method=m, fraction=f))
+                            for m in p.train_methods} for f in p.train_fractions}
+    train_diffs = {str(f): {m: paired(per_seed_average(trains, shifts, seeds, method="t3ar", fraction=f),
+                                      per_seed_average(trains, shifts, seeds, method=m, fraction=f))
+                            for m in p.train_methods if m != "t3ar"} for f in p.train_fractions}
+    checks: list[dict[str, Any]] = []
+    for f in p.low_fractions:
+        d = diffs[str(f)]["t3ar-noretrieval"]
+        checks.append({"check": f"test-time {100 * f:g} %: T3AR - t3ar-noretrieval > 0 (95 % CI above 0)",
+                       "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})
+        others = {m: c["mean"] for m, c in cells[str(f)].items() if m != "t3ar"}
+        best = max(others, key=lambda m: others[m])
+        gap = cells[str(f)]["t3ar"]["mean"] - others[best]
+        checks.append({"check": f"test-time {100 * f:g} %: T3AR >= best other ({best}) + 3 points", "value": gap,
+                       "met": bool(gap >= 0.03)})
+        if str(f) in train_diffs:
+            d = train_diffs[str(f)]["t3ar-noretrieval"]
+            checks.append({"check": f"train-time {100 * f:g} %: T3AR - t3ar-noretrieval > 0 (95 % CI above 0)",
+                           "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})
+    below = [(m, f) for f in p.fractions for m in p.methods if m != "source"
+             and cells[str(f)][m]["mean"] < cells[str(f)]["source"]["mean"]]
+    checks.append({"check": "no adapted method below source-only on average", "value": below, "met": not below})
+    t_below = [(sh, f) for f in p.fractions for sh in shifts
+               if cells[str(f)]["t3ar"][sh] < cells[str(f)]["source"][sh]]
+    checks.append({"check": "T3AR below source-only on no shift", "value": t_below, "met": not t_below})
+    return {"cells": cells, "diffs": diffs, "train_cells": train_cells, "train_diffs": train_diffs,
+            "verdict": {"met": all(c["met"] for c in checks), "checks": checks}}
+
+
+def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
+                         device: torch.device) -> dict[str, Any]:
+    from t3ar.bench.method_report import write_report
+
+    t_start, load_start = time.perf_counter(), os.getloadavg()
+    ctx = build_context(plan, work, cache, device)
+    t_ctx = time.perf_counter() - t_start
+    sel = select(ctx, cache)
+    log.info("validation choices: lr %s, train lr %s, T3AR options %s", sel["lr"], sel["train_lr"],
+             sel["t3ar_options"])
+    arms = main_arms(plan, sel)
+    done = [0]
+    t_runs = time.perf_counter()
+
+    def progress(rec: Mapping[str, Any]) -> None:
+        done[0] += 1
+        if done[0] % 10 == 0 or done[0] == len(arms):
+            el = time.perf_counter() - t_runs
+            log.info("[%d/%d] runs, %.0f s elapsed, ~%.0f s left", done[0], len(arms), el,
+                     el / done[0] * (len(arms) - done[0]))
+
+    records = run_all(ctx, arms, cache, progress)
+    for shift in plan.eval_shifts:
+        for seed in plan.seeds:
+            src = source_record(ctx, shift, seed)
+            for f in plan.fractions:
+                records.append({"phase": "source", "shift": shift, "seed": seed, "fraction": f, "method": "source",
+                                **src})
+    summary = summarise(plan, records)
+    targets = {s: {"adapt": len(t.adapt_idx), "eval": len(t.eval_idx), "classes": len(t.style.classes)}
+               for s, t in ctx.targets.items()}
+    results = {"plan": plan.as_dict(), "device": str(device),
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+               else f"{os.cpu_count()} CPU cores, {platform.machine()}",
+               "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "loadavg_start": load_start,
+                           "loadavg_end": os.getloadavg()},
+               "targets": targets, "selection": sel, **summary, "records": records,
+               "minutes": {"context": t_ctx / 60, "total": (time.perf_counter() - t_start) / 60},
+               "runs_cached": sum(1 for r in records if r.get("cached")),
+               "runs_executed": sum(1 for r in records if r.get("cached") is False)}
+    write_report(results, out_dir, stem=f"adaptation-{plan.name}")
+    return results

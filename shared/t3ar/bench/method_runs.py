@@ -1,0 +1,281 @@
+"""Runs of the method benchmark: the shared context (data, source models, pools) and one paired run.
+
+A run is described by a JSON-able *arm* (phase, shift, seed, fraction, method, mode, lr, k, options) and
+returns a JSON-able record. Runs are cached on disk (keyed by the code, the arm and its data), and can
+be spread over worker processes (each builds the context once from the caches the parent filled).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from t3ar.bench.adaptation_data import (
+    POOL_SOURCES,
+    BenchPool,
+    EmbeddingStore,
+    SourceModel,
+    StyleSet,
+    build_kits,
+    load_style,
+    pool_components,
+    side_table,
+    source_model,
+)
+from t3ar.bench.adaptation_protocol import SOURCE_STYLE, cap_indices, fraction_subset, split_adapt_eval
+from t3ar.bench.plans import BenchPlan
+from t3ar.datakit.emoji import ALL_STYLES
+from t3ar.device import seed_everything
+from t3ar.embedder import Embedder, EmbedderSpec
+from t3ar.method.adapt import StepStats, adapt, stream
+from t3ar.method.augment import Normalizer
+from t3ar.method.config import AdaptConfig
+from t3ar.method.evaluate import evaluate
+from t3ar.method.schedule import steps_per_epoch
+from t3ar.method.supervised import TrainConfig, train_supervised
+from t3ar.pipeline import retrieve
+
+log = logging.getLogger(__name__)
+CURVE_FIELDS = ("loss", "loss_ce", "loss_contrastive", "loss_diversity", "pl_accuracy", "pool_neg_share",
+                "grad_norm_ce", "grad_norm_contrastive", "pl_change_rate", "lr")
+
+
+@dataclass
+class Target:
+    """A shift: the target style, its fixed adaptation part and its held-out evaluation part."""
+
+    shift: str
+    style: StyleSet
+    adapt_idx: list[int]  # indices into ``style``
+    eval_idx: list[int]
+
+    @property
+    def eval_x(self) -> torch.Tensor:
+        return self.style.images[self.eval_idx]
+
+    @property
+    def eval_y(self) -> torch.Tensor:
+        return self.style.labels[self.eval_idx]
+
+
+def code_hash() -> str:
+    """Hash of the code a run's result depends on (the method, models, harness): part of the cache key."""
+    import t3ar
+
+    root = Path(t3ar.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted([*root.joinpath("method").glob("*.py"), *root.joinpath("models").glob("*.py"),
+                        root / "pipeline.py"]):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Context:
+    plan: BenchPlan
+    device: torch.device
+    work: Path
+    targets: dict[str, Target]
+    sources: dict[int, SourceModel]
+    pools: dict[str, tuple[BenchPool, str]]
+    side: dict[str, tuple[str, str]]
+    code: str
+
+
+def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device) -> Context:
+    """Data kits, target splits, per-seed source models and per-shift pools (all cached under ``work``)."""
+    kits = build_kits(work, cache)
+    source_set = load_style(kits.emoji, SOURCE_STYLE, plan.image_size)
+    targets: dict[str, Target] = {}
+    for shift in (plan.validation_shift, *plan.eval_shifts):
+        style = load_style(kits.emoji, shift, plan.image_size)
+        if style.classes != source_set.classes:
+            raise RuntimeError(f"{shift}: class list differs from the source style's")
+        a, e = split_adapt_eval(style.labels.tolist(), plan.eval_share, plan.split_seed)
+        targets[shift] = Target(shift, style, cap_indices(a, plan.max_adapt, plan.split_seed),
+                                cap_indices(e, plan.max_eval, plan.split_seed))
+    sources = {}
+    for seed in sorted(set(plan.seeds) | set(plan.select_seeds)):
+        tc = TrainConfig(epochs=plan.source_epochs, lr=plan.source_lr, batch_size=plan.batch_size,
+                         train_groups=plan.train_groups, seed=seed)
+        sources[seed] = source_model(work, source_set, tc, plan.image_size, kits.emoji_request, device)
+    embedder = Embedder(EmbedderSpec(image_size=plan.retriever_size), device)
+    store = EmbeddingStore(embedder, embedder.identity, work / "embeddings")
+    emoji_pool = [s for s in ALL_STYLES if s != SOURCE_STYLE]
+    comps = pool_components(kits, emoji_pool, plan.pool_cap)
+    pools = {}
+    for shift, tgt in targets.items():
+        names = list(POOL_SOURCES) + [s for s in emoji_pool if s != shift]
+        pool = BenchPool(embedder, [comps[n] for n in names], [store.component(comps[n]) for n in names],
+                         store.queries(tgt.style, tgt.adapt_idx), {})
+        ids_hash = hashlib.sha256("\n".join(pool.all_ids()).encode()).hexdigest()[:16]
+        pools[shift] = (pool, f"{store.tag}|{'+'.join(names)}|{ids_hash}")
+    return Context(plan, device, work, targets, sources, pools, side_table(list(comps.values())), code_hash())
+
+
+class OracleProvider:
+    """A pool that never returns neighbours of the query's true class (the emoji side labels): a diagnostic arm
+    that tells whether false negatives are what hurts. Never a product option."""
+
+    def __init__(self, base: BenchPool, side: Mapping[str, tuple[str, str]], query_labels: Sequence[str]) -> None:
+        self.base, self.side, self.labels = base, side, list(query_labels)
+
+    @property
+    def identity(self) -> str:
+        return self.base.identity + "|oracle-no-same-class"
+
+    def size(self) -> int:
+        return self.base.size()
+
+    def embed(self, images: torch.Tensor) -> np.ndarray:
+        return self.base.embed(images)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        scores, ids = self.base.search(queries, k)
+        out = [[pid if self.side.get(pid, ("", ""))[0] != lab else "" for pid in row]
+               for row, lab in zip(ids, self.labels, strict=True)]
+        return scores, out
+
+    def all_ids(self) -> list[str]:
+        return self.base.all_ids()
+
+    def fetch(self, ids: Sequence[str]) -> list[Any]:
+        return self.base.fetch(ids)
+
+
+def _curves(history: Sequence[StepStats]) -> list[dict[str, float]]:
+    by_epoch: dict[int, list[StepStats]] = {}
+    for h in history:
+        by_epoch.setdefault(h.epoch, []).append(h)
+    out = []
+    for epoch, steps in sorted(by_epoch.items()):
+        row: dict[str, float] = {"epoch": float(epoch)}
+        for f in CURVE_FIELDS:
+            vals = [float(getattr(s, f, math.nan)) for s in steps]
+            vals = [v for v in vals if not math.isnan(v)]
+            row[f] = statistics.mean(vals) if vals else math.nan
+        out.append(row)
+    return out
+
+
+def arm_key(ctx: Context, arm: Mapping[str, Any]) -> str:
+    tgt = ctx.targets[arm["shift"]]
+    blob = {"code": ctx.code, "arm": dict(arm), "source": ctx.sources[arm["seed"]].sha256,
+            "plan": {k: v for k, v in ctx.plan.as_dict().items() if k not in ("name", "workers", "notes")},
+            "adapt": [tgt.style.items[i] for i in tgt.adapt_idx], "eval": [tgt.style.items[i] for i in tgt.eval_idx]}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
+    """One paired run (cached): adapt a copy of the seed's source model on the arm's subset, evaluate."""
+    path = ctx.work / "method-runs" / f"{arm_key(ctx, arm)}.json"
+    if path.is_file():
+        return {**json.loads(path.read_text()), "cached": True}
+    plan, tgt = ctx.plan, ctx.targets[arm["shift"]]
+    src = ctx.sources[arm["seed"]]
+    pos = fraction_subset(len(tgt.adapt_idx), arm["fraction"], arm["seed"])
+    subset = [tgt.adapt_idx[i] for i in pos]
+    x, y = tgt.style.images[subset], tgt.style.labels[subset]
+    spe = steps_per_epoch(len(subset), min(plan.batch_size, len(subset)))
+    epochs = plan.epochs if plan.max_steps is None else max(1, min(plan.epochs, plan.max_steps // spe))
+    model = copy.deepcopy(src.model)
+    seed = int(arm["seed"])
+    seed_everything(seed)
+    b = src.spec.backbone
+    t0 = time.perf_counter()
+    record: dict[str, Any] = {**arm, "n_adapt": len(subset), "n_eval": len(tgt.eval_idx), "epochs": epochs}
+    if arm["method"] == "supervised":
+        tc = TrainConfig(epochs=epochs, lr=arm["lr"], batch_size=plan.batch_size, train_groups=plan.train_groups,
+                         warmup_frac=plan.warmup_frac, seed=seed)
+        res = train_supervised(model, x, y, tc, mean=b.mean, std=b.std, device=ctx.device,
+                               generator=torch.Generator().manual_seed(seed))
+    else:
+        cfg = AdaptConfig(method=arm["method"], mode=arm.get("mode", "test"), k=arm.get("k", plan.k),
+                          epochs=epochs, min_steps=plan.min_steps, batch_size=plan.batch_size, lr=arm["lr"],
+                          warmup_frac=plan.warmup_frac, train_groups=plan.train_groups, seed=seed,
+                          **dict(arm.get("options", {})))
+        retrieved = None
+        if cfg.uses_retrieval:
+            pool, pool_key = ctx.pools[arm["shift"]]
+            provider: Any = OracleProvider(pool, ctx.side, tgt.style.label_names(subset)) if arm.get("oracle") \
+                else pool
+            retrieved = retrieve(provider, x, cfg, src.spec.image_size, stream(seed, 4))
+            record["pool"] = pool_key
+            record["pool_images_fetched"] = len(retrieved.pool_ids)
+        curves = bool(arm.get("curves"))
+        res = adapt(model, x, cfg, mean=b.mean, std=b.std, labels=y if cfg.mode == "train" else None,
+                    neighbours=retrieved.neighbours if retrieved else None,
+                    pool_images=retrieved.pool_images if retrieved else None,
+                    candidates=getattr(retrieved, "candidates", None) if retrieved else None,
+                    device=ctx.device, generator=torch.Generator().manual_seed(seed),
+                    diagnostic_labels=y if curves else None, diagnostics=curves)
+        record["steps"] = res.steps
+        record["pool_used"] = len(res.pool_used)
+        if curves:
+            record["curves"] = _curves(res.history)
+    rep = evaluate(model, tgt.eval_x, tgt.eval_y, src.spec.classes,
+                   Normalizer(b.mean, b.std, ctx.device))
+    record.update({"top1": rep["top1"], "mean_class_accuracy": rep["mean_class_accuracy"],
+                   "seconds": time.perf_counter() - t0, "steps": res.steps})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+    return {**record, "cached": False}
+
+
+def source_record(ctx: Context, shift: str, seed: int) -> dict[str, Any]:
+    tgt, src = ctx.targets[shift], ctx.sources[seed]
+    b = src.spec.backbone
+    rep = evaluate(src.model, tgt.eval_x, tgt.eval_y, src.spec.classes, Normalizer(b.mean, b.std, ctx.device))
+    return {"top1": rep["top1"], "mean_class_accuracy": rep["mean_class_accuracy"]}
+
+
+_WORKER: dict[str, Context] = {}
+
+
+def _init_worker(plan: BenchPlan, work: Path, cache: Path, device: str) -> None:
+    torch.set_num_threads(1)
+    _WORKER["ctx"] = build_context(plan, work, cache, torch.device(device))
+
+
+def _run_in_worker(arm: Mapping[str, Any]) -> dict[str, Any]:
+    return run_arm(_WORKER["ctx"], arm)
+
+
+def run_all(ctx: Context, arms: Sequence[Mapping[str, Any]], cache: Path,
+            progress: Callable[[Mapping[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Every arm, in order (in ``plan.workers`` processes when > 1; cached arms are read in-process)."""
+    out: list[dict[str, Any] | None] = [None] * len(arms)
+    todo = []
+    for i, arm in enumerate(arms):
+        path = ctx.work / "method-runs" / f"{arm_key(ctx, arm)}.json"
+        if path.is_file() or ctx.plan.workers <= 1:
+            out[i] = run_arm(ctx, arm)
+            if progress:
+                progress(out[i] or {})
+        else:
+            todo.append(i)
+    if todo:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(ctx.plan.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                 initargs=(ctx.plan, ctx.work, cache, str(ctx.device))) as pool:
+            for i, rec in zip(todo, pool.map(_run_in_worker, [arms[i] for i in todo]), strict=True):
+                out[i] = rec
+                if progress:
+                    progress(rec)
+    return [r for r in out if r is not None]

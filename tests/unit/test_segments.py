@@ -1,0 +1,54 @@
+"""One forward over several batches with per-segment BatchNorm statistics equals separate forwards."""
+
+import pytest
+import torch
+from torch import nn
+
+from t3ar.method.segments import bucket, segmented_batch_stats
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5), nn.BatchNorm1d(5))
+    net.train()
+    net[4].eval()  # a frozen layer: row-independent, left alone
+    return net
+
+
+def test_segments_equal_separate_passes_and_padding_is_ignored() -> None:
+    net = _net()
+    a, b = torch.randn(6, 3, 8, 8), torch.randn(9, 3, 8, 8) * 3 + 1
+    running = [m.running_mean.clone() for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    with torch.no_grad():
+        with segmented_batch_stats(net, [6, 9]):
+            joint = net(torch.cat([a, b, torch.randn(5, 3, 8, 8) * 100]))  # 5 padding rows of wild values
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.momentum = 0.0
+        sep_a, sep_b = net(a), net(b)
+    assert torch.allclose(joint[:6], sep_a, atol=1e-5) and torch.allclose(joint[6:15], sep_b, atol=1e-5)
+    after = [m.running_mean for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    assert all(torch.equal(x, y) for x, y in zip(running, after, strict=True))  # running stats untouched
+
+
+def test_without_segments_the_batches_would_mix() -> None:
+    net = _net()
+    a, b = torch.randn(6, 3, 8, 8), torch.randn(9, 3, 8, 8) * 3 + 1
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.momentum = 0.0
+        mixed = net(torch.cat([a, b]))
+        sep_a = net(a)
+    assert not torch.allclose(mixed[:6], sep_a, atol=1e-3)
+
+
+def test_patch_is_removed_and_bad_segments_refused() -> None:
+    net = _net()
+    with segmented_batch_stats(net, [2, 2]):
+        assert "forward" in vars(net[1])
+    assert "forward" not in vars(net[1])
+    with pytest.raises(ValueError), segmented_batch_stats(net, [3, 0]):
+        pass
+    assert bucket(33, 32) == 64 and bucket(32, 32) == 32 and bucket(5, 1) == 5

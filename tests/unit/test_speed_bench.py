@@ -1,0 +1,63 @@
+"""``t3ar bench speed``: its report logic, and its --json shape on a tiny prepared data file."""
+
+import json
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+
+from t3ar.bench.speed import SpeedData
+from t3ar.bench.speed_report import merge, verdict, write_report
+
+
+def _dev(t3ar: float, noret: float) -> dict[str, object]:
+    return {"ratios": {"t3ar": t3ar, "t3ar-noretrieval": noret, "adacontrast": 0.2},
+            "step_s": {"supervised": 0.1, "t3ar": 0.1 / t3ar, "t3ar-noretrieval": 0.1 / noret, "adacontrast": 0.5}}
+
+
+def test_verdict_checks_each_measured_goal() -> None:
+    assert verdict({"devices": {"cpu": _dev(0.31, 0.75)}})["met"] is True
+    v = verdict({"devices": {"cpu": _dev(0.31, 0.75), "cuda": _dev(0.45, 0.9)}})
+    assert v["met"] is False
+    bad = [c for c in v["checks"] if not c["met"]]
+    assert [(c["device"], c["method"]) for c in bad] == [("cuda", "t3ar")]
+    assert verdict({"devices": {}})["met"] is False  # nothing measured is not a pass
+
+
+def test_merge_keeps_devices_not_measured_now() -> None:
+    old = {"devices": {"cuda": {**_dev(0.6, 0.8), "measured_at": "earlier"}, "cpu": _dev(0.1, 0.1)}}
+    new = {"devices": {"cpu": _dev(0.3, 0.7)}, "images": 64}
+    out = merge(new, old)
+    assert out["devices"]["cuda"]["measured_at"] == "earlier"
+    assert out["devices"]["cpu"]["ratios"]["t3ar"] == 0.3 and "commit" in out["devices"]["cpu"]
+
+
+def test_write_report(tmp_path: Path) -> None:
+    res = {"devices": {"cpu": {**_dev(0.25, 0.6), "device_name": "cpu", "profile_t3ar_step": "TABLE"}},
+           "images": 64, "image_size": 32, "batch_size": 32, "k": 5, "rounds": 1, "distinct_pool_images": 10,
+           "pool_size": 20}
+    merged = write_report(res, tmp_path)
+    text = (tmp_path / "speed.md").read_text()
+    assert "NOT met" in text and "TABLE" in text and "cuda: pending" not in text and "pending" in text
+    assert json.loads((tmp_path / "speed.json").read_text())["verdict"] == merged["verdict"]
+
+
+def test_cli_json_shape(tmp_path: Path) -> None:
+    from t3ar.cli.main import cli
+
+    g = torch.Generator().manual_seed(0)
+    data = SpeedData(target=torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g),
+                     labels=torch.arange(64) % 4, classes=["a", "b", "c", "d"],
+                     neighbours=torch.randint(0, 40, (64, 5), generator=g),
+                     pool_images=torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8, generator=g),
+                     pool_size=40, seconds_retrieval=0.0)
+    path = tmp_path / "data.pt"
+    data.save(path)
+    res = CliRunner().invoke(cli, ["bench", "speed", "--device", "cpu", "--data", str(path), "--rounds", "1",
+                                   "--no-profile", "--no-write", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    cpu = out["devices"]["cpu"]
+    assert set(cpu["ratios"]) == {"t3ar", "t3ar-noretrieval", "adacontrast"}
+    assert set(cpu["step_s"]) == {"supervised", "t3ar", "t3ar-noretrieval", "adacontrast"}
+    assert all(v > 0 for v in cpu["ratios"].values())
