@@ -72,6 +72,17 @@ def test_adapt_every_method_and_evaluate(data: dict[str, Path]) -> None:
         assert ev["n"] == 16 and set(ev["per_class"]) == set(CLASSES)  # type: ignore[arg-type]
 
 
+def test_method_options_through_config(data: dict[str, Path]) -> None:
+    out = data["root"] / "opts.pt"
+    _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool", str(data["pool"]),
+            "--method", "t3ar", "--k", "2", "--r", "2", "--epochs", "1", "--batch-size", "8",
+            "--retriever-image-size", "32", "--config", '{"redraw_neighbours": true, "pool_negatives": "all"}',
+            "--out", str(out))
+    _, info = load_checkpoint(out)
+    assert info.adapt_config is not None
+    assert info.adapt_config["redraw_neighbours"] is True and info.adapt_config["pool_negatives"] == "all"
+
+
 def test_fraction_and_train_time_mode(data: dict[str, Path]) -> None:
     got = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--method",
                   "t3ar-noretrieval", "--labels", "--fraction", "0.25", "--epochs", "1", "--out",
@@ -99,6 +110,9 @@ def test_train_source_writes_a_loadable_checkpoint(data: dict[str, Path]) -> Non
     (["adapt", "--method", "adacontrast", "--labels", "--k", "-1"], "k"),
     (["adapt", "--method", "adacontrast", "--device", "cuda:7"], "cuda"),
     (["adapt", "--method", "adacontrast", "--train-groups", "most"], "invalid"),
+    (["adapt", "--method", "adacontrast", "--labels"], "test-time method"),
+    (["adapt", "--method", "t3ar", "--config", '{"pool_negatives": "some"}'], "pool_negatives"),
+    (["adapt", "--method", "t3ar", "--config", "[1]"], "JSON object"),
 ])
 def test_bad_options_give_clear_errors(data: dict[str, Path], args: list[str], message: str) -> None:
     res = CliRunner().invoke(cli, [args[0], "--model", str(data["base"]), "--target", str(data["target"]),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
 from t3ar.data.datasets import ImageSet, load_tensors, read_labelled, read_unlabelled, stratified_subsample
@@ -129,6 +131,9 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--retriever-tag", default=None, help="open_clip pretrained tag for R.")
 @click.option("--retriever-image-size", default=96, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--config", "config_json", default="{}", show_default=True,
+              help='JSON object of any other AdaptConfig fields, e.g. \'{"redraw_neighbours": true, '
+                   '"pool_negatives": "all"}\'.')
 @device_option
 @json_option
 @domain_errors
@@ -136,7 +141,7 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
               epochs: int, min_steps: int, batch_size: int, lr: float, fraction: float, use_labels: bool,
               eval_path: Path | None, train_groups: str, bank_size: int, retriever: str,
               retriever_weights: str | None, retriever_tag: str | None, retriever_image_size: int, seed: int,
-              device: str, as_json: bool) -> None:
+              config_json: str, device: str, as_json: bool) -> None:
     """Adapt a base model to target data (in-process; the pool is indexed in memory with faiss).
 
     \b
@@ -148,9 +153,20 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
     from t3ar.local_pool import LocalPool
     from t3ar.pipeline import run_adaptation
 
-    cfg = AdaptConfig(method=method, mode="train" if use_labels else "test", k=k, r=r, epochs=epochs,  # type: ignore[arg-type]
-                      min_steps=min_steps, batch_size=batch_size, lr=lr, fraction=fraction,
-                      train_groups=_groups(train_groups), bank_size=bank_size, seed=seed)
+    try:
+        extra = json.loads(config_json)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not valid JSON ({e})", param_hint="--config") from e
+    if not isinstance(extra, dict):
+        raise click.BadParameter("must be a JSON object of AdaptConfig fields", param_hint="--config")
+    fields = {"method": method, "mode": "train" if use_labels else "test", "k": k, "r": r, "epochs": epochs,
+              "min_steps": min_steps, "batch_size": batch_size, "lr": lr, "fraction": fraction,
+              "train_groups": _groups(train_groups), "bank_size": bank_size, "seed": seed, **extra}
+    try:
+        cfg = AdaptConfig.model_validate(fields)
+    except ValidationError as e:
+        raise click.BadParameter("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
+                                           for err in e.errors()), param_hint="--config / options") from e
     dev = resolve_device(device)
     model, info = load_checkpoint(model_path, device=dev)
     tgt = _read_target(target, use_labels)
