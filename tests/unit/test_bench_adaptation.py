@@ -221,3 +221,21 @@ def test_interleaved_reraises_and_finishes_the_others() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         interleaved({"bad": bad, "good": good})
     assert finished == ["good"]
+
+
+def test_drift_report_renders(tmp_path: Path) -> None:
+    from t3ar.bench.method_report import write_drift_report
+    from t3ar.bench.plans import DRIFT
+
+    curve = {"epoch": 1.0, "loss": 1.0, "loss_ce": 0.5, "loss_contrastive": 4.0, "loss_diversity": 0.0,
+             "pl_accuracy": 0.4, "pool_neg_share": 0.2, "grad_norm_ce": 0.1, "grad_norm_contrastive": 0.2,
+             "pl_change_rate": 0.0, "lr": 0.001}
+    rec = {"phase": "drift", "shift": "twitter", "seed": 0, "fraction": 0.3, "method": "t3ar", "lr": 1e-3,
+           "top1": 0.35, "curves": [curve, {**curve, "epoch": 2.0, "pl_accuracy": 0.3}],
+           "eval_curve": [{"epoch": 1.0, "step": 7.0, "top1": 0.45}, {"epoch": 2.0, "step": 14.0, "top1": 0.35}]}
+    res = {"plan": DRIFT.as_dict(), "device": "cpu", "records": [rec], "source_top1": {"twitter/0": 0.43},
+           "minutes": 1.0}
+    write_drift_report(res, tmp_path, stem="adaptation-drift")
+    text = (tmp_path / "adaptation-drift.md").read_text()
+    assert "| T3AR | 0.001 | 43.0 | 1 (45.0) | 35.0 | 40.0 → 30.0 |" in text
+    assert (tmp_path / "adaptation-drift-curves.png").stat().st_size > 1000

@@ -19,9 +19,11 @@ def _default_cache() -> str:
 
 
 @click.command("adapt")
-@click.option("--plan", "plan_name", type=click.Choice(["quick", "cpu", "paper"]), default="quick", show_default=True,
-              help="quick: smoke run (minutes); cpu: the full grid with capped steps (<= 60 min on 2 cores); "
-                   "paper: the paper's 30-epoch schedule, for a CUDA GPU.")
+@click.option("--plan", "plan_name", type=click.Choice(["quick", "cpu", "paper", "drift"]), default="quick",
+              show_default=True,
+              help="quick: smoke run (minutes); cpu: the full grid with capped steps (about an hour on 2 cores); "
+                   "paper: the paper's 30-epoch schedule, for a CUDA GPU; drift: per-epoch diagnostic curves "
+                   "of the contrastive methods over 30 epochs on google -> twitter.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where adaptation-<plan>.md/.json/.png go [default: docs/benchmarks; quick: WORK_DIR/quick].")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-adapt"),
@@ -46,7 +48,7 @@ def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Pat
     """
     import dataclasses
 
-    from t3ar.bench.method_main import run_method_benchmark
+    from t3ar.bench.method_main import run_drift_study, run_method_benchmark
     from t3ar.bench.plans import PLANS
     from t3ar.device import resolve_device
     from t3ar.errors import T3arError
@@ -57,6 +59,10 @@ def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Pat
         plan = dataclasses.replace(plan, workers=workers)
     out_dir = out_dir or (work_dir / "quick" if plan_name == "quick" else Path("docs/benchmarks"))
     try:
+        if plan_name == "drift":
+            run_drift_study(plan, out_dir=out_dir, work=work_dir, cache=cache, device=resolve_device(device))
+            click.echo(f"wrote {out_dir / 'adaptation-drift.md'}")
+            return
         res = run_method_benchmark(plan, out_dir=out_dir, work=work_dir, cache=cache, device=resolve_device(device))
     except T3arError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -164,6 +164,25 @@ def summarise(p: BenchPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, A
             "verdict": {"met": all(c["met"] for c in checks), "checks": checks}}
 
 
+def run_drift_study(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
+                    device: torch.device) -> dict[str, Any]:
+    """Per-epoch curves of the contrastive methods at each lr of ``plan.lr_grid`` (see ``plans.DRIFT``)."""
+    from t3ar.bench.method_report import write_drift_report
+
+    t0 = time.perf_counter()
+    ctx = build_context(plan, work, cache, device)
+    arms = [_arm("drift", shift, seed, f, m, lr, curves=True, eval_curve=True)
+            for shift in plan.eval_shifts for seed in plan.seeds for f in plan.fractions
+            for m in plan.methods if m != "source" for lr in plan.lr_grid]
+    records = run_all(ctx, arms, cache)
+    sources = {f"{sh}/{s}": source_record(ctx, sh, s)["top1"] for sh in plan.eval_shifts for s in plan.seeds}
+    res = {"plan": plan.as_dict(), "device": str(device), "records": records, "source_top1": sources,
+           "minutes": (time.perf_counter() - t0) / 60,
+           "n_adapt": {sh: len(ctx.targets[sh].adapt_idx) for sh in plan.eval_shifts}}
+    write_drift_report(res, out_dir, stem=f"adaptation-{plan.name}")
+    return res
+
+
 def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
                          device: torch.device) -> dict[str, Any]:
     from t3ar.bench.method_report import write_report

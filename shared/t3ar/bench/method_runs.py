@@ -216,12 +216,23 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
             record["pool"] = pool_key
             record["pool_images_fetched"] = len(retrieved.pool_ids)
         curves = bool(arm.get("curves"))
+        eval_curve: list[dict[str, float]] = []
+        norm = Normalizer(b.mean, b.std, ctx.device)
+
+        def on_step(st: StepStats) -> None:  # diagnostic only: held-out accuracy at each epoch's end
+            if st.step % max(1, min(spe, st.total_steps)) == 0 or st.step == st.total_steps:
+                rep = evaluate(model, tgt.eval_x, tgt.eval_y, src.spec.classes, norm)
+                eval_curve.append({"epoch": float(st.epoch), "step": float(st.step), "top1": float(rep["top1"])})  # type: ignore[arg-type]
+
         res = adapt(model, x, cfg, mean=b.mean, std=b.std, labels=y if cfg.mode == "train" else None,
                     neighbours=retrieved.neighbours if retrieved else None,
                     pool_images=retrieved.pool_images if retrieved else None,
                     candidates=getattr(retrieved, "candidates", None) if retrieved else None,
                     device=ctx.device, generator=torch.Generator().manual_seed(seed),
-                    diagnostic_labels=y if curves else None, diagnostics=curves)
+                    diagnostic_labels=y if curves else None, diagnostics=curves,
+                    on_step=on_step if arm.get("eval_curve") else None)
+        if eval_curve:
+            record["eval_curve"] = eval_curve
         record["steps"] = res.steps
         record["pool_used"] = len(res.pool_used)
         if curves:
