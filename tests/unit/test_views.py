@@ -6,6 +6,8 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as TF
 
+from t3ar.method import view_ops as O
+from t3ar.method import view_params as P
 from t3ar.method import views as V
 from t3ar.method.augment import Normalizer
 
@@ -15,10 +17,10 @@ def _images(n: int = 8, size: int = 32, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g)
 
 
-@pytest.mark.parametrize("spec", [V.WEAK, V.STRONG])
-def test_parameter_ranges_match_torchvision(spec: V.ViewSpec) -> None:
+@pytest.mark.parametrize("spec", [P.WEAK, P.STRONG])
+def test_parameter_ranges_match_torchvision(spec: P.ViewSpec) -> None:
     n, size = 4000, 64
-    p = V.sample_params(n, size, spec, torch.Generator().manual_seed(1))
+    p = P.sample_params(n, size, spec, torch.Generator().manual_seed(1))
     top, left, h, w = p.boxes.unbind(1)
     assert (h >= 1).all() and (w >= 1).all() and (h <= size).all() and (w <= size).all()
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= size).all() and (left + w <= size).all()
@@ -31,35 +33,35 @@ def test_parameter_ranges_match_torchvision(spec: V.ViewSpec) -> None:
     if not spec.strong:
         assert not p.jitter.any() and not p.gray.any() and p.ra_ops.numel() == 0
         return
-    assert abs(float(p.jitter.float().mean()) - V.JITTER_P) < 0.03
-    assert abs(float(p.gray.float().mean()) - V.GRAY_P) < 0.03
+    assert abs(float(p.jitter.float().mean()) - P.JITTER_P) < 0.03
+    assert abs(float(p.gray.float().mean()) - P.GRAY_P) < 0.03
     b, c, s, hue = p.jitter_factors.unbind(1)
     for f, width in ((b, 0.4), (c, 0.4), (s, 0.4)):
         assert f.min() >= 1 - width and f.max() <= 1 + width and abs(float(f.mean()) - 1) < 0.02
     assert hue.min() >= -0.1 and hue.max() <= 0.1
     assert all(sorted(row.tolist()) == [0, 1, 2, 3] for row in p.jitter_order[:50])  # a permutation per image
-    assert p.ra_ops.shape == (n, V.RA_NUM_OPS)
-    counts = torch.bincount(p.ra_ops.flatten(), minlength=len(V.RA_OPS)).float()
-    expected = n * V.RA_NUM_OPS / len(V.RA_OPS)
+    assert p.ra_ops.shape == (n, P.RA_NUM_OPS)
+    counts = torch.bincount(p.ra_ops.flatten(), minlength=len(P.RA_OPS)).float()
+    expected = n * P.RA_NUM_OPS / len(P.RA_OPS)
     assert (counts - expected).abs().max() < 5 * math.sqrt(expected)  # uniform over the 14 ops
 
 
 def test_magnitudes_are_torchvisions() -> None:
     # torchvision RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=31), as in its _AUGMENTATION_SPACE
     m = torch.linspace(0.0, 1.0, 31)[9].item()
-    assert V._ra_magnitude("Rotate", 64) == pytest.approx(30.0 * m)
-    assert V._ra_magnitude("ShearX", 64) == pytest.approx(0.3 * m)
-    assert V._ra_magnitude("TranslateY", 64) == pytest.approx(150.0 / 331.0 * 64 * m)
-    assert V._ra_magnitude("Brightness", 64) == pytest.approx(0.9 * m)
-    assert V._ra_magnitude("Posterize", 64) == int((8 - (torch.arange(31) / ((31 - 1) / 4))).round().int()[9])
-    assert V._ra_magnitude("Solarize", 64) == pytest.approx(float(torch.linspace(1.0, 0.0, 31)[9]))
+    assert O._ra_magnitude("Rotate", 64) == pytest.approx(30.0 * m)
+    assert O._ra_magnitude("ShearX", 64) == pytest.approx(0.3 * m)
+    assert O._ra_magnitude("TranslateY", 64) == pytest.approx(150.0 / 331.0 * 64 * m)
+    assert O._ra_magnitude("Brightness", 64) == pytest.approx(0.9 * m)
+    assert O._ra_magnitude("Posterize", 64) == int((8 - (torch.arange(31) / ((31 - 1) / 4))).round().int()[9])
+    assert O._ra_magnitude("Solarize", 64) == pytest.approx(float(torch.linspace(1.0, 0.0, 31)[9]))
 
 
 @pytest.mark.parametrize("op,fn,factor", [(0, TF.adjust_brightness, 1.3), (1, TF.adjust_contrast, 0.7),
                                           (2, TF.adjust_saturation, 1.25), (3, TF.adjust_hue, -0.08)])
 def test_jitter_ops_equal_torchvision_per_image(op: int, fn: object, factor: float) -> None:
     x = _images().float() / 255
-    ours = V._jitter_op(op, x.clone(), torch.full((len(x),), factor))
+    ours = O._jitter_op(op, x.clone(), torch.full((len(x),), factor))
     ref = torch.stack([fn(img, factor) for img in x])  # type: ignore[operator]
     assert torch.allclose(ours, ref, atol=1e-5)
 
@@ -67,9 +69,9 @@ def test_jitter_ops_equal_torchvision_per_image(op: int, fn: object, factor: flo
 def test_crop_flip_is_resized_crop_and_mirror() -> None:
     x = _images(2, 32).float()
     whole = torch.tensor([[0.0, 0.0, 32.0, 32.0]] * 2)
-    assert torch.allclose(V.crop_flip(x, whole, torch.tensor([False, True]), 32)[1], x[1].flip(-1), atol=1e-3)
+    assert torch.allclose(O.crop_flip(x, whole, torch.tensor([False, True]), 32)[1], x[1].flip(-1), atol=1e-3)
     box = torch.tensor([[4.0, 6.0, 16.0, 20.0]] * 2)
-    ours = V.crop_flip(x, box, torch.tensor([False, False]), 32)[0]
+    ours = O.crop_flip(x, box, torch.tensor([False, False]), 32)[0]
     ref = TF.resized_crop(x[:1], 4, 6, 16, 20, [32, 32], antialias=True)[0]
     inner = (slice(None), slice(2, -2), slice(2, -2))  # edges differ: we sample the image around the crop
     assert (ours[inner] - ref[inner]).abs().mean() < 1.0 and (ours[inner] - ref[inner]).abs().max() < 40
@@ -92,10 +94,10 @@ def test_views_differ_per_image_and_are_seeded() -> None:
 def test_masked_path_equals_subset_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA code path (whole-batch ops blended by masks) gives the CPU path's result on the same draws."""
     x = _images(24, 32, seed=5)
-    p = V.sample_params(24, 32, V.STRONG, torch.Generator().manual_seed(7))
-    subset = V.render(x, p, V.STRONG)
-    monkeypatch.setattr(V, "_masked", lambda _x: True)
-    masked = V.render(x, p, V.STRONG)
+    p = P.sample_params(24, 32, P.STRONG, torch.Generator().manual_seed(7))
+    subset = V.render(x, p, P.STRONG)
+    monkeypatch.setattr(O, "_masked", lambda _x: True)
+    masked = V.render(x, p, P.STRONG)
     assert torch.allclose(subset, masked, atol=1e-6)
 
 

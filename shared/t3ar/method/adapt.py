@@ -26,14 +26,13 @@ import torch
 from torch import nn
 
 from t3ar.method import losses
-from t3ar.method import views as view_ops
 from t3ar.method.adacontrast import AdaContrastState
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import CONTRASTIVE_METHODS, AdaptConfig
 from t3ar.method.contrastive import ContrastiveState
 from t3ar.method.retrieval import dedup_sample
 from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
-from t3ar.method.views import Views
+from t3ar.method.views import CHANNELS_LAST, Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms, iter_batchnorms
 
 # Shapes of the no-gradient pool pass are padded to a multiple of this on CUDA: every new input shape costs a
@@ -118,7 +117,7 @@ def _device_budget(device: torch.device) -> float:
 
 def fast_layout(model: nn.Module, device: torch.device) -> None:
     """Channels-last weights where that is the fast layout (the CPU's oneDNN; see ``views.CHANNELS_LAST``)."""
-    if view_ops.CHANNELS_LAST.get(device.type, False):
+    if CHANNELS_LAST.get(device.type, False):
         model.to(memory_format=torch.channels_last)
 
 
