@@ -52,3 +52,36 @@ def test_patch_is_removed_and_bad_segments_refused() -> None:
     with pytest.raises(ValueError), segmented_batch_stats(net, [3, 0]):
         pass
     assert bucket(33, 32) == 64 and bucket(32, 32) == 32 and bucket(5, 1) == 5
+
+
+def test_batchnorm_with_fused_activation_keeps_it() -> None:
+    """Regression: timm's BatchNormAct2d applies its activation inside forward; a segmented pass must keep it
+    (an earlier version replaced forward with a bare batch norm and dropped the activation)."""
+    import timm
+    from timm.layers import BatchNormAct2d
+
+    bn = BatchNormAct2d(4, act_layer=nn.ReLU6)
+    bn.train()
+    x = torch.randn(10, 4, 3, 3) * 4
+    with torch.no_grad():
+        with segmented_batch_stats(bn, [4, 6]):
+            joint = bn(x)
+        bn.momentum = 0.0
+        sep = torch.cat([bn(x[:4]), bn(x[4:])])
+    assert joint.min() >= 0 and joint.max() <= 6  # ReLU6 applied
+    assert torch.allclose(joint, sep, atol=1e-6)
+
+    net = timm.create_model("tf_efficientnet_lite0", pretrained=False, num_classes=0)
+    net.train()
+    for m in list(net.modules())[: len(list(net.modules())) // 2]:  # freeze the first half, as train_groups does
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.eval()
+    a, b = torch.randn(3, 3, 32, 32), torch.randn(5, 3, 32, 32) + 0.5
+    with torch.no_grad():
+        with segmented_batch_stats(net, [3, 5]):
+            joint = net(torch.cat([a, b, a[:2]]))
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.momentum = 0.0
+        sep = torch.cat([net(a), net(b)])
+    assert torch.allclose(joint[:8], sep, atol=1e-4)

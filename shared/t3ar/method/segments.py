@@ -5,30 +5,32 @@ gradient. Done separately, each pass normalises with its own batch statistics; d
 pass (fewer, larger kernels) plain BatchNorm would mix them. :func:`segmented_batch_stats` makes every
 BatchNorm layer that is in training mode compute its statistics per segment, so one pass gives what the
 separate passes give. Rows after the last segment are padding (to keep tensor shapes in a few buckets on
-CUDA, where every new shape costs a cuDNN plan search): they pass through unnormalised and never enter a
-statistic; their outputs are to be discarded.
-Running statistics are not updated (these are auxiliary passes). Layers in eval mode are untouched: they
-already treat every row on its own.
+CUDA, where every new shape costs a cuDNN plan search): they never enter a statistic and their outputs are
+to be discarded. Running statistics are not updated (these are auxiliary passes). Layers in eval mode are untouched: they
+already treat every row on its own. Each layer's own forward runs per segment, so layers that fuse an
+activation into their BatchNorm (timm's ``BatchNormAct2d``) keep it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
-def _segmented_bn(bn: nn.modules.batchnorm._BatchNorm, x: torch.Tensor, segments: Sequence[int]) -> torch.Tensor:
+def _segmented(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+               segments: Sequence[int]) -> torch.Tensor:
+    """The layer's own forward on each segment (so subclasses that add an activation after the normalisation,
+    like timm's ``BatchNormAct2d``, keep it); padding rows get a copy of the last output row."""
     outs: list[torch.Tensor] = []
     start = 0
-    for n in segments:  # the native kernel per segment: batch statistics, running statistics untouched
-        outs.append(F.batch_norm(x[start:start + n], None, None, bn.weight, bn.bias, True, 0.0, bn.eps))
+    for n in segments:
+        outs.append(forward(x[start:start + n]))
         start += n
-    if start < len(x):  # padding rows: their outputs are never read and never enter a statistic
-        outs.append(x[start:])
+    if start < len(x):  # padding: never read, never part of a statistic
+        outs.append(outs[-1][:1].expand(len(x) - start, *outs[-1].shape[1:]))
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
@@ -37,20 +39,24 @@ def segmented_batch_stats(model: nn.Module, segments: Sequence[int]) -> Iterator
     """Within the block, training-mode BatchNorm layers of ``model`` use per-segment batch statistics.
 
     ``segments`` are the row counts of consecutive segments of the batch (each >= 2 rows for a meaningful
-    variance); rows beyond their sum are padding. Use under ``torch.no_grad()``.
+    variance); rows beyond their sum are padding. Running statistics are not updated (momentum 0 inside the
+    block). Use under ``torch.no_grad()``.
     """
     if any(n < 1 for n in segments):
         raise ValueError(f"segments must be positive row counts, got {list(segments)}")
-    patched: list[nn.Module] = []
+    patched: list[tuple[nn.modules.batchnorm._BatchNorm, float | None]] = []
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training:
-            m.forward = (lambda x, bn=m: _segmented_bn(bn, x, segments))  # type: ignore[method-assign,misc]
-            patched.append(m)
+            own = m.forward  # the class's forward, bound (BatchNormAct2d's includes its activation)
+            m.forward = (lambda x, f=own: _segmented(f, x, segments))  # type: ignore[method-assign,misc]
+            patched.append((m, m.momentum))
+            m.momentum = 0.0
     try:
         yield
     finally:
-        for m in patched:
+        for m, momentum in patched:
             del m.forward  # back to the class's forward
+            m.momentum = momentum
 
 
 def bucket(n: int, size: int) -> int:
