@@ -17,6 +17,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import os
+import platform
 import statistics
 import threading
 import time
@@ -240,7 +242,8 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "ratios": {m: step_s["supervised"] / step_s[m] for m in methods if m != "supervised"},
         "steps_timed": {m: len(walls[m]) for m in methods},
         "augment_s": {m: statistics.median(s.seconds_augment for s in stats[m]) for m in methods},
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+        else f"{os.cpu_count()} CPU cores, {platform.machine()}",
         "threads": torch.get_num_threads(),
     }
     # the compute ceiling of a faithful T3AR step: a supervised step plus the no-gradient pass over the batch's

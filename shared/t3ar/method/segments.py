@@ -6,8 +6,8 @@ pass (fewer, larger kernels) plain BatchNorm would mix them. :func:`segmented_ba
 BatchNorm layer that is in training mode compute its statistics per segment, so one pass gives what the
 separate passes give. Rows after the last segment are padding (to keep tensor shapes in a few buckets on
 CUDA, where every new shape costs a cuDNN plan search): they never enter a statistic and their outputs are
-to be discarded. Running statistics are not updated (these are auxiliary passes). Layers in eval mode are untouched: they
-already treat every row on its own. Each layer's own forward runs per segment, so layers that fuse an
+to be discarded. Running statistics are not updated (these are auxiliary passes). Layers in eval mode are
+untouched: they already treat every row on its own. Each layer's own forward runs per segment, so layers that fuse an
 activation into their BatchNorm (timm's ``BatchNormAct2d``) keep it.
 """
 
