@@ -2,24 +2,12 @@
 
 import pytest
 import torch
-from torch import nn
+from tiny_models import TinyBackbone
 
 from t3ar.device import seed_everything
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.config import METHODS, AdaptConfig
 from t3ar.models.classifier import Classifier
-
-
-class TinyBackbone(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU())
-        self.stage = nn.Sequential(nn.Conv2d(8, 8, 3, 1, 1), nn.BatchNorm2d(8), nn.ReLU(),
-                                   nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.num_features = 8
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.stage(self.stem(x))
 
 
 def _run(method: str, seed: int = 0, **kw: object) -> tuple[Classifier, object]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch import nn
+from tiny_models import TinyBackbone
 
 from t3ar.device import seed_everything
 from t3ar.method import losses
@@ -21,18 +21,6 @@ from t3ar.models.classifier import Classifier
 from t3ar.pipeline import retrieve
 
 N, P = 12, 9
-
-
-class TinyBackbone(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU())
-        self.stage = nn.Sequential(nn.Conv2d(8, 8, 3, 1, 1), nn.BatchNorm2d(8), nn.ReLU(),
-                                   nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.num_features = 8
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.stage(self.stem(x))
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
