@@ -124,3 +124,28 @@ def test_strong_with_keeps_the_target_views_of_strong() -> None:
     joint = fresh().strong_with(x, pool)
     assert joint.shape[0] == 13 and torch.equal(joint[:8], alone)
     assert not torch.equal(joint[8:], fresh().strong(pool)[:5])  # the pool's own stream, not the target's
+
+
+def test_same_draws_give_torchvisions_images() -> None:
+    """Given one image's draws, the batched views equal torchvision's per-image functional ops (up to the uint8
+    rounding torchvision does after every op, and the crop's border pixels)."""
+    n, size = 16, 32
+    x = _images(n, size, seed=9)
+    p = P.sample_params(n, size, P.STRONG, torch.Generator().manual_seed(2))
+    ours = O.rand_augment(O.colour(O.crop_flip(x.float() / 255, p.boxes, p.flip, size), p), p)
+    jitter = [TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue]
+    diffs = []
+    for i in range(n):
+        top, left, h, w = (int(v) for v in p.boxes[i])
+        img = TF.resized_crop(x[i], top, left, h, w, [size, size], antialias=True)
+        img = TF.horizontal_flip(img) if p.flip[i] else img
+        if p.jitter[i]:
+            for op in p.jitter_order[i].tolist():
+                img = jitter[op](img, float(p.jitter_factors[i, op]))
+        img = TF.rgb_to_grayscale(img, num_output_channels=3) if p.gray[i] else img
+        for r in range(P.RA_NUM_OPS):
+            name = P.RA_OPS[int(p.ra_ops[i, r])]
+            mag = O._ra_magnitude(name, size) * (-1.0 if name in O.SIGNED and bool(p.ra_negative[i, r]) else 1.0)
+            img = O._ra_apply(name, img, 255 * mag if name == "Solarize" else mag)  # uint8, as torchvision runs it
+        diffs.append(float((ours[i] * 255 - img.float()).abs().mean()))
+    assert sorted(diffs)[n // 2] < 4 and max(diffs) < 12, diffs  # grey levels of 255
