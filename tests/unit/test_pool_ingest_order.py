@@ -75,14 +75,6 @@ def test_one_in_flight_commits_batches_in_file_order(tmp_path: Path, monkeypatch
     assert fake.commits == [["a0.png", "a1.png"], ["a2.png", "a3.png"], ["a4.png", "a5.png"]]
 
 
-def test_two_in_flight_can_commit_out_of_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Why the demo passes --in-flight 1: with two requests in flight a later batch can be committed first."""
-    fake = _ingest(tmp_path, monkeypatch, "--in-flight", "2")
-    assert fake.max_active == 2
-    assert fake.commits[0] == ["a2.png", "a3.png"]
-    assert sorted(n for c in fake.commits for n in c) == [f"a{i}.png" for i in range(6)]
-
-
 def test_demo_ingests_with_one_request_in_flight() -> None:
     demo = (Path(__file__).resolve().parents[2] / "scripts" / "demo.sh").read_text()
     ingest = [line for line in demo.splitlines() if "pool ingest" in line and not line.lstrip().startswith("#")]
