@@ -77,9 +77,9 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
                    config_given: dict[str, Any], config: Any, *, skip_bad_images: bool) -> tuple[PreparedTarget, Any]:
     """Extract and validate; returns the prepared target and the final AdaptConfig (mode resolved).
 
-    Mode: ``train`` when the archive has ``labels.csv`` and the config does not set ``mode`` (``test`` for
-    ``adacontrast``, a test-time method); an explicit ``mode: test`` keeps the labels for evaluation only (the
-    report then gives accuracy before/after).
+    Mode: ``train`` when the archive has ``labels.csv`` and the config does not set ``mode`` (``test`` for a
+    method without a train-time mode, e.g. ``adacontrast``); an explicit ``mode: test`` keeps the labels for
+    evaluation only (the report then gives accuracy before/after).
     """
     from services.worker.target import read_target
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
@@ -103,8 +103,8 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     if images.labelled:
         assert images.classes is not None
         class_map_check(list(images.classes), list(model_classes))
-    # adacontrast is test-time only: with labels.csv it adapts unlabelled and the labels score the result
-    mode = config_given.get("mode") or ("train" if images.labelled and config.method != "adacontrast" else "test")
+    # a test-time-only method with labels.csv adapts unlabelled, and the labels score the result
+    mode = config_given.get("mode") or ("train" if images.labelled and config.has_train_mode else "test")
     if mode == "train" and not images.labelled:
         raise DatasetError("mode 'train' (train-time adaptation) needs labels: add labels.csv (path,label) at the "
                            "archive root, or use mode 'test'")

@@ -158,7 +158,8 @@ def curve_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the headless Agg backend, or None without the ``plots`` extra."""
     try:
         import matplotlib
 
@@ -166,6 +167,19 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         log.warning("matplotlib not installed: no plots")
+        return None
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
+    plt = _pyplot()
+    if plt is None:
         return
     p = res["plan"]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -179,9 +193,7 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
     ax.set_ylabel("top-1 on held-out images (%)")
     ax.set_title("test-time, mean over evaluation shifts")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / f"{stem}-fraction.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out_dir / f"{stem}-fraction.png")
     abl = ablation_means(res["records"])
     ks = sorted((int(v.split("=")[1]), val) for v, val in abl.items() if v.startswith("k="))
     f = str(p["ablation_fraction"])
@@ -193,9 +205,7 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
         ax.set_xlabel("retrieved neighbours per image (k; 0 = no retrieval)")
         ax.set_ylabel("top-1 (%)")
         ax.set_title(f"T3AR at {100 * p['ablation_fraction']:g} % vs number of retrievals")
-        fig.tight_layout()
-        fig.savefig(out_dir / f"{stem}-retrievals.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, out_dir / f"{stem}-retrievals.png")
     curves = [r for r in res["records"] if r.get("curves")]
     if curves:
         keys = ("pl_accuracy", "loss_ce", "loss_contrastive", "pool_neg_share")
@@ -209,9 +219,7 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
             ax.set_title(key)
             ax.set_xlabel("epoch")
         axes[0].legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out_dir / f"{stem}-curves.png", dpi=110)
-        plt.close(fig)
+        _save(plt, fig, out_dir / f"{stem}-curves.png")
 
 
 def write_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> None:
@@ -255,12 +263,8 @@ def write_drift_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> N
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{stem}.md").write_text(render_drift(res, stem))
     (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
     keys = [("top1", "held-out top-1 (diagnostic)"), ("pl_accuracy", "pseudo-label accuracy"),
             ("loss_ce", "CE"), ("loss_contrastive", "InfoNCE"), ("pool_neg_share", "pool share")]
@@ -280,6 +284,4 @@ def write_drift_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> N
         ax.set_title(title)
         ax.set_xlabel("epoch")
     axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out_dir / f"{stem}-curves.png", dpi=110)
-    plt.close(fig)
+    _save(plt, fig, out_dir / f"{stem}-curves.png")

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
 from t3ar.errors import T3arError
 from t3ar.method.config import METHODS
@@ -112,12 +113,7 @@ def _finish(client: ApiClient, job: dict[str, Any], out: Path | None, as_json: b
 
 
 def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
-    try:
-        cfg = json.loads(config)
-    except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not JSON: {e}", param_hint="--config") from e
-    if not isinstance(cfg, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--config")
+    cfg = json_object(config, "--config")
     cfg.update({k: v for k, v in opts.items() if v is not None})
     return cfg
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import click
 from pydantic import ValidationError
 
 from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
+from t3ar.cli.json_arg import json_object
 from t3ar.data.datasets import ImageSet, load_tensors, read_labelled, read_unlabelled, stratified_subsample
 from t3ar.device import resolve_device, seed_everything
 from t3ar.errors import DatasetError
@@ -153,12 +153,7 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
     from t3ar.local_pool import LocalPool
     from t3ar.pipeline import run_adaptation
 
-    try:
-        extra = json.loads(config_json)
-    except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not valid JSON ({e})", param_hint="--config") from e
-    if not isinstance(extra, dict):
-        raise click.BadParameter("must be a JSON object of AdaptConfig fields", param_hint="--config")
+    extra = json_object(config_json, "--config")
     fields = {"method": method, "mode": "train" if use_labels else "test", "k": k, "r": r, "epochs": epochs,
               "min_steps": min_steps, "batch_size": batch_size, "lr": lr, "fraction": fraction,
               "train_groups": _groups(train_groups), "bank_size": bank_size, "seed": seed, **extra}

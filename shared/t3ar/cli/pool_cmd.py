@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
+from t3ar.cli.json_arg import json_object
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverInputError
 from t3ar.errors import T3arError
@@ -91,12 +92,7 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: i
 
     from t3ar.data.archive import archive_kind, safe_extract
 
-    try:
-        meta = json.loads(metadata)
-    except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not JSON: {e}", param_hint="--metadata") from e
-    if not isinstance(meta, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--metadata")
+    meta = json_object(metadata, "--metadata")
     tmp: Path | None = None
     try:
         if path.is_dir():

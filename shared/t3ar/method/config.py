@@ -10,6 +10,8 @@ Method = Literal["source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval",
 METHODS: tuple[str, ...] = get_args(Method)
 RETRIEVAL_METHODS: tuple[str, ...] = ("t3ar-random", "t3ar")
 CONTRASTIVE_METHODS: tuple[str, ...] = ("t3ar-noretrieval", "t3ar-random", "t3ar")
+#: methods without a train-time (labelled) mode
+TEST_TIME_ONLY: tuple[str, ...] = ("adacontrast",)
 
 
 class AdaptConfig(BaseModel):
@@ -64,14 +66,18 @@ class AdaptConfig(BaseModel):
     def _check(self) -> AdaptConfig:
         if self.method in RETRIEVAL_METHODS and self.k < 1:
             raise ValueError(f"method {self.method} retrieves neighbours: k must be >= 1")
-        if self.method == "adacontrast" and self.mode == "train":
-            raise ValueError("adacontrast is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
+        if self.mode == "train" and not self.has_train_mode:
+            raise ValueError(f"{self.method} is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
                              "mode 'train'")
         return self
 
     @property
     def uses_retrieval(self) -> bool:
         return self.method in RETRIEVAL_METHODS
+
+    @property
+    def has_train_mode(self) -> bool:
+        return self.method not in TEST_TIME_ONLY
 
     @property
     def resolved_diversity_weight(self) -> float:
