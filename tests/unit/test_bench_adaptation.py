@@ -239,3 +239,38 @@ def test_drift_report_renders(tmp_path: Path) -> None:
     text = (tmp_path / "adaptation-drift.md").read_text()
     assert "| T3AR | 0.001 | 43.0 | 1 (45.0) | 35.0 | 40.0 → 30.0 |" in text
     assert (tmp_path / "adaptation-drift-curves.png").stat().st_size > 1000
+
+
+def test_run_cache_key_depends_on_run_affecting_plan_fields_only() -> None:
+    import dataclasses
+    from types import SimpleNamespace
+
+    from t3ar.bench.method_runs import arm_key
+    from t3ar.bench.plans import PAPER
+
+    tgt = SimpleNamespace(style=SimpleNamespace(items=["a", "b", "c"]), adapt_idx=[0, 1], eval_idx=[2])
+
+    def key(plan: object, **arm: object) -> str:
+        ctx = SimpleNamespace(plan=plan, code="c0", targets={"twitter": tgt}, sources={0: SimpleNamespace(sha256="s")})
+        return arm_key(ctx, {"shift": "twitter", "seed": 0, "method": "t3ar", "lr": 1e-3, **arm})  # type: ignore[arg-type]
+
+    base = key(PAPER)
+    # which runs a plan makes does not change a run: a plan with fewer fractions or seeds reuses the runs
+    assert key(dataclasses.replace(PAPER, fractions=(0.1, 0.3), seeds=(0,), workers=3, name="x")) == base
+    assert key(dataclasses.replace(PAPER, epochs=5)) != base  # how a run is made does
+    assert key(dataclasses.replace(PAPER, k=3)) != base
+    assert key(PAPER, lr=2e-4) != base
+
+
+def test_fractions_option_restricts_a_plan() -> None:
+    import click
+
+    from t3ar.bench.adaptation import _only_fractions
+    from t3ar.bench.plans import PAPER
+
+    low = _only_fractions(PAPER, "0.1,0.3")
+    assert low.fractions == low.low_fractions == low.train_fractions == (0.1, 0.3)
+    assert low.seeds == PAPER.seeds and low.epochs == PAPER.epochs
+    for bad in ("0.1", "0.5", "x", ""):  # 0.1 alone drops the 0.3 choice/ablation cell
+        with pytest.raises(click.BadParameter):
+            _only_fractions(PAPER, bad)

@@ -13,9 +13,33 @@ from pathlib import Path
 
 import click
 
+from t3ar.bench.plans import BenchPlan
+
 
 def _default_cache() -> str:
     return os.environ.get("T3AR_CACHE_DIR") or str(Path(".cache") / "t3ar")
+
+
+def _only_fractions(plan: BenchPlan, spec: str) -> BenchPlan:
+    """``plan`` restricted to the comma-separated fractions in ``spec`` (each must be one of the plan's)."""
+    import dataclasses
+
+    try:
+        wanted = {float(x) for x in spec.split(",") if x.strip()}
+    except ValueError:
+        raise click.BadParameter(f"not a comma-separated list of numbers: {spec!r}", param_hint="--fractions") from None
+    unknown = wanted - set(plan.fractions) - set(plan.train_fractions)
+    if not wanted or unknown:
+        raise click.BadParameter(f"choose among the plan's fractions {sorted({*plan.fractions, *plan.train_fractions})}"
+                                 f", got {spec!r}", param_hint="--fractions")
+    keep = tuple(f for f in plan.fractions if f in wanted)
+    needed = {plan.select_fraction, plan.ablation_fraction}
+    if not needed <= set(keep):
+        raise click.BadParameter(f"the plan chooses and ablates at {sorted(needed)}: keep those",
+                                 param_hint="--fractions")
+    return dataclasses.replace(plan, fractions=keep, low_fractions=tuple(f for f in plan.low_fractions if f in wanted),
+                               train_fractions=tuple(f for f in plan.train_fractions if f in wanted),
+                               notes=(*plan.notes, f"restricted to fractions {spec} (--fractions)"))
 
 
 @click.command("adapt")
@@ -32,10 +56,13 @@ def _default_cache() -> str:
               show_default="$T3AR_CACHE_DIR or .cache/t3ar", help="Downloaded npm/Debian packages (reused).")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda[:N].")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
-              help="Parallel run processes [default: the plan's; paper: 8]. On a GPU at these sizes the device is "
+              help="Parallel run processes [default: the plan's; paper: 12]. On a GPU at these sizes the device is "
                    "mostly idle, so several processes share it well.")
+@click.option("--fractions", default=None, metavar="F,F,...",
+              help="Run only these of the plan's fractions (test- and train-time), e.g. 0.1,0.3 for the low-data "
+                   "cells. Runs are cached per run, so a later full run reuses them.")
 def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Path, device: str,
-                workers: int | None) -> None:
+                workers: int | None, fractions: str | None) -> None:
     """Method benchmark: does retrieval make adaptation better? Chooses every hyper-parameter on a validation shift
     (google -> fluent3d), then compares source / TENT / SHOT-IM / AdaContrast / T3AR without retrieval / T3AR
     with random retrieval / T3AR on three evaluation shifts, paired over seeds with 95 % CIs, in test-time and
@@ -57,6 +84,8 @@ def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Pat
     plan = PLANS[plan_name]
     if workers is not None:
         plan = dataclasses.replace(plan, workers=workers)
+    if fractions is not None:
+        plan = _only_fractions(plan, fractions)
     out_dir = out_dir or (work_dir / "quick" if plan_name == "quick" else Path("docs/benchmarks"))
     try:
         if plan_name == "drift":

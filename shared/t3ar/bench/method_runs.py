@@ -171,10 +171,19 @@ def _curves(history: Sequence[StepStats]) -> list[dict[str, float]]:
     return out
 
 
+#: the plan fields a single run's result depends on (the rest decide *which* runs a plan makes, so plans that
+#: differ only there share their cached runs)
+RUN_FIELDS = ("epochs", "max_steps", "min_steps", "batch_size", "warmup_frac", "k", "image_size", "eval_share",
+              "split_seed", "max_adapt", "max_eval", "source_epochs", "source_lr", "train_groups",
+              "retriever_size", "pool_cap")
+
+
 def arm_key(ctx: Context, arm: Mapping[str, Any]) -> str:
+    """Cache key of one run: the code, the arm, its source model and data, and the run-affecting plan fields."""
     tgt = ctx.targets[arm["shift"]]
+    plan = ctx.plan.as_dict()
     blob = {"code": ctx.code, "arm": dict(arm), "source": ctx.sources[arm["seed"]].sha256,
-            "plan": {k: v for k, v in ctx.plan.as_dict().items() if k not in ("name", "workers", "notes")},
+            "plan": {k: plan[k] for k in RUN_FIELDS},
             "adapt": [tgt.style.items[i] for i in tgt.adapt_idx], "eval": [tgt.style.items[i] for i in tgt.eval_idx]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
