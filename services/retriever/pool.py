@@ -34,6 +34,7 @@ from t3ar.errors import InvalidInputError
 log = logging.getLogger(__name__)
 
 AddStatus = Literal["added", "exists", "duplicate", "rejected"]
+MAX_SEQ = 2**63 - 1  # SQLite INTEGER and faiss ids are signed 64-bit: no id is larger
 DupTarget = tuple[Literal["pool", "batch"], int]
 
 
@@ -97,8 +98,11 @@ class Pool:
         return f"{self.info.tag}-{seq}"
 
     def parse_id(self, pid: str) -> int | None:
+        """The seq of a well-formed id of this pool (``<tag>-<n>``, 1 <= n < 2^63, ASCII digits without
+        leading zeros), else None."""
         tag, sep, num = pid.partition("-")
-        if tag != self.info.tag or not sep or not num.isdigit() or str(int(num)) != num or int(num) < 1:
+        if tag != self.info.tag or not sep or not (num.isascii() and num.isdigit()) or num[0] == "0" \
+                or len(num) > len(str(MAX_SEQ)) or int(num) > MAX_SEQ:
             return None
         return int(num)
 

@@ -103,7 +103,9 @@ class SearchRequest(_Strict):
     images_b64: list[str] | None = Field(default=None, description="query images (file bytes, base64)")
     k: int = Field(default=10, description="neighbours per query (1..T3AR_RETRIEVER_MAX_K)")
     r: int = Field(default=1, ge=1, le=100, description="dedup: sample k of the top r*k uniformly (seeded)")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**64 - 1,
+                      description="seed of the r > 1 sampling, 0..2^64-1: the same seed, queries and pool give the "
+                                  "same sample")
     exclude_ids: list[str] = Field(default_factory=list, max_length=100_000,
                                    description="never return these ids (unknown ids are ignored)")
     source: str | None = Field(default=None, description="only items with this source tag")

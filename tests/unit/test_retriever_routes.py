@@ -1,0 +1,78 @@
+"""Retriever routes in-process (FastAPI TestClient) on a small vectors-only pool: no embedder, no server
+process. Bad ids and search options get their 4xx with the error body, never a 500."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from services.retriever.main import create_app
+from services.retriever.settings import RetrieverSettings
+
+ADMIN = {"Authorization": "Bearer admin-t"}
+DIM = 8
+
+
+@pytest.fixture()
+def pool(tmp_path: Path) -> Iterator[tuple[TestClient, list[str]]]:
+    """A ready vectors-only pool holding 20 items; yields (client, their ids)."""
+    settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
+                                 embedder="none", vector_dim=DIM, vector_identity="synthetic")
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline, "the pool did not become ready"
+            time.sleep(0.05)
+        vecs = np.random.default_rng(0).normal(size=(20, DIM)).astype("<f4")
+        resp = client.post("/pool/vectors", headers=ADMIN, params={"identity": "synthetic"}, content=vecs.tobytes())
+        assert resp.status_code == 200, resp.text
+        yield client, resp.json()["ids"]
+
+
+def _expect(resp: httpx.Response, status: int, code: str, fragment: str = "") -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"} and body["error"]["code"] == code, body
+    assert fragment.lower() in body["error"]["message"].lower(), body
+    return dict(body["error"])
+
+
+def test_ids_beyond_64_bits_are_unknown(pool: tuple[TestClient, list[str]]) -> None:
+    client, ids = pool
+    tag = ids[0].split("-")[0]
+    # 2^63 and up do not fit SQLite's or faiss's signed 64-bit ids; non-ASCII digits and 5000-digit numbers
+    # are not ids either (int() refuses them)
+    for bad in (f"{tag}-{2**63}", f"{tag}-{2**64 + 5}", f"{tag}-{'9' * 5000}", f"{tag}-\u00b2", f"{tag}-\u0661"):
+        _expect(client.get(f"/pool/{bad}", headers=ADMIN), 404, "not_found")
+        _expect(client.get(f"/pool/{bad}/image", headers=ADMIN), 404, "not_found")
+        _expect(client.delete(f"/pool/{bad}", headers=ADMIN), 404, "not_found")
+        _expect(client.post("/pool/delete", headers=ADMIN, json={"ids": [bad]}), 404, "not_found")
+        _expect(client.get("/pool", headers=ADMIN, params={"after": bad}), 422, "invalid_input", "after")
+        resp = client.post("/pool/delete", headers=ADMIN, json={"ids": [bad, ids[0]], "missing_ok": True})
+        assert resp.status_code == 200 and resp.json()["not_found"] == [bad], resp.text
+        unit = [1.0] + [0.0] * (DIM - 1)
+        resp = client.post("/search", headers=ADMIN, json={"vectors": [unit], "k": 3, "exclude_ids": [bad]})
+        assert resp.status_code == 200 and len(resp.json()["results"][0]["ids"]) == 3, resp.text
+        ids = ids[1:]
+    # the largest id that fits is a well-formed id: simply not in the pool
+    _expect(client.get(f"/pool/{tag}-{2**63 - 1}", headers=ADMIN), 404, "not_found")
+    assert client.get("/pool", headers=ADMIN, params={"after": f"{tag}-{2**63 - 1}"}).json()["items"] == []
+    assert client.get("/stats", headers=ADMIN).json()["count"] == 15
+
+
+def test_search_seed_must_be_non_negative(pool: tuple[TestClient, list[str]]) -> None:
+    client, _ = pool
+    body = {"vectors": [[1.0] + [0.0] * (DIM - 1)], "k": 3, "r": 3}
+    for seed in (-1, -(2**70), 2**64):
+        _expect(client.post("/search", headers=ADMIN, json={**body, "seed": seed}), 422, "invalid_request", "seed")
+    first = client.post("/search", headers=ADMIN, json={**body, "seed": 2**64 - 1})
+    assert first.status_code == 200, first.text
+    assert client.post("/search", headers=ADMIN, json={**body, "seed": 2**64 - 1}).json() == first.json()
+    assert client.post("/search", headers=ADMIN, json={**body, "seed": 0}).status_code == 200
