@@ -135,3 +135,13 @@ def test_dest_must_be_new_or_empty(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="not an empty directory"):
         safe_extract(_zip(tmp_path / "a.zip", {"a": b"1"}), dest)
     assert (dest / "keep.txt").read_text() == "mine"
+
+
+def test_errors_name_the_offending_member(tmp_path: Path) -> None:
+    """The member rejected while listing is the one named (not the member before it, nor '?' when first)."""
+    _assert_rejected(_zip(tmp_path / "a.zip", {"ok.txt": b"1", "../evil.txt": b"2"}), tmp_path / "o",
+                     r"member '\.\./evil\.txt' rejected: '\.\.' path component")
+    _assert_rejected(_tar(tmp_path / "a.tgz", [(_info("ok.txt"), b"1"), (_info("l", tarfile.SYMTYPE, "/x"), None)]),
+                     tmp_path / "o", "member 'l' rejected: symbolic link")
+    bomb = _zip(tmp_path / "bomb.zip", {"zeros.bin": bytes(8 << 20), "ok.txt": b"1"}, zipfile.ZIP_BZIP2)
+    _assert_rejected(bomb, tmp_path / "o", "member 'zeros.bin' rejected: compression ratio")

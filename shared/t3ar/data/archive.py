@@ -12,6 +12,7 @@ names the member and the reason.
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import logging
 import lzma
@@ -119,41 +120,70 @@ def _is_junk(rel: str) -> bool:
     return "__MACOSX" in parts or parts[-1].startswith("._") or parts[-1] in _JUNK_NAMES
 
 
+class _Rejected(ValueError):
+    """A member refused while the archive is listed; ``member`` is its name as stored."""
+
+    def __init__(self, member: str, reason: ValueError) -> None:
+        super().__init__(str(reason))
+        self.member = member
+
+
+@contextlib.contextmanager
+def _member(name: str) -> Iterator[None]:
+    """Checks of one member: their ValueError names that member."""
+    try:
+        yield
+    except ValueError as e:
+        raise _Rejected(name, e) from e
+
+
 def _zip_entries(zf: zipfile.ZipFile) -> Iterator[_Entry]:
     for info in zf.infolist():
-        rel = _normalise(info.filename)
-        mode = info.external_attr >> 16
-        if stat.S_ISLNK(mode):
-            raise ValueError("symbolic link")
-        if mode and stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            raise ValueError("device or special file")
-        if info.flag_bits & 0x1:
-            raise ValueError("encrypted member")
-        if not info.is_dir() and info.file_size >= RATIO_MIN_BYTES:
-            if info.compress_size == 0 or info.file_size / info.compress_size > ZIP_MAX_RATIO:
-                raise ValueError(
-                    f"compression ratio {info.file_size}/{info.compress_size} bytes exceeds "
-                    f"{ZIP_MAX_RATIO}:1 (zip bomb)"
-                )
-        yield _Entry(info.filename, rel, info.is_dir(), 0 if info.is_dir() else info.file_size, info)
+        with _member(info.filename):
+            entry = _zip_entry(info)
+        yield entry
+
+
+def _zip_entry(info: zipfile.ZipInfo) -> _Entry:
+    rel = _normalise(info.filename)
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        raise ValueError("symbolic link")
+    if mode and stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError("device or special file")
+    if info.flag_bits & 0x1:
+        raise ValueError("encrypted member")
+    if not info.is_dir() and info.file_size >= RATIO_MIN_BYTES:
+        if info.compress_size == 0 or info.file_size / info.compress_size > ZIP_MAX_RATIO:
+            raise ValueError(
+                f"compression ratio {info.file_size}/{info.compress_size} bytes exceeds "
+                f"{ZIP_MAX_RATIO}:1 (zip bomb)"
+            )
+    return _Entry(info.filename, rel, info.is_dir(), 0 if info.is_dir() else info.file_size, info)
 
 
 def _tar_entries(tf: tarfile.TarFile, probe_dir: str) -> Iterator[_Entry]:
     for member in tf:
-        rel = _normalise(member.name)
-        if member.issym():
-            raise ValueError(f"symbolic link to {member.linkname!r}")
-        if member.islnk():
-            raise ValueError(f"hard link to {member.linkname!r}")
-        if member.isdev() or not (member.isreg() or member.isdir()):
-            raise ValueError("device or special file")
-        if member.issparse():
-            raise ValueError("sparse file")
-        try:  # the stdlib's own checks, in addition to ours
-            tarfile.data_filter(member, probe_dir)
-        except tarfile.FilterError as e:
-            raise ValueError(f"rejected by tarfile data filter: {e}") from e
-        yield _Entry(member.name, rel, member.isdir(), 0 if member.isdir() else member.size, member)
+        with _member(member.name):
+            entry = _tar_entry(member, probe_dir)
+        yield entry
+
+
+def _tar_entry(member: tarfile.TarInfo, probe_dir: str) -> _Entry:
+    rel = _normalise(member.name)
+    if member.issym():
+        raise ValueError(f"symbolic link to {member.linkname!r}")
+    if member.islnk():
+        raise ValueError(f"hard link to {member.linkname!r}")
+    if member.isdev() or not (member.isreg() or member.isdir()):
+        raise ValueError("device or special file")
+    if member.issparse():
+        raise ValueError("sparse file")
+    try:  # the stdlib's own checks, in addition to ours
+        tarfile.data_filter(member, probe_dir)
+    except tarfile.FilterError as e:
+        raise ValueError(f"rejected by tarfile data filter: {e}") from e
+    return _Entry(member.name, rel, member.isdir(), 0 if member.isdir() else member.size, member)
 
 
 def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path) -> list[_Entry]:
@@ -193,8 +223,9 @@ def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path) -
             dirs |= parents
             kept.append(entry)
     except ValueError as e:
+        member = e.member if isinstance(e, _Rejected) else name
         raise UnsafeArchiveError(
-            f"{archive.name}: member {name!r} rejected: {e}; nothing was extracted"
+            f"{archive.name}: member {member!r} rejected: {e}; nothing was extracted"
         ) from e
     return kept
 
