@@ -20,17 +20,54 @@ from redis import Redis
 from rq import Queue, Worker
 from rq.job import Job
 
-from services.worker.protocol import SERIALIZER
+from services.worker.protocol import JOB_FUNCTION, SERIALIZER
 from services.worker.settings import WorkerSettings
+from t3ar.urls import redact_url
 
 log = logging.getLogger(__name__)
 
 
+class RefusedJobError(Exception):
+    """A job this worker does not run (see :func:`refusal`)."""
+
+
+def refusal(job: Job) -> str | None:
+    """Why this worker refuses ``job``, or None. It runs exactly one function, the adaptation entry point, and
+    never a callback or webhook (the API sets none): anything else on the queue was put there by someone
+    else with access to Redis, and running it would run their code as the worker."""
+    try:
+        name = job.func_name
+    except Exception as e:  # undecodable job data
+        return f"its data cannot be read ({type(e).__name__})"
+    if name != JOB_FUNCTION:
+        return f"it names the function {name!r}; this worker runs only {JOB_FUNCTION}"
+    if job._success_callback_name or job._failure_callback_name or job._stopped_callback_name or job.webhooks:
+        return "it carries callbacks or webhooks, which t3ar never sets"
+    return None
+
+
 class AdaptWorker(Worker):
-    """rq's forking worker with a configurable heartbeat grace (rq hard-codes 60 s) so an abandoned job is
-    detected ``monitor_interval + abandon_grace`` seconds after its worker vanished."""
+    """rq's forking worker that runs only the adaptation entry point (:func:`refusal`), with a configurable
+    heartbeat grace (rq hard-codes 60 s) so an abandoned job is detected ``monitor_interval + abandon_grace``
+    seconds after its worker vanished."""
 
     abandon_grace: int = 60
+
+    def execute_job(self, job: Job, queue: Queue) -> Any:
+        """Refused jobs go through rq's normal failure path (failed registry, error recorded) without importing
+        or calling anything they name: their function is replaced by one that raises, and their callbacks and
+        webhooks are dropped (the forked work horse inherits this job object)."""
+        reason = refusal(job)
+        if reason is not None:
+            log.error("refusing job %s: %s", job.id, reason)
+            job._success_callback_name = job._failure_callback_name = job._stopped_callback_name = None
+            job.webhooks = []
+
+            def refuse() -> None:
+                raise RefusedJobError(f"refused: {reason}")
+
+            job.perform = refuse  # type: ignore[method-assign]
+        return super().execute_job(job, queue)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         if job.timeout and job.timeout > 0:
@@ -66,7 +103,7 @@ def run(settings: WorkerSettings, *, burst: bool = False) -> bool:
     conn.ping()
     worker = build_worker(settings, conn)
     log.info("worker %s on queue %s (redis %s, retriever %s, data dir %s, device %s)", worker.name,
-             settings.queue, _redact(settings.redis_url), settings.retriever_url, settings.data_dir.resolve(),
+             settings.queue, redact_url(settings.redis_url), settings.retriever_url, settings.data_dir.resolve(),
              settings.device)
     result: Any = worker.work(burst=burst, logging_level=settings.log_level.upper(), with_scheduler=False)
     return bool(result)
@@ -86,13 +123,6 @@ def check(settings: WorkerSettings) -> int:
         print(f"unhealthy: no worker of {host} registered (workers: {names})", file=sys.stderr)
         return 1
     return 0
-
-
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import httpx
 import pytest
 from stack_helpers import Stack
@@ -52,3 +55,36 @@ def test_pool_delete_needs_admin(stack: Stack) -> None:
 def test_retriever_tokens_are_not_api_tokens(stack: Stack) -> None:
     resp = _call(stack, "GET", "/jobs", stack.info["tokens"]["retriever_admin_token"])
     assert resp.status_code == 401
+
+
+def test_embedded_redis_requires_its_password(stack: Stack) -> None:
+    """Issue 11, finding 1: a local user without the stack's Redis password cannot reach the job queue."""
+    from urllib.parse import urlsplit
+
+    from redis import Redis
+    from redis.exceptions import RedisError
+
+    port = urlsplit(stack.info["redis_url"]).port
+    with pytest.raises(RedisError, match="(?i)auth"):
+        Redis(host="127.0.0.1", port=port, socket_timeout=5).ping()
+    assert stack.redis().ping()
+
+
+def test_worker_refuses_a_foreign_job_without_running_it(stack: Stack, tmp_path: Path) -> None:
+    """Issue 11, finding 1, the worker's side: even with Redis access, a queued `os.system` never runs."""
+    from rq import Queue
+    from rq.job import JobStatus
+
+    from services.worker.protocol import SERIALIZER
+
+    marker = tmp_path / "owned"
+    queue = Queue("t3ar-adapt", connection=stack.redis(), serializer=SERIALIZER)
+    job = queue.enqueue_call("os.system", args=(f"touch {marker}",))
+    deadline = time.monotonic() + 120
+    while job.get_status(refresh=True) not in (JobStatus.FAILED, JobStatus.FINISHED) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert job.get_status() == JobStatus.FAILED
+    result = job.latest_result()
+    assert result is not None and "refused" in (result.exc_string or "")
+    assert not marker.exists()
+    assert "refusing job" in stack.log("worker-1")

@@ -12,7 +12,8 @@ from t3ar.cli.stack_procs import free_port, load_tokens, redis_server_binary
 
 def test_tokens_are_random_private_and_kept(tmp_path: Path) -> None:
     tokens = load_tokens(tmp_path / "tokens.json")
-    assert len(set(tokens.values())) == 4 and all(len(t) >= 24 for t in tokens.values())
+    assert len(set(tokens.values())) == 5 and all(len(t) >= 24 for t in tokens.values())
+    assert "redis_password" in tokens
     assert stat.S_IMODE((tmp_path / "tokens.json").stat().st_mode) == 0o600
     assert load_tokens(tmp_path / "tokens.json") == tokens
 
@@ -23,10 +24,20 @@ def test_plan_wires_every_process(tmp_path: Path) -> None:
     by = {c.name: c for c in children}
     assert list(by) == ["redis", "retriever", "api", "worker-1", "worker-2"]
     t = info["tokens"]
-    assert by["redis"].argv[:3] == [redis_server_binary(), "--port", "1003"] and "127.0.0.1" in by["redis"].argv
+    redis_argv = by["redis"].argv
+    assert redis_argv[0] == redis_server_binary() and redis_argv[2:4] == ["--port", "1003"]
+    assert "127.0.0.1" in redis_argv
+    # the embedded Redis requires a password that only the stack's processes get (issue 11, finding 1): it
+    # is in a private config file, never on a command line that `ps` shows every local user
+    password = load_tokens(tmp_path / "tokens.json")["redis_password"]
+    conf = Path(redis_argv[1])
+    assert conf.read_text().split() == ["requirepass", password] and stat.S_IMODE(conf.stat().st_mode) == 0o600
+    assert not any(password in a for a in redis_argv)
     assert by["retriever"].env["T3AR_RETRIEVER_ADMIN_TOKEN"] == t["retriever_admin_token"]
     api = by["api"].env
-    assert api["T3AR_API_REDIS_URL"] == "redis://127.0.0.1:1003/0" == info["redis_url"]
+    assert api["T3AR_API_REDIS_URL"] == f"redis://:{password}@127.0.0.1:1003/0" == info["redis_url"]
+    assert by["worker-1"].env["T3AR_WORKER_REDIS_URL"] == info["redis_url"]
+    assert "redis_password" not in t  # the printed tokens are the services' only
     assert api["T3AR_API_RETRIEVER_URL"] == "http://127.0.0.1:1002" and api["T3AR_API_TOKEN"] == t["api_token"]
     assert api["T3AR_API_RETRIEVER_ADMIN_TOKEN"] == t["retriever_admin_token"]
     worker = by["worker-1"].env
@@ -39,6 +50,8 @@ def test_plan_wires_every_process(tmp_path: Path) -> None:
 def test_plan_without_auth(tmp_path: Path) -> None:
     children, info = plan(tmp_path, {"api": 1, "retriever": 2, "redis": 3}, 0, no_auth=True)
     assert info["tokens"] == {} and not info["auth"]
+    # API auth off, but Redis keeps its password
+    assert info["redis_url"].startswith("redis://:") and "@127.0.0.1:3/" in info["redis_url"]
     env = {c.name: c.env for c in children}
     assert env["api"]["T3AR_API_AUTH_DISABLED"] == "true"
     assert env["api"].get("T3AR_API_TOKEN") == os.environ.get("T3AR_API_TOKEN")  # not set by `up`
@@ -46,3 +59,12 @@ def test_plan_without_auth(tmp_path: Path) -> None:
 
 def test_free_port() -> None:
     assert 1024 < free_port() < 65536
+
+
+def test_redact_url() -> None:
+    from t3ar.urls import redact_url
+
+    assert redact_url("redis://:s3cret@127.0.0.1:6379/0") == "redis://***@127.0.0.1:6379/0"
+    assert redact_url("redis://user:pw@host/0?x=a@b") == "redis://***@host/0?x=a@b"
+    assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert redact_url("http://host/a@b") == "http://host/a@b"

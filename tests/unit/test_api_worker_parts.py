@@ -89,3 +89,22 @@ def test_worker_parent_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={"PYTHONPATH": f"{ROOT / 'shared'}:{ROOT}"}, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_worker_refuses_every_job_but_the_adaptation_entry_point() -> None:
+    """Issue 11, finding 1: anyone who can write to Redis could queue ``os.system``; the worker runs only
+    ``JOB_FUNCTION``, and never a job's callbacks or webhooks (which the API never sets)."""
+    from rq.callbacks import Callback
+
+    from services.worker.main import refusal
+    from services.worker.protocol import JOB_FUNCTION
+
+    q = Queue("q", connection=fakeredis.FakeRedis(), serializer=SERIALIZER)
+    assert refusal(q.enqueue_call(JOB_FUNCTION, args=({"x": 1},))) is None
+    reason = refusal(q.enqueue_call("os.system", args=("touch /tmp/owned",)))
+    assert reason is not None and "'os.system'" in reason
+    cb = Callback("os.system")
+    for job in (q.enqueue_call(JOB_FUNCTION, args=({},), on_failure=cb),
+                q.enqueue_call(JOB_FUNCTION, args=({},), on_success=cb),
+                q.enqueue_call(JOB_FUNCTION, args=({},), on_stopped=cb)):
+        assert "callbacks" in (refusal(job) or "")

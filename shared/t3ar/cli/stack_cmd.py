@@ -29,11 +29,13 @@ from t3ar.cli.stack_procs import (
     Child,
     free_port,
     load_tokens,
+    redis_config,
     redis_server_binary,
     wait_http,
     wait_redis,
     write_private,
 )
+from t3ar.urls import redact_url
 
 
 def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> tuple[list[Child], dict[str, Any]]:
@@ -42,7 +44,7 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
     for sub in ("redis", "retriever", "api", "logs"):
         (data_dir / sub).mkdir(parents=True, exist_ok=True)
     tokens = load_tokens(data_dir / "tokens.json")
-    redis_url = f"redis://127.0.0.1:{ports['redis']}/0"
+    redis_url = f"redis://:{tokens['redis_password']}@127.0.0.1:{ports['redis']}/0"
     retriever_url = f"http://127.0.0.1:{ports['retriever']}"
     api_url = f"http://127.0.0.1:{ports['api']}"
     base = dict(os.environ)
@@ -62,7 +64,9 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
                   "T3AR_WORKER_RETRIEVER_TOKEN": tokens["retriever_token"],
                   "T3AR_WORKER_DATA_DIR": str(data_dir / "api")}
     children = [
-        Child("redis", [redis_server_binary(), "--port", str(ports["redis"]), "--bind", "127.0.0.1",
+        Child("redis", [redis_server_binary(), str(redis_config(data_dir / "redis" / "redis.conf",
+                                                               tokens["redis_password"])),
+                        "--port", str(ports["redis"]), "--bind", "127.0.0.1",
                         "--dir", str(data_dir / "redis"), "--appendonly", "yes", "--save", "", "--daemonize", "no"],
               base, logs / "redis.log"),
         Child("retriever", [PY, "-m", "t3ar.cli.main", "serve", "retriever", "--data-dir", str(data_dir / "retriever"),
@@ -115,7 +119,7 @@ def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, work
             child.start()
             started.append(child)
             if child.name == "redis":
-                wait_redis(ports["redis"], child, deadline, stop)
+                wait_redis(info["redis_url"], child, deadline, stop)
             elif child.name == "retriever":
                 wait_http(f"{info['retriever_url']}/ready", child, deadline, stop)
             elif child.name == "api":
@@ -171,7 +175,7 @@ def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> No
     lines = [f"t3ar stack is up (data dir {info['data_dir']}; logs in {data_dir / 'logs'})",
              f"  api        {info['api_url']}   (docs: {info['api_url']}/docs)",
              f"  retriever  {info['retriever_url']}",
-             f"  redis      {info['redis_url']}",
+             f"  redis      {redact_url(info['redis_url'])} (password in stack.json)",
              f"  workers    {sum(c.name.startswith('worker') for c in children)}"]
     if t:
         lines += [f"  api token        {t['api_token']}", f"  api admin token  {t['api_admin_token']}",

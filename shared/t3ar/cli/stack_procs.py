@@ -50,12 +50,24 @@ def write_private(path: Path, payload: dict[str, Any]) -> None:
 
 
 def load_tokens(path: Path) -> dict[str, str]:
-    names = ("api_token", "api_admin_token", "retriever_token", "retriever_admin_token")
+    """The stack's secrets (made once, kept 0600 in ``path``): the services' tokens and the Redis password."""
+    names = ("api_token", "api_admin_token", "retriever_token", "retriever_admin_token", "redis_password")
     tokens: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
     if any(n not in tokens for n in names):
         tokens = {n: tokens.get(n) or secrets.token_urlsafe(24) for n in names}
         write_private(path, tokens)
     return tokens
+
+
+def redis_config(path: Path, password: str) -> Path:
+    """A private (0600) redis.conf that requires ``password``: on the command line it would be readable by every
+    local user (``ps``), and a Redis anyone can write to lets them queue work for the worker."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"requirepass {password}\n")
+    os.replace(tmp, path)
+    return path
 
 
 def _children(pid: int) -> list[int]:
@@ -141,14 +153,14 @@ def wait_http(url: str, child: Child, deadline: float, stop: threading.Event) ->
     raise click.ClickException(f"{child.name} not ready at {url} in time; its log ({child.log_path}):\n{child.tail()}")
 
 
-def wait_redis(port: int, child: Child, deadline: float, stop: threading.Event) -> None:
+def wait_redis(url: str, child: Child, deadline: float, stop: threading.Event) -> None:
     from redis import Redis
 
     while time.monotonic() < deadline and not stop.is_set():
         if not child.alive():
             raise click.ClickException(f"redis exited during start-up:\n{child.tail()}")
         try:
-            if Redis(host="127.0.0.1", port=port, socket_timeout=1).ping():
+            if Redis.from_url(url, socket_timeout=1).ping():
                 return
         except Exception:
             time.sleep(0.2)
