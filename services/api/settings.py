@@ -45,6 +45,7 @@ class ApiSettings(BaseSettings):
     max_model_bytes: int = Field(default=1024 * MiB, ge=1, description="base checkpoint upload")
     max_archive_files: int = Field(default=50_000, ge=1)
     max_archive_bytes: int = Field(default=4096 * MiB, ge=1, description="target archive, extracted")
+    max_archive_ratio: int = Field(default=100, ge=1, description="target archive: extracted bytes per archive byte")
     max_image_bytes: int = Field(default=64 * MiB, ge=1, description="one extracted file")
     validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
 

@@ -89,9 +89,15 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     if archive_kind(archive) is None:
         raise UnsafeArchiveError("the upload is not a zip or tar(.gz/.bz2/.xz) archive; pack the images into one")
     limits = ExtractLimits(max_files=settings.max_archive_files, max_total_bytes=settings.max_archive_bytes,
-                           max_file_bytes=settings.max_image_bytes)
+                           max_file_bytes=settings.max_image_bytes, max_ratio=settings.max_archive_ratio)
     target_dir = job_dir / "target"
-    safe_extract(archive, target_dir, limits)
+    try:
+        safe_extract(archive, target_dir, limits)
+    except UnsafeArchiveError as e:
+        raise UnsafeArchiveError(f"{e} (limits: T3AR_API_MAX_ARCHIVE_FILES={settings.max_archive_files}, "
+                                 f"T3AR_API_MAX_ARCHIVE_BYTES={settings.max_archive_bytes}, T3AR_API_MAX_ARCHIVE_RATIO="
+                                 f"{settings.max_archive_ratio}, T3AR_API_MAX_IMAGE_BYTES={settings.max_image_bytes})"
+                                 ) from e
     images = read_target(target_dir, strict=not skip_bad_images, num_workers=settings.validate_threads)
     assert images.root is not None
     for rel, _ in images.skipped:  # the worker must see exactly the validated set

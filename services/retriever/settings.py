@@ -54,6 +54,7 @@ class RetrieverSettings(BaseSettings):
     max_items_per_request: int = Field(default=2048, ge=1)
     max_archive_files: int = Field(default=20_000, ge=1)
     max_archive_bytes: int = Field(default=2048 * MiB, ge=1)
+    max_archive_ratio: int = Field(default=100, ge=1)  # unpacked bytes per archive byte
     max_k: int = Field(default=1000, ge=1)
     max_queries: int = Field(default=4096, ge=1)
     max_vectors_per_request: int = Field(default=200_000, ge=1)

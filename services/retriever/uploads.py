@@ -71,13 +71,14 @@ def _expand_archive(name: str, f: IO[bytes], tmp_root: Path, settings: Retriever
         with open(archive, "wb") as out:
             shutil.copyfileobj(f, out, 1 << 20)
         limits = ExtractLimits(max_files=settings.max_archive_files, max_total_bytes=settings.max_archive_bytes,
-                               max_file_bytes=settings.max_archive_bytes)
+                               max_file_bytes=settings.max_archive_bytes, max_ratio=settings.max_archive_ratio)
         try:
             root = safe_extract(archive, work / "x", limits)
         except UnsafeArchiveError as e:
             raise UnsafeArchiveError(f"{e} (limits: T3AR_RETRIEVER_MAX_ARCHIVE_FILES="
                                      f"{settings.max_archive_files}, T3AR_RETRIEVER_MAX_ARCHIVE_BYTES="
-                                     f"{settings.max_archive_bytes})") from e
+                                     f"{settings.max_archive_bytes}, T3AR_RETRIEVER_MAX_ARCHIVE_RATIO="
+                                     f"{settings.max_archive_ratio})") from e
         archive.unlink()
         items: list[Item] = []
         for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):

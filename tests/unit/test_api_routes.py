@@ -132,6 +132,25 @@ def test_rejections_leave_nothing(env: Any, tmp_path: Path) -> None:
     assert client.get("/jobs", headers=USER).json()["total"] == 0
 
 
+def test_archive_of_many_small_compressed_members_is_a_bomb(env: Any, tmp_path: Path) -> None:
+    """Members under 1 MiB escape the per-member ratio check; the whole archive's ratio refuses them before
+    anything is extracted, naming the offending member and the setting."""
+    client, redis, _, data = env
+    model_id = _model(client, tmp_path)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(40):
+            zf.writestr(f"z{i:02d}.png", bytes(1_000_000))
+    assert len(buf.getvalue()) < 100_000
+    resp = _adapt(client, model_id, buf.getvalue(), {})
+    assert resp.status_code == 422, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "unsafe_archive", error
+    assert "rejected: total declared size" in error["message"] and "T3AR_API_MAX_ARCHIVE_RATIO=100" in error["message"]
+    assert Queue("t3ar-adapt", connection=redis, serializer=SERIALIZER).count == 0
+    assert list((data / "jobs").iterdir()) == []
+
+
 def test_cancel_queued_and_states(env: Any, tmp_path: Path) -> None:
     client, redis, _, _ = env
     model_id = _model(client, tmp_path)

@@ -145,3 +145,19 @@ def test_errors_name_the_offending_member(tmp_path: Path) -> None:
                      tmp_path / "o", "member 'l' rejected: symbolic link")
     bomb = _zip(tmp_path / "bomb.zip", {"zeros.bin": bytes(8 << 20), "ok.txt": b"1"}, zipfile.ZIP_BZIP2)
     _assert_rejected(bomb, tmp_path / "o", "member 'zeros.bin' rejected: compression ratio")
+
+
+def test_whole_archive_ratio_bounds_many_small_members(tmp_path: Path) -> None:
+    """Members under RATIO_MIN_BYTES escape the per-member zip check; the whole archive's ratio catches them
+    before anything is written (zip and tar.gz alike)."""
+    zeros = {f"z{i}.bin": bytes(1_000_000) for i in range(8)}  # 8 MB of zeros in ~8 KB
+    bomb = _zip(tmp_path / "many.zip", zeros)
+    assert bomb.stat().st_size * 100 < 8_000_000
+    _assert_rejected(bomb, tmp_path / "o", r"member 'z\d\.bin' rejected: total declared size \d+ bytes exceeds 100 "
+                                           r"times the archive's \d+ bytes \(limit max_ratio")
+    tgz = _tar(tmp_path / "many.tgz", [(_info(name), data) for name, data in zeros.items()])
+    _assert_rejected(tgz, tmp_path / "o", "max_ratio")
+    # the same archive is fine under a ratio it keeps to; a small archive is never held to the ratio
+    assert len(list(safe_extract(bomb, tmp_path / "ok", ExtractLimits(max_ratio=5000)).iterdir())) == 8
+    small = _zip(tmp_path / "small.zip", {"a.bin": bytes(500_000)})
+    assert (safe_extract(small, tmp_path / "small") / "a.bin").stat().st_size == 500_000

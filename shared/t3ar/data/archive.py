@@ -2,11 +2,11 @@
 
 Contract of :func:`safe_extract`: every member is validated *before anything is written* (no absolute
 paths, no ``..``, no drive letters, no symlinks/hardlinks/devices, no duplicate names, entry count and
-declared sizes within :class:`ExtractLimits`, no zip member compressed more than :data:`ZIP_MAX_RATIO`:1).
-Extraction then streams each member and enforces the byte limits again (declared sizes can lie). Everything
-is written into a temporary sibling of ``dest`` that is renamed into place at the end, so on any failure
-``dest`` does not exist (or is left exactly as it was) and an :class:`~t3ar.errors.UnsafeArchiveError`
-names the member and the reason.
+declared sizes within :class:`ExtractLimits`, the whole archive unpacking to at most ``max_ratio`` times its own
+size, no zip member compressed more than :data:`ZIP_MAX_RATIO`:1). Extraction then streams each member and
+enforces the byte limits again (declared sizes can lie). Everything is written into a temporary sibling of
+``dest`` that is renamed into place at the end, so on any failure ``dest`` does not exist (or is left exactly as
+it was) and an :class:`~t3ar.errors.UnsafeArchiveError` names the member and the reason.
 """
 
 from __future__ import annotations
@@ -45,11 +45,14 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class ExtractLimits:
-    """Upper bounds for one extraction. ``max_files`` counts entries (files and directories)."""
+    """Upper bounds for one extraction. ``max_files`` counts entries (files and directories); ``max_ratio``
+    bounds the whole archive's unpacked bytes per archive byte (many small, highly compressed members are a bomb
+    too), except that :data:`RATIO_MIN_BYTES` may always be unpacked."""
 
     max_files: int = 100_000
     max_total_bytes: int = 4 * 1024**3
     max_file_bytes: int = 256 * 1024**2
+    max_ratio: int = 100
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,16 @@ def _tar_entry(member: tarfile.TarInfo, probe_dir: str) -> _Entry:
     return _Entry(member.name, rel, member.isdir(), 0 if member.isdir() else member.size, member)
 
 
+def _ratio_cap(archive: Path, limits: ExtractLimits) -> tuple[int, str]:
+    """The most bytes ``archive`` may unpack to under ``max_ratio``, and that limit in words."""
+    size = archive.stat().st_size
+    return max(limits.max_ratio * size, RATIO_MIN_BYTES), \
+        f"{limits.max_ratio} times the archive's {size} bytes (limit max_ratio; a compression bomb?)"
+
+
 def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path) -> list[_Entry]:
     """Consume ``entries``, checking names, tree consistency and declared sizes; return what to extract."""
+    ratio_cap, ratio_why = _ratio_cap(archive, limits)
     kept: list[_Entry] = []
     files: set[str] = set()
     dirs: set[str] = set()
@@ -217,6 +228,8 @@ def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path) -
                 total += entry.size
                 if total > limits.max_total_bytes:
                     raise ValueError(f"total declared size exceeds max_total_bytes {limits.max_total_bytes}")
+                if total > ratio_cap:
+                    raise ValueError(f"total declared size {total} bytes exceeds {ratio_why}")
                 files.add(entry.rel)
             if parents & files:
                 raise ValueError("a parent directory of this member is a file")
@@ -230,7 +243,8 @@ def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path) -
     return kept
 
 
-def _copy(src: IO[bytes], target: Path, entry: _Entry, limits: ExtractLimits, written_total: int) -> int:
+def _copy(src: IO[bytes], target: Path, entry: _Entry, limits: ExtractLimits, written_total: int,
+          ratio_cap: tuple[int, str]) -> int:
     """Stream one member to ``target``; returns bytes written; ValueError when a limit or the size is off."""
     written = 0
     with open(target, "xb") as out:
@@ -240,6 +254,8 @@ def _copy(src: IO[bytes], target: Path, entry: _Entry, limits: ExtractLimits, wr
                 raise ValueError(f"more than max_file_bytes {limits.max_file_bytes} bytes when decompressed")
             if written_total + written > limits.max_total_bytes:
                 raise ValueError(f"archive exceeds max_total_bytes {limits.max_total_bytes} decompressed")
+            if written_total + written > ratio_cap[0]:
+                raise ValueError(f"archive unpacks to more than {ratio_cap[1]}")
             if written > entry.size:
                 raise ValueError(f"larger than its declared size {entry.size}")
             out.write(chunk)
@@ -264,6 +280,7 @@ def _extract_into(
             entries = _validate(raw, limits, archive)
         except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, lzma.LZMAError) as e:
             raise UnsafeArchiveError(f"{archive.name}: corrupt archive while listing members: {e}") from e
+        ratio_cap = _ratio_cap(archive, limits)
         for entry in entries:
             target = root.joinpath(*entry.rel.split("/"))
             try:
@@ -280,7 +297,7 @@ def _extract_into(
                 if src is None:
                     raise ValueError("no data")
                 with src:
-                    written_total += _copy(src, target, entry, limits, written_total)
+                    written_total += _copy(src, target, entry, limits, written_total, ratio_cap)
                 n_files += 1
             except (ValueError, OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, lzma.LZMAError) as e:
                 raise UnsafeArchiveError(
