@@ -13,7 +13,7 @@ from typing import BinaryIO
 from services.api.errors import NotFoundError
 from services.api.settings import ApiSettings
 from services.api.store import ModelRow, Store
-from services.api.uploads import save_upload
+from services.api.uploads import as_sent, save_upload
 from t3ar.errors import CheckpointError
 
 
@@ -21,21 +21,24 @@ def model_path(data_dir: Path, model_id: str) -> Path:
     return data_dir / "models" / f"{model_id}.pt"
 
 
-def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str) -> tuple[ModelRow, bool]:
-    """Validate and store; returns (row, created). Raises CheckpointError / PayloadTooLargeError."""
+def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str,
+                   sent: str = "the checkpoint") -> tuple[ModelRow, bool]:
+    """Validate and store; returns (row, created). Raises CheckpointError / PayloadTooLargeError, calling the
+    file ``sent`` (the client's file name)."""
     from t3ar.models.checkpoint import load_checkpoint, read_info
 
     models = settings.data_dir / "models"
     tmp = models / f".upload-{uuid.uuid4().hex}.pt"
     try:
         size = save_upload(src, tmp, settings.max_model_bytes, "the checkpoint", "T3AR_API_MAX_MODEL_BYTES")
-        info = read_info(tmp)
         try:
+            info = read_info(tmp)
             load_checkpoint(tmp)  # the weights must fit the architecture the checkpoint declares
-        except CheckpointError:
-            raise
+        except CheckpointError as e:
+            raise CheckpointError(as_sent(str(e), tmp, sent)) from e
         except Exception as e:  # architecture construction can fail in many ways on a forged spec
-            raise CheckpointError(f"the checkpoint's model cannot be built: {type(e).__name__}: {e}") from e
+            raise CheckpointError(f"{sent}: the checkpoint's model cannot be built: {type(e).__name__}: "
+                                  f"{as_sent(str(e), tmp, sent)}") from e
         model_id = info.sha256[:16]
         row = ModelRow(id=model_id, name=name or model_id, sha256=info.sha256, size=size,
                        arch=info.spec.arch_signature(), image_size=info.spec.image_size,

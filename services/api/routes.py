@@ -15,6 +15,7 @@ from services.api.deps import ADMIN, USER, ApiState, StateDep
 from services.api.errors import NotFoundError
 from services.api.registry import register_model
 from services.api.store import ModelRow
+from services.api.uploads import sent_name
 from services.worker.protocol import WITHDRAWN_KEY
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
 
@@ -71,7 +72,8 @@ def upload_model(state: StateDep,
                  name: Annotated[str, Form(max_length=200)] = "") -> JSONResponse:
     """Upload a base checkpoint. It is loaded safely (``weights_only``) and its weights must fit the architecture
     it declares. The id derives from the file's sha256: the same file gives the same id (200 instead of 201)."""
-    row, created = register_model(state.store, state.settings, file.file, name or (file.filename or ""))
+    row, created = register_model(state.store, state.settings, file.file, name or (file.filename or ""),
+                                  sent_name(file.filename, "the checkpoint"))
     if created:
         state.metrics.models_uploaded.inc()
     return JSONResponse(_model_out(row).model_dump(), status_code=201 if created else 200)

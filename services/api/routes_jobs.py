@@ -19,7 +19,7 @@ from services.api.errors import ConflictError, NotFoundError, classify
 from services.api.jobs import JobState, artifact, require_job
 from services.api.registry import model_path, require_model
 from services.api.store import JobRow
-from services.api.uploads import discard, parse_config, prepare_target, save_upload
+from services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
 from services.worker.protocol import MODEL_FILE, REPORT_FILE
 from t3ar.errors import InvalidInputError, T3arError
 
@@ -75,7 +75,7 @@ def adapt(
         save_upload(archive.file, upload, settings.max_upload_bytes, "the target archive",
                     "T3AR_API_MAX_UPLOAD_BYTES")
         prepared, cfg = prepare_target(upload, job_dir, settings, model.classes, given, cfg,
-                                       skip_bad_images=skip_bad_images)
+                                       skip_bad_images=skip_bad_images, sent=sent_name(archive.filename, "archive"))
         upload.unlink()
         _check_pool(state, cfg)
         row = JobRow(id=job_id, model_id=model.id, parent_id=None, created_at=_now(), config=cfg.model_dump(),

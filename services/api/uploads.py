@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from pydantic import ValidationError
@@ -42,6 +42,19 @@ def save_upload(src: BinaryIO, dest: Path, limit: int, what: str, setting: str) 
         dest.unlink(missing_ok=True)
         raise InvalidInputError(f"{what} is empty (0 bytes)")
     return size
+
+
+def as_sent(message: str, server_path: Path, sent: str) -> str:
+    """``message`` with ``server_path`` (where the server keeps an upload) replaced by ``sent`` (what the client
+    called it): errors name what the client sent, never where the server keeps it."""
+    for path in dict.fromkeys((str(server_path.resolve()), str(server_path))):
+        message = message.replace(path, sent)
+    return message
+
+
+def sent_name(filename: str | None, default: str) -> str:
+    """The base name of an uploaded file as the client named it (``default`` if it gave none)."""
+    return PurePosixPath((filename or "").replace("\\", "/")).name[-200:] or default
 
 
 def parse_config(raw: str) -> tuple[dict[str, Any], Any]:
@@ -74,8 +87,10 @@ class PreparedTarget:
 
 
 def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_classes: list[str],
-                   config_given: dict[str, Any], config: Any, *, skip_bad_images: bool) -> tuple[PreparedTarget, Any]:
-    """Extract and validate; returns the prepared target and the final AdaptConfig (mode resolved).
+                   config_given: dict[str, Any], config: Any, *, skip_bad_images: bool,
+                   sent: str = "the archive") -> tuple[PreparedTarget, Any]:
+    """Extract and validate; returns the prepared target and the final AdaptConfig (mode resolved). Errors call
+    the archive ``sent`` (the client's file name) and its members ``<sent>/<member path>``.
 
     Mode: ``train`` when the archive has ``labels.csv`` and the config does not set ``mode`` (``test`` for a
     method without a train-time mode, e.g. ``adacontrast``); an explicit ``mode: test`` keeps the labels for
@@ -84,7 +99,7 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     from services.worker.target import read_target
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
     from t3ar.data.datasets import class_map_check, stratified_subsample
-    from t3ar.errors import UnsafeArchiveError
+    from t3ar.errors import T3arError, UnsafeArchiveError
 
     if archive_kind(archive) is None:
         raise UnsafeArchiveError("the upload is not a zip or tar(.gz/.bz2/.xz) archive; pack the images into one")
@@ -92,13 +107,17 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
                            max_file_bytes=settings.max_image_bytes, max_ratio=settings.max_archive_ratio)
     target_dir = job_dir / "target"
     try:
-        safe_extract(archive, target_dir, limits)
+        safe_extract(archive, target_dir, limits, name=sent)
     except UnsafeArchiveError as e:
-        raise UnsafeArchiveError(f"{e} (limits: T3AR_API_MAX_ARCHIVE_FILES={settings.max_archive_files}, "
-                                 f"T3AR_API_MAX_ARCHIVE_BYTES={settings.max_archive_bytes}, T3AR_API_MAX_ARCHIVE_RATIO="
+        raise UnsafeArchiveError(f"{as_sent(str(e), job_dir, sent)} (limits: T3AR_API_MAX_ARCHIVE_FILES="
+                                 f"{settings.max_archive_files}, T3AR_API_MAX_ARCHIVE_BYTES="
+                                 f"{settings.max_archive_bytes}, T3AR_API_MAX_ARCHIVE_RATIO="
                                  f"{settings.max_archive_ratio}, T3AR_API_MAX_IMAGE_BYTES={settings.max_image_bytes})"
                                  ) from e
-    images = read_target(target_dir, strict=not skip_bad_images, num_workers=settings.validate_threads)
+    try:
+        images = read_target(target_dir, strict=not skip_bad_images, num_workers=settings.validate_threads)
+    except T3arError as e:
+        raise type(e)(as_sent(str(e), target_dir, sent)) from e
     assert images.root is not None
     for rel, _ in images.skipped:  # the worker must see exactly the validated set
         bad = (images.root / rel).resolve()
@@ -119,8 +138,8 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     if len(kept) < 2:
         raise DatasetError(f"fraction={config.fraction} of {len(images)} images leaves {len(kept)}; "
                            "adaptation needs at least 2: raise fraction or send more images")
-    prepared = PreparedTarget(target_dir, len(images), images.labelled, mode,
-                              list(images.classes or []), list(images.skipped))
+    prepared = PreparedTarget(target_dir, len(images), images.labelled, mode, list(images.classes or []),
+                              [(rel, as_sent(why, target_dir, sent)) for rel, why in images.skipped])
     return prepared, config
 
 

@@ -151,6 +151,49 @@ def test_archive_of_many_small_compressed_members_is_a_bomb(env: Any, tmp_path: 
     assert list((data / "jobs").iterdir()) == []
 
 
+def test_errors_name_what_the_client_sent_not_server_paths(env: Any, tmp_path: Path) -> None:
+    client, _, pool, data = env
+    pool["count"] = 50
+    hidden = (str(data), str(data.resolve()), ".upload-", "/jobs/", "/target")
+
+    def error(resp: httpx.Response, status: int, code: str) -> str:
+        assert resp.status_code == status, resp.text
+        body = resp.json()["error"]
+        assert body["code"] == code, body
+        assert not any(h in body["message"] for h in hidden), body["message"]
+        return str(body["message"])
+
+    bad_model = client.post("/models", files={"file": ("mine.pt", b"not a checkpoint" * 10)}, headers=USER)
+    assert error(bad_model, 422, "bad_checkpoint").startswith("mine.pt is not a t3ar checkpoint")
+    model_id = _model(client, tmp_path)
+    members = {"a.png": _png(1), "b.png": _png(2), "sub/c.png": b"garbage"}
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as zf:
+        for name, blob in members.items():
+            zf.writestr(name, blob)
+    assert error(_adapt(client, model_id, zipped.getvalue(), {}), 422, "bad_image").startswith("t.zip/sub/c.png: ")
+    with zipfile.ZipFile(zipped, "a") as zf:
+        zf.writestr("../evil.png", b"x")
+    assert error(_adapt(client, model_id, zipped.getvalue(), {}), 422, "unsafe_archive").startswith(
+        "t.zip: member '../evil.png' rejected")
+    only_bad = io.BytesIO()
+    with zipfile.ZipFile(only_bad, "w") as zf:
+        zf.writestr("x.png", b"garbage")
+        zf.writestr("y.txt", b"text")
+    resp = client.post("/adapt", files={"archive": ("t.zip", only_bad.getvalue())},
+                       data={"model_id": model_id, "config": "{}", "skip_bad_images": "true"}, headers=USER)
+    assert error(resp, 422, "invalid_input").startswith("t.zip: no readable images")
+    with zipfile.ZipFile(only_bad, "a") as zf:
+        for i in range(2):
+            zf.writestr(f"ok{i}.png", _png(i))
+    resp = client.post("/adapt", files={"archive": ("t.zip", only_bad.getvalue())},
+                       data={"model_id": model_id, "config": "{}", "skip_bad_images": "true"}, headers=USER)
+    assert resp.status_code == 202, resp.text
+    warnings = resp.json()["warnings"]
+    assert len(warnings) == 2 and not any(h in w for w in warnings for h in hidden), warnings
+    assert any(w.startswith("skipped x.png: t.zip/x.png: not a readable image") for w in warnings), warnings
+
+
 def test_cancel_queued_and_states(env: Any, tmp_path: Path) -> None:
     client, redis, _, _ = env
     model_id = _model(client, tmp_path)

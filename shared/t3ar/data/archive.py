@@ -196,7 +196,7 @@ def _ratio_cap(archive: Path, limits: ExtractLimits) -> tuple[int, str]:
         f"{limits.max_ratio} times the archive's {size} bytes (limit max_ratio; a compression bomb?)"
 
 
-def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path) -> list[_Entry]:
+def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path, shown: str) -> list[_Entry]:
     """Consume ``entries``, checking names, tree consistency and declared sizes; return what to extract."""
     ratio_cap, ratio_why = _ratio_cap(archive, limits)
     kept: list[_Entry] = []
@@ -238,7 +238,7 @@ def _validate(entries: Iterator[_Entry], limits: ExtractLimits, archive: Path) -
     except ValueError as e:
         member = e.member if isinstance(e, _Rejected) else name
         raise UnsafeArchiveError(
-            f"{archive.name}: member {member!r} rejected: {e}; nothing was extracted"
+            f"{shown}: member {member!r} rejected: {e}; nothing was extracted"
         ) from e
     return kept
 
@@ -265,7 +265,7 @@ def _copy(src: IO[bytes], target: Path, entry: _Entry, limits: ExtractLimits, wr
 
 
 def _extract_into(
-    archive: Path, kind: ArchiveKind, root: Path, limits: ExtractLimits
+    archive: Path, kind: ArchiveKind, root: Path, limits: ExtractLimits, shown: str
 ) -> tuple[int, int]:
     """Validate everything, then write into ``root`` (an empty directory). Returns (files, bytes)."""
     written_total, n_files = 0, 0
@@ -273,13 +273,13 @@ def _extract_into(
     try:
         opened = zipfile.ZipFile(archive) if kind == "zip" else tarfile.open(archive, "r:*")
     except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as e:
-        raise UnsafeArchiveError(f"{archive.name}: cannot open as {kind} archive: {e}") from e
+        raise UnsafeArchiveError(f"{shown}: cannot open as {kind} archive: {e}") from e
     with opened as arc:
         try:
             raw = _zip_entries(arc) if isinstance(arc, zipfile.ZipFile) else _tar_entries(arc, str(root))
-            entries = _validate(raw, limits, archive)
+            entries = _validate(raw, limits, archive, shown)
         except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, lzma.LZMAError) as e:
-            raise UnsafeArchiveError(f"{archive.name}: corrupt archive while listing members: {e}") from e
+            raise UnsafeArchiveError(f"{shown}: corrupt archive while listing members: {e}") from e
         ratio_cap = _ratio_cap(archive, limits)
         for entry in entries:
             target = root.joinpath(*entry.rel.split("/"))
@@ -301,28 +301,31 @@ def _extract_into(
                 n_files += 1
             except (ValueError, OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, lzma.LZMAError) as e:
                 raise UnsafeArchiveError(
-                    f"{archive.name}: member {entry.name!r}: {e}; extraction aborted and rolled back"
+                    f"{shown}: member {entry.name!r}: {e}; extraction aborted and rolled back"
                 ) from e
     return n_files, written_total
 
 
-def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = ExtractLimits()) -> Path:
+def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = ExtractLimits(), *,
+                 name: str | None = None) -> Path:
     """Extract ``archive`` (zip or tar[.gz|.bz2|.xz]) into ``dest`` all-or-nothing; return ``dest``.
 
     ``dest`` must not exist or be an empty directory (InvalidInputError otherwise). macOS junk
     (``__MACOSX/``, ``._*``, ``.DS_Store``) is skipped. Files are written with default permissions (modes,
-    owners and timestamps from the archive are not applied).
+    owners and timestamps from the archive are not applied). ``name``: what errors call the archive (e.g. the
+    file name an uploader gave it; default: its file name here).
     """
     archive, dest = Path(archive), Path(dest)
+    shown = name or archive.name
     kind = archive_kind(archive)
     if kind is None:
-        raise UnsafeArchiveError(f"{archive.name}: not a zip or tar(.gz/.bz2/.xz) archive; use one of those")
+        raise UnsafeArchiveError(f"{shown}: not a zip or tar(.gz/.bz2/.xz) archive; use one of those")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise InvalidInputError(f"{dest} already exists and is not an empty directory; choose a new one")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
-        n_files, n_bytes = _extract_into(archive, kind, tmp, limits)
+        n_files, n_bytes = _extract_into(archive, kind, tmp, limits, shown)
         if dest.exists():
             dest.rmdir()
         os.rename(tmp, dest)
