@@ -33,6 +33,7 @@ USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admi
 
 def _retriever(pool: dict[str, Any]) -> httpx.MockTransport:
     def handle(req: httpx.Request) -> httpx.Response:
+        pool.setdefault("raw_paths", []).append(req.url.raw_path.decode())
         if req.url.path == "/stats":
             return httpx.Response(200, json={"count": pool["count"], "identity": "fake"})
         if req.url.path == "/ready":
@@ -192,6 +193,18 @@ def test_errors_name_what_the_client_sent_not_server_paths(env: Any, tmp_path: P
     warnings = resp.json()["warnings"]
     assert len(warnings) == 2 and not any(h in w for w in warnings for h in hidden), warnings
     assert any(w.startswith("skipped x.png: t.zip/x.png: not a readable image") for w in warnings), warnings
+
+
+def test_withdrawn_ids_are_forwarded_encoded(env: Any) -> None:
+    """Any id reaches the retriever as one encoded path segment; one the pool cannot hold is a 404, not a 500."""
+    client, _, pool, _ = env
+    for sent, raw in (("%04", "%04"), ("p%3F1", "p%3F1"), ("%2E%2E", "%2E%2E"), ("a%20b", "a%20b")):
+        pool["raw_paths"] = []
+        resp = client.delete(f"/pool/{sent}", headers=ADMIN)
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.text
+        assert pool["raw_paths"] == [f"/pool/{raw}"]
+    resp = client.delete("/pool/p-1", headers=ADMIN)
+    assert resp.status_code == 200 and resp.json()["deleted"] is True and pool["ids"] == {"p-2"}
 
 
 def test_cancel_queued_and_states(env: Any, tmp_path: Path) -> None:

@@ -117,3 +117,31 @@ def test_provider_pads_short_rows_and_checks_input() -> None:
 
     with pytest.raises(ValueError, match="uint8"):
         provider.embed(torch.zeros(1, 3, 8, 8))
+
+
+@pytest.mark.parametrize(("item_id", "raw"), [
+    ("ab12cd-7", "ab12cd-7"), ("\x04", "%04"), ("a/b", "a%2Fb"), ("p?x=1#f", "p%3Fx%3D1%23f"), (".", "%2E"),
+    ("..", "%2E%2E"), ("é", "%C3%A9"),
+])
+def test_ids_travel_as_one_encoded_path_segment(item_id: str, raw: str) -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.raw_path.decode())
+        return httpx.Response(200, json={"id": item_id}) if request.method == "GET" and "image" not in str(
+            request.url) else httpx.Response(200, content=b"x")
+
+    client = _client(handler)
+    client.get_item(item_id)
+    client.get_image(item_id)
+    client.delete(item_id)
+    assert seen == [f"/pool/{raw}", f"/pool/{raw}/image", f"/pool/{raw}"]
+
+
+def test_an_empty_id_is_unknown_without_a_request() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"no request expected, got {request.url}")
+
+    for call in (_client(handler).get_item, _client(handler).get_image, _client(handler).delete):
+        with pytest.raises(RetrieverNotFoundError, match="no pool item ''"):
+            call("")

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -28,6 +29,7 @@ from PIL import Image
 
 from t3ar.clients.retriever_errors import (
     RetrieverError,
+    RetrieverNotFoundError,
     RetrieverUnavailableError,
     error_from_response,
 )
@@ -61,6 +63,15 @@ def _as_file(item: ImageInput, i: int) -> tuple[str, bytes]:
         return f"image-{i}", bytes(item)
     path = Path(item)
     return path.name, path.read_bytes()
+
+
+def _item_path(item_id: str) -> str:
+    """``/pool/<id>`` with the id as one path segment, whatever it holds (``/``, ``?``, control characters,
+    ``.`` or ``..``): percent-encoded, so it reaches the retriever as given. An empty id names nothing."""
+    if not item_id:
+        raise RetrieverNotFoundError("no pool item '' (an id is never empty)", status=404, code="not_found")
+    segment = quote(item_id, safe="")
+    return f"/pool/{segment.replace('.', '%2E') if segment in ('.', '..') else segment}"
 
 
 class RetrieverClient:
@@ -192,14 +203,14 @@ class RetrieverClient:
                 return
 
     def get_item(self, item_id: str) -> dict[str, Any]:
-        return dict(self._json("GET", f"/pool/{item_id}"))
+        return dict(self._json("GET", _item_path(item_id)))
 
     def get_image(self, item_id: str) -> bytes:
-        return self._request("GET", f"/pool/{item_id}/image", safe=True).content
+        return self._request("GET", f"{_item_path(item_id)}/image", safe=True).content
 
     def delete(self, item_id: str) -> None:
         """Withdraw one item (admin token). Unknown id -> RetrieverNotFoundError."""
-        self._request("DELETE", f"/pool/{item_id}", safe=True, ok_404_on_retry=True)
+        self._request("DELETE", _item_path(item_id), safe=True, ok_404_on_retry=True)
 
     def delete_many(self, ids: Sequence[str], *, missing_ok: bool = False) -> dict[str, Any]:
         """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``."""
