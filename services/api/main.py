@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 import t3ar
 from services.api.deps import ApiState
-from services.api.errors import install_error_handlers
+from services.api.errors import BodyLimitMiddleware, install_error_handlers
 from services.api.jobs import JobService
 from services.api.metrics import ApiMetrics, MetricsMiddleware
 from services.api.routes import router
@@ -99,12 +99,12 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         title="t3ar adaptation API", version=getattr(t3ar, "__version__", "0"), lifespan=lifespan,
         description="Adapt a base classifier to target data with retrieval from the auxiliary pool; withdraw pool "
                     "items and find (and re-run) every checkpoint that used them.",
-        max_body_size=settings.max_body_bytes,
         form_limits={"max_files": 1, "max_fields": 16, "max_part_size": 1 << 20},
     )
     app.state.api = state
     install_error_handlers(app)
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # added last = outermost: times everything
     app.include_router(router)
     app.include_router(jobs_router)
     return app

@@ -207,6 +207,31 @@ def test_withdrawn_ids_are_forwarded_encoded(env: Any) -> None:
     assert resp.status_code == 200 and resp.json()["deleted"] is True and pool["ids"] == {"p-2"}
 
 
+def test_over_large_bodies_get_the_json_error_body(tmp_path: Path) -> None:
+    """Declared too large (refused before reading) or streamed past the limit: 413 in the JSON error envelope."""
+    settings = ApiSettings(data_dir=tmp_path / "data", token="user-t", admin_token="admin-t",  # type: ignore[arg-type]
+                           max_upload_bytes=200_000, max_model_bytes=100_000, sweep_interval=3600)
+    limit = settings.max_body_bytes
+    body = b"x" * (limit + 1)
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(body), 65536):
+            yield body[start:start + 65536]
+
+    with TestClient(create_app(settings, redis=fakeredis.FakeRedis())) as client:
+        # refused unread whatever the route; streamed, only where the route reads the body
+        for declared, paths in ((True, ("/adapt", "/models", "/jobs", "/no/route")), (False, ("/adapt", "/models"))):
+            for path in paths:
+                headers = {**USER, "Content-Type": "multipart/form-data; boundary=x"}
+                resp = client.post(path, headers=headers, content=body if declared else chunks())
+                assert resp.status_code == 413, (path, declared, resp.text)
+                assert resp.headers["content-type"] == "application/json", (path, declared, resp.headers)
+                error = resp.json()["error"]
+                assert error["code"] == "payload_too_large" and "T3AR_API_MAX_UPLOAD_BYTES" in error["message"], error
+        assert client.get("/health").status_code == 200
+    assert list((settings.data_dir / "jobs").iterdir()) == []
+
+
 def test_cancel_queued_and_states(env: Any, tmp_path: Path) -> None:
     client, redis, _, _ = env
     model_id = _model(client, tmp_path)
