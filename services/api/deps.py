@@ -3,6 +3,8 @@
 Scopes: the user token (``T3AR_API_TOKEN``) may upload models, adapt, read, cancel and readapt; the admin
 token (``T3AR_API_ADMIN_TOKEN``) may do all that and withdraw pool items. No or unknown token -> 401, user
 token on an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
+A request with a body and no known token is refused earlier, before its body is read
+(:mod:`services.common.credentials`).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from services.api.routes import router
 from services.api.routes_jobs import router as jobs_router
 from services.api.settings import ApiSettings
 from services.api.store import Store
+from services.common.credentials import CredentialsFirstMiddleware, token_matches
 from t3ar.clients.retriever import RetrieverClient
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,9 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
     app.state.api = state
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    # outside the body limit: a client without a known token gets 401 before any byte of its body is read
+    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
+                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # added last = outermost: times everything
     app.include_router(router)
     app.include_router(jobs_router)

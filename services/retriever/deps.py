@@ -6,6 +6,8 @@ pool (a thread hop per dependency per request, which costs milliseconds on a bus
 Scopes: the read/write token (``T3AR_RETRIEVER_TOKEN``) may add, search, embed and read; the admin token
 (``T3AR_RETRIEVER_ADMIN_TOKEN``) may do all that and delete. No or unknown token -> 401, read/write token on
 an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
+A request with a body and no known token is refused earlier, before its body is read
+(:mod:`services.common.credentials`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import t3ar
+from services.common.credentials import CredentialsFirstMiddleware, token_matches
 from services.retriever.deps import RetrieverState
 from services.retriever.errors import install_error_handlers
 from services.retriever.metrics import RetrieverMetrics
@@ -104,6 +105,9 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
     app.state.retriever = state
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
+    # outside the body limit: a client without a known token gets 401 before any byte of its body is read
+    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
+                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # added last = outermost: times everything
     app.include_router(router)
     return app

@@ -1,0 +1,1 @@
+"""Plumbing shared by the services (API and retriever)."""
