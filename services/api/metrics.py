@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -14,6 +14,8 @@ class ApiMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds, ...
+        PlatformCollector(registry=r)
         self.request_seconds = Histogram("t3ar_api_request_seconds", "HTTP request latency",
                                          ["method", "route", "status"], buckets=_BUCKETS, registry=r)
         self.jobs_submitted = Counter("t3ar_api_jobs_submitted", "adaptation jobs enqueued", ["method", "kind"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -13,6 +13,8 @@ class RetrieverMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds, ...
+        PlatformCollector(registry=r)
         self.request_seconds = Histogram("t3ar_retriever_request_seconds", "HTTP request latency",
                                          ["method", "route", "status"], buckets=_BUCKETS, registry=r)
         self.pool_items = Gauge("t3ar_retriever_pool_items", "items in the pool", registry=r)

@@ -124,7 +124,7 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
     write_json_atomic(out_dir / LINEAGE_FILE, lineage)  # last: its presence marks the job's artifacts complete
     summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
-               "seconds": round(time.perf_counter() - t0, 3)}
+               "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]

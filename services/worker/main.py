@@ -20,6 +20,8 @@ from redis import Redis
 from rq import Queue, Worker
 from rq.job import Job
 
+from services.worker.metrics import WorkerMetrics
+from services.worker.metrics import serve as serve_metrics
 from services.worker.protocol import JOB_FUNCTION, SERIALIZER
 from services.worker.settings import WorkerSettings
 from t3ar.urls import redact_url
@@ -52,6 +54,7 @@ class AdaptWorker(Worker):
     seconds after its worker vanished."""
 
     abandon_grace: int = 60
+    metrics: WorkerMetrics | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         """Refused jobs go through rq's normal failure path (failed registry, error recorded) without importing
@@ -67,7 +70,14 @@ class AdaptWorker(Worker):
                 raise RefusedJobError(f"refused: {reason}")
 
             job.perform = refuse  # type: ignore[method-assign]
-        return super().execute_job(job, queue)
+        if self.metrics is None:
+            return super().execute_job(job, queue)
+        self.metrics.busy.set(1)
+        try:
+            return super().execute_job(job, queue)
+        finally:  # the work horse has ended here: the job's record says how
+            self.metrics.busy.set(0)
+            self.metrics.observe(job, refused=reason is not None)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         if job.timeout and job.timeout > 0:
@@ -91,6 +101,7 @@ def build_worker(settings: WorkerSettings, connection: Redis | None = None) -> A
     worker = AdaptWorker([queue], connection=conn, serializer=SERIALIZER, name=name,
                          job_monitoring_interval=settings.monitor_interval)
     worker.abandon_grace = settings.abandon_grace
+    worker.metrics = WorkerMetrics()
     return worker
 
 
@@ -102,6 +113,8 @@ def run(settings: WorkerSettings, *, burst: bool = False) -> bool:
     conn = Redis.from_url(settings.redis_url)
     conn.ping()
     worker = build_worker(settings, conn)
+    if settings.metrics_port and worker.metrics is not None:
+        serve_metrics(worker.metrics, settings.metrics_port, settings.metrics_host)
     log.info("worker %s on queue %s (redis %s, retriever %s, data dir %s, device %s)", worker.name,
              settings.queue, redact_url(settings.redis_url), settings.retriever_url, settings.data_dir.resolve(),
              settings.device)

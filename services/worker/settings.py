@@ -40,6 +40,9 @@ class WorkerSettings(BaseSettings):
     abandon_grace: int = Field(default=30, ge=1, description="a job with no heartbeat for interval+grace s "
                                                              "is failed as abandoned")
     log_level: str = "INFO"
+    metrics_port: int | None = Field(default=None, ge=0, le=65535,
+                                     description="serve Prometheus /metrics on this port (unset or 0: off)")
+    metrics_host: str = "127.0.0.1"
 
     def image_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else self.data_dir / "cache" / "pool-images"

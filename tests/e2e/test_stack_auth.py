@@ -88,3 +88,8 @@ def test_worker_refuses_a_foreign_job_without_running_it(stack: Stack, tmp_path:
     assert result is not None and "refused" in (result.exc_string or "")
     assert not marker.exists()
     assert "refusing job" in stack.log("worker-1")
+    # and the worker's Prometheus metrics count it (issue 11, observability)
+    text = httpx.get(stack.info["worker_metrics"][0], timeout=10).text
+    refused = [line for line in text.splitlines() if line.startswith('t3ar_worker_jobs_total{outcome="refused"}')]
+    assert refused and float(refused[0].split()[-1]) >= 1, text[:2000]
+    assert "process_resident_memory_bytes" in text

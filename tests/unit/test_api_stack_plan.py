@@ -45,6 +45,8 @@ def test_plan_wires_every_process(tmp_path: Path) -> None:
     assert worker["T3AR_WORKER_RETRIEVER_TOKEN"] == t["retriever_token"]
     assert "T3AR_WORKER_RETRIEVER_ADMIN_TOKEN" not in worker and "T3AR_API_ADMIN_TOKEN" not in worker
     assert by["worker-1"].argv[1:] == ["-m", "services.worker"]  # never the torch-importing CLI
+    ports = [by[f"worker-{i}"].env["T3AR_WORKER_METRICS_PORT"] for i in (1, 2)]
+    assert len(set(ports)) == 2 and info["worker_metrics"] == [f"http://127.0.0.1:{p}/metrics" for p in ports]
 
 
 def test_plan_without_auth(tmp_path: Path) -> None:

@@ -73,9 +73,12 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
                             "--port", str(ports["retriever"])], retriever_env, logs / "retriever.log"),
         Child("api", [PY, "-m", "t3ar.cli.serve_api", "--port", str(ports["api"])], api_env, logs / "api.log"),
     ]
-    children += [Child(f"worker-{i + 1}", [PY, "-m", "services.worker"], worker_env, logs / f"worker-{i + 1}.log")
-                 for i in range(workers)]
+    metrics_ports = [free_port() for _ in range(workers)]  # each worker serves its Prometheus /metrics
+    children += [Child(f"worker-{i + 1}", [PY, "-m", "services.worker"],
+                       {**worker_env, "T3AR_WORKER_METRICS_PORT": str(port)}, logs / f"worker-{i + 1}.log")
+                 for i, port in enumerate(metrics_ports)]
     info = {"api_url": api_url, "retriever_url": retriever_url, "redis_url": redis_url,
+            "worker_metrics": [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports],
             "data_dir": str(data_dir.resolve()), "auth": not no_auth,
             "tokens": {} if no_auth else {k: tokens[k] for k in ("api_token", "api_admin_token", "retriever_token",
                                                                  "retriever_admin_token")}}
