@@ -31,6 +31,7 @@ from services.worker.protocol import (
     JobSpec,
     artifacts_dir,
 )
+from t3ar.logs import REQUEST_ID
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class JobService:
     # --- submit ------------------------------------------------------------------------------------------
     def enqueue(self, row: JobRow, model_path: str) -> None:
         spec = JobSpec(job_id=row.id, model_id=row.model_id, model_path=model_path, target_dir=row.target_dir,
-                       config=row.config, parent_id=row.parent_id)
+                       config=row.config, parent_id=row.parent_id, request_id=REQUEST_ID.get())
         self.queue.enqueue_call(
             JOB_FUNCTION, args=(spec.model_dump(),), job_id=row.id, timeout=self.settings.job_timeout,
             result_ttl=self.settings.result_ttl, failure_ttl=self.settings.failure_ttl,

@@ -28,6 +28,7 @@ from services.api.routes_jobs import router as jobs_router
 from services.api.settings import ApiSettings
 from services.api.store import Store
 from services.common.credentials import CredentialsFirstMiddleware, token_matches
+from services.common.request_id import RequestIdMiddleware
 from t3ar.clients.retriever import RetrieverClient
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,8 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
     # outside the body limit: a client without a known token gets 401 before any byte of its body is read
     app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
                        accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # added last = outermost: times everything
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # times everything below
+    app.add_middleware(RequestIdMiddleware)  # added last = outermost: every answer carries the id, is logged
     app.include_router(router)
     app.include_router(jobs_router)
     return app

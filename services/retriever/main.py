@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 import t3ar
 from services.common.credentials import CredentialsFirstMiddleware, token_matches
+from services.common.request_id import RequestIdMiddleware
 from services.retriever.deps import RetrieverState
 from services.retriever.errors import install_error_handlers
 from services.retriever.metrics import RetrieverMetrics
@@ -108,6 +109,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
     # outside the body limit: a client without a known token gets 401 before any byte of its body is read
     app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
                        accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # added last = outermost: times everything
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # times everything below
+    app.add_middleware(RequestIdMiddleware)  # added last = outermost: every answer carries the id, is logged
     app.include_router(router)
     return app

@@ -30,6 +30,7 @@ from services.worker.protocol import (
     write_json_atomic,
 )
 from services.worker.settings import WorkerSettings
+from t3ar.logs import REQUEST_ID, request_id_from
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
 
     progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
                         epochs=int(job_spec.config.get("epochs", 0)) or None)
+    REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
+    log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id,
+             job_spec.config.get("method", "t3ar"))
     try:
         return _run(job_spec, settings, progress, connection)
     except JobCanceledError:

@@ -24,6 +24,7 @@ from services.worker.metrics import WorkerMetrics
 from services.worker.metrics import serve as serve_metrics
 from services.worker.protocol import JOB_FUNCTION, SERIALIZER
 from services.worker.settings import WorkerSettings
+from t3ar.logs import configure_logging
 from t3ar.urls import redact_url
 
 log = logging.getLogger(__name__)
@@ -141,8 +142,11 @@ def check(settings: WorkerSettings) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     settings = WorkerSettings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too chatty
+    try:
+        configure_logging(settings.log_level)  # T3AR_LOG_FORMAT: text or json; request ids from the jobs
+    except ValueError as e:
+        print(f"t3ar worker: {e}", file=sys.stderr)
+        return 2
     if args and args[0] == "check":
         return check(settings)
     burst = "--burst" in args

@@ -47,6 +47,9 @@ class JobSpec(BaseModel):
     target_dir: str = Field(description="extracted target images, relative to the data dir")
     config: dict[str, Any] = Field(description="an AdaptConfig, as a dict")
     parent_id: str | None = Field(default=None, description="the job this one re-runs (readapt)")
+    request_id: str | None = Field(default=None, max_length=128,
+                                   description="the API request that made the job: in the worker's log lines and "
+                                               "its calls to the retriever")
 
 
 class JobCanceledError(Exception):

@@ -33,6 +33,15 @@ def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids
         assert report["pool_ids_used"] == len(info.lineage.pool_ids)
         listed = api.jobs()["jobs"]
         assert accepted["id"] in [j["id"] for j in listed]
+    # one request id follows the submission: the API's access log, the worker's lines, the retriever's calls
+    from rq.job import Job
+
+    from services.worker.protocol import SERIALIZER
+
+    rid = Job.fetch(accepted["id"], connection=stack.redis(), serializer=SERIALIZER).args[0]["request_id"]
+    assert rid and f"[{rid}]: POST /adapt 202" in stack.log("api")
+    assert f"[{rid}]: job {accepted['id']} started" in stack.log("worker-1")
+    assert f"[{rid}]: POST /search 200" in stack.log("retriever")
 
 
 def test_train_mode_from_labels_csv(stack: Stack, model_id: str, pool_ids: list[str], labelled_zip: Path) -> None:

@@ -108,6 +108,7 @@ def test_adapt_enqueues_json_job(env: Any, tmp_path: Path) -> None:
     job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
     spec = job.args[0]
     assert spec["model_path"] == f"models/{model_id}.pt" and spec["target_dir"] == f"jobs/{body['id']}/target"
+    assert spec["request_id"] == resp.headers["x-request-id"]  # the worker logs under the submitting request's id
     assert job.timeout == 6 * 3600 and job.result_ttl == 30 * 86400 and job.failure_ttl == 30 * 86400
     assert (data / spec["target_dir"] / "labels.csv").is_file() and not (data / "jobs" / body["id"] / "upload").exists()
     got = client.get(f"/jobs/{body['id']}", headers=USER).json()

@@ -7,13 +7,13 @@ so that ``t3ar --help`` stays fast). Writes ``adaptation-<plan>.md``, ``.json`` 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 
 import click
 
 from t3ar.bench.plans import BenchPlan
+from t3ar.logs import configure_logging
 
 
 def _default_cache() -> str:
@@ -80,7 +80,7 @@ def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Pat
     from t3ar.device import resolve_device
     from t3ar.errors import T3arError
 
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    configure_logging("INFO")  # force: the CLI root configured WARNING
     plan = PLANS[plan_name]
     if workers is not None:
         plan = dataclasses.replace(plan, workers=workers)

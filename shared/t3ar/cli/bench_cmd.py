@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from t3ar.bench.adaptation import _default_cache, adapt_bench
+from t3ar.logs import configure_logging
 
 
 @click.group("bench")
@@ -27,7 +28,7 @@ def retrieval(out_dir: Path, quick: bool) -> None:
     """
     from t3ar.bench.retrieval import run_retrieval_benchmark
 
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    configure_logging("INFO")  # force: the CLI root configured WARNING
     logging.getLogger("httpx").setLevel(logging.WARNING)
     results = run_retrieval_benchmark(out_dir, quick=quick)
     click.echo(json.dumps({"search_qps_ratio": round(results["search"]["qps_ratio"], 3),
@@ -72,7 +73,7 @@ def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, o
     from t3ar.bench.speed_report import write_report
     from t3ar.device import resolve_device
 
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    configure_logging("INFO")  # force: the CLI root configured WARNING
     if device_name == "auto":
         devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     else:

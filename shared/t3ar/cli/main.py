@@ -6,7 +6,6 @@ stays fast and the core CLI works without the service extras installed.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import click
@@ -20,6 +19,7 @@ from t3ar.cli.pool_cmd import pool
 from t3ar.cli.serve_api import api
 from t3ar.cli.serve_cmd import serve
 from t3ar.cli.stack_cmd import up, worker
+from t3ar.logs import configure_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -33,7 +33,10 @@ def cli(log_level: str) -> None:
     Adapt an image classifier to new target data with pseudo-labels and a contrastive loss whose
     negatives are retrieved from an unlabelled auxiliary pool.
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configure_logging(log_level)
+    except ValueError as e:  # T3AR_LOG_FORMAT
+        raise click.UsageError(str(e)) from None
 
 
 serve.add_command(api)

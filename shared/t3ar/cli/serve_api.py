@@ -6,10 +6,11 @@ The lead attaches :func:`api` to the ``serve`` group; ``python -m t3ar.cli.serve
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
+
+from t3ar.logs import configure_logging
 
 
 @click.command("api")
@@ -39,9 +40,10 @@ def api(data_dir: Path | None, host: str, port: int, redis_url: str | None, retr
     from services.api.main import create_app
     from services.api.settings import ApiSettings
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                        force=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too chatty
+    try:
+        configure_logging(log_level)  # T3AR_LOG_FORMAT: text or json
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     overrides: dict[str, object] = {}
     for key, value in (("data_dir", data_dir), ("redis_url", redis_url), ("retriever_url", retriever_url)):
         if value is not None:

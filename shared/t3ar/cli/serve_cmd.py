@@ -6,15 +6,11 @@ then the retriever saves its index (so the next start does not need to rebuild i
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
 
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                        force=True)
+from t3ar.logs import configure_logging
 
 
 @click.group("serve")
@@ -47,7 +43,10 @@ def retriever(data_dir: Path | None, host: str, port: int, reembed: bool, log_le
     from services.retriever.main import create_app
     from services.retriever.settings import RetrieverSettings
 
-    configure_logging(log_level)
+    try:
+        configure_logging(log_level)  # T3AR_LOG_FORMAT: text or json
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     overrides: dict[str, object] = {}
     if data_dir is not None:
         overrides["data_dir"] = data_dir

@@ -33,6 +33,7 @@ from t3ar.clients.retriever_errors import (
     RetrieverUnavailableError,
     error_from_response,
 )
+from t3ar.logs import HEADER, REQUEST_ID
 
 if TYPE_CHECKING:
     import torch
@@ -99,6 +100,9 @@ class RetrieverClient:
         what = f"{method} {path}"
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
+            rid = REQUEST_ID.get()
+            if rid is not None:  # the request this call serves, for the retriever's logs
+                kwargs["headers"] = {**kwargs.get("headers", {}), HEADER: rid}
             try:
                 resp = self._http.request(method, path, **kwargs)
             except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
