@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's virtual environment (.venv) with t3ar and every extra installed.
-# Idempotent: re-installs only when pyproject.toml changed. Needs Python 3.11 and access to PyPI.
+# Idempotent: re-installs only when pyproject.toml or requirements.lock changed. Needs Python 3.11 (the
+# interpreter the lock was made with) and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,11 +20,13 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 stamp=.venv/.t3ar-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing t3ar[all,dev] into .venv (first time: torch is large, a few minutes)" >&2
   log=.venv/pip-install.log
-  if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".[all,dev]" >"$log" 2>&1; then
+  # versions pinned by requirements.lock (scripts/lock.sh): the same packages on every machine and in CI
+  if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".[all,dev]" -c requirements.lock \
+      >"$log" 2>&1; then
     grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
     echo "setup: pip install failed (full log: $log)" >&2
     exit 1
