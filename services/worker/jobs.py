@@ -111,12 +111,7 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     progress.phase("saving")
 
     res = outcome.result
-    metrics: dict[str, Any] = {
-        "steps": res.steps, "epochs": res.epochs, "seconds_adapt": round(res.seconds, 3),
-        "seconds_per_epoch": round(res.seconds_per_epoch, 3), "retrieval_seconds": outcome.retrieval_seconds,
-    }
-    if outcome.before is not None and outcome.after is not None:
-        metrics["before"], metrics["after"] = outcome.before, outcome.after
+    metrics = outcome.checkpoint_metrics()  # the same keys as a checkpoint made by `t3ar adapt`
     out_dir = artifacts_dir(settings.data_dir, spec.job_id)
     if out_dir.exists():  # a retried job starts from scratch; lineage.json must not outlive its checkpoint
         shutil.rmtree(out_dir)

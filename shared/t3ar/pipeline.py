@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -153,6 +154,17 @@ class AdaptOutcome:
     before: dict[str, object] | None = None
     after: dict[str, object] | None = None
     retrieval_seconds: dict[str, float] = field(default_factory=dict)
+
+    def checkpoint_metrics(self) -> dict[str, Any]:
+        """The ``metrics`` an adapted checkpoint stores: the same keys and rounding whoever made it (the CLI's
+        ``t3ar adapt`` or a worker)."""
+        res = self.result
+        out: dict[str, Any] = {"steps": res.steps, "epochs": res.epochs, "seconds_adapt": round(res.seconds, 3),
+                               "seconds_per_epoch": round(res.seconds_per_epoch, 3),
+                               "retrieval_seconds": dict(self.retrieval_seconds)}
+        if self.before is not None and self.after is not None:
+            out["before"], out["after"] = self.before, self.after
+        return out
 
 
 def labels_for_model(imageset: ImageSet, model_classes: Sequence[str]) -> torch.Tensor:

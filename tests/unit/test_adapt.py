@@ -124,3 +124,26 @@ def test_t3ar_on_cuda_with_amp() -> None:
                 pool_images=torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g), device=dev)
     assert res.steps == 3 and all(torch.isfinite(torch.tensor(h.loss)) for h in res.history)
     assert next(model.parameters()).device.type == "cuda"
+
+
+def test_checkpoint_metrics_are_built_once() -> None:
+    """Issue 10: the CLI (`t3ar adapt`) and the worker store the same metrics keys and rounding."""
+    from typing import Any
+
+    from t3ar.method.adapt import AdaptResult
+    from t3ar.pipeline import AdaptOutcome
+
+    res = AdaptResult(steps=12, epochs=3, seconds=1.23456, seconds_per_epoch=0.41152)
+    outcome = AdaptOutcome(res, None, retrieval_seconds={"search": 0.5})  # type: ignore[arg-type]
+    assert outcome.checkpoint_metrics() == {"steps": 12, "epochs": 3, "seconds_adapt": 1.235,
+                                            "seconds_per_epoch": 0.412, "retrieval_seconds": {"search": 0.5}}
+    before: dict[str, Any] = {"top1": 0.5}
+    with_eval = AdaptOutcome(res, None, before=before, after={"top1": 0.6})  # type: ignore[arg-type]
+    assert with_eval.checkpoint_metrics()["after"] == {"top1": 0.6}
+    import inspect
+
+    import services.worker.jobs as worker_jobs
+    import t3ar.cli.model_cmds as cli_cmds
+
+    for module in (worker_jobs, cli_cmds):  # both call the one builder
+        assert "checkpoint_metrics()" in inspect.getsource(module), module.__name__

@@ -176,13 +176,7 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
     bar = StepBar(f"adapt:{method}", enabled=not as_json)
     outcome = run_adaptation(model, info, tgt, cfg, provider=provider, device=dev, eval_set=ev, on_step=bar)
     bar.close()
-    res = outcome.result
-    metrics: dict[str, Any] = {"steps": res.steps, "epochs": res.epochs, "seconds": round(res.seconds, 2),
-                               "seconds_per_epoch": round(res.seconds_per_epoch, 2),
-                               "retrieval_seconds": outcome.retrieval_seconds}
-    if outcome.before is not None and outcome.after is not None:
-        metrics["before"] = outcome.before
-        metrics["after"] = outcome.after
+    metrics = outcome.checkpoint_metrics()
     sha = save_checkpoint(out, model, info.spec, adapt_config=cfg.model_dump(), lineage=outcome.lineage,
                           metrics=metrics)
     payload = {"checkpoint": str(out), "sha256": sha, "method": method, "adapted_on": outcome.lineage.target_size,
