@@ -238,6 +238,9 @@ def test_drift_report_renders(tmp_path: Path) -> None:
     write_drift_report(res, tmp_path, stem="adaptation-drift")
     text = (tmp_path / "adaptation-drift.md").read_text()
     assert "| T3AR | 0.001 | 43.0 | 1 (45.0) | 35.0 | 40.0 → 30.0 |" in text
+    # the reading is computed: a run that ends below the source model is called out as fitting its own labels
+    assert "T3AR, lr 0.001: peaks at epoch 1 (45.0 %), then falls to 35.0 % (-8.0 points" in text
+    assert "most of them wrong" in text
     assert (tmp_path / "adaptation-drift-curves.png").stat().st_size > 1000
 
 
