@@ -20,6 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common.routing import allowed_methods
 from t3ar.clients.retriever_errors import (
     RetrieverAuthError,
     RetrieverError,
@@ -122,7 +123,11 @@ def _http_handler(request: Request, exc: Exception) -> JSONResponse:
         message = f"request body too large ({message}); see T3AR_API_MAX_UPLOAD_BYTES / _MAX_MODEL_BYTES"
     elif exc.status_code == 400 and "parsing the body" in message:
         message = "the request body could not be parsed: send multipart/form-data as documented"
-    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # every method of the resource, not only those of the first matching route
+        headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
+        message = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
+    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=headers)
 
 
 def _redis_down(request: Request, exc: Exception) -> JSONResponse:

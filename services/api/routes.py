@@ -66,7 +66,8 @@ def _model_out(m: ModelRow) -> s.ModelOut:
 
 
 @router.post("/models", response_model=s.ModelOut, status_code=201, dependencies=USER, tags=["models"],
-             responses={200: {"model": s.ModelOut, "description": "the same file was uploaded before"}})
+             responses={200: {"model": s.ModelOut, "description": "the same file was uploaded before"},
+                        400: {"model": s.ErrorBody, "description": "unparsable multipart body"}})
 def upload_model(state: StateDep,
                  file: Annotated[UploadFile, File(description="a t3ar checkpoint (t3ar train-source)")],
                  name: Annotated[str, Form(max_length=200)] = "") -> JSONResponse:

@@ -53,12 +53,13 @@ def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str
     return JSONResponse(body.model_dump(), status_code=202, headers={"Location": url})
 
 
-@router.post("/adapt", status_code=202, response_model=s.JobAccepted)
+@router.post("/adapt", status_code=202, response_model=s.JobAccepted,
+              responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}})
 def adapt(
     request: Request, state: StateDep,
     archive: Annotated[UploadFile, File(description="zip/tar(.gz) of target images; labels.csv (path,label) at "
                                                     "its root switches to train-time mode")],
-    model_id: Annotated[str, Form(description="a base model id from POST /models")],
+    model_id: Annotated[str, Form(min_length=1, description="a base model id from POST /models")],
     config: Annotated[str, Form(description="JSON object of AdaptConfig fields, e.g. "
                                             "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}")] = "{}",
     skip_bad_images: Annotated[bool, Form(description="drop unreadable files instead of refusing it")] = False,

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common.routing import allowed_methods
 from t3ar.errors import ImageDecodeError, InvalidInputError, T3arError, UnsafeArchiveError
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,11 @@ def _http_handler(request: Request, exc: Exception) -> JSONResponse:
         message = f"no route {request.method} {request.url.path}; see /docs for the API"
     elif exc.status_code == 400 and "parsing the body" in message:
         message = "the request body could not be parsed: send multipart/form-data or JSON as documented"
-    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # every method of the resource, not only those of the first matching route
+        headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
+        message = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
+    return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=headers)
 
 
 def _unhandled(request: Request, exc: Exception) -> JSONResponse:

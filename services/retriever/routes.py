@@ -28,6 +28,8 @@ from services.retriever.uploads import expand_uploads
 from t3ar.errors import InvalidInputError
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
+# routes with a multipart or JSON body: one that cannot be parsed at all (broken multipart, non-UTF-8 JSON) is a 400
+_UNPARSABLE: dict[int | str, dict[str, Any]] = {400: {"model": s.ErrorBody, "description": "unparsable body"}}
 router = APIRouter(responses=_ERRORS)
 RW = [Depends(require_token)]
 ADMIN = [Depends(require_admin)]
@@ -82,7 +84,8 @@ def stats(state: StateDep) -> s.StatsResponse:
     return s.StatsResponse(**state.pool.stats(), duplicate_policy=state.settings.duplicate_policy)
 
 
-@router.post("/pool", response_model=s.AddResponse, dependencies=RW, tags=["pool"])
+@router.post("/pool", response_model=s.AddResponse, dependencies=RW, tags=["pool"],
+             responses=_UNPARSABLE)
 def add_images(
     pool: PoolDep, ingestor: IngestorDep, settings: SettingsDep, state: StateDep,
     files: Annotated[list[UploadFile], File(description="images and/or zip/tar archives of images")],
@@ -164,7 +167,8 @@ def list_items(pool: PoolDep, after: str | None = None, limit: Annotated[int, Qu
     return s.ItemPage(items=[_item_out(pool, r) for r in rows], next_after=nxt, total=pool.store.count(source))
 
 
-@router.post("/pool/exists", response_model=s.ExistsResponse, dependencies=RW, tags=["pool"])
+@router.post("/pool/exists", response_model=s.ExistsResponse, dependencies=RW, tags=["pool"],
+             responses=_UNPARSABLE)
 def exists(pool: PoolDep, body: s.ExistsRequest) -> s.ExistsResponse:
     """Which of these sha256 digests (lower-case hex of the file bytes) are already in the pool."""
     return s.ExistsResponse(found=pool.known_shas([h.lower() for h in body.sha256]))
@@ -202,7 +206,8 @@ def delete_item(pool: PoolDep, state: StateDep, item_id: str) -> s.DeleteRespons
     return s.DeleteResponse(deleted=deleted, not_found=missing)
 
 
-@router.post("/pool/delete", response_model=s.DeleteResponse, dependencies=ADMIN, tags=["pool"])
+@router.post("/pool/delete", response_model=s.DeleteResponse, dependencies=ADMIN, tags=["pool"],
+             responses=_UNPARSABLE)
 def delete_items(pool: PoolDep, state: StateDep, body: s.DeleteRequest) -> s.DeleteResponse:
     """Withdraw many items at once: all of them, or (an unknown id, without ``missing_ok``) none -> 404."""
     deleted, missing = pool.delete(body.ids, missing_ok=body.missing_ok)
@@ -210,7 +215,8 @@ def delete_items(pool: PoolDep, state: StateDep, body: s.DeleteRequest) -> s.Del
     return s.DeleteResponse(deleted=deleted, not_found=missing)
 
 
-@router.post("/embed", response_model=s.EmbedResponse, dependencies=RW, tags=["search"])
+@router.post("/embed", response_model=s.EmbedResponse, dependencies=RW, tags=["search"],
+             responses=_UNPARSABLE)
 def embed(ingestor: IngestorDep, state: StateDep, settings: SettingsDep,
           files: Annotated[list[UploadFile], File(description="images (all must be readable)")],
           encoding: Literal["base64", "json"] = "base64") -> s.EmbedResponse:
@@ -232,7 +238,8 @@ def embed(ingestor: IngestorDep, state: StateDep, settings: SettingsDep,
     return out
 
 
-@router.post("/search", dependencies=RW, tags=["search"], response_model=s.SearchResponse)
+@router.post("/search", dependencies=RW, tags=["search"], response_model=s.SearchResponse,
+             responses=_UNPARSABLE)
 def search(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.SearchRequest) -> Response:
     """Nearest pool items by inner product (cosine for unit vectors) for each query, best first. Queries are
     vectors (JSON or base64 float32) or images (base64 file bytes, embedded with the pool's R)."""
