@@ -1,0 +1,158 @@
+"""Property-based fuzzing of both services from their own OpenAPI documents (schemathesis), in-process.
+
+Each app is built as in tests/unit/test_{retriever,api}_routes.py (a ready vectors-only retriever pool; the API
+with fakeredis and a mocked retriever) and schemathesis runs all its phases (explicit examples, coverage of
+boundaries and unsupported methods, random fuzzing, stateful sequences) with every check: no 5xx, status
+codes, content types, headers and bodies as documented, 405 with the right ``Allow``, schema-invalid requests
+refused, schema-valid requests accepted. Authenticated with the admin token (every route is reachable) and with
+the user token (admin routes must answer their documented 403). Bounded (max examples per operation) and
+seeded, so a CI run is reproducible: about 40 s for all four runs on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import httpx
+import numpy as np
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from schemathesis.config import SchemathesisConfig
+from schemathesis.engine import events, from_schema
+from schemathesis.python.asgi import shutdown_lifespans
+
+from services.api.main import create_app as create_api
+from services.api.settings import ApiSettings
+from services.retriever.main import create_app as create_retriever
+from services.retriever.settings import RetrieverSettings
+from t3ar.clients.retriever import RetrieverClient
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning")
+
+SEED = 11
+# Failures that remain, each named here with its operation, so that everything else is held to every check.
+# POST /models: a schema-valid upload is random bytes, not a t3ar checkpoint, and is refused 422 bad_checkpoint.
+# Retriever: `after` (GET /pool) must be an id of this pool, vectors (POST /search, POST /pool/vectors) must have
+# this pool's dimension; the published schema does not say either yet.
+POSITIVE_ACCEPTANCE_SKIPPED = {"api": [("POST", "/models")],
+                               "retriever": [("GET", "/pool"), ("POST", "/search"), ("POST", "/pool/vectors")]}
+
+
+def fuzz(app: FastAPI, token: str, *, max_examples: int, skip_positive: list[tuple[str, str]],
+         prepare: Callable[[TestClient], None] = lambda client: None) -> list[str]:
+    """Run schemathesis against ``app``'s /openapi.json; the failures, one line each (operation, check, request).
+    Schemathesis runs the app's lifespan (started on loading the schema); ``prepare`` then fills the app."""
+    config = SchemathesisConfig.from_dict({
+        "seed": SEED,
+        "headers": {"Authorization": f"Bearer {token}"},
+        "generation": {"max-examples": max_examples, "database": "none"},
+        "checks": {"enabled": True},
+        "operations": [{"include-method": m, "include-path": p, "checks": {"positive_data_acceptance": {
+            "enabled": False}}} for m, p in skip_positive],
+    })
+    try:
+        schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
+        prepare(TestClient(app))  # no `with`: the lifespan is schemathesis's
+        return _failures(from_schema(schema).execute())
+    finally:
+        shutdown_lifespans()
+
+
+def _failures(stream: Iterable[events.EngineEvent]) -> list[str]:
+    failures: dict[tuple[str, str, str], str] = {}
+    cases = 0
+    for event in stream:
+        if isinstance(event, events.ScenarioFinished):
+            cases += len(event.recorder.cases)
+            for case_id, checks in event.recorder.checks.items():
+                for check in checks:
+                    if check.failure_info is None:
+                        continue
+                    failure = check.failure_info.failure
+                    sent = event.recorder.interactions.get(case_id)
+                    status = sent.response.status_code if sent and sent.response else "?"
+                    request = f"{sent.request.method} {sent.request.uri} -> {status}" if sent else "?"
+                    failures.setdefault((event.recorder.label, check.name, failure.title),
+                                        f"{event.recorder.label}: {check.name}: {failure.title} ({request}): "
+                                        f"{str(failure.message)[:300]}")
+        elif isinstance(event, (events.NonFatalError, events.FatalError)):
+            failures[("error", str(event.id), "")] = f"schemathesis error: {getattr(event, 'value', event)}"
+    assert cases > 100, f"only {cases} cases ran"
+    return list(failures.values())
+
+
+@pytest.fixture()
+def retriever(tmp_path: Path) -> FastAPI:
+    settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
+                                 embedder="none", vector_dim=8, vector_identity="synthetic")
+    return create_retriever(settings)
+
+
+def _fill_pool(client: TestClient) -> None:
+    """Wait for the index, then add 20 vectors (ids for the stateful phase to find)."""
+    deadline = time.monotonic() + 30
+    while client.get("/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the pool did not become ready"
+        time.sleep(0.05)
+    vecs = np.random.default_rng(0).normal(size=(20, 8)).astype("<f4")
+    resp = client.post("/pool/vectors", headers={"Authorization": "Bearer admin-t"}, params={"identity": "synthetic"},
+                       content=vecs.tobytes())
+    assert resp.status_code == 200, resp.text
+
+
+def _mock_retriever(req: httpx.Request) -> httpx.Response:
+    if req.url.path == "/stats":
+        return httpx.Response(200, json={"count": 50, "identity": "fake"})
+    if req.url.path == "/ready":
+        return httpx.Response(200, json={"ready": True})
+    return httpx.Response(404, json={"error": {"code": "not_found", "message": "no such item"}})
+
+
+@pytest.fixture()
+def api(tmp_path: Path) -> FastAPI:
+    settings = ApiSettings(data_dir=tmp_path / "data",  # type: ignore[arg-type]
+                           token="user-t", admin_token="admin-t", retriever_admin_token="r-admin",
+                           validate_threads=0, max_upload_bytes=200_000, sweep_interval=3600)
+    app = create_api(settings, redis=fakeredis.FakeRedis())
+    state: Any = app.state.api
+    state.retriever = RetrieverClient("http://r", "r-rw", transport=httpx.MockTransport(_mock_retriever), retries=0)
+    state.retriever_admin = RetrieverClient("http://r", "r-admin", transport=httpx.MockTransport(_mock_retriever),
+                                            retries=0)
+    return app
+
+
+@pytest.mark.parametrize(("token", "examples"), [("admin-t", 40), ("rw-t", 15)])
+def test_retriever_conforms_to_its_openapi(retriever: FastAPI, token: str, examples: int) -> None:
+    failures = fuzz(retriever, token, max_examples=examples,
+                    skip_positive=POSITIVE_ACCEPTANCE_SKIPPED["retriever"], prepare=_fill_pool)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(("token", "examples"), [("admin-t", 40), ("user-t", 15)])
+def test_api_conforms_to_its_openapi(api: FastAPI, token: str, examples: int) -> None:
+    failures = fuzz(api, token, max_examples=examples, skip_positive=POSITIVE_ACCEPTANCE_SKIPPED["api"])
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("service", ["retriever", "api"])
+def test_405_allows_every_documented_method(service: str, request: pytest.FixtureRequest) -> None:
+    """Starlette's 405 listed only the first matching route's methods (OPTIONS /pool: ``Allow: POST``; PUT
+    /pool/delete: ``Allow: GET``, the methods of /pool/{item_id})."""
+    app: FastAPI = request.getfixturevalue(service)
+    paths = app.openapi()["paths"]
+    with TestClient(app) as client:
+        for path, template in (("/pool", "/pool"), ("/pool/delete", "/pool/delete"), ("/pool/x-1", "/pool/{item_id}"),
+                               ("/models", "/models"), ("/jobs/abc/cancel", "/jobs/{job_id}/cancel")):
+            if template not in paths:
+                continue
+            for method in ("OPTIONS", "PUT", "PATCH", "TRACE"):
+                resp = client.request(method, path, headers={"Authorization": "Bearer admin-t"})
+                assert resp.status_code == 405, (method, path, resp.text)
+                assert resp.headers["allow"] == ", ".join(sorted(m.upper() for m in paths[template])), (method, path)
+                assert resp.json()["error"]["code"] == "method_not_allowed"
