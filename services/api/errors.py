@@ -8,7 +8,6 @@ request-shape problems are FastAPI/Starlette errors mapped here. Anything else i
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -18,7 +17,6 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common.routing import allowed_methods
 from t3ar.clients.retriever_errors import (
@@ -139,62 +137,6 @@ def _redis_down(request: Request, exc: Exception) -> JSONResponse:
 def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse(error_body("internal", "internal error; see the API log"), status_code=500)
-
-
-class BodyLimitMiddleware:
-    """413 with the JSON error body for a request body over ``limit`` bytes: refused up front from
-    Content-Length, or cut off while streaming (chunked uploads), whatever the route would have answered.
-    (Not FastAPI's ``max_body_size``: that one answers a declared Content-Length over the limit in plain text.)"""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps(error_body("payload_too_large", (
-            f"request body larger than {self.limit} bytes: target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, "
-            "checkpoints by T3AR_API_MAX_MODEL_BYTES (plus 1 MiB for the form); send a smaller file"))).encode()
-        await send({"type": "http.response.start", "status": 413, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(send)
-            return
-        seen = 0
-        exceeded = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen, exceeded
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    exceeded = True
-                    raise _TooLarge()
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            if exceeded:  # the app answered an aborted body read (e.g. 400): replace it with our 413
-                if message["type"] == "http.response.start":
-                    await self._reject(send)
-                return
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except _TooLarge:
-            await self._reject(send)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -20,13 +20,14 @@ from starlette.concurrency import run_in_threadpool
 
 import t3ar
 from services.api.deps import ApiState
-from services.api.errors import BodyLimitMiddleware, install_error_handlers
+from services.api.errors import install_error_handlers
 from services.api.jobs import JobService
 from services.api.metrics import ApiMetrics, MetricsMiddleware
 from services.api.routes import router
 from services.api.routes_jobs import router as jobs_router
 from services.api.settings import ApiSettings
 from services.api.store import Store
+from services.common.body_limit import BodyLimitMiddleware
 from services.common.credentials import CredentialsFirstMiddleware, token_matches
 from services.common.request_id import RequestIdMiddleware
 from t3ar.clients.retriever import RetrieverClient
@@ -105,7 +106,9 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
     )
     app.state.api = state
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, hint=(
+        ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
+        "(plus 1 MiB for the form); send a smaller file"))
     # outside the body limit: a client without a known token gets 401 before any byte of its body is read
     app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
                        accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))

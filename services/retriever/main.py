@@ -16,12 +16,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import t3ar
+from services.common.body_limit import BodyLimitMiddleware
 from services.common.credentials import CredentialsFirstMiddleware, token_matches
 from services.common.request_id import RequestIdMiddleware
 from services.retriever.deps import RetrieverState
 from services.retriever.errors import install_error_handlers
 from services.retriever.metrics import RetrieverMetrics
-from services.retriever.middleware import BodyLimitMiddleware, MetricsMiddleware
+from services.retriever.middleware import MetricsMiddleware
 from services.retriever.routes import router
 from services.retriever.settings import RetrieverSettings
 from services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
@@ -105,7 +106,8 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
     )
     app.state.retriever = state
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes, hint=(
+        " (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request"))
     # outside the body limit: a client without a known token gets 401 before any byte of its body is read
     app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
                        accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
