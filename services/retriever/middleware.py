@@ -1,4 +1,4 @@
-"""ASGI middlewares: request timing by route template, and the request body size limit."""
+"""ASGI middleware: request timing by route template (the body limit is services.common.body_limit)."""
 
 from __future__ import annotations
 
