@@ -69,7 +69,14 @@ class WorkerMetrics:
         return outcome
 
 
-def serve(metrics: WorkerMetrics, port: int, host: str) -> None:
-    """Serve ``/metrics`` (Prometheus text format) from a daemon thread of the worker's parent."""
-    start_http_server(port, addr=host, registry=metrics.registry)
+def serve(metrics: WorkerMetrics, port: int, host: str) -> bool:
+    """Serve ``/metrics`` (Prometheus text format) from a daemon thread of the worker's parent. A port that
+    cannot be bound (e.g. still held by the work horse of a killed predecessor, which inherited the socket)
+    turns metrics off with an error line instead of stopping the worker: jobs matter more than metrics."""
+    try:
+        start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as e:
+        log.error("worker metrics NOT served: cannot listen on %s:%d (%s)", host, port, e)
+        return False
     log.info("worker metrics on http://%s:%d/metrics", host, port)
+    return True

@@ -67,3 +67,15 @@ def test_retriever_metrics_include_the_process(tmp_path: Path) -> None:
         text = client.get("/metrics").text
     for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
         assert name in text, name
+
+
+def test_a_busy_metrics_port_does_not_stop_the_worker(caplog: object) -> None:
+    import socket
+
+    from services.worker.metrics import serve
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert serve(WorkerMetrics(), port, "127.0.0.1") is False
