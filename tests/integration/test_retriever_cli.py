@@ -105,7 +105,8 @@ def test_serve_retriever_runs_and_stops_gracefully(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     text = log.read_text()
-    assert "services.retriever.startup: index saved (2 vectors)" in text and "retriever stopped" in text
+    # text log lines: logger, the request id (none at shutdown: "-"), message
+    assert "services.retriever.startup [-]: index saved (2 vectors)" in text and "retriever stopped" in text
     assert "AUTH IS DISABLED" in text
     bad = subprocess.run(cmd, env={**env, "T3AR_RETRIEVER_AUTH_DISABLED": "false"}, cwd=REPO, capture_output=True,
                          text=True, timeout=60)
