@@ -1,6 +1,16 @@
-"""URLs in logs and on screens: credentials never shown."""
+"""URLs: credentials never shown in logs or on screens; ids sent as exactly one path segment."""
 
 from __future__ import annotations
+
+from urllib.parse import quote
+
+
+def path_segment(value: str) -> str:
+    """``value`` percent-encoded as one URL path segment, whatever it holds (``/``, ``?``, ``#``, control
+    characters, ``.`` or ``..``, which HTTP clients would otherwise collapse), so a server receives it as given.
+    Callers refuse an empty value themselves (it names nothing)."""
+    segment = quote(value, safe="")
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
 def redact_url(url: str) -> str:

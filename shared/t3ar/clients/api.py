@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from t3ar.errors import InvalidInputError, T3arError
+from t3ar.urls import path_segment
 
 log = logging.getLogger(__name__)
 TERMINAL = ("finished", "failed", "canceled")
@@ -83,6 +84,13 @@ def zip_folder(folder: Path, dest: Path) -> Path:
             if p.is_file() and not p.is_symlink():
                 zf.write(p, p.relative_to(folder).as_posix())
     return dest
+
+
+def _seg(value: str) -> str:
+    """An id as one encoded path segment (an empty one names nothing: 404 without a request)."""
+    if not value:
+        raise ApiNotFoundError("an id is never empty", status=404, code="not_found")
+    return path_segment(value)
 
 
 class ApiClient:
@@ -173,7 +181,7 @@ class ApiClient:
                 tmp.cleanup()
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/jobs/{job_id}")
+        return self._json("GET", f"/jobs/{_seg(job_id)}")
 
     def jobs(self, *, limit: int = 50, before: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
@@ -182,7 +190,7 @@ class ApiClient:
         return self._json("GET", "/jobs", params=params)
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/jobs/{job_id}/cancel")
+        return self._json("POST", f"/jobs/{_seg(job_id)}/cancel")
 
     def wait(self, job_id: str, *, on_update: Callable[[dict[str, Any]], None] | None = None,
              poll: float = 1.0, timeout: float | None = None) -> dict[str, Any]:
@@ -205,7 +213,7 @@ class ApiClient:
         self.job(job_id)  # clear errors (unknown job, auth) before streaming
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
         try:
-            with os.fdopen(fd, "wb") as out, self._http.stream("GET", f"/jobs/{job_id}/checkpoint") as resp:
+            with os.fdopen(fd, "wb") as out, self._http.stream("GET", f"/jobs/{_seg(job_id)}/checkpoint") as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     raise _error(resp, f"GET /jobs/{job_id}/checkpoint")
@@ -218,15 +226,15 @@ class ApiClient:
         return dest
 
     def report(self, job_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/jobs/{job_id}/report")
+        return self._json("GET", f"/jobs/{_seg(job_id)}/report")
 
     def readapt(self, job_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/jobs/{job_id}/readapt", safe=False)
+        return self._json("POST", f"/jobs/{_seg(job_id)}/readapt", safe=False)
 
     # --- pool --------------------------------------------------------------------------------------------
     def delete_pool_item(self, pool_id: str) -> dict[str, Any]:
         """Withdraw a pool item (admin token); returns its lineage (``jobs``, ``in_flight``)."""
-        return self._json("DELETE", f"/pool/{pool_id}", safe=False)
+        return self._json("DELETE", f"/pool/{_seg(pool_id)}", safe=False)
 
     def lineage(self, pool_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/pool/{pool_id}/lineage")
+        return self._json("GET", f"/pool/{_seg(pool_id)}/lineage")

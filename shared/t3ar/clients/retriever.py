@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -34,6 +33,7 @@ from t3ar.clients.retriever_errors import (
     error_from_response,
 )
 from t3ar.logs import HEADER, REQUEST_ID
+from t3ar.urls import path_segment
 
 if TYPE_CHECKING:
     import torch
@@ -71,8 +71,7 @@ def _item_path(item_id: str) -> str:
     ``.`` or ``..``): percent-encoded, so it reaches the retriever as given. An empty id names nothing."""
     if not item_id:
         raise RetrieverNotFoundError("no pool item '' (an id is never empty)", status=404, code="not_found")
-    segment = quote(item_id, safe="")
-    return f"/pool/{segment.replace('.', '%2E') if segment in ('.', '..') else segment}"
+    return f"/pool/{path_segment(item_id)}"
 
 
 class RetrieverClient:
