@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 import pytest
+from error_envelope import expect_error as _expect
 from PIL import Image
 
 if TYPE_CHECKING:
@@ -63,14 +64,6 @@ def _tar_with_symlink(png: bytes) -> bytes:
 
 def _count(rp: RetrieverProcess) -> int:
     return int(httpx.get(rp.url + "/stats", headers=ADMIN).json()["count"])
-
-
-def _expect(resp: httpx.Response, status: int, code: str, fragment: str = "") -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"} and body["error"]["code"] == code, body
-    assert fragment.lower() in body["error"]["message"].lower(), body
-    return dict(body["error"])
 
 
 def test_bad_uploads(server: RetrieverProcess, make_png: Callable[..., bytes]) -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import numpy as np
 import pytest
+from error_envelope import expect_error as _expect
 from fastapi.testclient import TestClient
 
 from services.retriever.main import create_app
@@ -34,14 +33,6 @@ def pool(tmp_path: Path) -> Iterator[tuple[TestClient, list[str]]]:
         resp = client.post("/pool/vectors", headers=ADMIN, params={"identity": "synthetic"}, content=vecs.tobytes())
         assert resp.status_code == 200, resp.text
         yield client, resp.json()["ids"]
-
-
-def _expect(resp: httpx.Response, status: int, code: str, fragment: str = "") -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"} and body["error"]["code"] == code, body
-    assert fragment.lower() in body["error"]["message"].lower(), body
-    return dict(body["error"])
 
 
 def test_ids_beyond_64_bits_are_unknown(pool: tuple[TestClient, list[str]]) -> None:
