@@ -9,7 +9,6 @@ A request with a body and no known token is refused earlier, before its body is 
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -22,6 +21,7 @@ from services.api.jobs import JobService
 from services.api.metrics import ApiMetrics
 from services.api.settings import ApiSettings
 from services.api.store import Store
+from services.common.credentials import token_matches
 from t3ar.clients.retriever import RetrieverClient
 
 
@@ -59,11 +59,9 @@ def _scope_of(settings: ApiSettings, creds: HTTPAuthorizationCredentials | None)
         return "admin"
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'", status=401)
-    given = creds.credentials.encode()
-    if settings.admin_token is not None and \
-            secrets.compare_digest(given, settings.admin_token.get_secret_value().encode()):
+    if token_matches(creds.credentials, [settings.admin_token]):
         return "admin"
-    if settings.token is not None and secrets.compare_digest(given, settings.token.get_secret_value().encode()):
+    if token_matches(creds.credentials, [settings.token]):
         return "user"
     raise AuthError("invalid bearer token", status=401)
 

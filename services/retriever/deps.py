@@ -12,7 +12,6 @@ A request with a body and no known token is refused earlier, before its body is 
 
 from __future__ import annotations
 
-import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from services.common.credentials import token_matches
 from services.retriever.errors import AuthError, NotReadyError, PoolConflictError
 from services.retriever.metrics import RetrieverMetrics
 from services.retriever.pool import Pool
@@ -83,11 +83,9 @@ def _scope_of(settings: RetrieverSettings, creds: HTTPAuthorizationCredentials |
         return "admin"
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'", status=401)
-    given = creds.credentials.encode()
-    if settings.admin_token is not None and \
-            secrets.compare_digest(given, settings.admin_token.get_secret_value().encode()):
+    if token_matches(creds.credentials, [settings.admin_token]):
         return "admin"
-    if settings.token is not None and secrets.compare_digest(given, settings.token.get_secret_value().encode()):
+    if token_matches(creds.credentials, [settings.token]):
         return "rw"
     raise AuthError("invalid bearer token", status=401)
 
