@@ -81,7 +81,7 @@ def test_serve_retriever_runs_and_stops_gracefully(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'shared'}{os.pathsep}{REPO}", "T3AR_RETRIEVER_AUTH_DISABLED": "true",
            "T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": "4", "T3AR_RETRIEVER_VECTOR_IDENTITY": "t"}
-    cmd = [sys.executable, "-c", "from t3ar.cli.serve_cmd import serve; serve()", "retriever",
+    cmd = [sys.executable, "-c", "from services.cli.serve import serve; serve()", "retriever",
            "--data-dir", str(tmp_path / "pool"), "--port", str(port)]
     log = tmp_path / "serve.log"
     with open(log, "wb") as f:

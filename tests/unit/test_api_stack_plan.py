@@ -6,8 +6,8 @@ import os
 import stat
 from pathlib import Path
 
-from t3ar.cli.stack_cmd import plan
-from t3ar.cli.stack_procs import free_port, load_tokens, redis_server_binary
+from services.cli.stack import plan
+from services.cli.stack_procs import free_port, load_tokens, redis_server_binary
 
 
 def test_tokens_are_random_private_and_kept(tmp_path: Path) -> None:

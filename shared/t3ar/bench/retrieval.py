@@ -73,9 +73,10 @@ def _service(data_dir: Path, env: dict[str, str]) -> Iterator[tuple[RetrieverCli
                 "T3AR_RETRIEVER_DATA_DIR": str(data_dir), "T3AR_RETRIEVER_TOKEN": RW,
                 "T3AR_RETRIEVER_ADMIN_TOKEN": ADMIN, **env}
     logf = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "services.retriever.main:create_app",
-                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-                             "--timeout-graceful-shutdown", "120"], env=full_env, stdout=logf, stderr=logf)
+    # `t3ar serve retriever` (a command the services plug into the CLI): the library never names the services
+    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "serve", "retriever", "--data-dir", str(data_dir),
+                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                            env=full_env, stdout=logf, stderr=logf)
     client = RetrieverClient(f"http://127.0.0.1:{port}", ADMIN, timeout=600)
     try:
         deadline = time.monotonic() + 900

@@ -1,12 +1,14 @@
 """The `t3ar` command line. Logging is configured here, once.
 
-Service commands import their heavy dependencies (uvicorn, rq, ...) inside the command, so `t3ar --help`
-stays fast and the core CLI works without the service extras installed.
+Commands of other packages plug in through the ``t3ar.commands`` entry-point group (the services' ``serve``,
+``up`` and ``worker``): the library never names them. A plugin that cannot be loaded stays listed, and using
+it prints why instead of taking the whole CLI down.
 """
 
 from __future__ import annotations
 
 import os
+from importlib.metadata import EntryPoint, entry_points
 
 import click
 
@@ -16,9 +18,6 @@ from t3ar.cli.data_cmd import data
 from t3ar.cli.job_cmd import jobs, models, submit, withdraw
 from t3ar.cli.model_cmds import adapt_cmd, evaluate_cmd, train_source
 from t3ar.cli.pool_cmd import pool
-from t3ar.cli.serve_api import api
-from t3ar.cli.serve_cmd import serve
-from t3ar.cli.stack_cmd import up, worker
 from t3ar.logs import configure_logging
 
 
@@ -39,10 +38,36 @@ def cli(log_level: str) -> None:
         raise click.UsageError(str(e)) from None
 
 
-serve.add_command(api)
-for _command in (train_source, adapt_cmd, evaluate_cmd, data, pool, serve, bench, up, worker, submit, jobs, models,
-                 withdraw):
+PLUGIN_GROUP = "t3ar.commands"
+
+
+def _unavailable(ep: EntryPoint, error: Exception) -> click.Command:
+    """A stand-in for a plugin command that failed to load: listed in --help, says why when used."""
+    why = f"{type(error).__name__}: {error}"
+
+    def fail() -> None:
+        raise click.ClickException(f"the `{ep.name}` command could not be loaded ({ep.value}): {why}; "
+                                   f"is the package that provides it installed with its extras?")
+
+    return click.Command(ep.name, callback=fail, help=f"(unavailable: {why})",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+
+
+def add_plugins(group: click.Group, entry_point_group: str = PLUGIN_GROUP) -> None:
+    """Add every command named in ``entry_point_group`` (installed distributions' metadata) to ``group``."""
+    for ep in sorted(entry_points(group=entry_point_group), key=lambda e: e.name):
+        try:
+            command = ep.load()
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{ep.value} is a {type(command).__name__}, not a click command")
+        except Exception as e:  # any failure of a plugin import must leave the core CLI usable
+            command = _unavailable(ep, e)
+        group.add_command(command, ep.name)
+
+
+for _command in (train_source, adapt_cmd, evaluate_cmd, data, pool, bench, submit, jobs, models, withdraw):
     cli.add_command(_command)
+add_plugins(cli)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from t3ar.cli.stack_procs import (
+from services.cli.stack_procs import (
     PY,
     Child,
     free_port,
@@ -71,7 +71,7 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
               base, logs / "redis.log"),
         Child("retriever", [PY, "-m", "t3ar.cli.main", "serve", "retriever", "--data-dir", str(data_dir / "retriever"),
                             "--port", str(ports["retriever"])], retriever_env, logs / "retriever.log"),
-        Child("api", [PY, "-m", "t3ar.cli.serve_api", "--port", str(ports["api"])], api_env, logs / "api.log"),
+        Child("api", [PY, "-m", "services.cli.serve", "api", "--port", str(ports["api"])], api_env, logs / "api.log"),
     ]
     metrics_ports = [free_port() for _ in range(workers)]  # each worker serves its Prometheus /metrics
     children += [Child(f"worker-{i + 1}", [PY, "-m", "services.worker"],
