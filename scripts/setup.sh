@@ -33,3 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
+
+# mypy reads sources, not setuptools' package mapping: it finds services/ under its import name through this link
+mkdir -p .cache/typecheck
+ln -sfn ../../services .cache/typecheck/t3ar_services

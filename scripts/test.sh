@@ -7,7 +7,7 @@ bash scripts/setup.sh
 echo "== ruff" >&2
 .venv/bin/ruff check .
 echo "== mypy" >&2
-.venv/bin/mypy shared services
+.venv/bin/mypy  # the packages t3ar and t3ar_services (pyproject.toml)
 echo "== containers (hadolint, compose schema)" >&2
 bash scripts/check_containers.sh
 echo "== pytest" >&2

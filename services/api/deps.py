@@ -4,7 +4,7 @@ Scopes: the user token (``T3AR_API_TOKEN``) may upload models, adapt, read, canc
 token (``T3AR_API_ADMIN_TOKEN``) may do all that and withdraw pool items. No or unknown token -> 401, user
 token on an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
 A request with a body and no known token is refused earlier, before its body is read
-(:mod:`services.common.credentials`).
+(:mod:`t3ar_services.common.credentials`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 
-from services.api.errors import AuthError
-from services.api.jobs import JobService
-from services.api.metrics import ApiMetrics
-from services.api.settings import ApiSettings
-from services.api.store import Store
-from services.common.credentials import token_matches
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.errors import AuthError
+from t3ar_services.api.jobs import JobService
+from t3ar_services.api.metrics import ApiMetrics
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.store import Store
+from t3ar_services.common.credentials import token_matches
 
 
 @dataclass

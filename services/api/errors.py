@@ -18,7 +18,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.common.routing import allowed_methods
 from t3ar.clients.retriever_errors import (
     RetrieverAuthError,
     RetrieverError,
@@ -27,6 +26,7 @@ from t3ar.clients.retriever_errors import (
     RetrieverUnavailableError,
 )
 from t3ar.errors import CheckpointError, ImageDecodeError, InvalidInputError, T3arError, UnsafeArchiveError
+from t3ar_services.common.routing import allowed_methods
 
 log = logging.getLogger(__name__)
 

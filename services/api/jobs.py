@@ -20,10 +20,11 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 
-from services.api.errors import ConflictError, NotFoundError
-from services.api.settings import ApiSettings
-from services.api.store import JobRow, Store
-from services.worker.protocol import (
+from t3ar.logs import REQUEST_ID
+from t3ar_services.api.errors import ConflictError, NotFoundError
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.store import JobRow, Store
+from t3ar_services.worker.protocol import (
     CANCEL_KEY,
     JOB_FUNCTION,
     LINEAGE_FILE,
@@ -31,7 +32,6 @@ from services.worker.protocol import (
     JobSpec,
     artifacts_dir,
 )
-from t3ar.logs import REQUEST_ID
 
 log = logging.getLogger(__name__)
 

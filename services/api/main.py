@@ -1,4 +1,4 @@
-"""The adaptation API: ``create_app()`` (a factory: ``uvicorn --factory services.api.main:create_app``).
+"""The adaptation API: ``create_app()`` (a factory: ``uvicorn --factory t3ar_services.api.main:create_app``).
 
 Start-up (lifespan): settings -> data dir + SQLite store -> Redis connection and queue -> retriever clients ->
 a background sweeper that, every ``sweep_interval`` seconds, fails jobs whose worker stopped heart-beating
@@ -19,18 +19,18 @@ from redis import Redis
 from starlette.concurrency import run_in_threadpool
 
 import t3ar
-from services.api.deps import ApiState
-from services.api.errors import install_error_handlers
-from services.api.jobs import JobService
-from services.api.metrics import ApiMetrics, MetricsMiddleware
-from services.api.routes import router
-from services.api.routes_jobs import router as jobs_router
-from services.api.settings import ApiSettings
-from services.api.store import Store
-from services.common.body_limit import BodyLimitMiddleware
-from services.common.credentials import CredentialsFirstMiddleware, token_matches
-from services.common.request_id import RequestIdMiddleware
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.deps import ApiState
+from t3ar_services.api.errors import install_error_handlers
+from t3ar_services.api.jobs import JobService
+from t3ar_services.api.metrics import ApiMetrics, MetricsMiddleware
+from t3ar_services.api.routes import router
+from t3ar_services.api.routes_jobs import router as jobs_router
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.store import Store
+from t3ar_services.common.body_limit import BodyLimitMiddleware
+from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
+from t3ar_services.common.request_id import RequestIdMiddleware
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import uuid
 from pathlib import Path
 from typing import BinaryIO
 
-from services.api.errors import NotFoundError
-from services.api.settings import ApiSettings
-from services.api.store import ModelRow, Store
-from services.api.uploads import as_sent, save_upload
 from t3ar.errors import CheckpointError
+from t3ar_services.api.errors import NotFoundError
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.store import ModelRow, Store
+from t3ar_services.api.uploads import as_sent, save_upload
 
 
 def model_path(data_dir: Path, model_id: str) -> Path:

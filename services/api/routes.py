@@ -10,14 +10,14 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rq import Worker
 
-from services.api import schemas as s
-from services.api.deps import ADMIN, USER, ApiState, StateDep
-from services.api.errors import NotFoundError
-from services.api.registry import register_model
-from services.api.store import ModelRow
-from services.api.uploads import sent_name
-from services.worker.protocol import WITHDRAWN_KEY
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar_services.api import schemas as s
+from t3ar_services.api.deps import ADMIN, USER, ApiState, StateDep
+from t3ar_services.api.errors import NotFoundError
+from t3ar_services.api.registry import register_model
+from t3ar_services.api.store import ModelRow
+from t3ar_services.api.uploads import sent_name
+from t3ar_services.worker.protocol import WITHDRAWN_KEY
 
 log = logging.getLogger(__name__)
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}

@@ -13,15 +13,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
-from services.api import schemas as s
-from services.api.deps import USER, ApiState, StateDep
-from services.api.errors import ConflictError, NotFoundError, classify
-from services.api.jobs import JobState, artifact, require_job
-from services.api.registry import model_path, require_model
-from services.api.store import JobRow
-from services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
-from services.worker.protocol import MODEL_FILE, REPORT_FILE
 from t3ar.errors import InvalidInputError, T3arError
+from t3ar_services.api import schemas as s
+from t3ar_services.api.deps import USER, ApiState, StateDep
+from t3ar_services.api.errors import ConflictError, NotFoundError, classify
+from t3ar_services.api.jobs import JobState, artifact, require_job
+from t3ar_services.api.registry import model_path, require_model
+from t3ar_services.api.store import JobRow
+from t3ar_services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
+from t3ar_services.worker.protocol import MODEL_FILE, REPORT_FILE
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
 router = APIRouter(responses=_ERRORS, dependencies=USER, tags=["jobs"])

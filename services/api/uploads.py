@@ -17,9 +17,9 @@ from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from services.api.errors import PayloadTooLargeError
-from services.api.settings import ApiSettings
 from t3ar.errors import DatasetError, InvalidInputError
+from t3ar_services.api.errors import PayloadTooLargeError
+from t3ar_services.api.settings import ApiSettings
 
 _CHUNK = 1 << 20
 
@@ -96,10 +96,10 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     method without a train-time mode, e.g. ``adacontrast``); an explicit ``mode: test`` keeps the labels for
     evaluation only (the report then gives accuracy before/after).
     """
-    from services.worker.target import read_target
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
     from t3ar.data.datasets import class_map_check, stratified_subsample
     from t3ar.errors import T3arError, UnsafeArchiveError
+    from t3ar_services.worker.target import read_target
 
     if archive_kind(archive) is None:
         raise UnsafeArchiveError("the upload is not a zip or tar(.gz/.bz2/.xz) archive; pack the images into one")

@@ -1,6 +1,6 @@
 """``t3ar serve retriever`` and ``t3ar serve api``: run a service in this process (uvicorn, programmatically).
 
-``python -m services.cli.serve api ...`` runs the same group without the rest of the CLI (no torch import:
+``python -m t3ar_services.cli.serve api ...`` runs the same group without the rest of the CLI (no torch import:
 that is how ``t3ar up`` and the compose file start the API). Logging is configured here, once. SIGTERM /
 Ctrl-C stop the server gracefully: in-flight requests finish, then the retriever saves its index (so the next
 start does not need to rebuild it).
@@ -75,8 +75,8 @@ def retriever(data_dir: Path | None, host: str, port: int, reembed: bool, log_le
     Example:
       T3AR_RETRIEVER_AUTH_DISABLED=true t3ar serve retriever --data-dir data/pool --port 8701
     """
-    from services.retriever.main import create_app
-    from services.retriever.settings import RetrieverSettings
+    from t3ar_services.retriever.main import create_app
+    from t3ar_services.retriever.settings import RetrieverSettings
 
     _configure(log_level)
     settings = _settings(RetrieverSettings, "retriever", data_dir=data_dir, reembed_on_start=reembed)
@@ -103,8 +103,8 @@ def api(data_dir: Path | None, host: str, port: int, redis_url: str | None, retr
       T3AR_API_AUTH_DISABLED=true t3ar serve api --data-dir data/api --port 8700 \\
           --redis-url redis://127.0.0.1:6379/0 --retriever-url http://127.0.0.1:8701
     """
-    from services.api.main import create_app
-    from services.api.settings import ApiSettings
+    from t3ar_services.api.main import create_app
+    from t3ar_services.api.settings import ApiSettings
 
     _configure(log_level)
     settings = _settings(ApiSettings, "API", data_dir=data_dir, redis_url=redis_url, retriever_url=retriever_url)

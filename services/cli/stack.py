@@ -24,7 +24,8 @@ from typing import Any
 
 import click
 
-from services.cli.stack_procs import (
+from t3ar.urls import redact_url
+from t3ar_services.cli.stack_procs import (
     PY,
     Child,
     free_port,
@@ -35,7 +36,6 @@ from services.cli.stack_procs import (
     wait_redis,
     write_private,
 )
-from t3ar.urls import redact_url
 
 
 def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> tuple[list[Child], dict[str, Any]]:
@@ -71,10 +71,11 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
               base, logs / "redis.log"),
         Child("retriever", [PY, "-m", "t3ar.cli.main", "serve", "retriever", "--data-dir", str(data_dir / "retriever"),
                             "--port", str(ports["retriever"])], retriever_env, logs / "retriever.log"),
-        Child("api", [PY, "-m", "services.cli.serve", "api", "--port", str(ports["api"])], api_env, logs / "api.log"),
+        Child("api", [PY, "-m", "t3ar_services.cli.serve", "api", "--port", str(ports["api"])], api_env,
+              logs / "api.log"),
     ]
     metrics_ports = [free_port() for _ in range(workers)]  # each worker serves its Prometheus /metrics
-    children += [Child(f"worker-{i + 1}", [PY, "-m", "services.worker"],
+    children += [Child(f"worker-{i + 1}", [PY, "-m", "t3ar_services.worker"],
                        {**worker_env, "T3AR_WORKER_METRICS_PORT": str(port)}, logs / f"worker-{i + 1}.log")
                  for i, port in enumerate(metrics_ports)]
     info = {"api_url": api_url, "retriever_url": retriever_url, "redis_url": redis_url,
@@ -206,7 +207,7 @@ def worker(redis_url: str, retriever_url: str, retriever_token: str | None, data
            name: str | None, burst: bool) -> None:
     """Run an adaptation worker: takes jobs from Redis, talks to the retriever, writes checkpoints.
 
-    Runs `python -m services.worker` in place of this process so the worker parent never imports torch
+    Runs `python -m t3ar_services.worker` in place of this process so the worker parent never imports torch
     (forking after torch can deadlock). Other settings: T3AR_WORKER_* (services/worker/README.md).
 
     \b
@@ -220,6 +221,6 @@ def worker(redis_url: str, retriever_url: str, retriever_token: str | None, data
         env["T3AR_WORKER_RETRIEVER_TOKEN"] = retriever_token
     if name:
         env["T3AR_WORKER_NAME"] = name
-    argv = [PY, "-m", "services.worker"] + (["--burst"] if burst else [])
+    argv = [PY, "-m", "t3ar_services.worker"] + (["--burst"] if burst else [])
     sys.stdout.flush()
     os.execve(PY, argv, env)

@@ -7,7 +7,7 @@ Scopes: the read/write token (``T3AR_RETRIEVER_TOKEN``) may add, search, embed a
 (``T3AR_RETRIEVER_ADMIN_TOKEN``) may do all that and delete. No or unknown token -> 401, read/write token on
 an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
 A request with a body and no known token is refused earlier, before its body is read
-(:mod:`services.common.credentials`).
+(:mod:`t3ar_services.common.credentials`).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from services.common.credentials import token_matches
-from services.retriever.errors import AuthError, NotReadyError, PoolConflictError
-from services.retriever.metrics import RetrieverMetrics
-from services.retriever.pool import Pool
-from services.retriever.settings import RetrieverSettings
+from t3ar_services.common.credentials import token_matches
+from t3ar_services.retriever.errors import AuthError, NotReadyError, PoolConflictError
+from t3ar_services.retriever.metrics import RetrieverMetrics
+from t3ar_services.retriever.pool import Pool
+from t3ar_services.retriever.settings import RetrieverSettings
 
 if TYPE_CHECKING:
-    from services.retriever.ingest import ImageIngestor
+    from t3ar_services.retriever.ingest import ImageIngestor
 
 
 @dataclass

@@ -15,8 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.common.routing import allowed_methods
 from t3ar.errors import ImageDecodeError, InvalidInputError, T3arError, UnsafeArchiveError
+from t3ar_services.common.routing import allowed_methods
 
 log = logging.getLogger(__name__)
 

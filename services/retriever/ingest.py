@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from services.retriever.pool import AddOutcome, Candidate
-from services.retriever.uploads import Item
 from t3ar.data.images import open_image, to_tensor_uint8
 from t3ar.embedder import Embedder
 from t3ar.errors import ImageDecodeError
+from t3ar_services.retriever.pool import AddOutcome, Candidate
+from t3ar_services.retriever.uploads import Item
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The retriever app: ``create_app()`` (a factory: ``uvicorn --factory services.retriever.main:create_app``).
+"""The retriever app: ``create_app()`` (a factory: ``uvicorn --factory t3ar_services.retriever.main:create_app``).
 
 Start-up (lifespan): settings -> embedder (unless vectors-only) -> open the pool and check its embedder
 identity (refuse a mismatch: the process exits with the reason) -> serve; the index is loaded or rebuilt in a
@@ -16,16 +16,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import t3ar
-from services.common.body_limit import BodyLimitMiddleware
-from services.common.credentials import CredentialsFirstMiddleware, token_matches
-from services.common.request_id import RequestIdMiddleware
-from services.retriever.deps import RetrieverState
-from services.retriever.errors import install_error_handlers
-from services.retriever.metrics import RetrieverMetrics
-from services.retriever.middleware import MetricsMiddleware
-from services.retriever.routes import router
-from services.retriever.settings import RetrieverSettings
-from services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
+from t3ar_services.common.body_limit import BodyLimitMiddleware
+from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
+from t3ar_services.common.request_id import RequestIdMiddleware
+from t3ar_services.retriever.deps import RetrieverState
+from t3ar_services.retriever.errors import install_error_handlers
+from t3ar_services.retriever.metrics import RetrieverMetrics
+from t3ar_services.retriever.middleware import MetricsMiddleware
+from t3ar_services.retriever.routes import router
+from t3ar_services.retriever.settings import RetrieverSettings
+from t3ar_services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
                         "can add, search and delete; use only on a trusted local machine")
         identity = dim = None
         if not settings.vectors_only:
-            from services.retriever.ingest import ImageIngestor
             from t3ar.device import resolve_device
             from t3ar.embedder import Embedder, EmbedderSpec
+            from t3ar_services.retriever.ingest import ImageIngestor
 
             spec = EmbedderSpec.parse(settings.embedder, weights_path=settings.embedder_weights,
                                       pretrained_tag=settings.embedder_pretrained_tag,

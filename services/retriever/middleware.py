@@ -1,4 +1,4 @@
-"""ASGI middleware: request timing by route template (the body limit is services.common.body_limit)."""
+"""ASGI middleware: request timing by route template (the body limit is t3ar_services.common.body_limit)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.retriever.metrics import RetrieverMetrics
+from t3ar_services.retriever.metrics import RetrieverMetrics
 
 
 class MetricsMiddleware:

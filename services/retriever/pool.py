@@ -6,7 +6,7 @@ Ordering guarantees (what makes every acknowledged write survive ``kill -9``):
 - delete: saved index file invalidated -> row deletion committed -> id tombstoned in the live index (no
   search started afterwards returns it) -> blob unlinked -> WAL checkpoint -> 2xx.
 A crash between steps leaves at worst an orphan blob (swept at start-up) or an index that disagrees with the
-database (rebuilt from the stored vectors at start-up; see :mod:`services.retriever.startup`).
+database (rebuilt from the stored vectors at start-up; see :mod:`t3ar_services.retriever.startup`).
 
 Public ids are ``<pool tag>-<seq>``: ``seq`` is the SQLite AUTOINCREMENT rowid and the faiss id (never
 reused, so a withdrawn id never names anything again); the tag is random per pool so ids of two pools never
@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from services.retriever.blobs import BlobStore
-from services.retriever.errors import NotFoundError, NotReadyError
-from services.retriever.index import IndexConfig, VectorIndex, marker_path
-from services.retriever.store import NewItem, Store
 from t3ar.errors import InvalidInputError
+from t3ar_services.retriever.blobs import BlobStore
+from t3ar_services.retriever.errors import NotFoundError, NotReadyError
+from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
+from t3ar_services.retriever.store import NewItem, Store
 
 log = logging.getLogger(__name__)
 

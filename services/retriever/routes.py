@@ -13,8 +13,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from services.retriever import schemas as s
-from services.retriever.deps import (
+from t3ar.errors import InvalidInputError
+from t3ar_services.retriever import schemas as s
+from t3ar_services.retriever.deps import (
     IngestorDep,
     PoolDep,
     SettingsDep,
@@ -22,10 +23,9 @@ from services.retriever.deps import (
     require_admin,
     require_token,
 )
-from services.retriever.errors import ItemsRejectedError, NotFoundError, PoolConflictError
-from services.retriever.pool import AddOutcome, Candidate
-from services.retriever.uploads import expand_uploads
-from t3ar.errors import InvalidInputError
+from t3ar_services.retriever.errors import ItemsRejectedError, NotFoundError, PoolConflictError
+from t3ar_services.retriever.pool import AddOutcome, Candidate
+from t3ar_services.retriever.uploads import expand_uploads
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
 # routes with a multipart or JSON body: one that cannot be parsed at all (broken multipart, non-UTF-8 JSON) is a 400

@@ -20,12 +20,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from services.retriever.blobs import BlobStore
-from services.retriever.errors import PoolConflictError, PoolIdentityError
-from services.retriever.index import IndexConfig, VectorIndex
-from services.retriever.pool import Pool, PoolInfo
-from services.retriever.settings import RetrieverSettings
-from services.retriever.store import Store, id_checksum
+from t3ar_services.retriever.blobs import BlobStore
+from t3ar_services.retriever.errors import PoolConflictError, PoolIdentityError
+from t3ar_services.retriever.index import IndexConfig, VectorIndex
+from t3ar_services.retriever.pool import Pool, PoolInfo
+from t3ar_services.retriever.settings import RetrieverSettings
+from t3ar_services.retriever.store import Store, id_checksum
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Turning multipart uploads (images and zip/tar archives of images) into named byte strings.
 
-No decoding here (and no torch): see :mod:`services.retriever.ingest`. An unsafe or corrupt archive rejects
+No decoding here (and no torch): see :mod:`t3ar_services.retriever.ingest`. An unsafe or corrupt archive rejects
 the whole request (:class:`~t3ar.errors.UnsafeArchiveError`: traversal, links, too many members, too large
 unpacked); a single unusable member or file only rejects that item.
 """
@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from services.retriever.errors import PayloadTooLargeError
-from services.retriever.pool import AddOutcome
-from services.retriever.settings import RetrieverSettings
 from t3ar.data.archive import ExtractLimits, safe_extract
 from t3ar.errors import UnsafeArchiveError
+from t3ar_services.retriever.errors import PayloadTooLargeError
+from t3ar_services.retriever.pool import AddOutcome
+from t3ar_services.retriever.settings import RetrieverSettings
 
 log = logging.getLogger(__name__)
 

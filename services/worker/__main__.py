@@ -1,7 +1,7 @@
-"""``python -m services.worker [--burst | check]``: run the adaptation worker (settings from T3AR_WORKER_*)."""
+"""``python -m t3ar_services.worker [--burst | check]``: run the adaptation worker (settings from T3AR_WORKER_*)."""
 
 import sys
 
-from services.worker.main import main
+from t3ar_services.worker.main import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """The rq job: :func:`run_adapt_job` (a top-level function with one JSON argument, see
-:class:`~services.worker.protocol.JobSpec`).
+:class:`~t3ar_services.worker.protocol.JobSpec`).
 
 It runs in the work-horse process. torch and the core are imported here, inside the function, so the
 forking worker parent stays free of torch (DESIGN.md: fork after a torch op can deadlock).
@@ -18,7 +18,8 @@ import socket
 import time
 from typing import Any
 
-from services.worker.protocol import (
+from t3ar.logs import REQUEST_ID, request_id_from
+from t3ar_services.worker.protocol import (
     LINEAGE_FILE,
     MODEL_FILE,
     REPORT_FILE,
@@ -29,8 +30,7 @@ from services.worker.protocol import (
     resolve_inside,
     write_json_atomic,
 )
-from services.worker.settings import WorkerSettings
-from t3ar.logs import REQUEST_ID, request_id_from
+from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     job_spec = JobSpec.model_validate(spec)
     job = get_current_job()
     connection = job.connection if job is not None else None
-    from services.worker.progress import Progress
+    from t3ar_services.worker.progress import Progress
 
     progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
                         epochs=int(job_spec.config.get("epochs", 0)) or None)
@@ -71,13 +71,13 @@ def _message(e: BaseException) -> str:
 def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any) -> dict[str, Any]:
     import torch
 
-    from services.worker.cache import CachedRetrieverProvider, ImageCache
-    from services.worker.target import read_target
     from t3ar.clients.retriever import RetrieverClient
     from t3ar.device import resolve_device
     from t3ar.method.config import AdaptConfig
     from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
     from t3ar.pipeline import run_adaptation
+    from t3ar_services.worker.cache import CachedRetrieverProvider, ImageCache
+    from t3ar_services.worker.target import read_target
 
     t0 = time.perf_counter()
     if settings.torch_threads:

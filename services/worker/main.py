@@ -5,7 +5,7 @@ torch (this module and rq only; the job imports torch), which avoids the fork-af
 every job a clean process whose memory is returned when it ends. A crashed work-horse is failed by the
 parent at once; a dead parent (machine loss, SIGKILL) stops heart-beating and the job is failed as abandoned
 ``monitor_interval + abandon_grace`` seconds later by whoever cleans the started-job registry (the API does
-so every few seconds). Run it with ``python -m services.worker`` (or ``t3ar worker``).
+so every few seconds). Run it with ``python -m t3ar_services.worker`` (or ``t3ar worker``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from redis import Redis
 from rq import Queue, Worker
 from rq.job import Job
 
-from services.worker.metrics import WorkerMetrics
-from services.worker.metrics import serve as serve_metrics
-from services.worker.protocol import JOB_FUNCTION, SERIALIZER
-from services.worker.settings import WorkerSettings
 from t3ar.logs import configure_logging
 from t3ar.urls import redact_url
+from t3ar_services.worker.metrics import WorkerMetrics
+from t3ar_services.worker.metrics import serve as serve_metrics
+from t3ar_services.worker.protocol import JOB_FUNCTION, SERIALIZER
+from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def run(settings: WorkerSettings, *, burst: bool = False) -> bool:
     """Work until stopped (SIGTERM/SIGINT: warm shutdown after the current job; twice: abort it)."""
     if "torch" in sys.modules:
         log.warning("torch is already imported in the worker parent; forked jobs may deadlock. "
-                    "Start the worker with `python -m services.worker` or `t3ar worker`.")
+                    "Start the worker with `python -m t3ar_services.worker` or `t3ar worker`.")
     conn = Redis.from_url(settings.redis_url)
     conn.ping()
     worker = build_worker(settings, conn)

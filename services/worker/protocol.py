@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_QUEUE = "t3ar-adapt"
-JOB_FUNCTION = "services.worker.jobs.run_adapt_job"
+JOB_FUNCTION = "t3ar_services.worker.jobs.run_adapt_job"
 SERIALIZER = "rq.serializers.JSONSerializer"  # JSON-able arguments, meta and results only; no pickle
 
 CANCEL_KEY = "t3ar:cancel:{job_id}"  # set by the API; polled by the job between steps
@@ -37,7 +37,7 @@ LINEAGE_FILE = "lineage.json"
 
 
 class JobSpec(BaseModel):
-    """The single (JSON) argument of :func:`services.worker.jobs.run_adapt_job`."""
+    """The single (JSON) argument of :func:`t3ar_services.worker.jobs.run_adapt_job`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

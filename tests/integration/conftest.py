@@ -1,7 +1,7 @@
 """Integration fixtures.
 
 Retriever: ``start_retriever(data_dir, env)`` launches a real uvicorn process (``--factory
-services.retriever.main:create_app``) on 127.0.0.1 with a free port and a real data directory, waits for
+t3ar_services.retriever.main:create_app``) on 127.0.0.1 with a free port and a real data directory, waits for
 ``/ready`` and is stopped at teardown. ``retriever_png(seed)`` makes small, visually distinct PNGs.
 """
 
@@ -73,7 +73,7 @@ def start_retriever(data_dir: Path, env: dict[str, str] | None = None, *, wait: 
     log_path = data_dir.parent / f"{data_dir.name}-retriever-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "services.retriever.main:create_app",
+            [sys.executable, "-m", "uvicorn", "--factory", "t3ar_services.retriever.main:create_app",
              "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
             cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     rp = RetrieverProcess(f"http://127.0.0.1:{port}", data_dir, proc, log_path)

@@ -27,11 +27,11 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import events, from_schema
 from schemathesis.python.asgi import shutdown_lifespans
 
-from services.api.main import create_app as create_api
-from services.api.settings import ApiSettings
-from services.retriever.main import create_app as create_retriever
-from services.retriever.settings import RetrieverSettings
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.main import create_app as create_api
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.retriever.main import create_app as create_retriever
+from t3ar_services.retriever.settings import RetrieverSettings
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning")
 

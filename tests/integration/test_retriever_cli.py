@@ -81,7 +81,7 @@ def test_serve_retriever_runs_and_stops_gracefully(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'shared'}{os.pathsep}{REPO}", "T3AR_RETRIEVER_AUTH_DISABLED": "true",
            "T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": "4", "T3AR_RETRIEVER_VECTOR_IDENTITY": "t"}
-    cmd = [sys.executable, "-c", "from services.cli.serve import serve; serve()", "retriever",
+    cmd = [sys.executable, "-c", "from t3ar_services.cli.serve import serve; serve()", "retriever",
            "--data-dir", str(tmp_path / "pool"), "--port", str(port)]
     log = tmp_path / "serve.log"
     with open(log, "wb") as f:
@@ -106,7 +106,7 @@ def test_serve_retriever_runs_and_stops_gracefully(tmp_path: Path) -> None:
             proc.kill()
     text = log.read_text()
     # text log lines: logger, the request id (none at shutdown: "-"), message
-    assert "services.retriever.startup [-]: index saved (2 vectors)" in text and "retriever stopped" in text
+    assert "t3ar_services.retriever.startup [-]: index saved (2 vectors)" in text and "retriever stopped" in text
     assert "AUTH IS DISABLED" in text
     bad = subprocess.run(cmd, env={**env, "T3AR_RETRIEVER_AUTH_DISABLED": "false"}, cwd=REPO, capture_output=True,
                          text=True, timeout=60)

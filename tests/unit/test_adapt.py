@@ -142,8 +142,8 @@ def test_checkpoint_metrics_are_built_once() -> None:
     assert with_eval.checkpoint_metrics()["after"] == {"top1": 0.6}
     import inspect
 
-    import services.worker.jobs as worker_jobs
     import t3ar.cli.model_cmds as cli_cmds
+    import t3ar_services.worker.jobs as worker_jobs
 
     for module in (worker_jobs, cli_cmds):  # both call the one builder
         assert "checkpoint_metrics()" in inspect.getsource(module), module.__name__

@@ -19,14 +19,14 @@ from PIL import Image
 from rq import Queue
 from rq.job import Job
 
-from services.api.jobs import explain_failure
-from services.api.main import create_app, sweep_once
-from services.api.settings import ApiSettings
-from services.worker.protocol import CANCEL_KEY, SERIALIZER, WITHDRAWN_KEY, write_json_atomic
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.models.backbones import BackboneSpec
 from t3ar.models.checkpoint import save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier
+from t3ar_services.api.jobs import explain_failure
+from t3ar_services.api.main import create_app, sweep_once
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.worker.protocol import CANCEL_KEY, SERIALIZER, WITHDRAWN_KEY, write_json_atomic
 
 USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admin-t"}
 

@@ -6,8 +6,8 @@ import os
 import stat
 from pathlib import Path
 
-from services.cli.stack import plan
-from services.cli.stack_procs import free_port, load_tokens, redis_server_binary
+from t3ar_services.cli.stack import plan
+from t3ar_services.cli.stack_procs import free_port, load_tokens, redis_server_binary
 
 
 def test_tokens_are_random_private_and_kept(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_plan_wires_every_process(tmp_path: Path) -> None:
     assert worker["T3AR_WORKER_DATA_DIR"] == api["T3AR_API_DATA_DIR"]
     assert worker["T3AR_WORKER_RETRIEVER_TOKEN"] == t["retriever_token"]
     assert "T3AR_WORKER_RETRIEVER_ADMIN_TOKEN" not in worker and "T3AR_API_ADMIN_TOKEN" not in worker
-    assert by["worker-1"].argv[1:] == ["-m", "services.worker"]  # never the torch-importing CLI
+    assert by["worker-1"].argv[1:] == ["-m", "t3ar_services.worker"]  # never the torch-importing CLI
     ports = [by[f"worker-{i}"].env["T3AR_WORKER_METRICS_PORT"] for i in (1, 2)]
     assert len(set(ports)) == 2 and info["worker_metrics"] == [f"http://127.0.0.1:{p}/metrics" for p in ports]
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from services.api.errors import PayloadTooLargeError
-from services.api.settings import ApiSettings
-from services.api.uploads import parse_config, prepare_target, save_upload
 from t3ar.errors import DatasetError, ImageDecodeError, InvalidInputError, UnsafeArchiveError
+from t3ar_services.api.errors import PayloadTooLargeError
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.uploads import parse_config, prepare_target, save_upload
 
 CLASSES = ["blue", "green", "red"]
 

@@ -13,18 +13,18 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
-from services.worker.cache import ImageCache
-from services.worker.main import AdaptWorker
-from services.worker.progress import Progress
-from services.worker.protocol import CANCEL_KEY, SERIALIZER, JobCanceledError, JobSpec, resolve_inside
 from t3ar.method.adapt import StepStats
+from t3ar_services.worker.cache import ImageCache
+from t3ar_services.worker.main import AdaptWorker
+from t3ar_services.worker.progress import Progress
+from t3ar_services.worker.protocol import CANCEL_KEY, SERIALIZER, JobCanceledError, JobSpec, resolve_inside
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _job(redis: fakeredis.FakeRedis) -> Job:
     q = Queue("q", connection=redis, serializer=SERIALIZER)
-    return q.enqueue_call("services.worker.jobs.run_adapt_job", args=({},), job_id="j1")
+    return q.enqueue_call("t3ar_services.worker.jobs.run_adapt_job", args=({},), job_id="j1")
 
 
 def test_progress_is_throttled_and_cancellable() -> None:
@@ -85,7 +85,7 @@ def test_job_spec_contract(tmp_path: Path) -> None:
 
 
 def test_worker_parent_does_not_import_torch() -> None:
-    code = "import sys, services.worker.main, services.worker.jobs; print('torch' in sys.modules)"
+    code = "import sys, t3ar_services.worker.main, t3ar_services.worker.jobs; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={"PYTHONPATH": f"{ROOT / 'shared'}:{ROOT}"}, check=True)
     assert out.stdout.strip() == "False"
@@ -96,8 +96,8 @@ def test_worker_refuses_every_job_but_the_adaptation_entry_point() -> None:
     ``JOB_FUNCTION``, and never a job's callbacks or webhooks (which the API never sets)."""
     from rq.callbacks import Callback
 
-    from services.worker.main import refusal
-    from services.worker.protocol import JOB_FUNCTION
+    from t3ar_services.worker.main import refusal
+    from t3ar_services.worker.protocol import JOB_FUNCTION
 
     q = Queue("q", connection=fakeredis.FakeRedis(), serializer=SERIALIZER)
     assert refusal(q.enqueue_call(JOB_FUNCTION, args=({"x": 1},))) is None

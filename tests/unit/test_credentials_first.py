@@ -10,9 +10,9 @@ import fakeredis
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from services.api.main import create_app
-from services.api.settings import ApiSettings
-from services.common.credentials import CredentialsFirstMiddleware, token_matches
+from t3ar_services.api.main import create_app
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
 
 
 def _run(mw: CredentialsFirstMiddleware, method: str,
@@ -83,8 +83,8 @@ def test_api_answers_401_before_413_or_422(tmp_path: Path) -> None:
 
 
 def test_retriever_answers_401_before_reading_an_upload(tmp_path: Path) -> None:
-    from services.retriever.main import create_app as create_retriever
-    from services.retriever.settings import RetrieverSettings
+    from t3ar_services.retriever.main import create_app as create_retriever
+    from t3ar_services.retriever.settings import RetrieverSettings
 
     settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
                                  embedder="none", vector_dim=8, vector_identity="synthetic", max_upload_bytes=10_000)

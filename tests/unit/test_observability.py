@@ -11,10 +11,10 @@ from prometheus_client import generate_latest
 from rq import Queue
 from rq.job import JobStatus
 
-from services.api.main import create_app
-from services.api.settings import ApiSettings
-from services.worker.metrics import WorkerMetrics
-from services.worker.protocol import JOB_FUNCTION, SERIALIZER
+from t3ar_services.api.main import create_app
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.worker.metrics import WorkerMetrics
+from t3ar_services.worker.protocol import JOB_FUNCTION, SERIALIZER
 
 
 def _value(metrics: WorkerMetrics, name: str, **labels: str) -> float:
@@ -58,8 +58,8 @@ def test_api_metrics_include_the_process(tmp_path: Path) -> None:
 
 
 def test_retriever_metrics_include_the_process(tmp_path: Path) -> None:
-    from services.retriever.main import create_app as create_retriever
-    from services.retriever.settings import RetrieverSettings
+    from t3ar_services.retriever.main import create_app as create_retriever
+    from t3ar_services.retriever.settings import RetrieverSettings
 
     settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
                                  embedder="none", vector_dim=8, vector_identity="synthetic")
@@ -72,7 +72,7 @@ def test_retriever_metrics_include_the_process(tmp_path: Path) -> None:
 def test_a_busy_metrics_port_does_not_stop_the_worker(caplog: object) -> None:
     import socket
 
-    from services.worker.metrics import serve
+    from t3ar_services.worker.metrics import serve
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from services.api.main import create_app
-from services.api.settings import ApiSettings
-from services.worker.protocol import JobSpec
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, configure_logging, log_format, request_id_from
+from t3ar_services.api.main import create_app
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.worker.protocol import JobSpec
 
 
 @pytest.fixture()

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.retriever import index as index_mod
-from services.retriever.index import IndexConfig, RWLock, VectorIndex
+from t3ar_services.retriever import index as index_mod
+from t3ar_services.retriever.index import IndexConfig, RWLock, VectorIndex
 
 
 def _unit(n: int, d: int = 16, seed: int = 0) -> np.ndarray:

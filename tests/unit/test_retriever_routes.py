@@ -12,8 +12,8 @@ import pytest
 from error_envelope import expect_error as _expect
 from fastapi.testclient import TestClient
 
-from services.retriever.main import create_app
-from services.retriever.settings import RetrieverSettings
+from t3ar_services.retriever.main import create_app
+from t3ar_services.retriever.settings import RetrieverSettings
 
 ADMIN = {"Authorization": "Bearer admin-t"}
 DIM = 8

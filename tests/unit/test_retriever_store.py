@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.retriever.errors import NotFoundError, PoolIdentityError
-from services.retriever.pool import AddOutcome, Candidate, Pool
-from services.retriever.settings import RetrieverSettings
-from services.retriever.startup import load_index, open_pool, save_index, sweep_orphans
-from services.retriever.store import NewItem, Store, id_checksum
+from t3ar_services.retriever.errors import NotFoundError, PoolIdentityError
+from t3ar_services.retriever.pool import AddOutcome, Candidate, Pool
+from t3ar_services.retriever.settings import RetrieverSettings
+from t3ar_services.retriever.startup import load_index, open_pool, save_index, sweep_orphans
+from t3ar_services.retriever.store import NewItem, Store, id_checksum
 
 D = 8
 
