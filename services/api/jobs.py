@@ -24,7 +24,7 @@ from t3ar.logs import REQUEST_ID
 from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, Store
-from t3ar_services.worker.protocol import (
+from t3ar_services.common.job_contract import (
     CANCEL_KEY,
     JOB_FUNCTION,
     LINEAGE_FILE,

@@ -17,7 +17,7 @@ from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.registry import register_model
 from t3ar_services.api.store import ModelRow
 from t3ar_services.api.uploads import sent_name
-from t3ar_services.worker.protocol import WITHDRAWN_KEY
+from t3ar_services.common.job_contract import WITHDRAWN_KEY
 
 log = logging.getLogger(__name__)
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}

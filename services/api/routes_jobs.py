@@ -21,7 +21,7 @@ from t3ar_services.api.jobs import JobState, artifact, require_job
 from t3ar_services.api.registry import model_path, require_model
 from t3ar_services.api.store import JobRow
 from t3ar_services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
-from t3ar_services.worker.protocol import MODEL_FILE, REPORT_FILE
+from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
 router = APIRouter(responses=_ERRORS, dependencies=USER, tags=["jobs"])

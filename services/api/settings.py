@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from t3ar_services.worker.protocol import DEFAULT_QUEUE
+from t3ar_services.common.job_contract import DEFAULT_QUEUE
 
 MiB = 1024**2
 DAY = 86400

@@ -98,8 +98,8 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     """
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
     from t3ar.data.datasets import class_map_check, stratified_subsample
+    from t3ar.data.target import read_target
     from t3ar.errors import T3arError, UnsafeArchiveError
-    from t3ar_services.worker.target import read_target
 
     if archive_kind(archive) is None:
         raise UnsafeArchiveError("the upload is not a zip or tar(.gz/.bz2/.xz) archive; pack the images into one")

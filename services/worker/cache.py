@@ -3,7 +3,7 @@ fetched pool images.
 
 Pool ids are never reused by the retriever, so an id -> image-bytes cache never goes stale. Withdrawn ids are
 dropped from the cache at the start of every job (the API records them in Redis, see
-:data:`~t3ar_services.worker.protocol.WITHDRAWN_KEY`) so a withdrawn image does not linger on worker disks, and
+:data:`~t3ar_services.common.job_contract.WITHDRAWN_KEY`) so a withdrawn image does not linger on worker disks, and
 the cache is trimmed (oldest first) to a byte budget.
 """
 

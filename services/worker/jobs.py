@@ -1,5 +1,5 @@
 """The rq job: :func:`run_adapt_job` (a top-level function with one JSON argument, see
-:class:`~t3ar_services.worker.protocol.JobSpec`).
+:class:`~t3ar_services.common.job_contract.JobSpec`).
 
 It runs in the work-horse process. torch and the core are imported here, inside the function, so the
 forking worker parent stays free of torch (DESIGN.md: fork after a torch op can deadlock).
@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from t3ar.logs import REQUEST_ID, request_id_from
-from t3ar_services.worker.protocol import (
+from t3ar_services.common.job_contract import (
     LINEAGE_FILE,
     MODEL_FILE,
     REPORT_FILE,
@@ -72,12 +72,12 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     import torch
 
     from t3ar.clients.retriever import RetrieverClient
+    from t3ar.data.target import read_target
     from t3ar.device import resolve_device
     from t3ar.method.config import AdaptConfig
     from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
     from t3ar.pipeline import run_adaptation
     from t3ar_services.worker.cache import CachedRetrieverProvider, ImageCache
-    from t3ar_services.worker.target import read_target
 
     t0 = time.perf_counter()
     if settings.torch_threads:

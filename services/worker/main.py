@@ -22,9 +22,9 @@ from rq.job import Job
 
 from t3ar.logs import configure_logging
 from t3ar.urls import redact_url
+from t3ar_services.common.job_contract import JOB_FUNCTION, SERIALIZER
 from t3ar_services.worker.metrics import WorkerMetrics
 from t3ar_services.worker.metrics import serve as serve_metrics
-from t3ar_services.worker.protocol import JOB_FUNCTION, SERIALIZER
 from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)

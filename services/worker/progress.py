@@ -1,7 +1,7 @@
 """Progress reporting into ``job.meta`` (throttled) and cancellation checks between steps.
 
 The worker owns ``job.meta`` (the API never writes it, so the two cannot overwrite each other); the API asks
-for cancellation through a separate key (:data:`~t3ar_services.worker.protocol.CANCEL_KEY`).
+for cancellation through a separate key (:data:`~t3ar_services.common.job_contract.CANCEL_KEY`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from t3ar_services.worker.protocol import CANCEL_KEY, JobCanceledError
+from t3ar_services.common.job_contract import CANCEL_KEY, JobCanceledError
 
 if TYPE_CHECKING:
     from redis import Redis

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from t3ar_services.worker.protocol import DEFAULT_QUEUE
+from t3ar_services.common.job_contract import DEFAULT_QUEUE
 
 GiB = 1024**3
 

@@ -75,7 +75,7 @@ def test_worker_refuses_a_foreign_job_without_running_it(stack: Stack, tmp_path:
     from rq import Queue
     from rq.job import JobStatus
 
-    from t3ar_services.worker.protocol import SERIALIZER
+    from t3ar_services.common.job_contract import SERIALIZER
 
     marker = tmp_path / "owned"
     queue = Queue("t3ar-adapt", connection=stack.redis(), serializer=SERIALIZER)

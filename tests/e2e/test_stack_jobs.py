@@ -36,7 +36,7 @@ def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids
     # one request id follows the submission: the API's access log, the worker's lines, the retriever's calls
     from rq.job import Job
 
-    from t3ar_services.worker.protocol import SERIALIZER
+    from t3ar_services.common.job_contract import SERIALIZER
 
     rid = Job.fetch(accepted["id"], connection=stack.redis(), serializer=SERIALIZER).args[0]["request_id"]
     assert rid and f"[{rid}]: POST /adapt 202" in stack.log("api")

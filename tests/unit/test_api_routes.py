@@ -26,7 +26,7 @@ from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.jobs import explain_failure
 from t3ar_services.api.main import create_app, sweep_once
 from t3ar_services.api.settings import ApiSettings
-from t3ar_services.worker.protocol import CANCEL_KEY, SERIALIZER, WITHDRAWN_KEY, write_json_atomic
+from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, WITHDRAWN_KEY, write_json_atomic
 
 USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admin-t"}
 

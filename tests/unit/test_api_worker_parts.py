@@ -14,10 +14,10 @@ from rq import Queue
 from rq.job import Job
 
 from t3ar.method.adapt import StepStats
+from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, JobCanceledError, JobSpec, resolve_inside
 from t3ar_services.worker.cache import ImageCache
 from t3ar_services.worker.main import AdaptWorker
 from t3ar_services.worker.progress import Progress
-from t3ar_services.worker.protocol import CANCEL_KEY, SERIALIZER, JobCanceledError, JobSpec, resolve_inside
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,8 +96,8 @@ def test_worker_refuses_every_job_but_the_adaptation_entry_point() -> None:
     ``JOB_FUNCTION``, and never a job's callbacks or webhooks (which the API never sets)."""
     from rq.callbacks import Callback
 
+    from t3ar_services.common.job_contract import JOB_FUNCTION
     from t3ar_services.worker.main import refusal
-    from t3ar_services.worker.protocol import JOB_FUNCTION
 
     q = Queue("q", connection=fakeredis.FakeRedis(), serializer=SERIALIZER)
     assert refusal(q.enqueue_call(JOB_FUNCTION, args=({"x": 1},))) is None

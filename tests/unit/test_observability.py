@@ -13,8 +13,8 @@ from rq.job import JobStatus
 
 from t3ar_services.api.main import create_app
 from t3ar_services.api.settings import ApiSettings
+from t3ar_services.common.job_contract import JOB_FUNCTION, SERIALIZER
 from t3ar_services.worker.metrics import WorkerMetrics
-from t3ar_services.worker.protocol import JOB_FUNCTION, SERIALIZER
 
 
 def _value(metrics: WorkerMetrics, name: str, **labels: str) -> float:

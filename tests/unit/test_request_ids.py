@@ -19,7 +19,7 @@ from t3ar.clients.retriever import RetrieverClient
 from t3ar.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, configure_logging, log_format, request_id_from
 from t3ar_services.api.main import create_app
 from t3ar_services.api.settings import ApiSettings
-from t3ar_services.worker.protocol import JobSpec
+from t3ar_services.common.job_contract import JobSpec
 
 
 @pytest.fixture()

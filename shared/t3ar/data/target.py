@@ -1,8 +1,9 @@
-"""Reading a job's target folder: every image under it, labelled by ``labels.csv`` when one sits at its root.
+"""A target folder (an extracted upload): every image under it, labelled by ``labels.csv`` when one sits at its
+root, whose paths must stay inside the folder.
 
-The API calls this to validate an upload before enqueueing; the worker calls it again on the same folder,
-so both see the same images with the same ids. Imports torch (via :mod:`t3ar.data`): never import this
-module in the worker parent.
+The adaptation API reads an upload with this to validate it before enqueueing; the worker reads the same folder
+again, so both see the same images with the same ids. Imports torch (via :mod:`t3ar.data.datasets`): a process
+that must stay torch-free (the worker parent) never imports it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The contract between the API (producer) and the workers (consumers): queue, job arguments, Redis keys,
-artifact layout. No torch, no settings: both sides import this.
+"""The job contract between the API (producer) and the workers (consumers): queue, job function and
+arguments, Redis keys, artifact layout. No torch, no settings: both sides import this, neither imports the
+other.
 
 Storage: the API and every worker see the same data directory (one disk for the embedded stack, a shared
 volume / network filesystem across machines). Job arguments carry paths *relative* to it, so each machine
