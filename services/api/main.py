@@ -18,19 +18,16 @@ from fastapi import FastAPI
 from redis import Redis
 from starlette.concurrency import run_in_threadpool
 
-import t3ar
 from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
-from t3ar_services.api.metrics import ApiMetrics, MetricsMiddleware
+from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import router
 from t3ar_services.api.routes_jobs import router as jobs_router
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
-from t3ar_services.common.body_limit import BodyLimitMiddleware
-from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
-from t3ar_services.common.request_id import RequestIdMiddleware
+from t3ar_services.common.app import create_service_app
 
 log = logging.getLogger(__name__)
 
@@ -98,22 +95,15 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             state.store.close()
             log.info("api stopped")
 
-    app = FastAPI(
-        title="t3ar adaptation API", version=getattr(t3ar, "__version__", "0"), lifespan=lifespan,
+    app = create_service_app(
+        title="t3ar adaptation API", lifespan=lifespan,
         description="Adapt a base classifier to target data with retrieval from the auxiliary pool; withdraw pool "
                     "items and find (and re-run) every checkpoint that used them.",
         form_limits={"max_files": 1, "max_fields": 16, "max_part_size": 1 << 20},
-    )
+        settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
+        body_limit=settings.max_body_bytes, body_hint=(
+            ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
+            "(plus 1 MiB for the form); send a smaller file"),
+        routers=[router, jobs_router])
     app.state.api = state
-    install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, hint=(
-        ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
-        "(plus 1 MiB for the form); send a smaller file"))
-    # outside the body limit: a client without a known token gets 401 before any byte of its body is read
-    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
-                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # times everything below
-    app.add_middleware(RequestIdMiddleware)  # added last = outermost: every answer carries the id, is logged
-    app.include_router(router)
-    app.include_router(jobs_router)
     return app

@@ -7,26 +7,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
 
 from t3ar_services.common.job_contract import DEFAULT_QUEUE
+from t3ar_services.common.settings import ServiceSettings
 
 MiB = 1024**2
 DAY = 86400
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="T3AR_API_", extra="ignore", frozen=True)
 
     data_dir: Path = Path("data/api")
     redis_url: str = "redis://127.0.0.1:6379/0"
     queue: str = DEFAULT_QUEUE
 
-    # --- auth ---
-    token: SecretStr | None = None  # user token: adapt, read, cancel, readapt, upload models
-    admin_token: SecretStr | None = None  # admin token: everything, plus DELETE /pool/{id}
-    auth_disabled: bool = False
+    # --- auth (ServiceSettings): token = the user token (adapt, read, cancel, readapt, upload models),
+    # admin_token = everything, plus DELETE /pool/{id}; auth_disabled ---
 
     # --- the retriever (pool) ---
     retriever_url: str = "http://127.0.0.1:8701"
@@ -50,16 +49,6 @@ class ApiSettings(BaseSettings):
     validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
 
     log_level: str = "INFO"
-
-    @model_validator(mode="after")
-    def _check(self) -> ApiSettings:
-        if not self.auth_disabled and (self.token is None or self.admin_token is None):
-            raise ValueError("set T3AR_API_TOKEN and T3AR_API_ADMIN_TOKEN, "
-                             "or T3AR_API_AUTH_DISABLED=true for local use only")
-        if self.token is not None and self.admin_token is not None and \
-                self.token.get_secret_value() == self.admin_token.get_secret_value():
-            raise ValueError("T3AR_API_TOKEN and T3AR_API_ADMIN_TOKEN must differ")
-        return self
 
     @property
     def max_body_bytes(self) -> int:

@@ -7,20 +7,20 @@ Scopes: the read/write token (``T3AR_RETRIEVER_TOKEN``) may add, search, embed a
 (``T3AR_RETRIEVER_ADMIN_TOKEN``) may do all that and delete. No or unknown token -> 401, read/write token on
 an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
 A request with a body and no known token is refused earlier, before its body is read
-(:mod:`t3ar_services.common.credentials`).
+(:mod:`t3ar_services.common.credentials`). The check itself: :mod:`t3ar_services.common.auth`.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from t3ar_services.common.credentials import token_matches
-from t3ar_services.retriever.errors import AuthError, NotReadyError, PoolConflictError
+from t3ar_services.common.auth import require
+from t3ar_services.retriever.errors import NotReadyError, PoolConflictError
 from t3ar_services.retriever.metrics import RetrieverMetrics
 from t3ar_services.retriever.pool import Pool
 from t3ar_services.retriever.settings import RetrieverSettings
@@ -78,22 +78,9 @@ _bearer = HTTPBearer(auto_error=False, description="T3AR_RETRIEVER_TOKEN (read/w
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _scope_of(settings: RetrieverSettings, creds: HTTPAuthorizationCredentials | None) -> Literal["rw", "admin"]:
-    if settings.auth_disabled:
-        return "admin"
-    if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
-        raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'", status=401)
-    if token_matches(creds.credentials, [settings.admin_token]):
-        return "admin"
-    if token_matches(creds.credentials, [settings.token]):
-        return "rw"
-    raise AuthError("invalid bearer token", status=401)
-
-
 async def require_token(settings: SettingsDep, creds: BearerDep) -> None:
-    _scope_of(settings, creds)
+    require(settings, creds)
 
 
 async def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
-    if _scope_of(settings, creds) != "admin":
-        raise AuthError("this operation needs the admin token (T3AR_RETRIEVER_ADMIN_TOKEN)", status=403)
+    require(settings, creds, admin="this operation needs the admin token (T3AR_RETRIEVER_ADMIN_TOKEN)")

@@ -15,14 +15,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-import t3ar
-from t3ar_services.common.body_limit import BodyLimitMiddleware
-from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
-from t3ar_services.common.request_id import RequestIdMiddleware
+from t3ar_services.common.app import create_service_app
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.metrics import RetrieverMetrics
-from t3ar_services.retriever.middleware import MetricsMiddleware
 from t3ar_services.retriever.routes import router
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
@@ -98,20 +94,12 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
             pool.store.close()
             log.info("retriever stopped")
 
-    app = FastAPI(
-        title="t3ar retriever", version=t3ar.__version__ if hasattr(t3ar, "__version__") else "0",
+    app = create_service_app(
+        title="t3ar retriever", lifespan=lifespan,
         description="The auxiliary pool: durable, reversible embedding index (add / search / get / delete).",
-        lifespan=lifespan,
         form_limits={"max_files": settings.max_items_per_request, "max_fields": 64, "max_part_size": 1 << 20},
-    )
+        settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
+        body_limit=settings.max_upload_bytes,
+        body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request", routers=[router])
     app.state.retriever = state
-    install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_upload_bytes, hint=(
-        " (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request"))
-    # outside the body limit: a client without a known token gets 401 before any byte of its body is read
-    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
-                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # times everything below
-    app.add_middleware(RequestIdMiddleware)  # added last = outermost: every answer carries the id, is logged
-    app.include_router(router)
     return app

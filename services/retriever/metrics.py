@@ -1,22 +1,20 @@
-"""Prometheus metrics of the retriever (a registry per app, so several apps can live in one process)."""
+"""Prometheus metrics of the retriever (the request timing and its middleware: :mod:`t3ar_services.common.metrics`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import Counter, Gauge
+
+from t3ar_services.common.metrics import ServiceMetrics
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class RetrieverMetrics:
+class RetrieverMetrics(ServiceMetrics):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__("t3ar_retriever", _BUCKETS)
         r = self.registry
-        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds, ...
-        PlatformCollector(registry=r)
-        self.request_seconds = Histogram("t3ar_retriever_request_seconds", "HTTP request latency",
-                                         ["method", "route", "status"], buckets=_BUCKETS, registry=r)
         self.pool_items = Gauge("t3ar_retriever_pool_items", "items in the pool", registry=r)
         self.index_vectors = Gauge("t3ar_retriever_index_vectors", "live vectors in the faiss index", registry=r)
         self.searches = Counter("t3ar_retriever_searches", "search requests", registry=r)

@@ -8,21 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from t3ar_services.common.settings import ServiceSettings
 
 MiB = 1024**2
 
 
-class RetrieverSettings(BaseSettings):
+class RetrieverSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="T3AR_RETRIEVER_", extra="ignore", frozen=True)
 
     data_dir: Path = Path("data/retriever")
 
-    # --- auth ---
-    token: SecretStr | None = None
-    admin_token: SecretStr | None = None
-    auth_disabled: bool = False
+    # --- auth (ServiceSettings): token = read/write, admin_token = everything, plus deletes; auth_disabled ---
 
     # --- the retriever R ---
     embedder: str = "efficientnet_lite0"  # an EmbedderSpec arch string, or "none" (vectors-only pool)
@@ -64,18 +63,6 @@ class RetrieverSettings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
-
-    @model_validator(mode="after")
-    def _check(self) -> RetrieverSettings:
-        if not self.auth_disabled and (self.token is None or self.admin_token is None):
-            raise ValueError(
-                "set T3AR_RETRIEVER_TOKEN and T3AR_RETRIEVER_ADMIN_TOKEN, "
-                "or T3AR_RETRIEVER_AUTH_DISABLED=true for local use only"
-            )
-        if self.token is not None and self.admin_token is not None and \
-                self.token.get_secret_value() == self.admin_token.get_secret_value():
-            raise ValueError("T3AR_RETRIEVER_TOKEN and T3AR_RETRIEVER_ADMIN_TOKEN must differ")
-        return self
 
     @property
     def vectors_only(self) -> bool:

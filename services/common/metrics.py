@@ -1,18 +1,31 @@
-"""ASGI middleware: request timing by route template (the body limit is t3ar_services.common.body_limit)."""
+"""Prometheus metrics of a service: one registry per app (several apps can live in one process), the process
+and platform collectors, the request-latency histogram, and the ASGI middleware that feeds it."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from t3ar_services.retriever.metrics import RetrieverMetrics
+
+class ServiceMetrics:
+    """``<prefix>_request_seconds`` (method, route template, status) in a fresh registry; subclasses add theirs
+    to ``self.registry``."""
+
+    def __init__(self, prefix: str, buckets: Sequence[float]) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+        PlatformCollector(registry=self.registry)
+        self.request_seconds = Histogram(f"{prefix}_request_seconds", "HTTP request latency",
+                                         ["method", "route", "status"], buckets=buckets, registry=self.registry)
 
 
 class MetricsMiddleware:
     """Times each HTTP request; the label is the matched route template (bounded cardinality)."""
 
-    def __init__(self, app: ASGIApp, metrics: RetrieverMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
         self.app = app
         self.metrics = metrics
 
@@ -36,5 +49,3 @@ class MetricsMiddleware:
             label = getattr(route, "path", None) or "unmatched"
             self.metrics.request_seconds.labels(scope["method"], label, str(status)).observe(
                 time.perf_counter() - t0)
-
-

@@ -1,0 +1,37 @@
+"""The app factory both services build on: FastAPI with the error mapping and the one middleware stack.
+
+Middleware, outermost first: request id + access log (every answer carries the id and is logged), metrics
+(times everything below), credentials first (a client without a known token gets 401 before any byte of its
+body is read), the body limit (413).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+
+import t3ar
+from t3ar_services.common.auth import TokenSettings
+from t3ar_services.common.body_limit import BodyLimitMiddleware
+from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
+from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
+from t3ar_services.common.request_id import RequestIdMiddleware
+
+
+def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
+                       metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
+                       **fastapi: Any) -> FastAPI:
+    """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``fastapi``: the
+    app's title, description, lifespan, form limits."""
+    app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
+    install_errors(app)
+    app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
+    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
+                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(RequestIdMiddleware)  # added last = outermost
+    for router in routers:
+        app.include_router(router)
+    return app
