@@ -1,19 +1,17 @@
 """HTTP client for the adaptation API: upload a base model, submit a target, follow a job, download its
 checkpoint, withdraw a pool item (getting its lineage), re-run a job.
 
-Retries: connection failures before the request was sent and 503 are retried for every call; read timeouts
-and 502/504 only for calls that are safe to repeat (GETs, model uploads, which are idempotent by content,
-cancel). Submissions and deletes are not retried after the request may have reached the server, so a job
-is never submitted twice. Errors come back as :class:`ApiError` subclasses that are also core errors
-(a 4xx is an :class:`~t3ar.errors.InvalidInputError`), carrying the server's message.
+Retries (:class:`~t3ar.clients.http.HttpClient`): connection failures before the request was sent and 503 are
+retried for every call; read timeouts and 502/504 only for calls that are safe to repeat (GETs, model uploads,
+which are idempotent by content, cancel). Submissions and deletes are not retried after the request may have
+reached the server, so a job is never submitted twice. Errors come back as :class:`ApiError` subclasses that
+are also core errors (a 4xx is an :class:`~t3ar.errors.InvalidInputError`), carrying the server's message.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import random
 import tempfile
 import time
 import zipfile
@@ -23,14 +21,11 @@ from typing import Any
 
 import httpx
 
+from t3ar.clients.http import HttpClient
 from t3ar.errors import InvalidInputError, T3arError
 from t3ar.urls import path_segment
 
-log = logging.getLogger(__name__)
 TERMINAL = ("finished", "failed", "canceled")
-_ALWAYS_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-_RETRY_IF_SAFE = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
-                  httpx.RemoteProtocolError)
 
 
 class ApiError(T3arError):
@@ -93,59 +88,17 @@ def _seg(value: str) -> str:
     return path_segment(value)
 
 
-class ApiClient:
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 120.0, retries: int = 4,
-                 backoff: float = 0.25, transport: httpx.BaseTransport | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.url = url.rstrip("/")
-        self.retries = retries
-        self.backoff = backoff
-        self._http = httpx.Client(base_url=self.url, headers=headers, transport=transport,
-                                  timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
+class ApiClient(HttpClient):
+    service = "API"
+    start_hint = "is it running (t3ar up)?"
+    default_timeout = 120.0
+    unavailable_error = ApiUnavailableError
 
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> ApiClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _request(self, method: str, path: str, *, safe: bool, **kwargs: Any) -> httpx.Response:
-        what = f"{method} {path}"
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                for f in kwargs.get("files") or []:  # rewind uploads for a retry
-                    if hasattr(f[1][1], "seek"):
-                        f[1][1].seek(0)
-                resp = self._http.request(method, path, **kwargs)
-            except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
-                if last or (isinstance(e, _RETRY_IF_SAFE) and not safe):
-                    raise ApiUnavailableError(f"API at {self.url} unreachable ({what}): {type(e).__name__}: {e}; "
-                                              "is it running (t3ar up)?") from e
-                self._sleep(attempt, None)
-                continue
-            except httpx.HTTPError as e:
-                raise ApiUnavailableError(f"{what}: {type(e).__name__}: {e}") from e
-            transient = resp.status_code == 503 or (safe and resp.status_code in (502, 504))
-            if transient and not last:
-                self._sleep(attempt, resp.headers.get("retry-after"))
-                continue
-            if resp.status_code >= 400:
-                raise _error(resp, what)
-            return resp
-        raise AssertionError("unreachable")
-
-    def _sleep(self, attempt: int, retry_after: str | None) -> None:
-        delay = self.backoff * (2 ** attempt) * (0.5 + random.random())
-        if retry_after and retry_after.isdigit():
-            delay = max(delay, min(float(retry_after), 30.0))
-        time.sleep(delay)
+    def _error(self, resp: httpx.Response, what: str) -> ApiError:
+        return _error(resp, what)
 
     def _json(self, method: str, path: str, *, safe: bool = True, **kwargs: Any) -> dict[str, Any]:
-        return dict(self._request(method, path, safe=safe, **kwargs).json())
+        return dict(super()._json(method, path, safe=safe, **kwargs))
 
     # --- ops / models ------------------------------------------------------------------------------------
     def ready(self) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """HTTP client for the retriever service, and :class:`RetrieverProvider`, the
 :class:`~t3ar.method.retrieval.NeighbourProvider` the adaptation harness uses to reach a remote pool.
 
-Retries: connection failures before the request was sent and 503 (not ready) are always retried; read
-timeouts, dropped connections and 502/504 only for calls that are safe to repeat (reads, searches, image
-adds — the pool stores each sha256 once, so a repeated add answers ``exists`` — and deletes, where a 404 on a
-retry means the first attempt succeeded). Exponential back-off with jitter, honouring ``Retry-After``.
-Errors come back as :mod:`t3ar.clients.retriever_errors` classes carrying the server's message.
+Retries (:class:`~t3ar.clients.http.HttpClient`): connection failures before the request was sent and 503
+(not ready) are always retried; read timeouts, dropped connections and 502/504 only for calls that are safe to
+repeat (reads, searches, image adds — the pool stores each sha256 once, so a repeated add answers ``exists`` —
+and deletes, where a 404 on a retry means the first attempt succeeded). Exponential back-off with jitter,
+honouring ``Retry-After``. Errors come back as :mod:`t3ar.clients.retriever_errors` classes carrying the
+server's message.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import logging
-import random
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,26 +25,20 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from t3ar.clients.http import HttpClient
 from t3ar.clients.retriever_errors import (
     RetrieverError,
     RetrieverNotFoundError,
     RetrieverUnavailableError,
     error_from_response,
 )
-from t3ar.logs import HEADER, REQUEST_ID
 from t3ar.urls import path_segment
 
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger(__name__)
-
 ImageInput = Path | str | bytes | tuple[str, bytes]
 """A file path, raw file bytes, or ``(file name, bytes)``."""
-
-_ALWAYS_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-_RETRY_IF_SAFE = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
-                  httpx.RemoteProtocolError)
 
 
 @dataclass(frozen=True)
@@ -74,68 +67,18 @@ def _item_path(item_id: str) -> str:
     return f"/pool/{path_segment(item_id)}"
 
 
-class RetrieverClient:
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 4,
-                 backoff: float = 0.25, transport: httpx.BaseTransport | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.url = url.rstrip("/")
-        self.retries = retries
-        self.backoff = backoff
-        self._http = httpx.Client(base_url=self.url, headers=headers, transport=transport,
-                                  timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
+class RetrieverClient(HttpClient):
+    service = "retriever"
+    start_hint = "is it running?"
+    prefix = "retriever "
+    unavailable_error = RetrieverUnavailableError
 
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> RetrieverClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # --- transport ---------------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, *, safe: bool, ok_404_on_retry: bool = False,
-                 **kwargs: Any) -> httpx.Response:
-        what = f"{method} {path}"
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            rid = REQUEST_ID.get()
-            if rid is not None:  # the request this call serves, for the retriever's logs
-                kwargs["headers"] = {**kwargs.get("headers", {}), HEADER: rid}
-            try:
-                resp = self._http.request(method, path, **kwargs)
-            except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
-                if last or (isinstance(e, _RETRY_IF_SAFE) and not safe):
-                    raise RetrieverUnavailableError(f"retriever at {self.url} unreachable ({what}): "
-                                                    f"{type(e).__name__}: {e}; is it running?") from e
-                self._sleep(attempt, None, what, type(e).__name__)
-                continue
-            except httpx.HTTPError as e:
-                raise RetrieverUnavailableError(f"retriever {what}: {type(e).__name__}: {e}") from e
-            if resp.status_code == 404 and attempt > 0 and ok_404_on_retry:
-                return resp
-            transient = resp.status_code == 503 or (safe and resp.status_code in (502, 504))
-            if transient and not last:
-                self._sleep(attempt, resp.headers.get("retry-after"), what, f"HTTP {resp.status_code}")
-                continue
-            if resp.status_code >= 400:
-                try:
-                    body = resp.json()
-                except ValueError:
-                    body = None
-                raise error_from_response(resp.status_code, body, resp.text, what)
-            return resp
-        raise AssertionError("unreachable")
-
-    def _sleep(self, attempt: int, retry_after: str | None, what: str, why: str) -> None:
-        delay = self.backoff * (2 ** attempt) * (0.5 + random.random())
-        if retry_after and retry_after.isdigit():
-            delay = max(delay, min(float(retry_after), 30.0))
-        log.debug("retrying %s after %s in %.2fs", what, why, delay)
-        time.sleep(delay)
-
-    def _json(self, method: str, path: str, *, safe: bool = True, **kwargs: Any) -> Any:
-        return self._request(method, path, safe=safe, **kwargs).json()
+    def _error(self, resp: httpx.Response, what: str) -> RetrieverError:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        return error_from_response(resp.status_code, body, resp.text, what)
 
     # --- ops ---------------------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""The base of the services' HTTP clients: connection, bearer token, retries with back-off, error mapping.
+
+Retries: connection failures before the request was sent and 503 are retried for every call; read/write
+timeouts, dropped connections and 502/504 only for calls the caller marks ``safe`` to repeat. Exponential
+back-off with jitter, honouring ``Retry-After`` (at most 30 s). The request id of the request being served
+(:data:`t3ar.logs.REQUEST_ID`), if any, is sent along in ``X-Request-ID``. An error answer becomes the
+exception :meth:`HttpClient._error` makes of it; no answer at all becomes ``unavailable_error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, ClassVar, Self
+
+import httpx
+
+from t3ar.errors import T3arError
+from t3ar.logs import HEADER, REQUEST_ID
+
+log = logging.getLogger(__name__)
+
+_ALWAYS_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_RETRY_IF_SAFE = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
+                  httpx.RemoteProtocolError)
+
+
+class HttpClient:
+    """Subclasses set the class attributes and :meth:`_error`, and add the service's calls."""
+
+    service: ClassVar[str]  # names the service in "<service> at <url> unreachable"
+    start_hint: ClassVar[str]  # ends that message: how to start the service
+    prefix: ClassVar[str] = ""  # starts the message of a transport error that is not a connection failure
+    default_timeout: ClassVar[float] = 60.0
+    unavailable_error: ClassVar[type[T3arError]]
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float | None = None, retries: int = 4,
+                 backoff: float = 0.25, transport: httpx.BaseTransport | None = None) -> None:
+        timeout = self.default_timeout if timeout is None else timeout
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._http = httpx.Client(base_url=self.url, headers=headers, transport=transport,
+                                  timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _error(self, resp: httpx.Response, what: str) -> T3arError:
+        """The exception for an HTTP error answer (``what`` names the call, e.g. ``POST /search``)."""
+        raise NotImplementedError
+
+    def _request(self, method: str, path: str, *, safe: bool, ok_404_on_retry: bool = False,
+                 **kwargs: Any) -> httpx.Response:
+        """``ok_404_on_retry``: a 404 after a retry is the answer (a delete whose first attempt succeeded)."""
+        what = f"{method} {path}"
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            rid = REQUEST_ID.get()
+            if rid is not None:  # the request this call serves, for the service's logs
+                kwargs["headers"] = {**kwargs.get("headers", {}), HEADER: rid}
+            try:
+                for f in kwargs.get("files") or []:  # rewind file uploads for a retry
+                    if hasattr(f[1][1], "seek"):
+                        f[1][1].seek(0)
+                resp = self._http.request(method, path, **kwargs)
+            except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
+                if last or (isinstance(e, _RETRY_IF_SAFE) and not safe):
+                    raise self.unavailable_error(f"{self.service} at {self.url} unreachable ({what}): "
+                                                 f"{type(e).__name__}: {e}; {self.start_hint}") from e
+                self._sleep(attempt, None, what, type(e).__name__)
+                continue
+            except httpx.HTTPError as e:
+                raise self.unavailable_error(f"{self.prefix}{what}: {type(e).__name__}: {e}") from e
+            if resp.status_code == 404 and attempt > 0 and ok_404_on_retry:
+                return resp
+            transient = resp.status_code == 503 or (safe and resp.status_code in (502, 504))
+            if transient and not last:
+                self._sleep(attempt, resp.headers.get("retry-after"), what, f"HTTP {resp.status_code}")
+                continue
+            if resp.status_code >= 400:
+                raise self._error(resp, what)
+            return resp
+        raise AssertionError("unreachable")
+
+    def _sleep(self, attempt: int, retry_after: str | None, what: str, why: str) -> None:
+        delay = self.backoff * (2 ** attempt) * (0.5 + random.random())
+        if retry_after and retry_after.isdigit():
+            delay = max(delay, min(float(retry_after), 30.0))
+        log.debug("retrying %s after %s in %.2fs", what, why, delay)
+        time.sleep(delay)
+
+    def _json(self, method: str, path: str, *, safe: bool = True, **kwargs: Any) -> Any:
+        return self._request(method, path, safe=safe, **kwargs).json()
