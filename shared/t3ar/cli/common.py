@@ -1,18 +1,21 @@
-"""Shared CLI plumbing: error mapping, JSON output, progress bars, option types."""
+"""Shared CLI plumbing: error mapping, JSON or human output, progress bars, option types, the options of the
+commands that talk to a service over HTTP."""
 
 from __future__ import annotations
 
 import functools
 import json
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from tqdm import tqdm
 
 from t3ar.errors import T3arError
-from t3ar.method.adapt import StepStats
+
+if TYPE_CHECKING:  # the HTTP commands import this module and must not pull in torch
+    from t3ar.method.adapt import StepStats
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,5 +76,33 @@ def device_option(func: F) -> F:
                         help="auto (CUDA when present), cpu, cuda or cuda:N.")(func)
 
 
+def echo_result(as_json: bool, data: Any, text: str) -> None:
+    """``data`` as JSON (sorted keys) with ``--json``, else ``text``."""
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+def service_options(what: str, url_env: str, default_url: str, token_env: Sequence[str]) -> Callable[[F], F]:
+    """``--json``, ``--token`` (from the first of ``token_env`` that is set), ``--url`` of the service ``what``
+    (env ``url_env``), and T3arError -> ClickException (exit 1 with the message, no traceback)."""
+    envs = list(token_env)
+
+    def deco(fn: F) -> F:
+        @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+        @click.option("--token", envvar=envs, default=None, help=f"Bearer token (env {' or '.join(envs)}).")
+        @click.option("--url", envvar=url_env, default=default_url, show_default=True,
+                      help=f"{what} base URL (env {url_env}).")
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except T3arError as e:
+                raise click.ClickException(str(e)) from e
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
 def pct(x: object) -> str:
-    return f"{100 * float(x):.1f}%"  # type: ignore[arg-type]
+    """A fraction as a percentage with one decimal; ``-`` for None (not measured)."""
+    return "-" if x is None else f"{100 * float(x):.1f}%"  # type: ignore[arg-type]

@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from t3ar.cli.common import echo_result, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
-from t3ar.errors import T3arError
 from t3ar.method.config import METHODS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -26,30 +25,7 @@ DEFAULT_URL = "http://127.0.0.1:8700"
 
 def _api_options(admin: bool = False) -> Callable[[F], F]:
     token_env = ["T3AR_API_ADMIN_TOKEN", "T3AR_API_TOKEN"] if admin else ["T3AR_API_TOKEN"]
-
-    def deco(fn: F) -> F:
-        @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-        @click.option("--token", envvar=token_env, default=None, help=f"Bearer token (env {' or '.join(token_env)}).")
-        @click.option("--url", envvar="T3AR_API_URL", default=DEFAULT_URL, show_default=True,
-                      help="API base URL (env T3AR_API_URL).")
-        @wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except T3arError as e:
-                raise click.ClickException(str(e)) from e
-
-        return wrapper  # type: ignore[return-value]
-
-    return deco
-
-
-def _emit(as_json: bool, data: Any, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
-
-
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{100 * float(x):.1f}%"
+    return service_options("API", "T3AR_API_URL", DEFAULT_URL, token_env)
 
 
 def _summary(job: dict[str, Any]) -> str:
@@ -85,7 +61,7 @@ def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: floa
                        mininterval=0.5 if tty else 20.0, dynamic_ncols=tty)
         if bar is not None:
             bar.set_postfix_str(f"{now} epoch {p.get('epoch')} loss {p.get('loss')} "
-                                f"pl-change {_pct(p.get('pl_change_rate'))}", refresh=False)
+                                f"pl-change {pct(p.get('pl_change_rate'))}", refresh=False)
             bar.update(max(0, int(p.get("step") or 0) - bar.n))
         elif now != phase:
             click.echo(f"job {job_id[:8]}: {now}", err=True)
@@ -102,12 +78,12 @@ def _finish(client: ApiClient, job: dict[str, Any], out: Path | None, as_json: b
     text = _summary(job)
     res = job.get("result") or {}
     if "accuracy_after" in res:
-        text += f"\naccuracy {_pct(res['accuracy_before'])} -> {_pct(res['accuracy_after'])} on the target labels"
+        text += f"\naccuracy {pct(res['accuracy_before'])} -> {pct(res['accuracy_after'])} on the target labels"
     if job["status"] == "finished" and out is not None:
         client.download_checkpoint(job["id"], out)
         text += f"\ncheckpoint written to {out}"
         job = {**job, "checkpoint_path": str(out)}
-    _emit(as_json, job, text)
+    echo_result(as_json, job, text)
     if job["status"] != "finished":
         sys.exit(1)
 
@@ -159,7 +135,7 @@ def submit(target: Path, model: str, method: str | None, mode: str | None, k: in
         for w in accepted.get("warnings", []):
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):
-            _emit(as_json, accepted, f"job {accepted['id']} queued: {accepted['url']}")
+            echo_result(as_json, accepted, f"job {accepted['id']} queued: {accepted['url']}")
             return
         click.echo(f"job {accepted['id']} queued ({accepted['target']['images']} images)", err=True)
         _finish(client, follow_job(client, accepted["id"], as_json, timeout), out, as_json)
@@ -182,7 +158,7 @@ def jobs_list(limit: int, url: str, token: str | None, as_json: bool) -> None:
     """The newest jobs first."""
     with ApiClient(url, token) as client:
         page = client.jobs(limit=limit)
-    _emit(as_json, page, "\n".join(_summary(j) for j in page["jobs"]) or "(no jobs)")
+    echo_result(as_json, page, "\n".join(_summary(j) for j in page["jobs"]) or "(no jobs)")
 
 
 @jobs.command("show")
@@ -192,7 +168,7 @@ def jobs_show(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """Status, progress, timings and error of one job."""
     with ApiClient(url, token) as client:
         job = client.job(job_id)
-    _emit(as_json, job, _summary(job) + f"\n    created {job['created_at']}  started {job['started_at']}  "
+    echo_result(as_json, job, _summary(job) + f"\n    created {job['created_at']}  started {job['started_at']}  "
                                         f"ended {job['ended_at']}")
 
 
@@ -214,7 +190,7 @@ def jobs_cancel(job_id: str, url: str, token: str | None, as_json: bool) -> None
     """Cancel a queued job at once, or a running one at its next step."""
     with ApiClient(url, token) as client:
         out = client.cancel(job_id)
-    _emit(as_json, out, f"job {job_id}: {out['status']}")
+    echo_result(as_json, out, f"job {job_id}: {out['status']}")
 
 
 @jobs.command("download")
@@ -225,7 +201,7 @@ def jobs_download(job_id: str, out: Path, url: str, token: str | None, as_json: 
     """Save a finished job's adapted checkpoint to OUT."""
     with ApiClient(url, token) as client:
         client.download_checkpoint(job_id, out)
-    _emit(as_json, {"job_id": job_id, "path": str(out)}, f"wrote {out}")
+    echo_result(as_json, {"job_id": job_id, "path": str(out)}, f"wrote {out}")
 
 
 @jobs.command("report")
@@ -248,7 +224,7 @@ def jobs_readapt(job_id: str, follow: bool, out: Path | None, url: str, token: s
     with ApiClient(url, token) as client:
         accepted = client.readapt(job_id)
         if not (follow or out):
-            _emit(as_json, accepted, f"job {accepted['id']} queued (readapt of {job_id}): {accepted['url']}")
+            echo_result(as_json, accepted, f"job {accepted['id']} queued (readapt of {job_id}): {accepted['url']}")
             return
         _finish(client, follow_job(client, accepted["id"], as_json, None), out, as_json)
 
@@ -266,7 +242,7 @@ def models_upload(checkpoint: Path, name: str, url: str, token: str | None, as_j
     """Upload a base checkpoint (from t3ar train-source); prints its id."""
     with ApiClient(url, token) as client:
         m = client.upload_model(checkpoint, name)
-    _emit(as_json, m, f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)")
+    echo_result(as_json, m, f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)")
 
 
 @models.command("list")
@@ -274,7 +250,7 @@ def models_upload(checkpoint: Path, name: str, url: str, token: str | None, as_j
 def models_list(url: str, token: str | None, as_json: bool) -> None:
     with ApiClient(url, token) as client:
         ms = client.list_models()
-    _emit(as_json, ms, "\n".join(f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)"
+    echo_result(as_json, ms, "\n".join(f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)"
                                  for m in ms) or "(no models)")
 
 
@@ -304,7 +280,7 @@ def withdraw(pool_ids: tuple[str, ...], readapt: bool, url: str, token: str | No
                 acc = client.readapt(job_id)
                 lines.append(f"readapt of {job_id} queued as {acc['id']}")
                 results.append({"readapt_of": job_id, **acc})
-    _emit(as_json, results, "\n".join(lines))
+    echo_result(as_json, results, "\n".join(lines))
 
 
 @click.group("t3ar-api")

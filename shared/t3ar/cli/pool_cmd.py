@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from t3ar.cli.common import echo_result, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverInputError
@@ -24,28 +23,7 @@ DEFAULT_URL = "http://127.0.0.1:8701"
 
 
 def _common(token_env: tuple[str, ...] = ("T3AR_TOKEN",)) -> Callable[[F], F]:
-    """--url, --token, --json, and T3arError -> ClickException (exit 1 with the message)."""
-
-    def deco(fn: F) -> F:
-        @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-        @click.option("--token", envvar=list(token_env), default=None,
-                      help=f"Bearer token (env {' or '.join(token_env)}).")
-        @click.option("--url", envvar="T3AR_RETRIEVER_URL", default=DEFAULT_URL, show_default=True,
-                      help="Retriever base URL (env T3AR_RETRIEVER_URL).")
-        @wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except T3arError as e:
-                raise click.ClickException(str(e)) from e
-
-        return wrapper  # type: ignore[return-value]
-
-    return deco
-
-
-def _emit(as_json: bool, data: Any, text: str) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+    return service_options("Retriever", "T3AR_RETRIEVER_URL", DEFAULT_URL, token_env)
 
 
 @click.group("pool")
@@ -141,7 +119,7 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: i
             f"{summary['rejected']} rejected")
     for item in summary["rejected_items"][:20]:
         text += f"\n  rejected {item['name']}: {(item.get('error') or {}).get('message', '')}"
-    _emit(as_json, summary, text)
+    echo_result(as_json, summary, text)
 
 
 def _collect(entry: tuple[Future[dict[str, Any]], int], summary: dict[str, Any], bar: Any) -> None:
@@ -168,7 +146,7 @@ def rm(ids: tuple[str, ...], missing_ok: bool, url: str, token: str | None, as_j
     text = f"deleted {len(out['deleted'])}: {' '.join(out['deleted'])}"
     if out["not_found"]:
         text += f"\nnot found {len(out['not_found'])}: {' '.join(out['not_found'])}"
-    _emit(as_json, out, text)
+    echo_result(as_json, out, text)
 
 
 @pool.command("search")
@@ -184,7 +162,7 @@ def search(image: Path, k: int, r: int, source: str | None, url: str, token: str
         res = client.search_images([image], k, r=r, source=source)
     rows = [{"id": i, "score": sc} for i, sc in zip(res.ids[0], res.scores[0], strict=True)]
     text = "\n".join(f"{row['score']:.4f}  {row['id']}" for row in rows) or "(the pool is empty)"
-    _emit(as_json, {"identity": res.identity, "results": rows}, text)
+    echo_result(as_json, {"identity": res.identity, "results": rows}, text)
 
 
 @pool.command("stats")
@@ -198,4 +176,4 @@ def stats(url: str, token: str | None, as_json: bool) -> None:
              f"index:      {idx['type']} ({idx['vectors']} vectors, {idx['tombstones']} tombstones)",
              f"duplicates: {st['duplicate_policy']} at cosine >= {st['duplicate_threshold']}",
              "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st["sources"].items()) or "-")]
-    _emit(as_json, st, "\n".join(lines))
+    echo_result(as_json, st, "\n".join(lines))
