@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # the HTTP commands import this module and must not pull in t
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def domain_errors(func: F) -> F:
-    """Turn domain errors into a one-line ``Error: ...`` and exit code 1 (no traceback)."""
+def _click_errors(func: F, *, invalid_options: bool) -> F:
+    """Domain errors -> a one-line ``Error: ...`` and exit code 1 (no traceback); with ``invalid_options``
+    ValueErrors too (pydantic validation errors of configs are ValueErrors)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -29,10 +30,17 @@ def domain_errors(func: F) -> F:
             return func(*args, **kwargs)
         except T3arError as exc:
             raise click.ClickException(str(exc)) from exc
-        except ValueError as exc:  # pydantic validation errors of configs are ValueErrors
+        except ValueError as exc:
+            if not invalid_options:
+                raise
             raise click.ClickException(f"invalid option: {exc}") from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def domain_errors(func: F) -> F:
+    """Turn domain errors into a one-line ``Error: ...`` and exit code 1 (no traceback)."""
+    return _click_errors(func, invalid_options=True)
 
 
 def emit(payload: dict[str, Any], as_json: bool, human: Callable[[dict[str, Any]], str]) -> None:
@@ -87,18 +95,11 @@ def service_options(what: str, url_env: str, default_url: str, token_env: Sequen
     envs = list(token_env)
 
     def deco(fn: F) -> F:
-        @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-        @click.option("--token", envvar=envs, default=None, help=f"Bearer token (env {' or '.join(envs)}).")
-        @click.option("--url", envvar=url_env, default=default_url, show_default=True,
-                      help=f"{what} base URL (env {url_env}).")
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except T3arError as e:
-                raise click.ClickException(str(e)) from e
-
-        return wrapper  # type: ignore[return-value]
+        command = click.option("--url", envvar=url_env, default=default_url, show_default=True,
+                               help=f"{what} base URL (env {url_env}).")(_click_errors(fn, invalid_options=False))
+        command = click.option("--token", envvar=envs, default=None,
+                               help=f"Bearer token (env {' or '.join(envs)}).")(command)
+        return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")(command)
 
     return deco
 
