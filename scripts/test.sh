@@ -8,6 +8,8 @@ echo "== ruff" >&2
 .venv/bin/ruff check .
 echo "== mypy" >&2
 .venv/bin/mypy  # the packages t3ar and t3ar_services (pyproject.toml)
+echo "== import contract (lint-imports)" >&2
+.venv/bin/lint-imports --no-cache  # [tool.importlinter] in pyproject.toml
 echo "== containers (hadolint, compose schema)" >&2
 bash scripts/check_containers.sh
 echo "== pytest" >&2
