@@ -17,18 +17,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from t3ar_services.common.files import fsync_path
+
 log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _TMP_SUFFIX = ".tmp"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class BlobStore:
@@ -39,7 +33,7 @@ class BlobStore:
         root.mkdir(parents=True, exist_ok=True)
         for digit in "0123456789abcdef":
             (root / digit).mkdir(exist_ok=True)
-        _fsync_dir(root)
+        fsync_path(root)
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="blob-io")
 
     def path(self, sha256: str) -> Path:
@@ -63,7 +57,7 @@ class BlobStore:
         if not items:
             return
         parents = set(self._pool.map(self._write_one, items))
-        list(self._pool.map(_fsync_dir, parents))
+        list(self._pool.map(fsync_path, parents))
 
     def read(self, sha256: str) -> bytes:
         return self.path(sha256).read_bytes()

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
+from t3ar_services.common.files import fsync_path
+
 F: Any = faiss  # the bundled stubs are incomplete (kwargs constructors, IVF attributes)
 
 log = logging.getLogger(__name__)
@@ -237,14 +239,14 @@ class VectorIndex:
         with self._lock.read():
             tmp = path.with_suffix(".tmp")
             faiss.write_index(self._index, str(tmp))
-        _fsync_file(tmp)
+        fsync_path(tmp)
         os.replace(tmp, path)
         mpath = marker_path(path)
         mtmp = mpath.with_suffix(".tmp")
         mtmp.write_text(json.dumps(marker))
-        _fsync_file(mtmp)
+        fsync_path(mtmp)
         os.replace(mtmp, mpath)
-        _fsync_file(path.parent)
+        fsync_path(path.parent)
 
     @classmethod
     def load(cls, path: Path, nprobe: int) -> tuple[VectorIndex, dict[str, Any]] | None:
@@ -263,11 +265,3 @@ class VectorIndex:
 
 def marker_path(index_path: Path) -> Path:
     return index_path.with_name(index_path.name + ".marker.json")
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -44,7 +44,9 @@ _COLS = "seq, sha256, source, metadata, filename, media_type, size, width, heigh
 
 
 @dataclass(frozen=True)
-class NewItem:
+class _Item:
+    """What an item is, stored or about to be (``sha256`` None: vectors-only)."""
+
     sha256: str | None
     source: str
     metadata: dict[str, Any]
@@ -53,20 +55,16 @@ class NewItem:
     size: int
     width: int | None
     height: int | None
+
+
+@dataclass(frozen=True)
+class NewItem(_Item):
     vector: np.ndarray
 
 
 @dataclass(frozen=True)
-class ItemRow:
+class ItemRow(_Item):
     seq: int
-    sha256: str | None
-    source: str
-    metadata: dict[str, Any]
-    filename: str | None
-    media_type: str | None
-    size: int
-    width: int | None
-    height: int | None
     added_at: float
 
 
@@ -78,7 +76,8 @@ class DbState:
 
 
 def _row(r: tuple[Any, ...]) -> ItemRow:
-    return ItemRow(r[0], r[1], r[2], json.loads(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
+    return ItemRow(seq=r[0], sha256=r[1], source=r[2], metadata=json.loads(r[3]), filename=r[4], media_type=r[5],
+                   size=r[6], width=r[7], height=r[8], added_at=r[9])
 
 
 def id_checksum(seqs: np.ndarray) -> int:

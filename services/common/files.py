@@ -1,0 +1,15 @@
+"""Durable files: what the services write survives a crash once these return."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (which makes a rename or a new file in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
