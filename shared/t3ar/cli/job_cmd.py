@@ -20,6 +20,7 @@ from t3ar.clients.api import ApiClient
 from t3ar.method.config import METHODS
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8700"
 
 
@@ -151,23 +152,30 @@ def jobs() -> None:
     """List, follow, cancel, download and re-run adaptation jobs."""
 
 
+def _ask(url: str, token: str | None, call: Callable[[ApiClient], T]) -> T:
+    """One call on a client of its own (closed after)."""
+    with ApiClient(url, token) as client:
+        return call(client)
+
+
+def _job_command(name: str) -> Callable[[F], click.Command]:
+    """A ``t3ar jobs NAME JOB_ID`` command with the API options."""
+    return lambda fn: jobs.command(name)(click.argument("job_id")(_api_options()(fn)))
+
+
 @jobs.command("list")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 200))
 @_api_options()
 def jobs_list(limit: int, url: str, token: str | None, as_json: bool) -> None:
     """The newest jobs first."""
-    with ApiClient(url, token) as client:
-        page = client.jobs(limit=limit)
+    page = _ask(url, token, lambda client: client.jobs(limit=limit))
     echo_result(as_json, page, "\n".join(_summary(j) for j in page["jobs"]) or "(no jobs)")
 
 
-@jobs.command("show")
-@click.argument("job_id")
-@_api_options()
+@_job_command("show")
 def jobs_show(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """Status, progress, timings and error of one job."""
-    with ApiClient(url, token) as client:
-        job = client.job(job_id)
+    job = _ask(url, token, lambda client: client.job(job_id))
     echo_result(as_json, job, _summary(job) + f"\n    created {job['created_at']}  started {job['started_at']}  "
                                         f"ended {job['ended_at']}")
 
@@ -183,13 +191,10 @@ def jobs_follow(job_id: str, out: Path | None, url: str, token: str | None, as_j
         _finish(client, follow(client, job_id), out, as_json)
 
 
-@jobs.command("cancel")
-@click.argument("job_id")
-@_api_options()
+@_job_command("cancel")
 def jobs_cancel(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """Cancel a queued job at once, or a running one at its next step."""
-    with ApiClient(url, token) as client:
-        out = client.cancel(job_id)
+    out = _ask(url, token, lambda client: client.cancel(job_id))
     echo_result(as_json, out, f"job {job_id}: {out['status']}")
 
 
@@ -199,19 +204,14 @@ def jobs_cancel(job_id: str, url: str, token: str | None, as_json: bool) -> None
 @_api_options()
 def jobs_download(job_id: str, out: Path, url: str, token: str | None, as_json: bool) -> None:
     """Save a finished job's adapted checkpoint to OUT."""
-    with ApiClient(url, token) as client:
-        client.download_checkpoint(job_id, out)
+    _ask(url, token, lambda client: client.download_checkpoint(job_id, out))
     echo_result(as_json, {"job_id": job_id, "path": str(out)}, f"wrote {out}")
 
 
-@jobs.command("report")
-@click.argument("job_id")
-@_api_options()
+@_job_command("report")
 def jobs_report(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """A finished job's report (JSON): timings, losses per epoch, accuracy when labels were given."""
-    with ApiClient(url, token) as client:
-        rep = client.report(job_id)
-    click.echo(json.dumps(rep, indent=2))
+    click.echo(json.dumps(_ask(url, token, lambda client: client.report(job_id)), indent=2))
 
 
 @jobs.command("readapt")
@@ -240,18 +240,19 @@ def models() -> None:
 @_api_options()
 def models_upload(checkpoint: Path, name: str, url: str, token: str | None, as_json: bool) -> None:
     """Upload a base checkpoint (from t3ar train-source); prints its id."""
-    with ApiClient(url, token) as client:
-        m = client.upload_model(checkpoint, name)
-    echo_result(as_json, m, f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)")
+    m = _ask(url, token, lambda client: client.upload_model(checkpoint, name))
+    echo_result(as_json, m, _model_line(m))
 
 
 @models.command("list")
 @_api_options()
 def models_list(url: str, token: str | None, as_json: bool) -> None:
-    with ApiClient(url, token) as client:
-        ms = client.list_models()
-    echo_result(as_json, ms, "\n".join(f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)"
-                                 for m in ms) or "(no models)")
+    ms = _ask(url, token, lambda client: client.list_models())
+    echo_result(as_json, ms, "\n".join(_model_line(m) for m in ms) or "(no models)")
+
+
+def _model_line(m: dict[str, Any]) -> str:
+    return f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)"
 
 
 @click.command("withdraw")
