@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from t3ar.cpu_memory import retain_freed_memory
 from t3ar.device import seed_everything
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.config import AdaptConfig
@@ -224,6 +225,8 @@ def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.d
 def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
                    methods: tuple[str, ...] = METHODS, profile: bool = True) -> dict[str, Any]:
     """All ``methods`` interleaved on ``device``: a warm-up round, then ``rounds`` timed rounds."""
+    if device.type == "cpu":
+        retain_freed_memory()  # before the runs' threads start: they then share the main malloc arena
     model, spec = make_model(data.classes, data.target.shape[-1], device)
     walls: dict[str, list[float]] = {m: [] for m in methods}
     stats: dict[str, list[StepStats]] = {m: [] for m in methods}

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from t3ar.cpu_memory import retain_freed_memory
 from t3ar.method import losses
 from t3ar.method.adacontrast import AdaContrastState
 from t3ar.method.augment import Normalizer
@@ -184,6 +185,8 @@ def adapt(
     pool_gen = stream(config.seed, 3)
     diag = diagnostic_labels.to(device) if diagnostic_labels is not None else None
 
+    if device.type == "cpu":
+        retain_freed_memory()
     fast_layout(model, device)
     params = _setup_params(model, config)
     optim = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,

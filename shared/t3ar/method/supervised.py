@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from t3ar.cpu_memory import retain_freed_memory
 from t3ar.method.adapt import AdaptResult, StepStats, fast_layout, place, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
@@ -39,6 +40,8 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
                      on_step: Callable[[StepStats], None] | None = None) -> AdaptResult:
     """Fine-tune ``model`` in place: last ``train_groups`` backbone groups + bottleneck + head."""
     gen = generator or torch.Generator().manual_seed(config.seed)
+    if device.type == "cpu":
+        retain_freed_memory()
     fast_layout(model, device)
     params = configure_trainable(model, config.train_groups, head=True)
     optim = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
