@@ -277,3 +277,25 @@ def test_fractions_option_restricts_a_plan() -> None:
     for bad in ("0.1", "0.5", "x", ""):  # 0.1 alone drops the 0.3 choice/ablation cell
         with pytest.raises(click.BadParameter):
             _only_fractions(PAPER, bad)
+
+
+def test_approximations_are_ablation_arms_paired_with_the_frozen_t3ar() -> None:
+    from t3ar.bench.method_main import main_arms
+    from t3ar.bench.method_report import approximation_diffs
+    from t3ar.bench.plans import APPROXIMATION
+
+    plan = QUICK
+    assert ("cpu_bf16_nograd", True) in plan.approximations and not PLANS["paper"].approximations
+    sel = {"lr": {m: 1e-3 for m in plan.methods if m != "source"}, "train_lr": {m: 1e-3 for m in plan.train_methods},
+           "t3ar_options": {"pool_negatives": "all"}}
+    approx = [a for a in main_arms(plan, sel) if str(a.get("variant", "")).startswith(APPROXIMATION)]
+    assert len(approx) == len(plan.eval_shifts) * len(plan.seeds)
+    # on top of the frozen choice, never instead of it; never part of a choice or of the main grid
+    assert all(a["options"] == {"pool_negatives": "all", "cpu_bf16_nograd": True} and a["phase"] == "ablation"
+               and a["fraction"] == plan.ablation_fraction for a in approx)
+    recs = [{"phase": "main", "shift": "twitter", "seed": s, "fraction": 0.3, "method": "t3ar", "top1": t}
+            for s, t in ((0, 0.40), (1, 0.42))]
+    recs += [{"phase": "ablation", "variant": f"{APPROXIMATION}cpu_bf16_nograd", "shift": "twitter", "seed": s,
+              "fraction": 0.3, "method": "t3ar", "top1": t} for s, t in ((0, 0.39), (1, 0.42))]
+    d = approximation_diffs(recs, 0.3)["cpu_bf16_nograd"]
+    assert d["n"] == 2 and math.isclose(d["mean"], -0.005) and d["diffs"] == pytest.approx([-0.01, 0.0])

@@ -14,9 +14,11 @@ from tiny_models import TinyBackbone
 from t3ar.device import seed_everything
 from t3ar.method import losses
 from t3ar.method.adapt import AdaptResult, adapt
+from t3ar.method.augment import Normalizer
 from t3ar.method.bank import MemoryBank
 from t3ar.method.config import AdaptConfig
 from t3ar.method.contrastive import ContrastiveState, StepOut
+from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 from t3ar.pipeline import retrieve
 
@@ -270,3 +272,49 @@ def test_random_retrieval_with_redraw_has_r_k_random_candidates_and_the_same_fir
     as_ids = [[got.pool_ids[j] for j in row] for row in got.neighbours.tolist()]
     assert as_ids == [[fixed.pool_ids[j] for j in row] for row in fixed.neighbours.tolist()]
     assert len(set(provider.fetched)) == len(provider.fetched) == len(got.pool_images)
+
+
+# --- bf16 no-gradient passes (an approximation, CPU) --------------------------------------------------------
+
+def _conv_dtypes(model: Classifier) -> list[torch.dtype]:
+    seen: list[torch.dtype] = []
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            m.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    return seen
+
+
+def test_bf16_nograd_runs_only_the_no_gradient_passes_in_bf16_and_stays_close() -> None:
+    target, pool, nbr, _ = _data()
+    x, ids = target[:4], torch.arange(4)
+    outs, dtypes = {}, {}
+    for on in (False, True):
+        seed_everything(0)
+        model = Classifier(TinyBackbone(), 8, 3, 16)
+        cfg = AdaptConfig(k=2, bank_size=32, cpu_bf16_nograd=on)
+        views = Views(Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu")), torch.Generator().manual_seed(1))
+        state = ContrastiveState.create(model, target, cfg, None, views, torch.Generator().manual_seed(2),
+                                        torch.device("cpu"))
+        model.train()
+        seen = _conv_dtypes(model)
+        views = Views(Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu")), torch.Generator().manual_seed(3))
+        out = state.step(model, x, ids, nbr[:4], pool, views)
+        out.loss.backward()
+        valid = state.bank.valid
+        outs[on], dtypes[on] = (out.loss.detach(), state.bank.feats[valid].clone()), seen
+    assert set(dtypes[False]) == {torch.float32}
+    # the no-grad pass (keys + pool) in bf16, the query pass with gradient in float32
+    assert dtypes[True][0] == torch.bfloat16 and dtypes[True][-1] == torch.float32
+    assert outs[True][1].dtype == torch.float32  # the bank keeps float32 features
+    assert not torch.equal(outs[True][1], outs[False][1])  # it is an approximation...
+    cos = torch.nn.functional.cosine_similarity(outs[True][1], outs[False][1], dim=1)
+    assert cos.mean() > 0.98 and cos.min() > 0.9  # ...a close one (a 3-layer toy net: Lite0's are closer)
+    assert abs(float(outs[True][0]) - float(outs[False][0])) < 0.05 * abs(float(outs[False][0]))
+
+
+def test_bf16_nograd_changes_nothing_off_the_cpu_path() -> None:
+    _, a = _run(seed=3)
+    _, b = _run(seed=3, cpu_bf16_nograd=False)
+    assert [s.loss for s in a.history] == [s.loss for s in b.history]
+    _, c = _run(seed=3, cpu_bf16_nograd=True)
+    assert len(c.history) == len(a.history) and all(math.isfinite(s.loss) for s in c.history)

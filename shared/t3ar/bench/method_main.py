@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from t3ar.bench.method_runs import Context, build_context, run_all, source_record
-from t3ar.bench.plans import BenchPlan, paired
+from t3ar.bench.plans import APPROXIMATION, BenchPlan, paired
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,9 @@ def main_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
             for k in p.ablation_ks:
                 arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], k=k, options=opts,
                                  variant=f"k={k}"))
+            for name, value in p.approximations:
+                arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options={**opts, name: value},
+                                 variant=f"{APPROXIMATION}{name}"))
             arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options=opts, oracle=True,
                              variant="oracle: no same-class neighbours"))
             for f in p.train_fractions:

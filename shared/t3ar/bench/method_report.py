@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from t3ar.bench.plans import APPROXIMATION, paired
+
 log = logging.getLogger(__name__)
 LABELS = {"source": "source only", "tent": "TENT", "shot-im": "SHOT-IM",
           "adacontrast": "AdaContrast", "t3ar-noretrieval": "T3AR without retrieval",
@@ -125,6 +127,12 @@ def render(res: Mapping[str, Any], stem: str) -> str:
               if str(p["ablation_fraction"]) in res["cells"] else ""]
     for variant, val in ablation_means(res["records"]).items():
         lines.append(f"| {variant} | {_p(val)} |")
+    approx = approximation_diffs(res["records"], p["ablation_fraction"])
+    if approx:
+        lines += ["", "Speed approximations (options off by default, never chosen here): paired difference to the "
+                  "frozen T3AR, same shifts, seeds and fraction (points, 95 % CI):", "",
+                  "| approximation | paired difference |", "|---|---|"]
+        lines += [f"| {name} | {_ci(d)} |" for name, d in approx.items()]
     lines += ["", "## Stability: per-epoch diagnostics", "",
               f"Seed {p['seeds'][0]}, {100 * p['select_fraction']:g} % of each evaluation shift "
               f"(see `{stem}-curves.png`). Pseudo-label accuracy uses the adapted images' labels as a diagnostic "
@@ -141,6 +149,18 @@ def ablation_means(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         if r["phase"] == "ablation":
             out.setdefault(r["variant"], []).append(r["top1"])
     return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def approximation_diffs(records: Sequence[Mapping[str, Any]], fraction: float) -> dict[str, dict[str, Any]]:
+    """Per approximation: approximation − main-grid T3AR, paired over (shift, seed) at ``fraction``."""
+    main = {(r["shift"], r["seed"]): r["top1"] for r in records
+            if r["phase"] == "main" and r["method"] == "t3ar" and math.isclose(r["fraction"], fraction)}
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({r["variant"] for r in records if str(r.get("variant", "")).startswith(APPROXIMATION)}):
+        pairs = [(r["top1"], main[(r["shift"], r["seed"])]) for r in records
+                 if r.get("variant") == name and (r["shift"], r["seed"]) in main]
+        out[name[len(APPROXIMATION):]] = paired([a for a, _ in pairs], [b for _, b in pairs])
+    return out
 
 
 def curve_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -20,6 +20,8 @@ TEST_METHODS: tuple[str, ...] = ("source", "tent", "shot-im", "adacontrast", "t3
                                  "t3ar")
 #: train-time arms: supervised fine-tuning on the labelled subset, and the T3AR family with labels
 TRAIN_METHODS: tuple[str, ...] = ("supervised", "t3ar-noretrieval", "t3ar-random", "t3ar")
+#: the variant name's prefix of a speed approximation's ablation arm
+APPROXIMATION = "approximation: "
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class BenchPlan:
     select_fraction: float = 0.3
     select_seeds: tuple[int, ...] = (0, 1)
     options: tuple[tuple[str, Any], ...] = (("redraw_neighbours", True), ("pool_negatives", "all"))
+    # speed approximations (never chosen, off in the product by default): each measured as a T3AR ablation arm
+    # at the ablation fraction, paired with the frozen T3AR, so its accuracy cost is on record
+    approximations: tuple[tuple[str, Any], ...] = ()
     ablation_fraction: float = 0.3
     ablation_ks: tuple[int, ...] = (1, 10)
     k: int = 5
@@ -68,10 +73,10 @@ class BenchPlan:
 QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fractions=(0.3, 1.0), low_fractions=(0.3,),
                   train_fractions=(0.3,), epochs=2, max_steps=8, min_steps=4, lr_grid=(1e-3,), select_seeds=(0,),
                   ablation_ks=(1,), max_adapt=160, max_eval=240, source_epochs=1, pool_cap=150,
-                  options=(("pool_negatives", "all"),),
+                  options=(("pool_negatives", "all"),), approximations=(("cpu_bf16_nograd", True),),
                   notes=("smoke run: shows the pipeline works; not results",))
 CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.3,), epochs=30, max_steps=20,
-                lr_grid=(2e-4, 1e-3), ablation_ks=(1,), workers=2,
+                lr_grid=(2e-4, 1e-3), ablation_ks=(1,), workers=2, approximations=(("cpu_bf16_nograd", True),),
                 notes=("the low-data fractions only, steps capped at 20 per run, two single-thread processes: about "
                        "40 minutes on 2 cores. That is far shorter than the paper's 30 epochs, so a negatives-only "
                        "change has little room to show; the `paper` plan is the 30-epoch schedule at 10/30/100 %",))

@@ -40,6 +40,9 @@ from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
 log = logging.getLogger(__name__)
 
 METHODS: tuple[str, ...] = ("supervised", "t3ar-noretrieval", "adacontrast", "t3ar")
+#: approximation options, measured as arms of their own ("method+option") on the devices they apply to; their
+#: ratios are stated apart and never count toward a goal by themselves
+APPROXIMATIONS: dict[str, tuple[str, ...]] = {"cpu": ("t3ar+cpu_bf16_nograd",), "cuda": ()}
 StepFn = Callable[[StepStats], None]
 
 
@@ -171,7 +174,9 @@ def _runner(method: str, model: Classifier, spec: ModelSpec, data: SpeedData, de
             tc = TrainConfig(epochs=1, batch_size=batch_size, lr=1e-3, seed=seed)
             return train_supervised(m, data.target, data.labels, tc, mean=b.mean, std=b.std, device=device,
                                     generator=seed_everything(seed), on_step=on_step)
-        cfg = AdaptConfig(method=method, k=k, epochs=1, batch_size=batch_size, seed=seed)  # type: ignore[arg-type]
+        name, *options = method.split("+")
+        cfg = AdaptConfig.model_validate({"method": name, "k": k, "epochs": 1, "batch_size": batch_size,
+                                          "seed": seed, **{o: True for o in options}})
         return adapt(m, data.target, cfg, mean=b.mean, std=b.std, neighbours=data.neighbours[:, :k],
                      pool_images=data.pool_images, device=device, generator=seed_everything(seed), on_step=on_step)
 
@@ -223,8 +228,10 @@ def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.d
 
 
 def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
-                   methods: tuple[str, ...] = METHODS, profile: bool = True) -> dict[str, Any]:
-    """All ``methods`` interleaved on ``device``: a warm-up round, then ``rounds`` timed rounds."""
+                   methods: tuple[str, ...] | None = None, profile: bool = True) -> dict[str, Any]:
+    """All ``methods`` (default: :data:`METHODS` and the device's :data:`APPROXIMATIONS`) interleaved on
+    ``device``: a warm-up round, then ``rounds`` timed rounds."""
+    methods = methods or METHODS + APPROXIMATIONS.get(device.type, ())
     if device.type == "cpu":
         retain_freed_memory()  # before the runs' threads start: they then share the main malloc arena
     model, spec = make_model(data.classes, data.target.shape[-1], device)
@@ -239,10 +246,12 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
             stats[m] += st
         log.info("%s round %d: %s", device, r, ", ".join(f"{m} {statistics.median(w):.3f} s" for m, (w, _) in
                                                             res.items()))
-    step_s = {m: statistics.median(walls[m]) for m in methods}
+    med = {m: statistics.median(walls[m]) for m in methods}
+    step_s = {m: s for m, s in med.items() if "+" not in m}
     out: dict[str, Any] = {
         "step_s": step_s,
-        "ratios": {m: step_s["supervised"] / step_s[m] for m in methods if m != "supervised"},
+        "ratios": {m: step_s["supervised"] / step_s[m] for m in step_s if m != "supervised"},
+        "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items() if "+" in m},
         "steps_timed": {m: len(walls[m]) for m in methods},
         "augment_s": {m: statistics.median(s.seconds_augment for s in stats[m]) for m in methods},
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"

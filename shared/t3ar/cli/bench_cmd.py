@@ -84,7 +84,9 @@ def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, o
     if not no_write:
         write_report(res, out_dir)
     if as_json:
-        click.echo(json.dumps({"devices": {d: {"ratios": v["ratios"], "step_s": v["step_s"]}
+        click.echo(json.dumps({"devices": {d: {"ratios": v["ratios"], "step_s": v["step_s"],
+                                               **({"approximations": v["approximations"]}
+                                                  if v.get("approximations") else {})}
                                            for d, v in res["devices"].items()}}, indent=2))
     elif not no_write:
         click.echo(f"wrote {out_dir / 'speed.md'} and {out_dir / 'speed.json'}")

@@ -61,6 +61,10 @@ class AdaptConfig(BaseModel):
     fraction: float = Field(default=1.0, gt=0, le=1)
     seed: int = 0
     amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
+    cpu_bf16_nograd: bool = Field(
+        default=False, description="an approximation, CPU only (T3AR family): the no-gradient passes (keys, pool "
+                                   "features, bank initialisation) under bfloat16 autocast. Fast where the CPU has "
+                                   "native bf16 (AMX / AVX512-BF16), slow elsewhere; off by default")
 
     @model_validator(mode="after")
     def _check(self) -> AdaptConfig:

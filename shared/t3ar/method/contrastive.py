@@ -19,6 +19,7 @@ of the two weighted loss terms at the query feature (``grad_norm_ce``, ``grad_no
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,8 @@ class ContrastiveState:
         init = torch.randperm(n, generator=gen)[: min(config.bank_size, n)]
         for chunk in init.split(256):
             ids = chunk.to(device)
-            feats, logits = model.forward_all(views.strong(target[ids]))
+            with nograd_precision(config, device):
+                feats, logits = model.forward_all(views.strong(target[ids]))
             bank.enqueue(F.normalize(feats.float(), dim=1), ids, logits=logits.float(),
                          labels=lab[ids] if lab is not None else None)
             id_pl[ids] = logits.argmax(1)
@@ -99,10 +101,10 @@ class ContrastiveState:
             pad = bucket(rows, self.shape_bucket) - rows
             if pad:
                 xs = torch.cat([xs, xs[:1].expand(pad, -1, -1, -1)])
-            with segmented_batch_stats(model, segments):
+            with segmented_batch_stats(model, segments), nograd_precision(cfg, dev):
                 feats_all = model.features(xs)
-            k_feat = feats_all[:b]
-            k_logits = model.head(k_feat)
+                k_feat = feats_all[:b]
+                k_logits = model.head(k_feat)
             k = F.normalize(k_feat.float(), dim=1)
             p = F.normalize(feats_all[b:rows].float(), dim=1) if pool_local is not None else None
         q_feat, q_logits = model.forward_all(xw)
@@ -140,6 +142,14 @@ class ContrastiveState:
             loss = loss + diversity_weight * losses.diversity(q_logits.float())
         out["loss_ce"], out["loss_contrastive"] = loss_ce.detach(), loss_con.detach()
         return StepOut(loss, out, y)
+
+
+def nograd_precision(config: AdaptConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """bfloat16 autocast for the no-gradient passes where ``config.cpu_bf16_nograd`` asks for it (CPU only; on
+    CUDA the loop's own mixed precision applies), else nothing."""
+    if config.cpu_bf16_nograd and device.type == "cpu":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _grad_norms_at(feat: torch.Tensor, loss_ce: torch.Tensor, loss_con: torch.Tensor) -> dict[str, torch.Tensor]:
