@@ -1,1 +1,2 @@
-"""data."""
+"""Dataset readers: image folders, archives (safe extraction), CSV manifests, a target folder with its
+labels.csv; image decoding; subsampling."""
