@@ -6,6 +6,7 @@ bank). Each ``loss(model, x, weak, strong)`` draws one weak and two strong views
 momentum update, the forwards, the pseudo-label refinement and the queue/bank updates, and returns
 ``alpha*ce + beta*ins + eta*div`` plus its parts. The caller owns train/eval mode of ``model``, zero_grad, backward,
 the optimizer step and the lr schedule. No I/O, no global state; random draws come from the given generator.
+:class:`AdaContrast` is the method the adaptation loop drives: the state built from an ``AdaptConfig``.
 
 Faithful to the official code (github.com/DianCh/AdaContrast: ``target.py`` train_epoch / eval_and_label_dataset /
 soft_k_nearest_neighbors / update_labels / instance_loss / div, ``moco/builder.py`` AdaMoCo) with its published
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
+from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 
 View = Callable[[torch.Tensor], torch.Tensor]
@@ -177,3 +180,27 @@ class AdaContrastState:
             self.bank_ptr = fifo_write(self.bank_feats, self.bank_ptr, feats_kw.float())
         return total, {"ce": float(loss_ce.detach()), "ins": float(loss_ins.detach()),
                        "div": float(loss_div.detach()), "pseudo_labels": pseudo_labels}
+
+
+class AdaContrast(MethodStep):
+    """AdaContrast as a :class:`~t3ar.method.base.MethodStep`: ``bank_size`` is the MoCo queue's K,
+    ``refine_neighbors`` the soft-voting neighbours, ``ema`` the key encoder's momentum, the loss weights
+    ``ce_weight``, ``contrastive_weight`` and the diversity weight (1 unless set)."""
+
+    def __init__(self, state: AdaContrastState, views: Views) -> None:
+        self.state, self.views = state, views
+
+    @classmethod
+    def create(cls, model: Classifier, setup: MethodSetup) -> AdaContrast:
+        cfg = setup.config
+        state = AdaContrastState.create(model, setup.target, plain=setup.views.plain, queue_size=cfg.bank_size,
+                                        num_neighbors=cfg.refine_neighbors, momentum=cfg.ema,
+                                        temperature=cfg.temperature, generator=stream(cfg.seed, 2))
+        state.alpha, state.beta, state.eta = cfg.ce_weight, cfg.contrastive_weight, cfg.resolved_diversity_weight
+        return cls(state, setup.views)
+
+    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
+        loss, info = self.state.loss(model, x, self.views.weak, self.views.strong)
+        parts = {"loss_ce": torch.tensor(info["ce"]), "loss_contrastive": torch.tensor(info["ins"]),
+                 "loss_diversity": torch.tensor(info["div"])}
+        return StepOut(loss, parts, torch.as_tensor(info["pseudo_labels"]))

@@ -3,8 +3,9 @@
 Inputs are uint8 image tensors already at the model's input size, the (optional) retrieved neighbours
 as local pool indices ``[N_T, k]`` and the pool images they index. Target and pool images are copied to
 the device once per job when they fit; views are computed there a batch at a time
-(:mod:`t3ar.method.views`). Each method's step lives in its own module; this loop owns the optimiser,
-schedule, AMP and timing. Progress goes to a callback, which may raise to cancel the run.
+(:mod:`t3ar.method.views`). Each method lives in its own module behind :class:`~t3ar.method.base.MethodStep`
+(names: :mod:`t3ar.method.registry`); this loop owns the optimiser, schedule, AMP, timing and statistics.
+Progress goes to a callback, which may raise to cancel the run.
 
 Random streams are separate (so the arms of a comparison share all but what differs): batch order from
 ``generator`` (or ``config.seed``); target views, pool views, bank initialisation and
@@ -26,19 +27,14 @@ import torch
 from torch import nn
 
 from t3ar.cpu_memory import retain_freed_memory
-from t3ar.method import losses
-from t3ar.method.adacontrast import AdaContrastState
 from t3ar.method.augment import Normalizer
-from t3ar.method.config import CONTRASTIVE_METHODS, AdaptConfig
-from t3ar.method.contrastive import ContrastiveState
-from t3ar.method.retrieval import dedup_sample
+from t3ar.method.base import MethodSetup, stream
+from t3ar.method.config import AdaptConfig
+from t3ar.method.registry import METHOD_STEPS
 from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
 from t3ar.method.views import CHANNELS_LAST, Views
-from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms, iter_batchnorms
+from t3ar.models.classifier import Classifier, freeze_frozen_norms
 
-# Shapes of the no-gradient pool pass are padded to a multiple of this on CUDA: every new input shape costs a
-# cuDNN plan search (measured on an H100: ~0.7 s per new batch size under AMP, 8 ms per step once cached).
-CUDA_SHAPE_BUCKET = 32
 # Target and pool images are kept on the GPU when together they need at most this share of its free memory.
 DEVICE_DATA_SHARE = 0.25
 
@@ -86,20 +82,6 @@ class AdaptResult:
     history: list[StepStats] = field(default_factory=list)
 
 
-def _setup_params(model: Classifier, config: AdaptConfig) -> list[nn.Parameter]:
-    if config.method == "tent":
-        for p in model.parameters():
-            p.requires_grad_(False)
-        params: list[nn.Parameter] = []
-        for bn in iter_batchnorms(model):
-            for p in (bn.weight, bn.bias):
-                if p is not None:
-                    p.requires_grad_(True)
-                    params.append(p)
-        return params
-    return configure_trainable(model, config.train_groups, head=config.method != "shot-im")
-
-
 def place(images: torch.Tensor, device: torch.device, budget: float) -> torch.Tensor:
     """``images`` on ``device`` when they fit in ``budget`` bytes (CUDA), else in page-locked host memory."""
     if device.type != "cuda":
@@ -120,11 +102,6 @@ def fast_layout(model: nn.Module, device: torch.device) -> None:
     """Channels-last weights where that is the fast layout (the CPU's oneDNN; see ``views.CHANNELS_LAST``)."""
     if CHANNELS_LAST.get(device.type, False):
         model.to(memory_format=torch.channels_last)
-
-
-def stream(seed: int, purpose: int) -> torch.Generator:
-    """A CPU generator for one purpose (views, bank init, ...) derived from the run's seed."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + purpose)
 
 
 def adapt(
@@ -158,7 +135,8 @@ def adapt(
     device = device or next(model.parameters()).device
     gen = generator or torch.Generator().manual_seed(config.seed)
     result = AdaptResult()
-    if config.method == "source":
+    method = METHOD_STEPS[config.method]
+    if method is None:  # source: the model as it is
         return result
     if config.mode == "train" and labels is None:
         raise ValueError("train-time mode needs labels")
@@ -182,13 +160,12 @@ def adapt(
         pool_images = place(pool_images, device, budget - target.numel() * (target.device == device))
     nbrs = neighbours.cpu() if (config.uses_retrieval and neighbours is not None and not redraw) else None
     cands = candidates.cpu() if (redraw and candidates is not None) else None
-    pool_gen = stream(config.seed, 3)
     diag = diagnostic_labels.to(device) if diagnostic_labels is not None else None
 
     if device.type == "cpu":
         retain_freed_memory()
     fast_layout(model, device)
-    params = _setup_params(model, config)
+    params = method.trainable_params(model, config)
     optim = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
                             weight_decay=config.weight_decay, nesterov=True)
     batch_size = min(config.batch_size, n)
@@ -198,19 +175,11 @@ def adapt(
     use_amp = device.type == "cuda" and config.amp
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
     views = Views(Normalizer(mean, std, device), stream(config.seed, 1), stream(config.seed, 5))
-    contrastive: ContrastiveState | None = None
-    ada: AdaContrastState | None = None
+    setup = MethodSetup(target, config, views, device, labels=labels,
+                        pool_images=pool_images if config.uses_retrieval else None, neighbours=nbrs,
+                        candidates=cands, diagnostics=diagnostics)
     with torch.autocast(device.type, enabled=use_amp):
-        if config.method in CONTRASTIVE_METHODS:
-            contrastive = ContrastiveState.create(model, target, config, labels, views, stream(config.seed, 2),
-                                                  device, CUDA_SHAPE_BUCKET if device.type == "cuda" else 1)
-        elif config.method == "adacontrast":
-            ada = AdaContrastState.create(model, target, plain=views.plain, queue_size=config.bank_size,
-                                          num_neighbors=config.refine_neighbors, momentum=config.ema,
-                                          temperature=config.temperature, generator=stream(config.seed, 2))
-            ada.alpha, ada.beta, ada.eta = (config.ce_weight, config.contrastive_weight,
-                                            config.resolved_diversity_weight)
-    used = torch.zeros(len(pool_images) if pool_images is not None else 0, dtype=torch.bool)
+        state = method.create(model, setup)
 
     t_start = time.perf_counter()
     step = 0
@@ -221,38 +190,15 @@ def adapt(
             if step >= total:
                 break
             model.train()
-            if config.method != "tent":
-                freeze_frozen_norms(model)
+            freeze_frozen_norms(model)
             t0, views_before = time.perf_counter(), views.seconds
             ids = idx.to(target.device)
-            x = target[ids]
             stats = StepStats(epoch, step + 1, total, float(sched.get_last_lr()[0]), 0.0)
-            parts: dict[str, torch.Tensor] = {}
             with torch.autocast(device.type, enabled=use_amp):
-                if config.method == "tent":  # test images as they are, BN affine only
-                    logits = model(views.plain(x))
-                    loss, y = losses.entropy(logits), logits.detach().argmax(1)
-                elif config.method == "shot-im":
-                    logits = model(views.weak(x))
-                    loss, y = losses.information_maximisation(logits), logits.detach().argmax(1)
-                elif ada is not None:
-                    loss, info = ada.loss(model, x, views.weak, views.strong)
-                    parts = {"loss_ce": torch.tensor(info["ce"]), "loss_contrastive": torch.tensor(info["ins"]),
-                             "loss_diversity": torch.tensor(info["div"])}
-                    y = torch.as_tensor(info["pseudo_labels"])
-                else:
-                    assert contrastive is not None
-                    if cands is not None:  # the paper's sampling: k of the r*k candidates, anew at every visit
-                        nbr: torch.Tensor | None = dedup_sample(cands[idx], config.k, pool_gen)
-                    else:
-                        nbr = nbrs[idx] if nbrs is not None else None
-                    out = contrastive.step(model, x, ids.to(device), nbr, pool_images, views,
-                                           diagnostics=diagnostics)
-                    loss, parts, y = out.loss, out.parts, out.pseudo_labels
-                    if nbr is not None:
-                        used[nbr[nbr >= 0]] = True
+                out = state.step(model, target[ids], ids, idx)
+            loss, parts = out.loss, dict(out.parts)
             if diag is not None:  # reporting only: compared after the fact, never part of a loss
-                parts["pl_accuracy"] = (y.to(device) == diag[idx.to(device)]).float().mean()
+                parts["pl_accuracy"] = (out.pseudo_labels.to(device) == diag[idx.to(device)]).float().mean()
             optim.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optim)
@@ -274,5 +220,5 @@ def adapt(
     result.steps, result.epochs = step, epoch
     result.seconds = time.perf_counter() - t_start
     result.seconds_per_epoch = result.seconds * spe / max(1, step)
-    result.pool_used = used.nonzero().flatten().tolist()
+    result.pool_used = state.pool_used()
     return result

@@ -6,12 +6,13 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: every method's name, declared here once; what adapts with each is :data:`t3ar.method.registry.METHOD_STEPS`
+#: (this module stays free of torch: the services validate configs with it)
 Method = Literal["source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"]
-METHODS: tuple[str, ...] = get_args(Method)
-RETRIEVAL_METHODS: tuple[str, ...] = ("t3ar-random", "t3ar")
-CONTRASTIVE_METHODS: tuple[str, ...] = ("t3ar-noretrieval", "t3ar-random", "t3ar")
+METHODS: tuple[Method, ...] = get_args(Method)
+RETRIEVAL_METHODS: tuple[Method, ...] = ("t3ar-random", "t3ar")
 #: methods without a train-time (labelled) mode
-TEST_TIME_ONLY: tuple[str, ...] = ("adacontrast",)
+TEST_TIME_ONLY: tuple[Method, ...] = ("adacontrast",)
 
 
 class AdaptConfig(BaseModel):

@@ -1,0 +1,100 @@
+"""The interface every adaptation method implements, and what the loop hands it. Pure torch, no I/O.
+
+A method is a :class:`MethodStep`: built once per job from a :class:`MethodSetup` (the placed data, the views,
+the config), it says which parameters train and computes one step's loss. The loop in :mod:`t3ar.method.adapt`
+owns everything around it: optimiser, schedule, mixed precision, timing, statistics and the one device sync
+per step. The registry of names is :mod:`t3ar.method.registry`.
+
+Random streams (:func:`stream`), one per purpose so that the arms of a comparison share all but what differs:
+1 target views, 2 bank / queue initialisation, 3 per-visit neighbour draws, 4 retrieval (the harness),
+5 pool views.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Self
+
+import torch
+from torch import nn
+
+from t3ar.method.config import AdaptConfig
+from t3ar.method.views import Views
+from t3ar.models.classifier import Classifier, configure_trainable
+
+
+def stream(seed: int, purpose: int) -> torch.Generator:
+    """A CPU generator for one purpose (views, bank init, ...) derived from the run's seed."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + purpose)
+
+
+@dataclass
+class StepOut:
+    """A step's loss and its parts (tensors: read them after backward, in one device sync)."""
+
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]  # StepStats field name -> scalar tensor
+    pseudo_labels: torch.Tensor  # [B] the labels the step trained on (pseudo-labels, or true in train mode)
+
+
+@dataclass(frozen=True)
+class MethodSetup:
+    """What a method is built from, already checked and placed by the loop.
+
+    ``target``: uint8 [N,3,S,S] on the device (or in host memory: indexed per step); ``labels``: [N] in train
+    mode, else None; ``pool_images``: uint8 [P,3,S,S] for retrieval methods; ``neighbours`` ([N, k], fixed) or
+    ``candidates`` ([N, m >= k], drawn anew per visit with ``config.redraw_neighbours``): local pool indices on
+    the CPU, -1 = missing, at most one of them given; ``diagnostics``: report the costly diagnostics too.
+    """
+
+    target: torch.Tensor
+    config: AdaptConfig
+    views: Views
+    device: torch.device
+    labels: torch.Tensor | None = None
+    pool_images: torch.Tensor | None = None
+    neighbours: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+    diagnostics: bool = False
+
+
+class MethodStep(ABC):
+    """One adaptation method: which parameters train, its state, one step's loss.
+
+    The loop calls, in order: :meth:`trainable_params` (before the optimiser exists), :meth:`create` (under the
+    loop's autocast), then per step :meth:`step` (model in train mode with its frozen BatchNorm layers in eval
+    mode, under autocast; the loop runs backward and the optimiser), and :meth:`pool_used` at the end.
+    Subclasses say only what differs.
+    """
+
+    @classmethod
+    def trainable_params(cls, model: Classifier, config: AdaptConfig) -> list[nn.Parameter]:
+        """Set ``requires_grad`` on ``model`` and return what trains: by default the last
+        ``config.train_groups`` backbone groups, the bottleneck and the classifier head."""
+        return configure_trainable(model, config.train_groups, head=True)
+
+    @classmethod
+    @abstractmethod
+    def create(cls, model: Classifier, setup: MethodSetup) -> MethodStep:
+        """The method's state for one job (banks, queues, key encoders: whatever it keeps between steps)."""
+
+    @abstractmethod
+    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
+        """The loss of one batch: ``x`` uint8 [B,3,S,S] and ``ids`` [B] (its target indices) on the target's
+        device, ``idx`` the same indices on the CPU. Updates the method's state; never calls backward."""
+
+    def pool_used(self) -> list[int]:
+        """Sorted pool indices the job's steps used (retrieval methods; [] otherwise)."""
+        return []
+
+
+class StatelessMethod(MethodStep):
+    """A method that keeps nothing between steps but the job's views (tent, SHOT-IM)."""
+
+    def __init__(self, views: Views) -> None:
+        self.views = views
+
+    @classmethod
+    def create(cls, model: Classifier, setup: MethodSetup) -> Self:
+        return cls(setup.views)
