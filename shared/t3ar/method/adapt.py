@@ -31,7 +31,7 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.base import MethodSetup, stream
 from t3ar.method.config import AdaptConfig
 from t3ar.method.registry import METHOD_STEPS
-from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
+from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import CHANNELS_LAST, Views
 from t3ar.models.classifier import Classifier, freeze_frozen_norms
 
@@ -166,14 +166,12 @@ def adapt(
         retain_freed_memory()
     fast_layout(model, device)
     params = method.trainable_params(model, config)
-    optim = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                            weight_decay=config.weight_decay, nesterov=True)
     batch_size = min(config.batch_size, n)
     spe = steps_per_epoch(n, batch_size)
     total = max(config.epochs * spe, config.min_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(total, config.warmup_frac))
     use_amp = device.type == "cuda" and config.amp
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    optim = Optimiser(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+                      total_steps=total, warmup_frac=config.warmup_frac, amp=use_amp)
     views = Views(Normalizer(mean, std, device), stream(config.seed, 1), stream(config.seed, 5))
     setup = MethodSetup(target, config, views, device, labels=labels,
                         pool_images=pool_images if config.uses_retrieval else None, neighbours=nbrs,
@@ -193,17 +191,13 @@ def adapt(
             freeze_frozen_norms(model)
             t0, views_before = time.perf_counter(), views.seconds
             ids = idx.to(target.device)
-            stats = StepStats(epoch, step + 1, total, float(sched.get_last_lr()[0]), 0.0)
+            stats = StepStats(epoch, step + 1, total, optim.lr, 0.0)
             with torch.autocast(device.type, enabled=use_amp):
                 out = state.step(model, target[ids], ids, idx)
             loss, parts = out.loss, dict(out.parts)
             if diag is not None:  # reporting only: compared after the fact, never part of a loss
                 parts["pl_accuracy"] = (out.pseudo_labels.to(device) == diag[idx.to(device)]).float().mean()
-            optim.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optim)
-            scaler.update()
-            sched.step()
+            optim.update(loss)
             step += 1
             names = ["loss", *parts]
             values = torch.stack([loss.detach().float(), *(v.float().to(loss.device) for v in parts.values())])

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from t3ar.cpu_memory import retain_freed_memory
 from t3ar.method.adapt import AdaptResult, StepStats, fast_layout, place, stream
 from t3ar.method.augment import Normalizer
-from t3ar.method.schedule import epoch_batches, lr_lambda, steps_per_epoch
+from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms
 
@@ -44,15 +44,12 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
         retain_freed_memory()
     fast_layout(model, device)
     params = configure_trainable(model, config.train_groups, head=True)
-    optim = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
-                            weight_decay=config.weight_decay, nesterov=True)
     n = len(images)
     bs = min(config.batch_size, n)
-    spe = steps_per_epoch(n, bs)
-    total = config.epochs * spe
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(total, config.warmup_frac))
+    total = config.epochs * steps_per_epoch(n, bs)
     use_amp = device.type == "cuda" and config.amp
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    optim = Optimiser(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+                      total_steps=total, warmup_frac=config.warmup_frac, amp=use_amp)
     views = Views(Normalizer(mean, std, device), stream(config.seed, 1))
     images = place(images, device, float("inf"))
     labels = labels.to(device)
@@ -69,13 +66,9 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
             with torch.autocast(device.type, enabled=use_amp):
                 loss = F.cross_entropy(model(x).float(), labels[idx.to(device)],
                                        label_smoothing=config.label_smoothing)
-            optim.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optim)
-            scaler.update()
-            sched.step()
+            optim.update(loss)
             step += 1
-            stats = StepStats(epoch, step, total, float(sched.get_last_lr()[0]), float(loss.detach()),
+            stats = StepStats(epoch, step, total, optim.lr, float(loss.detach()),
                               loss_ce=float(loss.detach()), seconds_augment=t1 - t0,
                               seconds_forward_backward=time.perf_counter() - t1)
             result.history.append(stats)
