@@ -1,1 +1,28 @@
-"""method."""
+"""The method: T3AR and its baselines, pure torch (tensors and typed arguments in, no I/O, no global state).
+
+Importing the package imports nothing; :mod:`~t3ar.method.config` alone needs no torch (the services validate
+configs with it).
+
+* :mod:`~t3ar.method.config`: ``AdaptConfig``, every knob of a run, and the method names (``Method``, ``METHODS``).
+* :mod:`~t3ar.method.adapt`: ``adapt()``, the loop that drives every method: optimiser, schedule, AMP, timing,
+  ``StepStats`` and ``AdaptResult``.
+* :mod:`~t3ar.method.base`: the interface a method implements (``MethodStep``), what it is built from
+  (``MethodSetup``) and returns per step (``StepOut``); the seeded random streams.
+* :mod:`~t3ar.method.registry`: ``METHOD_STEPS``, each method name and its implementation, declared once.
+* :mod:`~t3ar.method.tent`: TENT (entropy, BatchNorm affine parameters only).
+* :mod:`~t3ar.method.shot`: SHOT-IM (information maximisation, frozen classifier head).
+* :mod:`~t3ar.method.contrastive`: the T3AR family (``t3ar``, ``t3ar-random``, ``t3ar-noretrieval``): bank,
+  filtered pseudo-labels, InfoNCE with retrieved pool negatives.
+* :mod:`~t3ar.method.adacontrast`: AdaContrast (momentum key encoder, soft-kNN refined pseudo-labels).
+* :mod:`~t3ar.method.bank`: the memory bank of the T3AR family.
+* :mod:`~t3ar.method.losses`: the losses (negative mask, InfoNCE, entropy, diversity, information maximisation).
+* :mod:`~t3ar.method.retrieval`: neighbour sampling (dedup, random) and the pool-provider interface.
+* :mod:`~t3ar.method.segments`: one no-gradient forward over several batches, each with its own BatchNorm
+  statistics.
+* :mod:`~t3ar.method.views`: weak and strong views a batch at a time, drawn per image; their parameters
+  (:mod:`~t3ar.method.view_params`) and image operations (:mod:`~t3ar.method.view_ops`).
+* :mod:`~t3ar.method.augment`: normalisation of uint8 batches (the models' input contract).
+* :mod:`~t3ar.method.schedule`: learning-rate schedule, seeded epoch batches, the shared optimiser update.
+* :mod:`~t3ar.method.supervised`: supervised fine-tuning (the source model f_S).
+* :mod:`~t3ar.method.evaluate`: top-1 and per-class accuracy.
+"""
