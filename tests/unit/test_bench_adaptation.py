@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from t3ar.bench.adaptation_protocol import (
+from t3ar.bench.method.main import summarise
+from t3ar.bench.method.plans import PLANS, QUICK, paired, t_quantile
+from t3ar.bench.method.protocol import (
     cap_indices,
     fraction_size,
     fraction_subset,
     retrieval_diagnostics,
     split_adapt_eval,
 )
-from t3ar.bench.method_main import summarise
-from t3ar.bench.plans import PLANS, QUICK, paired, t_quantile
 
 
 def _labels() -> list[int]:
@@ -159,7 +159,7 @@ def test_plans_are_consistent() -> None:
 
 
 def test_report_renders(tmp_path: Path) -> None:
-    from t3ar.bench.method_report import render
+    from t3ar.bench.method.report import render
 
     plan = QUICK
     recs = _records(0.04, [0.001, -0.001])
@@ -186,7 +186,7 @@ def test_report_renders(tmp_path: Path) -> None:
 
 
 def test_interleaved_runs_steps_in_lock_step() -> None:
-    from t3ar.bench.speed import interleaved
+    from t3ar.bench.speed.main import interleaved
     from t3ar.method.adapt import StepStats
 
     order: list[str] = []
@@ -205,7 +205,7 @@ def test_interleaved_runs_steps_in_lock_step() -> None:
 
 
 def test_interleaved_reraises_and_finishes_the_others() -> None:
-    from t3ar.bench.speed import interleaved
+    from t3ar.bench.speed.main import interleaved
     from t3ar.method.adapt import StepStats
 
     finished: list[str] = []
@@ -224,8 +224,8 @@ def test_interleaved_reraises_and_finishes_the_others() -> None:
 
 
 def test_drift_report_renders(tmp_path: Path) -> None:
-    from t3ar.bench.method_report import write_drift_report
-    from t3ar.bench.plans import DRIFT
+    from t3ar.bench.method.plans import DRIFT
+    from t3ar.bench.method.report import write_drift_report
 
     curve = {"epoch": 1.0, "loss": 1.0, "loss_ce": 0.5, "loss_contrastive": 4.0, "loss_diversity": 0.0,
              "pl_accuracy": 0.4, "pool_neg_share": 0.2, "grad_norm_ce": 0.1, "grad_norm_contrastive": 0.2,
@@ -248,8 +248,8 @@ def test_run_cache_key_depends_on_run_affecting_plan_fields_only() -> None:
     import dataclasses
     from types import SimpleNamespace
 
-    from t3ar.bench.method_runs import arm_key
-    from t3ar.bench.plans import PAPER
+    from t3ar.bench.method.plans import PAPER
+    from t3ar.bench.method.runs import arm_key
 
     tgt = SimpleNamespace(style=SimpleNamespace(items=["a", "b", "c"]), adapt_idx=[0, 1], eval_idx=[2])
 
@@ -268,8 +268,8 @@ def test_run_cache_key_depends_on_run_affecting_plan_fields_only() -> None:
 def test_fractions_option_restricts_a_plan() -> None:
     import click
 
-    from t3ar.bench.adaptation import _only_fractions
-    from t3ar.bench.plans import PAPER
+    from t3ar.bench.method.command import _only_fractions
+    from t3ar.bench.method.plans import PAPER
 
     low = _only_fractions(PAPER, "0.1,0.3")
     assert low.fractions == low.low_fractions == low.train_fractions == (0.1, 0.3)
@@ -280,9 +280,9 @@ def test_fractions_option_restricts_a_plan() -> None:
 
 
 def test_approximations_are_ablation_arms_paired_with_the_frozen_t3ar() -> None:
-    from t3ar.bench.method_main import main_arms
-    from t3ar.bench.method_report import approximation_diffs
-    from t3ar.bench.plans import APPROXIMATION
+    from t3ar.bench.method.main import main_arms
+    from t3ar.bench.method.plans import APPROXIMATION
+    from t3ar.bench.method.report import approximation_diffs
 
     plan = QUICK
     assert ("cpu_bf16_nograd", True) in plan.approximations and not PLANS["paper"].approximations

@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 from click.testing import CliRunner
 
-from t3ar.bench.speed import SpeedData
-from t3ar.bench.speed_report import merge, verdict, write_report
+from t3ar.bench.speed.main import SpeedData
+from t3ar.bench.speed.report import merge, verdict, write_report
 
 
 def _dev(t3ar: float, noret: float) -> dict[str, object]:

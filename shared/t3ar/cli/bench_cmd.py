@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from t3ar.bench.adaptation import _default_cache, adapt_bench
+from t3ar.bench.method.command import adapt_bench, default_cache
 from t3ar.logs import configure_logging
 
 
@@ -26,7 +26,7 @@ def retrieval(out_dir: Path, quick: bool) -> None:
 
     The full run takes 5-10 minutes and needs ~3 GB of RAM and ~6 GB of temporary disk.
     """
-    from t3ar.bench.retrieval import run_retrieval_benchmark
+    from t3ar.bench.retrieval.main import run_retrieval_benchmark
 
     configure_logging("INFO")  # force: the CLI root configured WARNING
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -51,7 +51,7 @@ def retrieval(out_dir: Path, quick: bool) -> None:
               show_default=True, help="Where speed.md/.json/.png are written.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-adapt"),
               show_default=True, help="Data kits and the prepared speed data (reused).")
-@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=_default_cache,
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=default_cache,
               show_default="$T3AR_CACHE_DIR or .cache/t3ar", help="Downloaded npm/Debian packages (reused).")
 @click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A prepared speed-data file (WORK_DIR/speed/data-*.pt) instead of the data kits.")
@@ -69,8 +69,8 @@ def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, o
     """
     import torch
 
-    from t3ar.bench.speed import SpeedData, prepare_data, run_speed_benchmark
-    from t3ar.bench.speed_report import write_report
+    from t3ar.bench.speed.main import SpeedData, prepare_data, run_speed_benchmark
+    from t3ar.bench.speed.report import write_report
     from t3ar.device import resolve_device
 
     configure_logging("INFO")  # force: the CLI root configured WARNING

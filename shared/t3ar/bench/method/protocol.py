@@ -1,5 +1,5 @@
 """The method benchmark's data protocol: pure computations (no I/O, no training). The plans are in
-:mod:`t3ar.bench.plans`.
+:mod:`t3ar.bench.method.plans`.
 
 * :func:`split_adapt_eval`: the fixed, stratified split of a target style into an adaptation part and a
   held-out evaluation part (the same evaluation images for every fraction, method and seed).

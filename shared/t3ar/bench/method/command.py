@@ -1,6 +1,6 @@
 """``t3ar bench adapt``: does retrieval make adaptation better? (the method benchmark)
 
-The click command only; the benchmark lives in :mod:`t3ar.bench.method_main` (imported when the command runs,
+The click command only; the benchmark lives in :mod:`t3ar.bench.method.main` (imported when the command runs,
 so that ``t3ar --help`` stays fast). Writes ``adaptation-<plan>.md``, ``.json`` (every run) and PNG plots.
 """
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import click
 
-from t3ar.bench.plans import BenchPlan
+from t3ar.bench.method.plans import BenchPlan
 from t3ar.logs import configure_logging
 
 
-def _default_cache() -> str:
+def default_cache() -> str:
+    """Where downloaded npm/Debian packages are kept: $T3AR_CACHE_DIR or .cache/t3ar."""
     return os.environ.get("T3AR_CACHE_DIR") or str(Path(".cache") / "t3ar")
 
 
@@ -52,7 +53,7 @@ def _only_fractions(plan: BenchPlan, spec: str) -> BenchPlan:
               help="Where adaptation-<plan>.md/.json/.png go [default: docs/benchmarks; quick: WORK_DIR/quick].")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-adapt"),
               show_default=True, help="Data kits, source models, embeddings and per-run results (reused).")
-@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=_default_cache,
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=default_cache,
               show_default="$T3AR_CACHE_DIR or .cache/t3ar", help="Downloaded npm/Debian packages (reused).")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda[:N].")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
@@ -75,8 +76,8 @@ def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Pat
     """
     import dataclasses
 
-    from t3ar.bench.method_main import run_drift_study, run_method_benchmark
-    from t3ar.bench.plans import PLANS
+    from t3ar.bench.method.main import run_drift_study, run_method_benchmark
+    from t3ar.bench.method.plans import PLANS
     from t3ar.device import resolve_device
     from t3ar.errors import T3arError
 

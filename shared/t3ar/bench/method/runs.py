@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from t3ar.bench.adaptation_data import (
+from t3ar.bench.method.data import (
     POOL_SOURCES,
     BenchPool,
     EmbeddingStore,
@@ -35,8 +35,8 @@ from t3ar.bench.adaptation_data import (
     side_table,
     source_model,
 )
-from t3ar.bench.adaptation_protocol import SOURCE_STYLE, cap_indices, fraction_subset, split_adapt_eval
-from t3ar.bench.plans import BenchPlan
+from t3ar.bench.method.plans import BenchPlan
+from t3ar.bench.method.protocol import SOURCE_STYLE, cap_indices, fraction_subset, split_adapt_eval
 from t3ar.datakit.emoji import ALL_STYLES
 from t3ar.device import seed_everything
 from t3ar.embedder import Embedder, EmbedderSpec

@@ -1,4 +1,4 @@
-"""``docs/benchmarks/retrieval.md`` from the results of :func:`t3ar.bench.retrieval.run_retrieval_benchmark`."""
+"""``docs/benchmarks/retrieval.md`` from the results of :func:`t3ar.bench.retrieval.main.run_retrieval_benchmark`."""
 
 from __future__ import annotations
 

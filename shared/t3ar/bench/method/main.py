@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from t3ar.bench.method_runs import Context, build_context, run_all, source_record
-from t3ar.bench.plans import APPROXIMATION, BenchPlan, paired
+from t3ar.bench.method.plans import APPROXIMATION, BenchPlan, paired
+from t3ar.bench.method.runs import Context, build_context, run_all, source_record
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def summarise(p: BenchPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, A
 def run_drift_study(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
                     device: torch.device) -> dict[str, Any]:
     """Per-epoch curves of the contrastive methods at each lr of ``plan.lr_grid`` (see ``plans.DRIFT``)."""
-    from t3ar.bench.method_report import write_drift_report
+    from t3ar.bench.method.report import write_drift_report
 
     t0 = time.perf_counter()
     ctx = build_context(plan, work, cache, device)
@@ -188,7 +188,7 @@ def run_drift_study(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
 
 def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
                          device: torch.device) -> dict[str, Any]:
-    from t3ar.bench.method_report import write_report
+    from t3ar.bench.method.report import write_report
 
     t_start, load_start = time.perf_counter(), os.getloadavg()
     ctx = build_context(plan, work, cache, device)

@@ -73,7 +73,7 @@ def prepare_data(work: Path, cache: Path, *, n_images: int, k: int, r: int = 5, 
                  size: int = 64, device: torch.device | None = None) -> SpeedData:
     """From the data kits (built or reused under ``work``): Twitter emoji as the target, OpenClipart + Tux Paint
     as the pool, neighbours by the packaged ImageNet retriever (exact inner product, top r·k, k sampled)."""
-    from t3ar.bench.adaptation_data import build_kits, load_style, pool_components
+    from t3ar.bench.method.data import build_kits, load_style, pool_components
     from t3ar.data.images import open_image, to_tensor_uint8
     from t3ar.embedder import Embedder, EmbedderSpec
     from t3ar.method.retrieval import dedup_sample

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from t3ar.bench.plans import APPROXIMATION, paired
+from t3ar.bench.method.plans import APPROXIMATION, paired
 
 log = logging.getLogger(__name__)
 LABELS = {"source": "source only", "tent": "TENT", "shot-im": "SHOT-IM",

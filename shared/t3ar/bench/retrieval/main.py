@@ -214,7 +214,7 @@ def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight
     flight, as ``t3ar pool ingest`` does), so that both see the same machine load."""
     pngs = [_png(s) for s in range(n)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    worker = subprocess.Popen([sys.executable, "-c", f"from t3ar.bench.retrieval import forward_worker; "
+    worker = subprocess.Popen([sys.executable, "-c", f"from {forward_worker.__module__} import forward_worker; "
                                f"forward_worker({batch})"], env=env, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert worker.stdin is not None and worker.stdout is not None
@@ -354,7 +354,7 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     results["history"] = _history(out_dir / "retrieval.json", results)
     (out_dir / "retrieval.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    from t3ar.bench.retrieval_report import render_markdown
+    from t3ar.bench.retrieval.report import render_markdown
 
     (out_dir / "retrieval.md").write_text(render_markdown(results))
     return results

@@ -3,7 +3,7 @@
 Protocol (the method issue): every hyper-parameter is chosen on a *validation shift* (Google -> Fluent 3D)
 and frozen; results are reported on the other shifts. Each (shift, seed, fraction) cell is paired: every
 arm sees the same source model, the same subset, batch order, target views and bank initialisation
-(separate random streams, :func:`t3ar.method.adapt.stream`), so method differences are paired per seed and
+(separate random streams, :func:`t3ar.method.base.stream`), so method differences are paired per seed and
 reported with 95 % confidence intervals (Student t over seeds).
 """
 
