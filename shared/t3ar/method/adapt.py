@@ -4,13 +4,13 @@ Inputs are uint8 image tensors already at the model's input size, the (optional)
 as local pool indices ``[N_T, k]`` and the pool images they index. Target and pool images are copied to
 the device once per job when they fit; views are computed there a batch at a time
 (:mod:`t3ar.method.views`). Each method lives in its own module behind :class:`~t3ar.method.base.MethodStep`
-(names: :mod:`t3ar.method.registry`); this loop owns the optimiser, schedule, AMP, timing and statistics.
-Progress goes to a callback, which may raise to cancel the run.
+(names: :mod:`t3ar.method.registry`); this loop owns the optimiser, schedule, AMP, timing, the statistics and
+their one device sync per step. Progress goes to a callback, which may raise to cancel the run.
 
 Random streams are separate (so the arms of a comparison share all but what differs): batch order from
 ``generator`` (or ``config.seed``); target views, pool views, bank initialisation and
-(``config.redraw_neighbours``) the per-visit neighbour draws (stream 3) each from their own generator derived
-from ``config.seed`` (:func:`stream`).
+(``config.redraw_neighbours``) the per-visit neighbour draws each from their own generator derived from
+``config.seed`` (:func:`~t3ar.method.base.stream`, which lists them).
 
 Diagnostics never touch a loss: ``diagnostic_labels`` only score the pseudo-labels each step used
 (``StepStats.pl_accuracy``); ``diagnostics=True`` adds the T3AR family's per-term gradient norms.
