@@ -104,6 +104,14 @@ def fast_layout(model: nn.Module, device: torch.device) -> None:
         model.to(memory_format=torch.channels_last)
 
 
+def prepare_training(model: nn.Module, device: torch.device) -> None:
+    """What every training loop does first on ``device``: the fast weight layout and, on the CPU, freed memory
+    kept for reuse (:mod:`t3ar.cpu_memory`)."""
+    if device.type == "cpu":
+        retain_freed_memory()
+    fast_layout(model, device)
+
+
 def adapt(
     model: Classifier,
     target: torch.Tensor,
@@ -162,9 +170,7 @@ def adapt(
     cands = candidates.cpu() if (redraw and candidates is not None) else None
     diag = diagnostic_labels.to(device) if diagnostic_labels is not None else None
 
-    if device.type == "cpu":
-        retain_freed_memory()
-    fast_layout(model, device)
+    prepare_training(model, device)
     params = method.trainable_params(model, config)
     batch_size = min(config.batch_size, n)
     spe = steps_per_epoch(n, batch_size)

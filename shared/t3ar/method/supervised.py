@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from t3ar.cpu_memory import retain_freed_memory
-from t3ar.method.adapt import AdaptResult, StepStats, fast_layout, place, stream
+from t3ar.method.adapt import AdaptResult, StepStats, place, prepare_training, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import Views
@@ -40,9 +39,7 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
                      on_step: Callable[[StepStats], None] | None = None) -> AdaptResult:
     """Fine-tune ``model`` in place: last ``train_groups`` backbone groups + bottleneck + head."""
     gen = generator or torch.Generator().manual_seed(config.seed)
-    if device.type == "cpu":
-        retain_freed_memory()
-    fast_layout(model, device)
+    prepare_training(model, device)
     params = configure_trainable(model, config.train_groups, head=True)
     n = len(images)
     bs = min(config.batch_size, n)
