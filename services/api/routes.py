@@ -21,6 +21,10 @@ from t3ar_services.common.job_contract import WITHDRAWN_KEY
 
 log = logging.getLogger(__name__)
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
+# What JSON Schema cannot state about the upload: the file part is a t3ar checkpoint (the torch zip that
+# `t3ar train-source` writes), named by this media type in the document.
+CHECKPOINT_MEDIA_TYPE = "application/vnd.t3ar.checkpoint"
+
 router = APIRouter(responses=_ERRORS)
 
 
@@ -67,7 +71,9 @@ def _model_out(m: ModelRow) -> s.ModelOut:
 
 @router.post("/models", response_model=s.ModelOut, status_code=201, dependencies=USER, tags=["models"],
              responses={200: {"model": s.ModelOut, "description": "the same file was uploaded before"},
-                        400: {"model": s.ErrorBody, "description": "unparsable multipart body"}})
+                        400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
+             openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
+                 "file": {"contentType": CHECKPOINT_MEDIA_TYPE}}}}}})
 def upload_model(state: StateDep,
                  file: Annotated[UploadFile, File(description="a t3ar checkpoint (t3ar train-source)")],
                  name: Annotated[str, Form(max_length=200)] = "") -> JSONResponse:

@@ -19,6 +19,7 @@ from t3ar_services.common.app import create_service_app
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.metrics import RetrieverMetrics
+from t3ar_services.retriever.openapi import install as install_pool_openapi
 from t3ar_services.retriever.routes import router
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
@@ -102,4 +103,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         body_limit=settings.max_upload_bytes,
         body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request", routers=[router])
     app.state.retriever = state
+    install_pool_openapi(app, lambda: None if state.pool is None else {
+        "tag": state.pool.info.tag, "dim": state.pool.info.dim, "max_k": settings.max_k,
+        "max_queries": settings.max_queries, "max_vectors": settings.max_vectors_per_request})
     return app

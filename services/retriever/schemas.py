@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+MAX_SAFE_INTEGER = 2**53 - 1  # larger JSON integers lose precision in double-based parsers and schema validators
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
 
@@ -97,15 +98,21 @@ class EmbedResponse(BaseModel):
     vectors_b64: str | None = Field(default=None, description="float32 little-endian, row-major [count, dim]")
 
 
+_QUERY_KINDS = ("vectors", "vectors_b64", "images_b64")
+
+
 class SearchRequest(_Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in _QUERY_KINDS]})
+
     vectors: list[list[float]] | None = Field(default=None, description="query vectors [n, dim] (unit norm)")
     vectors_b64: str | None = Field(default=None, description="float32 little-endian row-major [n, dim], base64")
     images_b64: list[str] | None = Field(default=None, description="query images (file bytes, base64)")
     k: int = Field(default=10, description="neighbours per query (1..T3AR_RETRIEVER_MAX_K)")
     r: int = Field(default=1, ge=1, le=100, description="dedup: sample k of the top r*k uniformly (seeded)")
-    seed: int = Field(default=0, ge=0, le=2**64 - 1,
-                      description="seed of the r > 1 sampling, 0..2^64-1: the same seed, queries and pool give the "
-                                  "same sample")
+    seed: int = Field(default=0, ge=0, le=MAX_SAFE_INTEGER,
+                      description="seed of the r > 1 sampling, 0..2^53-1 (an integer every JSON client can send "
+                                  "exactly): the same seed, queries and pool give the same sample")
     exclude_ids: list[str] = Field(default_factory=list, max_length=100_000,
                                    description="never return these ids (unknown ids are ignored)")
     source: str | None = Field(default=None, description="only items with this source tag")
@@ -113,7 +120,7 @@ class SearchRequest(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> SearchRequest:
-        given = [n for n in ("vectors", "vectors_b64", "images_b64") if getattr(self, n) is not None]
+        given = [n for n in _QUERY_KINDS if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of vectors, vectors_b64, images_b64")
         return self

@@ -11,6 +11,9 @@ seeded, so a CI run is reproducible: about 40 s for all four runs on a 2-core ma
 
 from __future__ import annotations
 
+import base64
+import io
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,25 +26,54 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import strategies as st
+from PIL import Image
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import events, from_schema
 from schemathesis.python.asgi import shutdown_lifespans
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar.models.backbones import BackboneSpec
+from t3ar.models.checkpoint import save_checkpoint
+from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.main import create_app as create_api
+from t3ar_services.api.routes import CHECKPOINT_MEDIA_TYPE
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.retriever.main import create_app as create_retriever
+from t3ar_services.retriever.openapi import F32_ROWS_B64, IMAGE_B64
 from t3ar_services.retriever.settings import RetrieverSettings
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning")
 
 SEED = 11
-# Failures that remain, each named here with its operation, so that everything else is held to every check.
-# POST /models: a schema-valid upload is random bytes, not a t3ar checkpoint, and is refused 422 bad_checkpoint.
-# Retriever: `after` (GET /pool) must be an id of this pool, vectors (POST /search, POST /pool/vectors) must have
-# this pool's dimension; the published schema does not say either yet.
-POSITIVE_ACCEPTANCE_SKIPPED = {"api": [("POST", "/models")],
-                               "retriever": [("GET", "/pool"), ("POST", "/search"), ("POST", "/pool/vectors")]}
+DIM = 8  # the fuzzed retriever's pool
+
+
+def _f32_rows(max_rows: int) -> st.SearchStrategy[bytes]:
+    """float32 little-endian rows of DIM finite numbers, not all zero (what the retriever documents)."""
+    row = st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=DIM, max_size=DIM).filter(any)
+    return st.lists(row, min_size=1, max_size=max_rows).map(lambda rows: np.asarray(rows, "<f4").tobytes())
+
+
+def _png_b64(seed: int) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (seed % 256, 7, 9)).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+# The formats the retriever's document names for what JSON Schema cannot state (services/retriever/openapi.py).
+schemathesis.openapi.format(F32_ROWS_B64, _f32_rows(4).map(lambda raw: base64.b64encode(raw).decode()))
+schemathesis.openapi.format(IMAGE_B64, st.integers(0, 255).map(_png_b64))
+schemathesis.openapi.media_type("application/octet-stream", _f32_rows(16))
+
+# Schemathesis' negative phase "mutates" a multipart text field's type (e.g. name -> 123 or {}), but multipart
+# carries every field as text, so the server rightly receives a valid string ("123"). Not failures.
+_MULTIPART_TEXT_RETYPED = re.compile(r"violates `type` at /properties/\w+ \(was string, became \w+\)")
+# The one operation not held to positive_data_acceptance: POST /adapt's archive must hold readable images and its
+# `config` must be valid AdaptConfig options (cross-field rules, checked against the model and the pool). Naming
+# both as formats with registered generators (as for POST /models) was tried: schemathesis 4.32 then sends
+# "positive" cases without the required model_id, so the check reports its own bug.
+POSITIVE_ACCEPTANCE_SKIPPED = {"api": [("POST", "/adapt")], "retriever": []}
 
 
 def fuzz(app: FastAPI, token: str, *, max_examples: int, skip_positive: list[tuple[str, str]],
@@ -76,6 +108,9 @@ def _failures(stream: Iterable[events.EngineEvent]) -> list[str]:
                         continue
                     failure = check.failure_info.failure
                     sent = event.recorder.interactions.get(case_id)
+                    if check.name == "negative_data_rejection" and sent is not None and (sent.request.body or b"")[
+                            :2] == b"--" and _MULTIPART_TEXT_RETYPED.search(str(failure.message)):
+                        continue  # a multipart body (it starts with its boundary)
                     status = sent.response.status_code if sent and sent.response else "?"
                     request = f"{sent.request.method} {sent.request.uri} -> {status}" if sent else "?"
                     failures.setdefault((event.recorder.label, check.name, failure.title),
@@ -90,7 +125,7 @@ def _failures(stream: Iterable[events.EngineEvent]) -> list[str]:
 @pytest.fixture()
 def retriever(tmp_path: Path) -> FastAPI:
     settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
-                                 embedder="none", vector_dim=8, vector_identity="synthetic")
+                                 embedder="none", vector_dim=DIM, vector_identity="synthetic")
     return create_retriever(settings)
 
 
@@ -100,7 +135,7 @@ def _fill_pool(client: TestClient) -> None:
     while client.get("/ready").status_code != 200:
         assert time.monotonic() < deadline, "the pool did not become ready"
         time.sleep(0.05)
-    vecs = np.random.default_rng(0).normal(size=(20, 8)).astype("<f4")
+    vecs = np.random.default_rng(0).normal(size=(20, DIM)).astype("<f4")
     resp = client.post("/pool/vectors", headers={"Authorization": "Bearer admin-t"}, params={"identity": "synthetic"},
                        content=vecs.tobytes())
     assert resp.status_code == 200, resp.text
@@ -114,8 +149,17 @@ def _mock_retriever(req: httpx.Request) -> httpx.Response:
     return httpx.Response(404, json={"error": {"code": "not_found", "message": "no such item"}})
 
 
+@pytest.fixture(scope="module")
+def checkpoint_uploads(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The part POST /models documents as CHECKPOINT_MEDIA_TYPE: a real (tiny) t3ar checkpoint."""
+    spec = ModelSpec(backbone=BackboneSpec(name="mobilenetv2_050", weights="none"), classes=("a", "b"), image_size=32)
+    path = tmp_path_factory.mktemp("ckpt") / "m.pt"
+    save_checkpoint(path, build_classifier(spec), spec)
+    schemathesis.openapi.media_type(CHECKPOINT_MEDIA_TYPE, st.just(path.read_bytes()))
+
+
 @pytest.fixture()
-def api(tmp_path: Path) -> FastAPI:
+def api(tmp_path: Path, checkpoint_uploads: None) -> FastAPI:
     settings = ApiSettings(data_dir=tmp_path / "data",  # type: ignore[arg-type]
                            token="user-t", admin_token="admin-t", retriever_admin_token="r-admin",
                            validate_threads=0, max_upload_bytes=200_000, sweep_interval=3600)
@@ -129,8 +173,8 @@ def api(tmp_path: Path) -> FastAPI:
 
 @pytest.mark.parametrize(("token", "examples"), [("admin-t", 40), ("rw-t", 15)])
 def test_retriever_conforms_to_its_openapi(retriever: FastAPI, token: str, examples: int) -> None:
-    failures = fuzz(retriever, token, max_examples=examples,
-                    skip_positive=POSITIVE_ACCEPTANCE_SKIPPED["retriever"], prepare=_fill_pool)
+    failures = fuzz(retriever, token, max_examples=examples, skip_positive=POSITIVE_ACCEPTANCE_SKIPPED["retriever"],
+                    prepare=_fill_pool)
     assert not failures, "\n".join(failures)
 
 

@@ -3,6 +3,8 @@ process. Bad ids and search options get their 4xx with the error body, never a 5
 
 from __future__ import annotations
 
+import random
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,8 @@ from error_envelope import expect_error as _expect
 from fastapi.testclient import TestClient
 
 from t3ar_services.retriever.main import create_app
+from t3ar_services.retriever.openapi import positive_int_regex
+from t3ar_services.retriever.pool import MAX_SEQ
 from t3ar_services.retriever.settings import RetrieverSettings
 
 ADMIN = {"Authorization": "Bearer admin-t"}
@@ -61,9 +65,43 @@ def test_ids_beyond_64_bits_are_unknown(pool: tuple[TestClient, list[str]]) -> N
 def test_search_seed_must_be_non_negative(pool: tuple[TestClient, list[str]]) -> None:
     client, _ = pool
     body = {"vectors": [[1.0] + [0.0] * (DIM - 1)], "k": 3, "r": 3}
-    for seed in (-1, -(2**70), 2**64):
+    for seed in (-1, -(2**70), 2**53, 2**64 - 1, 2**64):  # 2^53 - 1: the largest integer exact in every JSON parser
         _expect(client.post("/search", headers=ADMIN, json={**body, "seed": seed}), 422, "invalid_request", "seed")
-    first = client.post("/search", headers=ADMIN, json={**body, "seed": 2**64 - 1})
+    first = client.post("/search", headers=ADMIN, json={**body, "seed": 2**53 - 1})
     assert first.status_code == 200, first.text
-    assert client.post("/search", headers=ADMIN, json={**body, "seed": 2**64 - 1}).json() == first.json()
+    assert client.post("/search", headers=ADMIN, json={**body, "seed": 2**53 - 1}).json() == first.json()
     assert client.post("/search", headers=ADMIN, json={**body, "seed": 0}).status_code == 200
+
+
+def test_positive_int_regex_is_exact() -> None:
+    rng = random.Random(0)
+    for limit in (1, 7, 10, 15, 100, 907, 120034, MAX_SEQ):
+        pattern = re.compile(positive_int_regex(limit) + r"\Z")
+        probes = [*range(1200), limit - 1, limit, limit + 1, 10 * limit,
+                  *(rng.randint(1, 3 * limit) for _ in range(500))]
+        for n in probes:
+            assert bool(pattern.match(str(n))) == (1 <= n <= limit), (limit, n)
+        assert not pattern.match("01") and not pattern.match("")
+
+
+def test_openapi_states_this_pools_ids_and_dimension(pool: tuple[TestClient, list[str]]) -> None:
+    """The published document carries the open pool's facts: `after` is an id of this pool, query vectors have its
+    dimension, k its limit. What it accepts the server accepts, and the other way round."""
+    client, ids = pool
+    doc = client.get("/openapi.json").json()
+    after = next(p for p in doc["paths"]["/pool"]["get"]["parameters"] if p["name"] == "after")
+    published = next(o for o in after["schema"]["anyOf"] if o.get("type") == "string")["pattern"]
+    assert published.endswith("$")
+    pattern = re.compile(published[:-1] + r"\Z")  # JSON Schema's (ECMA's) $ is Python's \Z: no final newline
+    tag = ids[0].split("-")[0]
+    for good in (ids[0], ids[-1], f"{tag}-{MAX_SEQ}"):
+        assert pattern.match(good) and client.get("/pool", headers=ADMIN, params={"after": good}).status_code == 200
+    for bad in (f"{tag}-0", f"{tag}-{MAX_SEQ + 1}", f"{tag}-01", f"x{tag}-1", f"{tag}-1\n"):
+        assert not pattern.match(bad)
+        _expect(client.get("/pool", headers=ADMIN, params={"after": bad}), 422, "invalid_input", "after")
+    search = doc["components"]["schemas"]["SearchRequest"]
+    rows = next(o for o in search["properties"]["vectors"]["anyOf"] if o.get("type") == "array")
+    assert rows["items"]["minItems"] == rows["items"]["maxItems"] == DIM
+    assert search["properties"]["k"]["maximum"] == 1000 and len(search["oneOf"]) == 3
+    two_kinds = {"vectors": [[1.0] * DIM], "vectors_b64": "AAAA", "k": 1}
+    _expect(client.post("/search", headers=ADMIN, json=two_kinds), 422, "invalid_request", "exactly one")
