@@ -18,6 +18,12 @@ if grep -nE '\$\{[A-Z_]*(TOKEN|PASSWORD)[A-Z_]*(:-[^}]*)?\}' docker-compose.yml;
   exit 1
 fi
 
+# no secret on a command line: every local user can read a process's arguments (ps, /proc/<pid>/cmdline)
+if grep -nE '^\s*(command|entrypoint):.*\$\{[A-Z_]*(TOKEN|PASSWORD)' docker-compose.yml; then
+  echo "docker-compose.yml: a secret above is passed as a command-line argument; pass it by environment or file" >&2
+  exit 1
+fi
+
 compose=""
 if docker compose version >/dev/null 2>&1; then compose="docker compose"
 elif command -v docker-compose >/dev/null 2>&1; then compose="docker-compose"; fi
