@@ -20,6 +20,7 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 
+from t3ar.errors import without_paths
 from t3ar.logs import REQUEST_ID
 from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.settings import ApiSettings
@@ -32,6 +33,7 @@ from t3ar_services.common.job_contract import (
     JobSpec,
     artifacts_dir,
 )
+from t3ar_services.common.registries import clean_registries
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ def explain_failure(exc_string: str | None, timeout: int) -> str:
     if "stopped by user" in text:
         return "the job was stopped"
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:500] if lines else "the job failed without an error message"
+    return without_paths(lines[-1])[:500] if lines else "the job failed without an error message"
 
 
 @dataclass
@@ -121,7 +123,7 @@ class JobService:
         progress = {k: v for k, v in meta.items() if k not in ("error", "canceled")}
         st.progress = progress or None
         if status == "failed":
-            st.error = meta.get("error")
+            st.error = without_paths(meta.get("error") or "")  # the worker's words: never where it keeps files
             if not st.error:
                 result = job.latest_result()
                 st.error = explain_failure(result.exc_string if result else None, self.settings.job_timeout)
@@ -149,9 +151,9 @@ class JobService:
         return "canceling"
 
     # --- sweep -------------------------------------------------------------------------------------------
-    def sweep_abandoned(self) -> None:
-        """Fail jobs whose worker stopped heart-beating (rq's abandoned-job handling)."""
-        StartedJobRegistry(queue=self.queue).cleanup()
+    def sweep_abandoned(self) -> list[str]:
+        """Fail the jobs whose worker stopped heart-beating, never running what a job record names; their ids."""
+        return clean_registries(self.queue)
 
     def sync_lineage(self) -> int:
         """Index the lineage of every finished job not indexed yet (artifacts/<id>/lineage.json)."""
@@ -174,12 +176,14 @@ class JobService:
         return n
 
     def started_ids(self) -> list[str]:
-        return list(StartedJobRegistry(queue=self.queue).get_job_ids())
+        return list(StartedJobRegistry(queue=self.queue).get_job_ids(cleanup=False))  # cleanup: sweep_abandoned
 
     def counts(self) -> dict[str, int]:
-        return {"queued": self.queue.count, "started": StartedJobRegistry(queue=self.queue).count,
-                "finished": FinishedJobRegistry(queue=self.queue).count,
-                "failed": FailedJobRegistry(queue=self.queue).count}
+        # cleanup=False: rq's would run failure callbacks that job records name (t3ar_services.common.registries)
+        return {"queued": self.queue.count,
+                **{name: registry(queue=self.queue).get_job_count(cleanup=False) for name, registry in (
+                    ("started", StartedJobRegistry), ("finished", FinishedJobRegistry),
+                    ("failed", FailedJobRegistry))}}
 
 
 def require_job(store: Store, job_id: str) -> JobRow:

@@ -62,9 +62,9 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _message(e: BaseException) -> str:
-    from t3ar.errors import T3arError
+    from t3ar.errors import T3arError, without_paths
 
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = without_paths(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
     return text if isinstance(e, T3arError) else f"{type(e).__name__}: {text}"
 
 

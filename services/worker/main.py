@@ -17,12 +17,14 @@ import sys
 from typing import Any
 
 from redis import Redis
-from rq import Queue, Worker
+from rq import Queue, Worker, worker_registration
 from rq.job import Job
+from rq.utils import now
 
 from t3ar.logs import configure_logging
 from t3ar.urls import redact_url
 from t3ar_services.common.job_contract import JOB_FUNCTION, SERIALIZER
+from t3ar_services.common.registries import clean_registries
 from t3ar_services.worker.metrics import WorkerMetrics
 from t3ar_services.worker.metrics import serve as serve_metrics
 from t3ar_services.worker.settings import WorkerSettings
@@ -85,6 +87,17 @@ class AdaptWorker(Worker):
             remaining = job.timeout - working_time
             return int(min(remaining, self.job_monitoring_interval)) + self.abandon_grace
         return int(self.job_monitoring_interval) + self.abandon_grace
+
+    def clean_registries(self) -> None:
+        """rq's periodic maintenance, with registry cleanup that never runs a callback or webhook a job record
+        names (:mod:`t3ar_services.common.registries`); rq's own would, in this process."""
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                clean_registries(queue)
+                worker_registration.clean_worker_registry(queue)
+                queue.intermediate_queue.cleanup(self, queue)
+                queue.release_maintenance_lock()
+        self.last_cleaned_at = now()  # type: ignore[assignment]  # rq declares it None
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
         """A canceled job is expected: one log line instead of rq's error traceback (it still ends failed,

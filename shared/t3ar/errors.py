@@ -3,6 +3,8 @@
 Every error message says what went wrong *and what to do about it*.
 """
 
+import re
+
 
 class T3arError(Exception):
     """Base class for all errors raised by the t3ar core."""
@@ -38,3 +40,13 @@ class DeviceUnavailableError(T3arError):
 
 class ToolMissingError(T3arError):
     """An external tool (npm, apt-get, dpkg-deb) needed by the data kit is missing."""
+
+
+_SERVER_PATH = re.compile(r"(?<![\w.:/~-])/(?:[^/\s'\"`,;()\[\]{}<>]+/)+")  # the directories of an absolute path
+
+
+def without_paths(text: str) -> str:
+    """``text`` with the directories of every absolute path removed (``/srv/t3ar/jobs/ab/x.png`` -> ``x.png``),
+    for error messages that leave the server: they name what the client sent, never where the server keeps it.
+    URLs are left alone."""
+    return _SERVER_PATH.sub("", text)

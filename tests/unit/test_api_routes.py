@@ -306,3 +306,9 @@ def test_ops_routes(env: Any) -> None:
 ])
 def test_explain_failure(text: str | None, expect: str) -> None:
     assert expect in explain_failure(text, 60)
+
+
+def test_explained_failures_name_no_server_directory() -> None:
+    text = "Traceback...\nFileNotFoundError: [Errno 2] No such file or directory: '/srv/t3ar/jobs/ab/model.pt'"
+    assert explain_failure(text, 60) == "FileNotFoundError: [Errno 2] No such file or directory: 'model.pt'"
+    assert "POST /jobs/{id}/readapt" in explain_failure("AbandonedJobError", 60)

@@ -13,6 +13,7 @@ import pytest
 from rq import Queue
 from rq.job import Job
 
+from t3ar.errors import without_paths
 from t3ar.method.adapt import StepStats
 from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, JobCanceledError, JobSpec, resolve_inside
 from t3ar_services.worker.cache import ImageCache
@@ -108,3 +109,25 @@ def test_worker_refuses_every_job_but_the_adaptation_entry_point() -> None:
                 q.enqueue_call(JOB_FUNCTION, args=({},), on_success=cb),
                 q.enqueue_call(JOB_FUNCTION, args=({},), on_stopped=cb)):
         assert "callbacks" in (refusal(job) or "")
+
+
+@pytest.mark.parametrize(("text", "expect"), [
+    ("FileNotFoundError: [Errno 2] No such file or directory: '/srv/t3ar/jobs/ab12/target/x.png'",
+     "FileNotFoundError: [Errno 2] No such file or directory: 'x.png'"),
+    ("OSError: /data/api/models/.upload-1f.pt: truncated (see /var/lib/a/b)",
+     "OSError: .upload-1f.pt: truncated (see b)"),
+    ("cannot reach http://127.0.0.1:8001/pool/x-1 (timeout)", "cannot reach http://127.0.0.1:8001/pool/x-1 (timeout)"),
+    ("fraction 1/2 of a/b relative", "fraction 1/2 of a/b relative"),
+])
+def test_errors_leaving_a_server_name_no_directories(text: str, expect: str) -> None:
+    assert without_paths(text) == expect
+
+
+def test_worker_error_message_names_no_server_path(tmp_path: Path) -> None:
+    from t3ar_services.worker.jobs import _message
+
+    try:
+        (tmp_path / "jobs" / "ab" / "model.pt").read_bytes()
+    except OSError as e:
+        message = _message(e)
+    assert str(tmp_path) not in message and message.endswith("'model.pt'") and message.startswith("FileNotFound")
