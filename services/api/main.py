@@ -28,6 +28,7 @@ from t3ar_services.api.routes_jobs import router as jobs_router
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.common.app import create_service_app
+from t3ar_services.common.forms import close_form_schemas
 
 log = logging.getLogger(__name__)
 
@@ -106,4 +107,5 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             "(plus 1 MiB for the form); send a smaller file"),
         routers=[router, jobs_router])
     app.state.api = state
+    close_form_schemas(app)
     return app

@@ -21,9 +21,15 @@ from t3ar_services.api.jobs import JobState, artifact, require_job
 from t3ar_services.api.registry import model_path, require_model
 from t3ar_services.api.store import JobRow
 from t3ar_services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
+from t3ar_services.common.forms import only_fields
 from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
+# What JSON Schema cannot state about the upload, named in the document: the archive part is one of these
+# archive types (of readable images), and `config` is a JSON object of valid AdaptConfig options.
+ARCHIVE_MEDIA_TYPES = ("application/zip", "application/x-tar", "application/gzip")
+ADAPT_CONFIG_FORMAT = "t3ar-adapt-config"
+
 router = APIRouter(responses=_ERRORS, dependencies=USER, tags=["jobs"])
 
 
@@ -54,14 +60,18 @@ def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str
 
 
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
-              responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}})
+              dependencies=[only_fields("archive", "model_id", "config", "skip_bad_images")],
+              responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
+              openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
+                  "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
 def adapt(
     request: Request, state: StateDep,
     archive: Annotated[UploadFile, File(description="zip/tar(.gz) of target images; labels.csv (path,label) at "
                                                     "its root switches to train-time mode")],
     model_id: Annotated[str, Form(min_length=1, description="a base model id from POST /models")],
     config: Annotated[str, Form(description="JSON object of AdaptConfig fields, e.g. "
-                                            "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}")] = "{}",
+                                            "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}",
+                                json_schema_extra={"format": ADAPT_CONFIG_FORMAT})] = "{}",
     skip_bad_images: Annotated[bool, Form(description="drop unreadable files instead of refusing it")] = False,
 ) -> JSONResponse:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,

@@ -14,6 +14,7 @@ import fakeredis
 import httpx
 import numpy as np
 import pytest
+from error_envelope import expect_error
 from fastapi.testclient import TestClient
 from PIL import Image
 from rq import Queue
@@ -312,3 +313,20 @@ def test_explained_failures_name_no_server_directory() -> None:
     text = "Traceback...\nFileNotFoundError: [Errno 2] No such file or directory: '/srv/t3ar/jobs/ab/model.pt'"
     assert explain_failure(text, 60) == "FileNotFoundError: [Errno 2] No such file or directory: 'model.pt'"
     assert "POST /jobs/{id}/readapt" in explain_failure("AbandonedJobError", 60)
+
+
+def test_forms_refuse_fields_they_do_not_take(env: Any, tmp_path: Path) -> None:
+    """A misspelt option must not run a job with defaults: unknown form fields are a 422 naming them, and the
+    document closes the forms (additionalProperties: false)."""
+    client, _, _, _ = env
+    model_id = _model(client, tmp_path)
+    resp = client.post("/adapt", files={"archive": ("t.zip", _archive())},
+                       data={"model_id": model_id, "confg": '{"method": "tent"}'}, headers=USER)
+    expect_error(resp, 422, "invalid_input", "unknown form field(s) 'confg'")
+    assert client.get("/jobs", headers=USER).json()["jobs"] == []
+    resp = client.post("/models", files={"file": ("m.pt", b"x")}, data={"nmae": "typo"}, headers=USER)
+    expect_error(resp, 422, "invalid_input", "unknown form field(s) 'nmae'")
+    doc = client.get("/openapi.json").json()
+    for path in ("/adapt", "/models"):
+        ref = doc["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
+        assert doc["components"]["schemas"][ref.rsplit("/", 1)[1]]["additionalProperties"] is False
