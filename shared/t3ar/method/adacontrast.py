@@ -154,8 +154,9 @@ class AdaContrastState:
                    num_neighbors=num_neighbors, momentum=momentum, temperature=temperature)
 
     def loss(self, model: Classifier, x: torch.Tensor, weak: View, strong: View
-             ) -> tuple[torch.Tensor, dict[str, float | torch.Tensor]]:
-        """One AdaContrast step's loss on the uint8 batch ``x`` (updates key encoder, queue and bank)."""
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One AdaContrast step's loss on the uint8 batch ``x`` (updates key encoder, queue and bank); its parts
+        are detached tensors, read by the loop in its one device sync per step."""
         x_w, x_q, x_k = weak(x), strong(x), strong(x)
         with torch.no_grad():  # refined pseudo-labels from the current model's weak view
             feats_w, _ = model.forward_all(x_w)
@@ -178,8 +179,8 @@ class AdaContrastState:
             feats_kw, logits_kw = self.key_model.forward_all(x_w)
             fifo_write(self.bank_probs, self.bank_ptr, F.softmax(logits_kw.float(), dim=1))
             self.bank_ptr = fifo_write(self.bank_feats, self.bank_ptr, feats_kw.float())
-        return total, {"ce": float(loss_ce.detach()), "ins": float(loss_ins.detach()),
-                       "div": float(loss_div.detach()), "pseudo_labels": pseudo_labels}
+        return total, {"ce": loss_ce.detach(), "ins": loss_ins.detach(), "div": loss_div.detach(),
+                       "pseudo_labels": pseudo_labels}
 
 
 class AdaContrast(MethodStep):
@@ -201,6 +202,5 @@ class AdaContrast(MethodStep):
 
     def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
         loss, info = self.state.loss(model, x, self.views.weak, self.views.strong)
-        parts = {"loss_ce": torch.tensor(info["ce"]), "loss_contrastive": torch.tensor(info["ins"]),
-                 "loss_diversity": torch.tensor(info["div"])}
-        return StepOut(loss, parts, torch.as_tensor(info["pseudo_labels"]))
+        parts = {"loss_ce": info["ce"], "loss_contrastive": info["ins"], "loss_diversity": info["div"]}
+        return StepOut(loss, parts, info["pseudo_labels"])
