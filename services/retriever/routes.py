@@ -35,6 +35,10 @@ RW = [Depends(require_token)]
 ADMIN = [Depends(require_admin)]
 
 
+# What _check_source accepts, stated in the document (checked here, so that the error names the rule)
+SOURCE_SCHEMA = {"maxLength": 200, "pattern": "^[^\\x00-\\x1f]*$"}
+
+
 def _check_source(source: str) -> str:
     if len(source) > 200 or any(ord(ch) < 32 for ch in source):
         raise InvalidInputError("source must be at most 200 printable characters")
@@ -89,7 +93,7 @@ def stats(state: StateDep) -> s.StatsResponse:
 def add_images(
     pool: PoolDep, ingestor: IngestorDep, settings: SettingsDep, state: StateDep,
     files: Annotated[list[UploadFile], File(description="images and/or zip/tar archives of images")],
-    source: Annotated[str, Form(description="source tag for every item")] = "",
+    source: Annotated[str, Form(description="source tag for every item", json_schema_extra=SOURCE_SCHEMA)] = "",
     metadata: Annotated[str, Form(description="JSON object stored with every item")] = "{}",
     atomic: Annotated[bool, Form(description="commit nothing if any item is rejected")] = False,
     duplicate_policy: Annotated[Literal["skip", "keep"] | None, Form()] = None,
@@ -131,7 +135,7 @@ _OCTET = {"requestBody": {"required": True, "content": {"application/octet-strea
              openapi_extra=_OCTET)
 async def add_vectors(request: Request, pool: PoolDep, settings: SettingsDep,
                       identity: Annotated[str, Query(description="embedder identity of these vectors")],
-                      source: Annotated[str, Query()] = "") -> s.VectorsAddResponse:
+                      source: Annotated[str, Query(json_schema_extra=SOURCE_SCHEMA)] = "") -> s.VectorsAddResponse:
     """Vectors-only pools: bulk-add vectors (float32 little-endian, row-major [n, dim]; normalised here)."""
     if pool.info.kind != "vectors":
         raise PoolConflictError("this pool stores images: add images with POST /pool (vectors are computed here)")

@@ -103,5 +103,10 @@ def test_openapi_states_this_pools_ids_and_dimension(pool: tuple[TestClient, lis
     rows = next(o for o in search["properties"]["vectors"]["anyOf"] if o.get("type") == "array")
     assert rows["items"]["minItems"] == rows["items"]["maxItems"] == DIM
     assert search["properties"]["k"]["maximum"] == 1000 and len(search["oneOf"]) == 3
+    source = next(p for p in doc["paths"]["/pool/vectors"]["post"]["parameters"] if p["name"] == "source")["schema"]
+    assert source["maxLength"] == 200 and not re.match(source["pattern"][:-1] + r"\Z", "a\x04")
+    vec = np.ones((1, DIM), "<f4").tobytes()
+    _expect(client.post("/pool/vectors", headers=ADMIN, params={"identity": "synthetic", "source": "a\x04"},
+                        content=vec), 422, "invalid_input", "source")
     two_kinds = {"vectors": [[1.0] * DIM], "vectors_b64": "AAAA", "k": 1}
     _expect(client.post("/search", headers=ADMIN, json=two_kinds), 422, "invalid_request", "exactly one")
