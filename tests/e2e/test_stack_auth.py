@@ -15,6 +15,9 @@ USER_ROUTES = [
     ("GET", "/jobs/none/report"), ("POST", "/jobs/none/readapt"), ("GET", "/pool/none-1/lineage"),
 ]
 ADMIN_ROUTES = [("DELETE", "/pool/none-1")]
+WORKER_ROUTES = [("GET", "/internal/ping"), ("GET", "/internal/jobs/none/target"),
+                 ("GET", "/internal/jobs/none/base-model"),
+                 ("PUT", f"/internal/jobs/none/checkpoint?sha256={'0' * 64}"), ("PUT", "/internal/jobs/none/result")]
 OPEN_ROUTES = [("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics")]
 
 
@@ -28,7 +31,7 @@ def test_open_routes(stack: Stack, method: str, path: str) -> None:
     assert _call(stack, method, path, None).status_code == 200
 
 
-@pytest.mark.parametrize(("method", "path"), USER_ROUTES + ADMIN_ROUTES)
+@pytest.mark.parametrize(("method", "path"), USER_ROUTES + ADMIN_ROUTES + WORKER_ROUTES)
 def test_no_or_wrong_token_is_401(stack: Stack, method: str, path: str) -> None:
     for token in (None, "wrong-token", f"Basic {stack.info['tokens']['api_admin_token']}"):
         resp = _call(stack, method, path, token)
@@ -50,6 +53,18 @@ def test_pool_delete_needs_admin(stack: Stack) -> None:
     assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden"
     resp = _call(stack, "DELETE", "/pool/none-1", stack.info["tokens"]["api_admin_token"])
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+
+
+def test_worker_routes_need_the_worker_scope(stack: Stack) -> None:
+    """Issue 12: only the worker token may fetch a job's inputs or upload a checkpoint; it opens nothing else."""
+    t = stack.info["tokens"]
+    for method, path in WORKER_ROUTES:
+        for token in (t["api_token"], t["api_admin_token"]):
+            resp = _call(stack, method, path, token)
+            assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden", (method, path, resp.text)
+        assert _call(stack, method, path, t["api_worker_token"]).status_code in (200, 404, 422), (method, path)
+    for method, path in USER_ROUTES + ADMIN_ROUTES:
+        assert _call(stack, method, path, t["api_worker_token"]).status_code == 403, (method, path)
 
 
 def test_retriever_tokens_are_not_api_tokens(stack: Stack) -> None:
