@@ -76,19 +76,16 @@ async def put_checkpoint(request: Request, state: StateDep, job_id: str, sha256:
     return s.CheckpointStored(job_id=job_id, sha256=sha256, size=size, stored=True)
 
 
-@router.put("/jobs/{job_id}/result", response_model=s.ResultStored)
+@router.put("/jobs/{job_id}/result", response_model=s.ResultStored,
+            responses={400: {"model": s.ErrorBody, "description": "unparsable JSON body"}})
 def put_result(state: StateDep, job_id: str, body: s.WorkerResult) -> s.ResultStored:
     """Finish the job: its report and lineage, naming the checkpoint uploaded before (409 when that is missing or
     differs). The lineage is indexed at once (``GET /pool/{id}/lineage``)."""
-    from t3ar.errors import InvalidInputError
-
-    if body.lineage.job_id != job_id:
-        raise InvalidInputError(f"the lineage is of job {body.lineage.job_id!r}, not {job_id!r}")
     require_job(state.store, job_id)
     sha = body.lineage.checkpoint_sha256
     if not state.artifacts.refuse_if_finished(job_id, sha, "result"):
         _check_running(state, job_id)
-    lineage = body.lineage.model_dump(mode="json")
+    lineage = {**body.lineage.model_dump(mode="json"), "job_id": job_id}
     stored = state.artifacts.put_result(job_id, body.report, lineage)
     if stored:
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),

@@ -150,11 +150,11 @@ class CheckpointStored(BaseModel):
 
 
 class WorkerLineage(BaseModel):
-    """lineage.json: the job, the checkpoint it made and the pool ids it retrieved (plus the Lineage fields)."""
+    """lineage.json: the checkpoint the job made and the pool ids it retrieved (plus the Lineage fields); its
+    ``job_id`` is the one in the path, whatever the body says."""
 
     model_config = ConfigDict(extra="allow")
 
-    job_id: str
     checkpoint_sha256: str = Field(pattern=SHA256)
     pool_ids: list[str] = Field(default_factory=list)
 

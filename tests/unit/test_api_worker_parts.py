@@ -3,6 +3,7 @@ TTL, the job-spec contract, and that the worker parent never imports torch."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -96,15 +97,21 @@ def test_job_spec_contract(tmp_path: Path) -> None:
     old = {"job_id": "j0", "model_id": "m", "model_path": "models/m.pt", "target_dir": "jobs/j0/target", "config": {}}
     assert old_spec_message(good) is None
     assert "older API" in (old_spec_message(old) or "") and "readapt" in (old_spec_message(old) or "")
+    from t3ar_services.worker.jobs import OldJobSpecError, run_adapt_job
+
+    with pytest.raises(OldJobSpecError, match="older API.*POST /jobs/j0/readapt"):
+        run_adapt_job(old)
     with pytest.raises(ValueError, match="escapes"):
         resolve_inside(tmp_path, "../outside")
     assert resolve_inside(tmp_path, "jobs/1/target") == (tmp_path / "jobs/1/target").resolve()
 
 
 def test_worker_parent_does_not_import_torch() -> None:
-    code = "import sys, t3ar_services.worker.main, t3ar_services.worker.jobs; print('torch' in sys.modules)"
+    code = ("import sys, t3ar_services.worker.main, t3ar_services.worker.jobs, t3ar_services.worker.transfer; "
+            "print('torch' in sys.modules)")
+    path = [str(ROOT / "shared"), str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]  # this checkout's
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": f"{ROOT / 'shared'}:{ROOT}"}, check=True)
+                         env={"PYTHONPATH": os.pathsep.join(p for p in path if p)}, check=True)
     assert out.stdout.strip() == "False"
 
 

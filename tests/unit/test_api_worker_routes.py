@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,14 +107,13 @@ def test_upload_is_verified_atomic_idempotent_and_final(env: Any, tmp_path: Path
     assert (out / "model.pt").read_bytes() == ckpt
     mismatch = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, "1" * 64), headers=WORKER)
     assert mismatch.status_code == 409
-    other_job = client.put(f"/internal/jobs/{job_id}/result", json=_result("x", sha), headers=WORKER)
-    assert other_job.status_code == 422
     done = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, sha), headers=WORKER)
     assert done.status_code == 200 and done.json() == {"job_id": job_id, "status": "finished", "stored": True}
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == job_id
     Job.fetch(job_id, connection=redis, serializer=SERIALIZER).set_status("finished")
     assert client.get(f"/jobs/{job_id}/checkpoint", headers=USER).content == ckpt
     assert client.get(f"/jobs/{job_id}/report", headers=USER).json()["job_id"] == job_id
+    assert json.loads((out / "lineage.json").read_text())["checkpoint_sha256"] == sha
 
     # a worker's retry of the same upload: 200, nothing rewritten; a stale or different one: 409, nothing changed
     again = client.put(url, params={"sha256": sha}, content=ckpt, headers=WORKER)
