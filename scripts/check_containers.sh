@@ -29,7 +29,7 @@ if docker compose version >/dev/null 2>&1; then compose="docker compose"
 elif command -v docker-compose >/dev/null 2>&1; then compose="docker-compose"; fi
 if [ -n "$compose" ]; then
   echo "== $compose config" >&2
-  REDIS_PASSWORD=x T3AR_API_TOKEN=a T3AR_API_ADMIN_TOKEN=b T3AR_RETRIEVER_TOKEN=c T3AR_RETRIEVER_ADMIN_TOKEN=d \
+  REDIS_PASSWORD=x T3AR_API_TOKEN=a T3AR_API_ADMIN_TOKEN=b T3AR_API_WORKER_TOKEN=e T3AR_RETRIEVER_TOKEN=c T3AR_RETRIEVER_ADMIN_TOKEN=d \
     $compose -f docker-compose.yml config --quiet
 fi
 echo "container checks passed" >&2

@@ -1,7 +1,9 @@
 """Dependencies: the service state on ``app.state.api`` and bearer-token auth.
 
 Scopes: the user token (``T3AR_API_TOKEN``) may upload models, adapt, read, cancel and readapt; the admin
-token (``T3AR_API_ADMIN_TOKEN``) may do all that and withdraw pool items. No or unknown token -> 401, user
+token (``T3AR_API_ADMIN_TOKEN``) may do all that and withdraw pool items; the worker token
+(``T3AR_API_WORKER_TOKEN``) may use the worker routes (``/internal/...``: a job's inputs down, its checkpoint
+and result up) and nothing else, and no other token may use those. No or unknown token -> 401, user
 token on an admin route -> 403. ``/health``, ``/ready`` and ``/metrics`` need no token.
 A request with a body and no known token is refused earlier, before its body is read
 (:mod:`t3ar_services.common.credentials`). The check itself: :mod:`t3ar_services.common.auth`.
@@ -21,6 +23,7 @@ from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
+from t3ar_services.api.transfer import Artifacts
 from t3ar_services.common.auth import require
 
 
@@ -33,6 +36,7 @@ class ApiState:
     retriever: RetrieverClient  # read/write token: stats before enqueueing
     retriever_admin: RetrieverClient  # admin token: forwarded deletes
     metrics: ApiMetrics
+    artifacts: Artifacts  # what workers upload, verified and committed
 
 
 def get_state(request: Request) -> ApiState:
@@ -49,7 +53,8 @@ def get_settings(state: StateDep) -> ApiSettings:
 
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
 
-_bearer = HTTPBearer(auto_error=False, description="T3AR_API_TOKEN (user) or T3AR_API_ADMIN_TOKEN (admin)")
+_bearer = HTTPBearer(auto_error=False, description="T3AR_API_TOKEN (user), T3AR_API_ADMIN_TOKEN (admin) or, on "
+                                                   "/internal routes only, T3AR_API_WORKER_TOKEN (workers)")
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
@@ -61,5 +66,11 @@ def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
     require(settings, creds, admin="withdrawing pool items needs the admin token (T3AR_API_ADMIN_TOKEN)")
 
 
+def require_worker(settings: SettingsDep, creds: BearerDep) -> None:
+    require(settings, creds, worker="the worker routes need the worker token (T3AR_API_WORKER_TOKEN, given to "
+                                    "workers as T3AR_WORKER_API_TOKEN)")
+
+
 USER = [Depends(require_user)]
+WORKER = [Depends(require_worker)]
 ADMIN = [Depends(require_admin)]

@@ -25,6 +25,7 @@ from t3ar.logs import REQUEST_ID
 from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, Store
+from t3ar_services.api.transfer import TargetTar
 from t3ar_services.common.job_contract import (
     CANCEL_KEY,
     JOB_FUNCTION,
@@ -85,9 +86,11 @@ class JobService:
         self.queue = Queue(settings.queue, connection=connection, serializer=SERIALIZER)
 
     # --- submit ------------------------------------------------------------------------------------------
-    def enqueue(self, row: JobRow, model_path: str) -> None:
-        spec = JobSpec(job_id=row.id, model_id=row.model_id, model_path=model_path, target_dir=row.target_dir,
-                       config=row.config, parent_id=row.parent_id, request_id=REQUEST_ID.get())
+    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar) -> None:
+        """Queue the job; the worker fetches the base model and ``target`` by these digests over HTTP."""
+        spec = JobSpec(job_id=row.id, model_id=row.model_id, model_sha256=model_sha256, target_sha256=target.sha256,
+                       target_bytes=target.size, config=row.config, parent_id=row.parent_id,
+                       request_id=REQUEST_ID.get())
         self.queue.enqueue_call(
             JOB_FUNCTION, args=(spec.model_dump(),), job_id=row.id, timeout=self.settings.job_timeout,
             result_ttl=self.settings.result_ttl, failure_ttl=self.settings.failure_ttl,

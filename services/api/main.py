@@ -24,9 +24,11 @@ from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import router
+from t3ar_services.api.routes_internal import router as internal_router
 from t3ar_services.api.routes_jobs import router as jobs_router
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
+from t3ar_services.api.transfer import Artifacts
 from t3ar_services.common.app import create_service_app
 from t3ar_services.common.forms import close_form_schemas
 
@@ -49,7 +51,8 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
     admin = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
                             timeout=settings.retriever_timeout, retries=2)
     return ApiState(settings=settings, store=store, redis=conn, jobs=JobService(settings, store, conn),
-                    retriever=retriever, retriever_admin=admin, metrics=ApiMetrics())
+                    retriever=retriever, retriever_admin=admin, metrics=ApiMetrics(),
+                    artifacts=Artifacts(data, settings.max_model_bytes))
 
 
 def sweep_once(state: ApiState) -> None:
@@ -81,6 +84,10 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         if settings.auth_disabled:
             log.warning("AUTH IS DISABLED (T3AR_API_AUTH_DISABLED=true): anyone who can reach this port can submit "
                         "jobs, download checkpoints and withdraw pool items; use only on a trusted local machine")
+        if not settings.auth_disabled and settings.worker_token is None:
+            log.warning("T3AR_API_WORKER_TOKEN is not set: no worker can fetch a job's inputs or upload its "
+                        "checkpoint, so every job will fail; set it and give it to the workers as "
+                        "T3AR_WORKER_API_TOKEN")
         log.info("api: data dir %s, queue %s, retriever %s", settings.data_dir.resolve(), settings.queue,
                  settings.retriever_url)
         sweeper = asyncio.create_task(_sweeper(state), name="t3ar-api-sweeper")
@@ -105,7 +112,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"),
-        routers=[router, jobs_router])
+        routers=[router, jobs_router, internal_router])
     app.state.api = state
     close_form_schemas(app)
     return app

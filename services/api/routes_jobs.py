@@ -18,8 +18,9 @@ from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import USER, ApiState, StateDep
 from t3ar_services.api.errors import ConflictError, NotFoundError, classify
 from t3ar_services.api.jobs import JobState, artifact, require_job
-from t3ar_services.api.registry import model_path, require_model
+from t3ar_services.api.registry import require_model
 from t3ar_services.api.store import JobRow
+from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
 from t3ar_services.common.forms import only_fields
 from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE
@@ -48,8 +49,8 @@ def _check_pool(state: ApiState, config: Any) -> None:
 
 
 def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str]) -> JSONResponse:
-    state.jobs.enqueue(row, model_path(state.settings.data_dir, row.model_id)
-                       .relative_to(state.settings.data_dir).as_posix())
+    model = require_model(state.store, state.settings, row.model_id)
+    state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir))
     kind = "readapt" if row.parent_id else "adapt"
     state.metrics.jobs_submitted.labels(str(row.config.get("method")), kind).inc()
     url = str(request.url_for("get_job", job_id=row.id))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
 
@@ -131,3 +131,40 @@ class LineageResponse(BaseModel):
 
 class DeleteResponse(LineageResponse):
     deleted: bool = True
+
+
+# --- worker routes (/internal/...; the worker token) ---------------------------------------------------------
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class WorkerPing(BaseModel):
+    ok: Literal[True] = True
+    queue: str = Field(description="the queue this API enqueues on (the worker's T3AR_WORKER_QUEUE must match)")
+
+
+class CheckpointStored(BaseModel):
+    job_id: str
+    sha256: str
+    size: int = Field(description="bytes received (0 when the job was already finished with this checkpoint)")
+    stored: bool = Field(description="false: the job was already finished with this very checkpoint (a retry)")
+
+
+class WorkerLineage(BaseModel):
+    """lineage.json: the checkpoint the job made and the pool ids it retrieved (plus the Lineage fields); its
+    ``job_id`` is the one in the path, whatever the body says."""
+
+    model_config = ConfigDict(extra="allow")
+
+    checkpoint_sha256: str = Field(pattern=SHA256)
+    pool_ids: list[str] = Field(default_factory=list)
+
+
+class WorkerResult(BaseModel):
+    report: dict[str, Any] = Field(description="report.json, as GET /jobs/{id}/report serves it")
+    lineage: WorkerLineage
+
+
+class ResultStored(BaseModel):
+    job_id: str
+    status: Literal["finished"] = "finished"
+    stored: bool = Field(description="false: the job was already finished with this result's checkpoint (a retry)")

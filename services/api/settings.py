@@ -6,8 +6,9 @@ Every field is documented in ``services/api/README.md``; keep the two in sync.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from t3ar_services.common.job_contract import DEFAULT_QUEUE
@@ -26,6 +27,7 @@ class ApiSettings(ServiceSettings):
 
     # --- auth (ServiceSettings): token = the user token (adapt, read, cancel, readapt, upload models),
     # admin_token = everything, plus DELETE /pool/{id}; auth_disabled ---
+    worker_token: SecretStr | None = None  # the workers' token: the /internal routes only (and nothing else does)
 
     # --- the retriever (pool) ---
     retriever_url: str = "http://127.0.0.1:8701"
@@ -49,6 +51,14 @@ class ApiSettings(ServiceSettings):
     validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
 
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _worker_token_differs(self) -> Self:
+        if self.worker_token is not None and any(
+                t is not None and t.get_secret_value() == self.worker_token.get_secret_value()
+                for t in (self.token, self.admin_token)):
+            raise ValueError("T3AR_API_WORKER_TOKEN must differ from T3AR_API_TOKEN and T3AR_API_ADMIN_TOKEN")
+        return self
 
     @property
     def max_body_bytes(self) -> int:

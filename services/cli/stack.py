@@ -4,6 +4,8 @@
 
     <data-dir>/redis/       Redis' append-only file     <data-dir>/retriever/  the pool
     <data-dir>/api/         models, jobs, artifacts     <data-dir>/logs/       one log per process
+    <data-dir>/worker/      the workers' caches and scratch (never the API's: they fetch over HTTP, as a
+                            worker on another machine does)
     <data-dir>/stack.json   URLs, tokens, pids (0600)   <data-dir>/tokens.json tokens kept across restarts
 
 It waits until everything is healthy, prints URLs and tokens, restarts a worker that dies, and on Ctrl-C or
@@ -41,7 +43,7 @@ from t3ar_services.cli.stack_procs import (
 def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> tuple[list[Child], dict[str, Any]]:
     """The child processes and the stack description (URLs, tokens) for these ports."""
     logs = data_dir / "logs"
-    for sub in ("redis", "retriever", "api", "logs"):
+    for sub in ("redis", "retriever", "api", "worker", "logs"):
         (data_dir / sub).mkdir(parents=True, exist_ok=True)
     tokens = load_tokens(data_dir / "tokens.json")
     redis_url = f"redis://:{tokens['redis_password']}@127.0.0.1:{ports['redis']}/0"
@@ -51,7 +53,8 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
     auth: dict[str, str] = {
         "T3AR_RETRIEVER_TOKEN": tokens["retriever_token"],
         "T3AR_RETRIEVER_ADMIN_TOKEN": tokens["retriever_admin_token"],
-        "T3AR_API_TOKEN": tokens["api_token"], "T3AR_API_ADMIN_TOKEN": tokens["api_admin_token"]}
+        "T3AR_API_TOKEN": tokens["api_token"], "T3AR_API_ADMIN_TOKEN": tokens["api_admin_token"],
+        "T3AR_API_WORKER_TOKEN": tokens["api_worker_token"]}
     if no_auth:
         auth = {"T3AR_RETRIEVER_AUTH_DISABLED": "true", "T3AR_API_AUTH_DISABLED": "true"}
     retriever_env = {**base, **{k: v for k, v in auth.items() if k.startswith("T3AR_RETRIEVER_")}}
@@ -60,9 +63,13 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
                "T3AR_API_RETRIEVER_TOKEN": tokens["retriever_token"],
                "T3AR_API_RETRIEVER_ADMIN_TOKEN": tokens["retriever_admin_token"],
                "T3AR_API_DATA_DIR": str(data_dir / "api")}
-    worker_env = {**base, "T3AR_WORKER_REDIS_URL": redis_url, "T3AR_WORKER_RETRIEVER_URL": retriever_url,
-                  "T3AR_WORKER_RETRIEVER_TOKEN": tokens["retriever_token"],
-                  "T3AR_WORKER_DATA_DIR": str(data_dir / "api")}
+    # the workers get only URLs and tokens (and a data dir of their own): the same HTTP path as on another host
+    worker_env = {**{k: v for k, v in base.items() if not k.startswith("T3AR_API_")},
+                  "T3AR_WORKER_REDIS_URL": redis_url, "T3AR_WORKER_RETRIEVER_URL": retriever_url,
+                  "T3AR_WORKER_RETRIEVER_TOKEN": tokens["retriever_token"], "T3AR_WORKER_API_URL": api_url,
+                  "T3AR_WORKER_DATA_DIR": str(data_dir / "worker")}
+    if not no_auth:
+        worker_env["T3AR_WORKER_API_TOKEN"] = tokens["api_worker_token"]
     children = [
         Child("redis", [redis_server_binary(), str(redis_config(data_dir / "redis" / "redis.conf",
                                                                tokens["redis_password"])),
@@ -81,7 +88,8 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
     info = {"api_url": api_url, "retriever_url": retriever_url, "redis_url": redis_url,
             "worker_metrics": [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports],
             "data_dir": str(data_dir.resolve()), "auth": not no_auth,
-            "tokens": {} if no_auth else {k: tokens[k] for k in ("api_token", "api_admin_token", "retriever_token",
+            "tokens": {} if no_auth else {k: tokens[k] for k in ("api_token", "api_admin_token", "api_worker_token",
+                                                                 "retriever_token",
                                                                  "retriever_admin_token")}}
     return children, info
 
@@ -196,27 +204,33 @@ def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> No
               show_default=True)
 @click.option("--retriever-token", envvar="T3AR_WORKER_RETRIEVER_TOKEN", default=None,
               help="The retriever's read/write token (env T3AR_WORKER_RETRIEVER_TOKEN; prefer the env var).")
+@click.option("--api-url", envvar="T3AR_WORKER_API_URL", default="http://127.0.0.1:8700", show_default=True,
+              help="The API: the worker downloads a job's inputs from it and uploads the checkpoint to it.")
 @click.option("--data-dir", envvar="T3AR_WORKER_DATA_DIR", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("data/api"), show_default=True, help="The API's data dir (shared storage).")
+              default=Path("data/worker"), show_default=True,
+              help="This worker's own directory (caches, scratch); nothing is shared with the API.")
 @click.option("--queue", envvar="T3AR_WORKER_QUEUE", default="t3ar-adapt", show_default=True)
 @click.option("--device", envvar="T3AR_WORKER_DEVICE", default="auto", show_default=True,
               help="auto (CUDA when present), cpu, cuda or cuda:N.")
 @click.option("--name", envvar="T3AR_WORKER_NAME", default=None, help="Worker name (default <host>.<pid>).")
 @click.option("--burst", is_flag=True, help="Exit when the queue is empty.")
-def worker(redis_url: str, retriever_url: str, retriever_token: str | None, data_dir: Path, queue: str, device: str,
-           name: str | None, burst: bool) -> None:
-    """Run an adaptation worker: takes jobs from Redis, talks to the retriever, writes checkpoints.
+def worker(redis_url: str, retriever_url: str, retriever_token: str | None, api_url: str, data_dir: Path, queue: str,
+           device: str, name: str | None, burst: bool) -> None:
+    """Run an adaptation worker: takes jobs from Redis, fetches their inputs from the API, talks to the
+    retriever, uploads checkpoints to the API.
 
     Runs `python -m t3ar_services.worker` in place of this process so the worker parent never imports torch
-    (forking after torch can deadlock). Other settings: T3AR_WORKER_* (services/worker/README.md).
+    (forking after torch can deadlock). The API's worker token comes from T3AR_WORKER_API_TOKEN (env only);
+    other settings: T3AR_WORKER_* (services/worker/README.md).
 
     \b
-    Example (a second machine; the data dir is a shared mount):
-      T3AR_WORKER_RETRIEVER_TOKEN=... t3ar worker --redis-url redis://queue:6379/0 \\
-          --retriever-url http://pool:8701 --data-dir /mnt/t3ar/api
+    Example (a second machine: no shared storage, only URLs and tokens):
+      T3AR_WORKER_API_TOKEN=... T3AR_WORKER_RETRIEVER_TOKEN=... t3ar worker \\
+          --redis-url redis://:PASSWORD@queue:6379/0 --api-url http://api:8700 --retriever-url http://pool:8701
     """
     env = dict(os.environ, T3AR_WORKER_REDIS_URL=redis_url, T3AR_WORKER_RETRIEVER_URL=retriever_url,
-               T3AR_WORKER_DATA_DIR=str(data_dir), T3AR_WORKER_QUEUE=queue, T3AR_WORKER_DEVICE=device)
+               T3AR_WORKER_API_URL=api_url, T3AR_WORKER_DATA_DIR=str(data_dir), T3AR_WORKER_QUEUE=queue,
+               T3AR_WORKER_DEVICE=device)
     if retriever_token:
         env["T3AR_WORKER_RETRIEVER_TOKEN"] = retriever_token
     if name:

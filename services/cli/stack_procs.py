@@ -51,7 +51,8 @@ def write_private(path: Path, payload: dict[str, Any]) -> None:
 
 def load_tokens(path: Path) -> dict[str, str]:
     """The stack's secrets (made once, kept 0600 in ``path``): the services' tokens and the Redis password."""
-    names = ("api_token", "api_admin_token", "retriever_token", "retriever_admin_token", "redis_password")
+    names = ("api_token", "api_admin_token", "api_worker_token", "retriever_token", "retriever_admin_token",
+             "redis_password")
     tokens: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
     if any(n not in tokens for n in names):
         tokens = {n: tokens.get(n) or secrets.token_urlsafe(24) for n in names}

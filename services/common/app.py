@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 
 import t3ar
-from t3ar_services.common.auth import TokenSettings
+from t3ar_services.common.auth import TokenSettings, worker_token
 from t3ar_services.common.body_limit import BodyLimitMiddleware
 from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
 from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
@@ -29,7 +29,8 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
     install_errors(app)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
     app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
-                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token)))
+                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token,
+                                                                       worker_token(settings))))
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)  # added last = outermost
     for router in routers:

@@ -1,7 +1,9 @@
-"""Bearer-token auth of both services: two tokens per service, a plain one and an admin one.
+"""Bearer-token auth of both services: two tokens per service, a plain one and an admin one, and on the API a
+third, the workers' (``worker_token``: the worker routes, nothing else; no other token opens those).
 
-No or unknown token -> 401; the plain token on a route that needs the admin one -> 403; with auth disabled
-every request is admin. Tokens are compared in constant time (:func:`token_matches`, which the
+No or unknown token -> 401; the plain token on a route that needs the admin one -> 403; the worker token on
+any other route, or another token on a worker route -> 403; with auth disabled every request is admin and may
+do everything. Tokens are compared in constant time (:func:`token_matches`, which the
 credentials-first middleware uses too).
 """
 
@@ -27,7 +29,16 @@ class TokenSettings(Protocol):
     def auth_disabled(self) -> bool: ...
 
 
-def scope_of(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None) -> Literal["token", "admin"]:
+Scope = Literal["token", "admin", "worker"]
+
+
+def worker_token(settings: TokenSettings) -> SecretStr | None:
+    """The settings' worker token (only the API's settings have one)."""
+    token = getattr(settings, "worker_token", None)
+    return token if isinstance(token, SecretStr) else None
+
+
+def scope_of(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None) -> Scope:
     if settings.auth_disabled:
         return "admin"
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
@@ -36,10 +47,24 @@ def scope_of(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None
         return "admin"
     if token_matches(creds.credentials, [settings.token]):
         return "token"
+    if token_matches(creds.credentials, [worker_token(settings)]):
+        return "worker"
     raise AuthError("invalid bearer token", status=401)
 
 
-def require(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None, *, admin: str = "") -> None:
-    """Any known token; with ``admin`` (the 403 message, naming the admin token's setting) the admin one."""
-    if scope_of(settings, creds) != "admin" and admin:
+def require(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None, *, admin: str = "",
+            worker: str = "") -> None:
+    """Any known token but the worker's; with ``admin`` (the 403 message, naming the admin token's setting) the
+    admin one; with ``worker`` (the 403 message for the others) the worker one."""
+    scope = scope_of(settings, creds)
+    if settings.auth_disabled:
+        return
+    if worker:
+        if scope != "worker":
+            raise AuthError(worker, status=403)
+        return
+    if scope == "worker":
+        raise AuthError("the worker token opens only the worker routes (/internal/...); use the user or admin "
+                        "token", status=403)
+    if scope != "admin" and admin:
         raise AuthError(admin, status=403)

@@ -13,3 +13,14 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """The sha256 (lower-case hex) of a file's bytes, read in chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,16 +1,24 @@
 """The job contract between the API (producer) and the workers (consumers): queue, job function and
-arguments, Redis keys, artifact layout. No torch, no settings: both sides import this, neither imports the
-other.
+arguments, Redis keys, the worker routes of the API and the artifact layout. No torch, no settings: both sides
+import this, neither imports the other.
 
-Storage: the API and every worker see the same data directory (one disk for the embedded stack, a shared
-volume / network filesystem across machines). Job arguments carry paths *relative* to it, so each machine
-may mount it wherever it likes.
+Storage: only the API has a data directory of jobs; a worker shares nothing with it but Redis. A job names its
+inputs by sha256 and the worker moves bytes over HTTP with the API's worker token (``T3AR_API_WORKER_TOKEN``):
 
-::
+- ``GET`` :data:`TARGET_ROUTE`: the validated target as one tar (images + labels.csv), sha256 ``target_sha256``;
+- ``GET`` :data:`BASE_MODEL_ROUTE`: the base checkpoint, sha256 ``model_sha256``;
+- ``PUT`` :data:`CHECKPOINT_ROUTE` ``?sha256=``: the adapted checkpoint, streamed; the API verifies the digest
+  and renames it into place;
+- ``PUT`` :data:`RESULT_ROUTE`: the report and lineage (JSON, naming the checkpoint's sha256); the API writes
+  them last, which finishes the job. A finished job's artifacts are never replaced: the same upload again
+  answers 200 (a retry), a different one 409.
+
+The API's data directory::
 
     <data_dir>/models/<model_id>.pt         base checkpoints (uploaded through the API)
     <data_dir>/jobs/<job_id>/target/        the validated, extracted target images (+ labels.csv)
-    <data_dir>/artifacts/<job_id>/model.pt  the adapted checkpoint (atomic rename)
+    <data_dir>/jobs/<job_id>/target.tar     the same, as the one file workers download (made at enqueue)
+    <data_dir>/artifacts/<job_id>/model.pt  the adapted checkpoint (uploaded by the worker; atomic rename)
     <data_dir>/artifacts/<job_id>/report.json
     <data_dir>/artifacts/<job_id>/lineage.json   written last: its presence means "finished"
 """
@@ -32,9 +40,28 @@ SERIALIZER = "rq.serializers.JSONSerializer"  # JSON-able arguments, meta and re
 CANCEL_KEY = "t3ar:cancel:{job_id}"  # set by the API; polled by the job between steps
 WITHDRAWN_KEY = "t3ar:pool:withdrawn"  # set of withdrawn pool ids; workers drop them from their image cache
 
+TARGET_ROUTE = "/internal/jobs/{job_id}/target"
+BASE_MODEL_ROUTE = "/internal/jobs/{job_id}/base-model"
+CHECKPOINT_ROUTE = "/internal/jobs/{job_id}/checkpoint"
+RESULT_ROUTE = "/internal/jobs/{job_id}/result"
+PING_ROUTE = "/internal/ping"
+
 MODEL_FILE = "model.pt"
 REPORT_FILE = "report.json"
 LINEAGE_FILE = "lineage.json"
+
+
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+PATH_ARGUMENTS = ("model_path", "target_dir")  # what a job queued by an API before issue 12 carries instead
+
+
+def old_spec_message(spec: dict[str, Any]) -> str | None:
+    """Why ``spec`` cannot run here when it was queued by an API that passed paths into a shared data dir."""
+    if any(k in spec for k in PATH_ARGUMENTS):
+        return ("this job was queued by an older API (its arguments are paths into a shared data directory); "
+                "workers now fetch jobs over HTTP: POST /jobs/{id}/readapt to queue it again, and drain the queue "
+                "before upgrading")
+    return None
 
 
 class JobSpec(BaseModel):
@@ -44,8 +71,9 @@ class JobSpec(BaseModel):
 
     job_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     model_id: str
-    model_path: str = Field(description="base checkpoint, relative to the data dir")
-    target_dir: str = Field(description="extracted target images, relative to the data dir")
+    model_sha256: str = Field(pattern=SHA256_PATTERN, description="the base checkpoint file's sha256")
+    target_sha256: str = Field(pattern=SHA256_PATTERN, description="the target tar's sha256")
+    target_bytes: int = Field(ge=0, description="the target tar's size")
     config: dict[str, Any] = Field(description="an AdaptConfig, as a dict")
     parent_id: str | None = Field(default=None, description="the job this one re-runs (readapt)")
     request_id: str | None = Field(default=None, max_length=128,

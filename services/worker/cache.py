@@ -1,5 +1,8 @@
-"""A :class:`~t3ar.method.retrieval.NeighbourProvider` over the retriever service with a local disk cache of
-fetched pool images.
+"""The worker's disk caches: base checkpoints by sha256 (:class:`ModelCache`), and a
+:class:`~t3ar.method.retrieval.NeighbourProvider` over the retriever service with a cache of fetched pool images.
+
+A base checkpoint is named by its sha256, so it is fetched from the API once per worker data dir, whatever
+the job; it is hashed again on every use, so a file changed on this disk is fetched anew, never used.
 
 Pool ids are never reused by the retriever, so an id -> image-bytes cache never goes stale. Withdrawn ids are
 dropped from the cache at the start of every job (the API records them in Redis, see
@@ -73,6 +76,49 @@ class ImageCache:
         """Delete the least recently written files until the cache fits ``max_bytes``."""
         files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.glob("*/*") if p.is_file()]
         total = sum(size for _, size, _ in files)
+        for _, size, p in sorted(files):
+            if total <= self.max_bytes:
+                break
+            p.unlink(missing_ok=True)
+            total -= size
+
+
+class ModelCache:
+    """Files ``<root>/<sha256>``, each one verified when it arrives and again when it is used; trimmed (least
+    recently used first) to ``max_bytes``. With ``max_bytes`` 0 nothing is kept: files go to the job's scratch."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+
+    def get(self, sha256: str, fetch: Callable[[Path], object], scratch: Path) -> tuple[Path, bool]:
+        """The path of a verified file with this sha256 and whether it was cached; ``fetch(dest)`` downloads it
+        (verified, atomically) when it is not."""
+        from t3ar_services.common.files import file_sha256
+
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise ValueError(f"not a sha256: {sha256!r}")
+        if self.max_bytes <= 0:
+            scratch.mkdir(parents=True, exist_ok=True)
+            dest = scratch / sha256
+            fetch(dest)
+            return dest, False
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / sha256
+        if path.is_file():
+            if file_sha256(path) == sha256:
+                os.utime(path)  # recently used: trimmed last
+                return path, True
+            log.warning("cached file %s does not match its sha256; fetching it again", path)
+            path.unlink(missing_ok=True)
+        fetch(path)
+        self.trim(keep=path)
+        return path, False
+
+    def trim(self, keep: Path) -> None:
+        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.iterdir()
+                 if p.is_file() and not p.name.startswith(".") and p != keep]
+        total = sum(size for _, size, _ in files) + (keep.stat().st_size if keep.is_file() else 0)
         for _, size, p in sorted(files):
             if total <= self.max_bytes:
                 break

@@ -4,31 +4,35 @@
 It runs in the work-horse process. torch and the core are imported here, inside the function, so the
 forking worker parent stays free of torch (DESIGN.md: fork after a torch op can deadlock).
 
-Outcome: on success ``artifacts/<job_id>/`` holds ``model.pt`` (the adapted checkpoint, with its AdaptConfig
-and lineage inside), ``report.json`` and, written last, ``lineage.json``; the return value is a small JSON
-summary. On error ``job.meta['error']`` holds a one-line message (what the API shows) and the exception is
-re-raised so rq marks the job failed. On cancellation ``job.meta['canceled']`` is true.
+Inputs and outputs travel over HTTP (:mod:`t3ar_services.worker.transfer`): the base checkpoint (cached by
+sha256 in the worker's data dir) and the target tar are downloaded and checked against the digests the job
+carries; the target is extracted into ``<data_dir>/work/<job_id>/``, which is removed when the job ends. On
+success the adapted checkpoint (with its AdaptConfig and lineage inside) is uploaded to the API, then its
+report and lineage, which finishes the job there; the return value is a small JSON summary. On error
+``job.meta['error']`` holds a one-line message (what the API shows) and the exception is re-raised so rq marks
+the job failed. On cancellation ``job.meta['canceled']`` is true.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
+from t3ar.errors import T3arError
 from t3ar.logs import REQUEST_ID, request_id_from
 from t3ar_services.common.job_contract import (
-    LINEAGE_FILE,
+    BASE_MODEL_ROUTE,
     MODEL_FILE,
-    REPORT_FILE,
+    TARGET_ROUTE,
     WITHDRAWN_KEY,
     JobCanceledError,
     JobSpec,
-    artifacts_dir,
-    resolve_inside,
-    write_json_atomic,
+    old_spec_message,
 )
 from t3ar_services.worker.settings import WorkerSettings
 
@@ -36,14 +40,20 @@ log = logging.getLogger(__name__)
 
 
 def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """Adapt the base model to the target with the job's AdaptConfig; write the checkpoint atomically."""
+    """Adapt the base model to the target with the job's AdaptConfig; upload the checkpoint and report."""
     from rq import get_current_job
 
+    from t3ar_services.worker.progress import Progress
+
     settings = WorkerSettings()
-    job_spec = JobSpec.model_validate(spec)
     job = get_current_job()
     connection = job.connection if job is not None else None
-    from t3ar_services.worker.progress import Progress
+    if (old := old_spec_message(spec)) is not None:
+        progress = Progress(job, connection, str(spec.get("job_id", "?")), interval=settings.progress_interval)
+        progress.meta["error"] = old.replace("{id}", str(spec.get("job_id", "{id}")))
+        progress.phase("failed")
+        raise OldJobSpecError(progress.meta["error"])
+    job_spec = JobSpec.model_validate(spec)
 
     progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
                         epochs=int(job_spec.config.get("epochs", 0)) or None)
@@ -61,6 +71,10 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         raise
 
 
+class OldJobSpecError(T3arError):
+    """A job queued by an API that passed paths into a shared data directory (before issue 12)."""
+
+
 def _message(e: BaseException) -> str:
     from t3ar.errors import T3arError, without_paths
 
@@ -71,13 +85,8 @@ def _message(e: BaseException) -> str:
 def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any) -> dict[str, Any]:
     import torch
 
-    from t3ar.clients.retriever import RetrieverClient
-    from t3ar.data.target import read_target
     from t3ar.device import resolve_device
     from t3ar.method.config import AdaptConfig
-    from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
-    from t3ar.pipeline import run_adaptation
-    from t3ar_services.worker.cache import CachedRetrieverProvider, ImageCache
 
     t0 = time.perf_counter()
     if settings.torch_threads:
@@ -85,8 +94,59 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     config = AdaptConfig.model_validate(spec.config)
     device = resolve_device(settings.device)
     progress.phase("loading", device=str(device))
-    model, info = load_checkpoint(resolve_inside(settings.data_dir, spec.model_path), device=device)
-    target = read_target(resolve_inside(settings.data_dir, spec.target_dir), strict=True)
+    work = settings.work_dir() / spec.job_id
+    shutil.rmtree(work, ignore_errors=True)  # a retried job starts from scratch
+    work.mkdir(parents=True)
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    from t3ar_services.worker.transfer import WorkerApiClient
+
+    api = WorkerApiClient(settings.api_url, token, timeout=settings.api_timeout, retries=settings.api_retries)
+    try:
+        model_file, target_dir, transfer = _fetch_inputs(spec, settings, api, work)
+        progress.check_cancel(force=True)
+        return _adapt(spec, settings, config, device, progress, connection, api, model_file, target_dir, work,
+                      transfer, t0)
+    finally:
+        api.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _fetch_inputs(spec: JobSpec, settings: WorkerSettings, api: Any, work: Path) -> tuple[Path, Path, dict[str, Any]]:
+    """Download (or take from the cache) the base model and download and extract the target, each checked
+    against the job's sha256."""
+    from t3ar.data.archive import ExtractLimits, safe_extract
+    from t3ar_services.worker.cache import ModelCache
+
+    t = time.perf_counter()
+    cache = ModelCache(settings.model_cache_dir(), settings.model_cache_max_bytes)
+    model_file, cached = cache.get(
+        spec.model_sha256, scratch=work,
+        fetch=lambda dest: api.download(api.route(BASE_MODEL_ROUTE, spec.job_id), dest, spec.model_sha256,
+                                        what=f"the base model {spec.model_id}"))
+    tar = work / "target.tar"
+    n = api.download(api.route(TARGET_ROUTE, spec.job_id), tar, spec.target_sha256, what="the target")
+    size = max(n, 1)  # an uncompressed tar unpacks to less than itself
+    target_dir = safe_extract(tar, work / "target", ExtractLimits(max_files=max(1000, size // 512),
+                                                                   max_total_bytes=size, max_file_bytes=size),
+                              name="the target tar")
+    tar.unlink()
+    transfer = {"base_model_cached": cached, "target_bytes": n, "seconds_download": round(time.perf_counter() - t, 3)}
+    log.info("job %s: inputs fetched (base model %s, target %d bytes) in %.2fs", spec.job_id,
+             "from the cache" if cached else "downloaded", n, transfer["seconds_download"])
+    return model_file, target_dir, transfer
+
+
+def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, progress: Any, connection: Any,
+           api: Any, model_file: Path, target_dir: Path, work: Path, transfer: dict[str, Any],
+           t0: float) -> dict[str, Any]:
+    from t3ar.clients.retriever import RetrieverClient
+    from t3ar.data.target import read_target
+    from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
+    from t3ar.pipeline import run_adaptation
+    from t3ar_services.worker.cache import CachedRetrieverProvider, ImageCache
+
+    model, info = load_checkpoint(model_file, device=device)
+    target = read_target(target_dir, strict=True)
 
     provider = None
     client = None
@@ -112,16 +172,16 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
 
     res = outcome.result
     metrics = outcome.checkpoint_metrics()  # the same keys as a checkpoint made by `t3ar adapt`
-    out_dir = artifacts_dir(settings.data_dir, spec.job_id)
-    if out_dir.exists():  # a retried job starts from scratch; lineage.json must not outlive its checkpoint
-        shutil.rmtree(out_dir)
-    sha = save_checkpoint(out_dir / MODEL_FILE, model, info.spec, adapt_config=config.model_dump(),
+    sha = save_checkpoint(work / MODEL_FILE, model, info.spec, adapt_config=config.model_dump(),
                           lineage=outcome.lineage, metrics=metrics)
+    t_up = time.perf_counter()
+    api.upload_checkpoint(spec.job_id, work / MODEL_FILE, sha)
+    transfer["seconds_upload_checkpoint"] = round(time.perf_counter() - t_up, 3)
     report = _report(spec, config, outcome, metrics, sha, str(device), provider, time.perf_counter() - t0)
-    write_json_atomic(out_dir / REPORT_FILE, report)
+    report["transfer"] = transfer
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
-    write_json_atomic(out_dir / LINEAGE_FILE, lineage)  # last: its presence marks the job's artifacts complete
+    api.put_result(spec.job_id, json.loads(json.dumps(report, default=str)), lineage)  # finishes it on the API
     summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
                "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
     if "after" in metrics:

@@ -6,6 +6,10 @@ every job a clean process whose memory is returned when it ends. A crashed work-
 parent at once; a dead parent (machine loss, SIGKILL) stops heart-beating and the job is failed as abandoned
 ``monitor_interval + abandon_grace`` seconds later by whoever cleans the started-job registry (the API does
 so every few seconds). Run it with ``python -m t3ar_services.worker`` (or ``t3ar worker``).
+
+Start-up checks (:func:`preflight`): Redis answers, and the API answers its worker route with this worker's
+token (the job's inputs and checkpoint travel through it); otherwise the worker exits with status 2 and one
+line naming the setting to fix. The container health check (``check``) asks the same of the API.
 """
 
 from __future__ import annotations
@@ -30,6 +34,36 @@ from t3ar_services.worker.metrics import serve as serve_metrics
 from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """A dependency of the worker is missing or misconfigured; the message names the setting."""
+
+
+def preflight(settings: WorkerSettings) -> Redis:
+    """Redis answers and the API takes our worker token; the Redis connection, or :class:`StartupError`."""
+    from t3ar.clients.api import ApiAuthError, ApiError
+    from t3ar_services.worker.transfer import WorkerApiClient
+
+    try:
+        conn = Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+        conn.ping()
+    except Exception as e:
+        raise StartupError(f"Redis at {redact_url(settings.redis_url)} (T3AR_WORKER_REDIS_URL) does not answer: "
+                           f"{type(e).__name__}: {e}") from e
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    try:
+        with WorkerApiClient(settings.api_url, token, timeout=10, retries=settings.api_retries) as api:
+            queue = api.ping().get("queue")
+    except ApiAuthError as e:
+        what = "no worker token is set (T3AR_WORKER_API_TOKEN)" if token is None else \
+            "T3AR_WORKER_API_TOKEN is not the API's worker token (T3AR_API_WORKER_TOKEN)"
+        raise StartupError(f"the API at {settings.api_url} refused this worker: {what}; {e}") from e
+    except ApiError as e:
+        raise StartupError(f"the API at {settings.api_url} (T3AR_WORKER_API_URL) cannot be used: {e}") from e
+    if queue and queue != settings.queue:
+        log.warning("the API enqueues on %r but this worker listens on %r (T3AR_WORKER_QUEUE)", queue, settings.queue)
+    return conn
 
 
 class RefusedJobError(Exception):
@@ -124,23 +158,22 @@ def run(settings: WorkerSettings, *, burst: bool = False) -> bool:
     if "torch" in sys.modules:
         log.warning("torch is already imported in the worker parent; forked jobs may deadlock. "
                     "Start the worker with `python -m t3ar_services.worker` or `t3ar worker`.")
-    conn = Redis.from_url(settings.redis_url)
-    conn.ping()
+    conn = preflight(settings)
     worker = build_worker(settings, conn)
     if settings.metrics_port and worker.metrics is not None:
         serve_metrics(worker.metrics, settings.metrics_port, settings.metrics_host)
-    log.info("worker %s on queue %s (redis %s, retriever %s, data dir %s, device %s)", worker.name,
-             settings.queue, redact_url(settings.redis_url), settings.retriever_url, settings.data_dir.resolve(),
-             settings.device)
+    log.info("worker %s on queue %s (redis %s, api %s, retriever %s, data dir %s, device %s)", worker.name,
+             settings.queue, redact_url(settings.redis_url), settings.api_url, settings.retriever_url,
+             settings.data_dir.resolve(), settings.device)
     result: Any = worker.work(burst=burst, logging_level=settings.log_level.upper(), with_scheduler=False)
     return bool(result)
 
 
 def check(settings: WorkerSettings) -> int:
-    """Container health check: Redis answers and a worker of this host is registered. Exit status."""
+    """Container health check: Redis answers, the API takes our token and a worker of this host is registered.
+    Exit status."""
     try:
-        conn = Redis.from_url(settings.redis_url, socket_timeout=5)
-        conn.ping()
+        conn = preflight(settings)
         host = socket.gethostname()
         names = [w.name for w in Worker.all(connection=conn)]
     except Exception as e:
@@ -163,5 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] == "check":
         return check(settings)
     burst = "--burst" in args
-    run(settings, burst=burst)
+    try:
+        run(settings, burst=burst)
+    except StartupError as e:
+        print(f"t3ar worker: {e}", file=sys.stderr)
+        return 2
     return 0

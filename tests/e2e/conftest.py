@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from stack_helpers import CLASSES, ROOT, Stack, png, target_zip, tiny_checkpoint
+from stack_helpers import CLASSES, ROOT, Stack, inherited_path, png, target_zip, tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     data = tmp_path_factory.mktemp("stack")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT)]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
                T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE="32", T3AR_RETRIEVER_EMBED_BATCH_SIZE="16",
                T3AR_WORKER_MONITOR_INTERVAL="1", T3AR_WORKER_ABANDON_GRACE="3", T3AR_WORKER_PROGRESS_INTERVAL="0.2",
                T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="1")

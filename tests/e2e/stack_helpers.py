@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import time
 import zipfile
@@ -48,6 +49,12 @@ class Stack:
 
     def log(self, name: str) -> str:
         return (self.data_dir / "logs" / f"{name}.log").read_text(errors="replace")
+
+
+def inherited_path() -> list[str]:
+    """This process' PYTHONPATH entries, after the checkout's own: a checkout whose ``t3ar_services`` is put on
+    the path (a worktree beside an installed one) starts the stack from its own code."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def png(color: str, rng: np.random.Generator, size: int = 40) -> bytes:

@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stack_helpers import FAST_JOB, ROOT, Stack, tiny_checkpoint
+from stack_helpers import FAST_JOB, ROOT, Stack, inherited_path, tiny_checkpoint
 
 from t3ar.models.checkpoint import load_checkpoint
 
 
 def _cli(stack: Stack, *args: str, admin: bool = False) -> subprocess.CompletedProcess[str]:
     t = stack.info["tokens"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT)]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
                T3AR_API_URL=stack.info["api_url"], T3AR_API_TOKEN=t["api_token"])
     if admin:
         env["T3AR_API_ADMIN_TOKEN"] = t["api_admin_token"]

@@ -38,10 +38,24 @@ def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids
 
     from t3ar_services.common.job_contract import SERIALIZER
 
-    rid = Job.fetch(accepted["id"], connection=stack.redis(), serializer=SERIALIZER).args[0]["request_id"]
+    spec = Job.fetch(accepted["id"], connection=stack.redis(), serializer=SERIALIZER).args[0]
+    rid = spec["request_id"]
     assert rid and f"[{rid}]: POST /adapt 202" in stack.log("api")
     assert f"[{rid}]: job {accepted['id']} started" in stack.log("worker-1")
     assert f"[{rid}]: POST /search 200" in stack.log("retriever")
+    # issue 12: the worker shares no directory with the API. Its environment names only URLs, tokens and its own
+    # data dir; it fetched the job's inputs over HTTP (the base model is in its sha256-keyed cache), uploaded the
+    # checkpoint (the API's copy is byte-identical to what GET /jobs/{id}/checkpoint served) and left no scratch
+    api_dir, worker_dir = stack.data_dir / "api", stack.data_dir / "worker"
+    env = dict(kv.split("=", 1) for kv in
+               Path(f"/proc/{stack.pids()['worker-1']}/environ").read_text().split("\0") if "=" in kv)
+    assert env["T3AR_WORKER_DATA_DIR"] == str(worker_dir) and env["T3AR_WORKER_API_URL"] == stack.info["api_url"]
+    assert not any(str(api_dir) in v for v in env.values())
+    assert (worker_dir / "cache" / "models" / spec["model_sha256"]).is_file()
+    assert not list((worker_dir / "work").iterdir())
+    assert (api_dir / "artifacts" / accepted["id"] / "model.pt").read_bytes() == path.read_bytes()
+    assert report["transfer"]["target_bytes"] == spec["target_bytes"] > 0
+    assert f"PUT /internal/jobs/{accepted['id']}/checkpoint 200" in stack.log("api")
 
 
 def test_train_mode_from_labels_csv(stack: Stack, model_id: str, pool_ids: list[str], labelled_zip: Path) -> None:
@@ -57,11 +71,15 @@ def test_failed_job_shows_its_error(stack: Stack, labelled_zip: Path, tmp_path: 
     with stack.api() as api:
         model = api.upload_model(tiny_checkpoint(tmp_path / "doomed.pt", ("blue", "green", "red", "other")))
         accepted = api.adapt(labelled_zip, model["id"], {**FAST_JOB, "mode": "test"})
-        # the base checkpoint disappears from storage after validation: the worker cannot load it
-        (stack.data_dir / "api" / "models" / f"{model['id']}.pt").unlink()
+        # the base checkpoint is changed on the API's disk after validation (the worker is still importing
+        # torch): the worker's download does not have the sha256 the job carries, and it refuses to use it
+        stored = stack.data_dir / "api" / "models" / f"{model['id']}.pt"
+        data = stored.read_bytes()
+        stored.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # one bit pattern flipped, same size
         job = api.wait(accepted["id"], poll=0.2, timeout=120)
         assert job["status"] == "failed"
-        assert "checkpoint not found" in job["error"]
+        assert "checksum mismatch" in job["error"] and "the base model" in job["error"], job["error"]
+        assert not (stack.data_dir / "worker" / "cache" / "models" / model["sha256"]).exists()
         with pytest.raises(ApiInputError, match="not finished"):
             api.report(accepted["id"])
 

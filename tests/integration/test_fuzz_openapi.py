@@ -5,8 +5,10 @@ with fakeredis and a mocked retriever) and schemathesis runs all its phases (exp
 boundaries and unsupported methods, random fuzzing, stateful sequences) with every check: no 5xx, status
 codes, content types, headers and bodies as documented, 405 with the right ``Allow``, schema-invalid requests
 refused, schema-valid requests accepted. Authenticated with the admin token (every route is reachable) and with
-the user token (admin routes must answer their documented 403). Bounded (max examples per operation) and
-seeded, so a CI run is reproducible: about two minutes for all four runs on a 2-core machine.
+the user token (admin routes must answer their documented 403), and for the API with the worker token (the
+/internal routes reached; every other route must answer its documented 403). Bounded (max examples per
+operation) and seeded, so a CI run is reproducible: about two and a half minutes for all five runs on a 2-core
+machine.
 """
 
 from __future__ import annotations
@@ -163,8 +165,9 @@ def checkpoint_uploads(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture()
 def api(tmp_path: Path, checkpoint_uploads: None) -> FastAPI:
     settings = ApiSettings(data_dir=tmp_path / "data",  # type: ignore[arg-type]
-                           token="user-t", admin_token="admin-t", retriever_admin_token="r-admin",
-                           validate_threads=0, max_upload_bytes=200_000, sweep_interval=3600)
+                           token="user-t", admin_token="admin-t", worker_token="worker-t",
+                           retriever_admin_token="r-admin", validate_threads=0, max_upload_bytes=200_000,
+                           sweep_interval=3600)
     app = create_api(settings, redis=fakeredis.FakeRedis())
     state: Any = app.state.api
     state.retriever = RetrieverClient("http://r", "r-rw", transport=httpx.MockTransport(_mock_retriever), retries=0)
@@ -180,7 +183,7 @@ def test_retriever_conforms_to_its_openapi(retriever: FastAPI, token: str, examp
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize(("token", "examples"), [("admin-t", 40), ("user-t", 15)])
+@pytest.mark.parametrize(("token", "examples"), [("admin-t", 40), ("user-t", 15), ("worker-t", 15)])
 def test_api_conforms_to_its_openapi(api: FastAPI, token: str, examples: int) -> None:
     failures = fuzz(api, token, max_examples=examples, skip_positive=POSITIVE_ACCEPTANCE_SKIPPED["api"])
     assert not failures, "\n".join(failures)

@@ -3,8 +3,10 @@ No worker runs here; job outcomes are simulated by writing what a worker writes.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,10 +110,18 @@ def test_adapt_enqueues_json_job(env: Any, tmp_path: Path) -> None:
     assert queue.job_ids == [body["id"]]
     job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
     spec = job.args[0]
-    assert spec["model_path"] == f"models/{model_id}.pt" and spec["target_dir"] == f"jobs/{body['id']}/target"
+    # no paths: the worker fetches both inputs over HTTP and checks them against these digests
+    tar = data / "jobs" / body["id"] / "target.tar"
+    assert "model_path" not in spec and "target_dir" not in spec
+    assert spec["model_sha256"] == hashlib.sha256((tmp_path / "m.pt").read_bytes()).hexdigest()
+    assert spec["target_sha256"] == hashlib.sha256(tar.read_bytes()).hexdigest()
+    assert spec["target_bytes"] == tar.stat().st_size
     assert spec["request_id"] == resp.headers["x-request-id"]  # the worker logs under the submitting request's id
     assert job.timeout == 6 * 3600 and job.result_ttl == 30 * 86400 and job.failure_ttl == 30 * 86400
-    assert (data / spec["target_dir"] / "labels.csv").is_file() and not (data / "jobs" / body["id"] / "upload").exists()
+    with tarfile.open(tar) as tf:
+        assert sorted(tf.getnames()) == ["i0.png", "i1.png", "i2.png", "i3.png", "labels.csv"]
+    assert (data / "jobs" / body["id"] / "target" / "labels.csv").is_file()
+    assert not (data / "jobs" / body["id"] / "upload").exists()
     got = client.get(f"/jobs/{body['id']}", headers=USER).json()
     assert got["status"] == "queued" and got["queue_position"] == 0 and got["checkpoint_url"] is None
 

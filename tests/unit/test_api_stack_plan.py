@@ -12,7 +12,7 @@ from t3ar_services.cli.stack_procs import free_port, load_tokens, redis_server_b
 
 def test_tokens_are_random_private_and_kept(tmp_path: Path) -> None:
     tokens = load_tokens(tmp_path / "tokens.json")
-    assert len(set(tokens.values())) == 5 and all(len(t) >= 24 for t in tokens.values())
+    assert len(set(tokens.values())) == 6 and all(len(t) >= 24 for t in tokens.values())
     assert "redis_password" in tokens
     assert stat.S_IMODE((tmp_path / "tokens.json").stat().st_mode) == 0o600
     assert load_tokens(tmp_path / "tokens.json") == tokens
@@ -41,7 +41,13 @@ def test_plan_wires_every_process(tmp_path: Path) -> None:
     assert api["T3AR_API_RETRIEVER_URL"] == "http://127.0.0.1:1002" and api["T3AR_API_TOKEN"] == t["api_token"]
     assert api["T3AR_API_RETRIEVER_ADMIN_TOKEN"] == t["retriever_admin_token"]
     worker = by["worker-1"].env
-    assert worker["T3AR_WORKER_DATA_DIR"] == api["T3AR_API_DATA_DIR"]
+    # issue 12: a worker of `t3ar up` takes the same HTTP path as one on another host: URLs, tokens and a data
+    # dir of its own; nothing in its environment names the API's data dir
+    assert worker["T3AR_WORKER_DATA_DIR"] == str(tmp_path / "worker") != api["T3AR_API_DATA_DIR"]
+    assert not any(api["T3AR_API_DATA_DIR"] in v for v in worker.values())
+    assert worker["T3AR_WORKER_API_URL"] == info["api_url"] == "http://127.0.0.1:1001"
+    assert worker["T3AR_WORKER_API_TOKEN"] == t["api_worker_token"] == api["T3AR_API_WORKER_TOKEN"]
+    assert len({t["api_worker_token"], t["api_token"], t["api_admin_token"]}) == 3
     assert worker["T3AR_WORKER_RETRIEVER_TOKEN"] == t["retriever_token"]
     assert "T3AR_WORKER_RETRIEVER_ADMIN_TOKEN" not in worker and "T3AR_API_ADMIN_TOKEN" not in worker
     assert by["worker-1"].argv[1:] == ["-m", "t3ar_services.worker"]  # never the torch-importing CLI

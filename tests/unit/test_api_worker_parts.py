@@ -3,6 +3,7 @@ TTL, the job-spec contract, and that the worker parent never imports torch."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -15,7 +16,14 @@ from rq.job import Job
 
 from t3ar.errors import without_paths
 from t3ar.method.adapt import StepStats
-from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, JobCanceledError, JobSpec, resolve_inside
+from t3ar_services.common.job_contract import (
+    CANCEL_KEY,
+    SERIALIZER,
+    JobCanceledError,
+    JobSpec,
+    old_spec_message,
+    resolve_inside,
+)
 from t3ar_services.worker.cache import ImageCache
 from t3ar_services.worker.main import AdaptWorker
 from t3ar_services.worker.progress import Progress
@@ -78,17 +86,32 @@ def test_heartbeat_ttl_uses_grace() -> None:
 
 
 def test_job_spec_contract(tmp_path: Path) -> None:
+    good = {"job_id": "j1", "model_id": "m", "model_sha256": "a" * 64, "target_sha256": "b" * 64, "target_bytes": 1,
+            "config": {}}
+    assert JobSpec.model_validate(good).target_bytes == 1
     with pytest.raises(ValueError):
-        JobSpec(job_id="../x", model_id="m", model_path="a", target_dir="b", config={})
+        JobSpec.model_validate({**good, "job_id": "../x"})
+    with pytest.raises(ValueError):
+        JobSpec.model_validate({**good, "model_sha256": "A" * 64})
+    # a job queued by an API before issue 12 carries paths: refused with what to do, not a validation error
+    old = {"job_id": "j0", "model_id": "m", "model_path": "models/m.pt", "target_dir": "jobs/j0/target", "config": {}}
+    assert old_spec_message(good) is None
+    assert "older API" in (old_spec_message(old) or "") and "readapt" in (old_spec_message(old) or "")
+    from t3ar_services.worker.jobs import OldJobSpecError, run_adapt_job
+
+    with pytest.raises(OldJobSpecError, match="older API.*POST /jobs/j0/readapt"):
+        run_adapt_job(old)
     with pytest.raises(ValueError, match="escapes"):
         resolve_inside(tmp_path, "../outside")
     assert resolve_inside(tmp_path, "jobs/1/target") == (tmp_path / "jobs/1/target").resolve()
 
 
 def test_worker_parent_does_not_import_torch() -> None:
-    code = "import sys, t3ar_services.worker.main, t3ar_services.worker.jobs; print('torch' in sys.modules)"
+    code = ("import sys, t3ar_services.worker.main, t3ar_services.worker.jobs, t3ar_services.worker.transfer; "
+            "print('torch' in sys.modules)")
+    path = [str(ROOT / "shared"), str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]  # this checkout's
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": f"{ROOT / 'shared'}:{ROOT}"}, check=True)
+                         env={"PYTHONPATH": os.pathsep.join(p for p in path if p)}, check=True)
     assert out.stdout.strip() == "False"
 
 

@@ -71,6 +71,8 @@ class HttpClient:
                 for f in kwargs.get("files") or []:  # rewind file uploads for a retry
                     if hasattr(f[1][1], "seek"):
                         f[1][1].seek(0)
+                if hasattr(kwargs.get("content"), "seek"):  # a streamed file body, likewise
+                    kwargs["content"].seek(0)
                 resp = self._http.request(method, path, **kwargs)
             except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
                 if last or (isinstance(e, _RETRY_IF_SAFE) and not safe):

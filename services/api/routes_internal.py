@@ -1,0 +1,93 @@
+"""The worker routes (``/internal/...``, the worker token only): a job's inputs down, its checkpoint and result
+up. The contract (paths, digests, ordering) is :mod:`t3ar_services.common.job_contract`; storage and
+verification are :mod:`t3ar_services.api.transfer`.
+
+Uploads are accepted while the job is ``started`` (a worker is running it). A finished job keeps its
+artifacts: the same checkpoint or result again answers 200 with ``stored: false`` (a worker's retry), anything
+else 409; a canceled or failed job (e.g. failed as abandoned while a partitioned worker went on) refuses with
+409, so a late upload never resurrects it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse
+
+from t3ar_services.api import schemas as s
+from t3ar_services.api.deps import WORKER, ApiState, StateDep
+from t3ar_services.api.errors import ConflictError
+from t3ar_services.api.jobs import require_job
+from t3ar_services.api.registry import model_path, require_model
+from t3ar_services.api.transfer import target_tar
+from t3ar_services.common.job_contract import SHA256_PATTERN
+
+_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
+router = APIRouter(prefix="/internal", responses=_ERRORS, dependencies=WORKER, tags=["workers"])
+_OCTET = {"requestBody": {"required": True, "content": {"application/octet-stream": {
+    "schema": {"type": "string", "format": "binary"}}}}}
+Sha256 = Annotated[str, Query(pattern=SHA256_PATTERN, description="sha256 of the body (lower-case hex)")]
+
+
+@router.get("/ping", response_model=s.WorkerPing)
+def ping(state: StateDep) -> s.WorkerPing:
+    """A worker's start-up and health check: the API answers and takes this worker token."""
+    return s.WorkerPing(queue=state.settings.queue)
+
+
+@router.get("/jobs/{job_id}/target", response_class=FileResponse,
+            responses={200: {"content": {"application/x-tar": {}}, "description": "the target as one tar"}})
+def get_target(state: StateDep, job_id: str) -> FileResponse:
+    """The job's validated target (images + labels.csv) as one uncompressed tar; its sha256 is the job's
+    ``target_sha256`` (also in ``X-Checksum-Sha256``)."""
+    row = require_job(state.store, job_id)
+    tar = target_tar(state.settings.data_dir, row.target_dir)
+    return FileResponse(tar.path, media_type="application/x-tar", headers={"X-Checksum-Sha256": tar.sha256})
+
+
+@router.get("/jobs/{job_id}/base-model", response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "the base checkpoint"}})
+def get_base_model(state: StateDep, job_id: str) -> FileResponse:
+    """The job's base checkpoint; its sha256 is the job's ``model_sha256`` (also in ``X-Checksum-Sha256``)."""
+    row = require_job(state.store, job_id)
+    model = require_model(state.store, state.settings, row.model_id)
+    return FileResponse(model_path(state.settings.data_dir, model.id), media_type="application/octet-stream",
+                        headers={"X-Checksum-Sha256": model.sha256})
+
+
+def _check_running(state: ApiState, job_id: str) -> None:
+    st = state.jobs.state(require_job(state.store, job_id))
+    if st.status != "started":
+        raise ConflictError(f"job {job_id} is {st.status}, not running: its artifacts are not accepted")
+
+
+@router.put("/jobs/{job_id}/checkpoint", response_model=s.CheckpointStored, openapi_extra=_OCTET)
+async def put_checkpoint(request: Request, state: StateDep, job_id: str, sha256: Sha256) -> s.CheckpointStored:
+    """Store the adapted checkpoint (the raw body, streamed) if it hashes to ``sha256``: 422 and nothing stored
+    otherwise. Idempotent: the same checkpoint again is 200; a finished job's is never replaced (409)."""
+    from starlette.concurrency import run_in_threadpool
+
+    await run_in_threadpool(require_job, state.store, job_id)
+    if await run_in_threadpool(state.artifacts.refuse_if_finished, job_id, sha256, "checkpoint"):
+        return s.CheckpointStored(job_id=job_id, sha256=sha256, size=0, stored=False)
+    await run_in_threadpool(_check_running, state, job_id)
+    size = await state.artifacts.put_checkpoint(job_id, sha256, request.stream())
+    return s.CheckpointStored(job_id=job_id, sha256=sha256, size=size, stored=True)
+
+
+@router.put("/jobs/{job_id}/result", response_model=s.ResultStored,
+            responses={400: {"model": s.ErrorBody, "description": "unparsable JSON body"}})
+def put_result(state: StateDep, job_id: str, body: s.WorkerResult) -> s.ResultStored:
+    """Finish the job: its report and lineage, naming the checkpoint uploaded before (409 when that is missing or
+    differs). The lineage is indexed at once (``GET /pool/{id}/lineage``)."""
+    require_job(state.store, job_id)
+    sha = body.lineage.checkpoint_sha256
+    if not state.artifacts.refuse_if_finished(job_id, sha, "result"):
+        _check_running(state, job_id)
+    lineage = {**body.lineage.model_dump(mode="json"), "job_id": job_id}
+    stored = state.artifacts.put_result(job_id, body.report, lineage)
+    if stored:
+        state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
+                                  checkpoint_sha256=sha)
+    return s.ResultStored(job_id=job_id, stored=stored)

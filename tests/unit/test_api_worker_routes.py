@@ -1,0 +1,155 @@
+"""The API's worker routes (/internal/...) in-process: FastAPI TestClient, fakeredis, a mocked retriever (the
+fixture and helpers of test_api_routes). The worker is simulated: it downloads what the job names, checks the
+digests, and uploads a checkpoint and result as a real one does."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+from fastapi.testclient import TestClient
+from rq.job import Job
+from test_api_routes import ADMIN, USER, _adapt, _archive, _model, _retriever
+
+from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.main import create_app
+from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.transfer import target_tar
+from t3ar_services.common.job_contract import SERIALIZER
+
+WORKER = {"Authorization": "Bearer worker-t"}
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> Iterator[tuple[TestClient, Any, Path]]:
+    settings = ApiSettings(data_dir=tmp_path / "data", token="user-t", admin_token="admin-t",  # type: ignore[arg-type]
+                           worker_token="worker-t", retriever_admin_token="r-admin", validate_threads=0,
+                           max_upload_bytes=200_000, max_model_bytes=10_000_000, sweep_interval=3600)
+    redis = fakeredis.FakeRedis()
+    pool: dict[str, Any] = {"count": 50, "ids": {"p-1", "p-2"}}
+    app = create_app(settings, redis=redis)
+    app.state.api.retriever = RetrieverClient("http://r", "r-rw", transport=_retriever(pool), retries=0)
+    with TestClient(app) as client:
+        yield client, redis, settings.data_dir
+
+
+def _job(client: TestClient, redis: Any, tmp_path: Path, *, start: bool = True) -> tuple[str, dict[str, Any]]:
+    job_id = _adapt(client, _model(client, tmp_path), _archive(labels=True), {"method": "tent"}).json()["id"]
+    job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)
+    if start:
+        job.set_status("started")  # as a worker does when it takes the job
+    return job_id, dict(job.args[0])
+
+
+def _result(job_id: str, sha: str) -> dict[str, Any]:
+    return {"report": {"job_id": job_id, "accuracy": None},
+            "lineage": {"job_id": job_id, "checkpoint_sha256": sha, "pool_ids": ["p-1"], "created_at": "now"}}
+
+
+def test_scopes(env: Any, tmp_path: Path) -> None:
+    client, redis, _ = env
+    job_id, _ = _job(client, redis, tmp_path)
+    assert client.get("/internal/ping", headers=WORKER).json() == {"ok": True, "queue": "t3ar-adapt"}
+    for headers in (USER, ADMIN):  # the user and admin tokens do not open the worker routes...
+        for method, path in (("GET", f"/internal/jobs/{job_id}/target"), ("GET", "/internal/ping"),
+                             ("PUT", f"/internal/jobs/{job_id}/checkpoint?sha256={'0' * 64}")):
+            resp = client.request(method, path, headers=headers, content=b"x" if method == "PUT" else None)
+            assert resp.status_code == 403, (method, path, resp.text)
+            assert "T3AR_API_WORKER_TOKEN" in resp.json()["error"]["message"]
+    # ...and the worker token opens nothing else
+    for method, path in (("GET", "/jobs"), ("GET", f"/jobs/{job_id}/checkpoint"), ("DELETE", "/pool/p-1")):
+        assert client.request(method, path, headers=WORKER).status_code == 403, (method, path)
+    assert client.get("/internal/ping").status_code == 401
+    assert client.put(f"/internal/jobs/{job_id}/checkpoint?sha256={'0' * 64}", content=b"x",
+                      headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert "/internal/jobs/{job_id}/checkpoint" in client.get("/openapi.json").json()["paths"]
+
+
+def test_inputs_match_the_job_digests(env: Any, tmp_path: Path) -> None:
+    client, redis, data = env
+    job_id, spec = _job(client, redis, tmp_path)
+    target = client.get(f"/internal/jobs/{job_id}/target", headers=WORKER)
+    assert target.status_code == 200 and target.headers["content-type"] == "application/x-tar"
+    assert hashlib.sha256(target.content).hexdigest() == spec["target_sha256"] == target.headers["x-checksum-sha256"]
+    with tarfile.open(fileobj=io.BytesIO(target.content)) as tf:
+        assert "labels.csv" in tf.getnames() and all(m.mtime == 0 and m.uid == 0 for m in tf.getmembers())
+    model = client.get(f"/internal/jobs/{job_id}/base-model", headers=WORKER)
+    assert hashlib.sha256(model.content).hexdigest() == spec["model_sha256"]
+    assert client.get("/internal/jobs/nope/target", headers=WORKER).status_code == 404
+    # the tar is deterministic: made again from the same folder, it has the same digest
+    (data / "jobs" / job_id / "target.tar").unlink()
+    assert target_tar(data, f"jobs/{job_id}/target").sha256 == spec["target_sha256"]
+
+
+def test_upload_is_verified_atomic_idempotent_and_final(env: Any, tmp_path: Path) -> None:
+    client, redis, data = env
+    job_id, _ = _job(client, redis, tmp_path)
+    out = data / "artifacts" / job_id
+    ckpt = b"adapted weights " * 1000
+    sha = hashlib.sha256(ckpt).hexdigest()
+    url = f"/internal/jobs/{job_id}/checkpoint"
+
+    bad = client.put(url, params={"sha256": "0" * 64}, content=ckpt, headers=WORKER)  # corrupted on the way
+    assert bad.status_code == 422 and "checksum mismatch" in bad.json()["error"]["message"]
+    assert not (out / "model.pt").exists() and not list(out.glob(".incoming-*"))
+    early = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, sha), headers=WORKER)
+    assert early.status_code == 409 and "checkpoint first" in early.json()["error"]["message"]
+
+    ok = client.put(url, params={"sha256": sha}, content=ckpt, headers=WORKER)
+    assert ok.status_code == 200 and ok.json() == {"job_id": job_id, "sha256": sha, "size": len(ckpt), "stored": True}
+    assert (out / "model.pt").read_bytes() == ckpt
+    mismatch = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, "1" * 64), headers=WORKER)
+    assert mismatch.status_code == 409
+    done = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, sha), headers=WORKER)
+    assert done.status_code == 200 and done.json() == {"job_id": job_id, "status": "finished", "stored": True}
+    assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == job_id
+    Job.fetch(job_id, connection=redis, serializer=SERIALIZER).set_status("finished")
+    assert client.get(f"/jobs/{job_id}/checkpoint", headers=USER).content == ckpt
+    assert client.get(f"/jobs/{job_id}/report", headers=USER).json()["job_id"] == job_id
+    assert json.loads((out / "lineage.json").read_text())["checkpoint_sha256"] == sha
+
+    # a worker's retry of the same upload: 200, nothing rewritten; a stale or different one: 409, nothing changed
+    again = client.put(url, params={"sha256": sha}, content=ckpt, headers=WORKER)
+    assert again.status_code == 200 and again.json()["stored"] is False
+    assert client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, sha),
+                      headers=WORKER).json()["stored"] is False
+    other = b"another run's weights"
+    stale = client.put(url, params={"sha256": hashlib.sha256(other).hexdigest()}, content=other, headers=WORKER)
+    assert stale.status_code == 409 and "cannot be replaced" in stale.json()["error"]["message"]
+    assert (out / "model.pt").read_bytes() == ckpt
+
+
+def test_uploads_only_for_a_running_job(env: Any, tmp_path: Path) -> None:
+    client, redis, data = env
+    job_id, _ = _job(client, redis, tmp_path, start=False)  # still queued
+    body = b"weights"
+    resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(body).hexdigest()},
+                      content=body, headers=WORKER)
+    assert resp.status_code == 409 and "queued" in resp.json()["error"]["message"]
+    client.post(f"/jobs/{job_id}/cancel", headers=USER)
+    resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(body).hexdigest()},
+                      content=body, headers=WORKER)
+    assert resp.status_code == 409 and "canceled" in resp.json()["error"]["message"]
+    assert not (data / "artifacts" / job_id / "model.pt").exists()
+
+
+def test_checkpoint_over_the_limit_is_413(env: Any, tmp_path: Path) -> None:
+    client, redis, data = env
+    job_id, _ = _job(client, redis, tmp_path)
+    big = bytes(10_000_001)
+    resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(big).hexdigest()},
+                      content=big, headers=WORKER)
+    assert resp.status_code == 413 and "T3AR_API_MAX_MODEL_BYTES" in resp.json()["error"]["message"]
+    assert not list((data / "artifacts" / job_id).iterdir())
+
+
+def test_worker_token_must_differ() -> None:
+    with pytest.raises(ValueError, match="T3AR_API_WORKER_TOKEN must differ"):
+        ApiSettings(token="a", admin_token="b", worker_token="a")  # type: ignore[arg-type]
