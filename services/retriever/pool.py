@@ -92,6 +92,7 @@ class Pool:
         self._cache_lock = threading.Lock()
         self.last_delete = 0.0
         self.compact_wanted = threading.Event()
+        self.index_grew = threading.Event()  # wakes the background IVF trainer
 
     # --- ids --------------------------------------------------------------------------------------------
     def format_id(self, seq: int) -> str:
@@ -222,6 +223,7 @@ class Pool:
     def _index_add(self, index: VectorIndex, seqs: np.ndarray, vecs: np.ndarray) -> None:
         try:
             index.add(seqs, vecs)
+            self.index_grew.set()
         except Exception:  # the rows are committed: make the index agree again rather than fail the add
             log.exception("index add failed after commit; rebuilding the index from the database")
             self.index = VectorIndex.build(self.info.dim, self.info.index_config,
@@ -302,7 +304,8 @@ class Pool:
                       "configured_type": self.info.index_config.kind,
                       "vectors": index.count if index else None,
                       "tombstones": index.tombstones if index else 0,
-                      "nlist": index.nlist if index else None,
+                      "nlist": index.nlist if index else None, "device": index.device if index else None,
+                      "trained_on": index.trained_on if index else None,
                       "nprobe": index.nprobe if index and index.kind == "ivf" else None},
             "duplicate_threshold": self.info.duplicate_threshold, "ready": index is not None,
             "repairs": list(self.info.repairs),
