@@ -39,6 +39,7 @@ class RetrieverState:
     load_error: str | None = None
     loader: threading.Thread | None = field(default=None, repr=False)
     trainer: IndexTrainer | None = field(default=None, repr=False)
+    fast_searches: int = 0  # searches answered by the lean path (t3ar_services.retriever.fastpath)
 
     @property
     def ready(self) -> bool:

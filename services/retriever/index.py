@@ -13,7 +13,7 @@
   snapshot; :meth:`finish_rebuild` replays it into the new index and swaps it in under the write lock. The
   tombstone set belongs to this object, not to the faiss index, so it filters the new index too, and ids
   compacted out of the old index during the build go back into it (the snapshot may still hold them).
-- An optional :class:`~t3ar_services.retriever.device_index.TorchFlat` mirror (``IndexConfig.device``) answers
+- An optional :class:`~t3ar.torch_search.TorchFlat` mirror (``IndexConfig.device``) answers
   exact searches with a matrix product on a torch device (a GPU); faiss keeps the host copy for persistence.
 """
 
@@ -51,6 +51,10 @@ def search_threads(n_queries: int, configured: int) -> int:
     return configured if configured > 0 else (os.cpu_count() or 1)
 
 
+class IndexBusy(Exception):
+    """A non-blocking search found a writer holding or awaiting the lock."""
+
+
 class RWLock:
     """Many readers or one writer; a waiting writer blocks new readers (no writer starvation)."""
 
@@ -73,6 +77,28 @@ class RWLock:
                 self._readers -= 1
                 if not self._readers:
                     self._cond.notify_all()
+
+    @contextmanager
+    def try_read(self, blocking: bool = False) -> Iterator[bool]:
+        """:meth:`read` that yields whether it holds the lock: without ``blocking`` it never waits and yields
+        False (holding nothing) when a writer holds or awaits the lock. For callers that must not block (the
+        event loop)."""
+        with self._cond:
+            while blocking and (self._writer or self._writers_waiting):
+                self._cond.wait()
+            if self._writer or self._writers_waiting:
+                got = False
+            else:
+                self._readers += 1
+                got = True
+        try:
+            yield got
+        finally:
+            if got:
+                with self._cond:
+                    self._readers -= 1
+                    if not self._readers:
+                        self._cond.notify_all()
 
     @contextmanager
     def write(self) -> Iterator[None]:
@@ -141,7 +167,7 @@ class VectorIndex:
         """Mirror a flat index on a torch ``device`` for exact search (no-op for IVF or ``None``)."""
         if device is None or self.kind != "flat":
             return
-        from t3ar_services.retriever.device_index import TorchFlat
+        from t3ar.torch_search import TorchFlat
 
         with self._lock.write():
             self._mirror = TorchFlat.from_faiss(self._index, device)
@@ -281,13 +307,24 @@ class VectorIndex:
         return len(doomed)
 
     # --- search ----------------------------------------------------------------------------------------
+    def scan_cost(self, n_queries: int) -> float:
+        """About how many multiply-adds a search of ``n_queries`` costs (no lock; for scheduling decisions)."""
+        n = float(self._index.ntotal)
+        if self.kind == "ivf":
+            nlist = float(self._index.nlist)
+            n = nlist + n * min(self.nprobe, nlist) / nlist
+        return n_queries * n * self.dim
+
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
-               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+               allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Top-``k`` live ids per query by inner product -> (scores per query, seqs per query), each row
         sorted best first and at most ``k`` long (shorter when fewer items qualify). ``allowed``: only
-        these ids (e.g. one source). ``exclude``: never these ids."""
+        these ids (e.g. one source). ``exclude``: never these ids. ``blocking=False``: raise
+        :class:`IndexBusy` instead of waiting for a writer."""
         q = _as_f32(queries)
-        with self._lock.read():
+        with self._lock.try_read(blocking) as got:
+            if not got:
+                raise IndexBusy("a writer holds the index")
             drop = self._tomb | frozenset(int(i) for i in exclude)
             ntotal = int(self._index.ntotal)
             if ntotal == 0 or len(q) == 0:

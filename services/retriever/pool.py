@@ -273,9 +273,11 @@ class Pool:
         return hit[1]
 
     def search(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
-               source: str | None = None) -> list[tuple[list[str], np.ndarray]]:
+               source: str | None = None, blocking: bool = True) -> list[tuple[list[str], np.ndarray]]:
         """Per query: (ids, scores) best first, top-k (or, with r > 1, k sampled uniformly from the top r*k,
-        seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder."""
+        seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder.
+        ``blocking=False``: raise :class:`~t3ar_services.retriever.index.IndexBusy` rather than wait for a
+        writer of the index."""
         index = self.live_index()
         if queries.ndim != 2 or queries.shape[1] != self.info.dim:
             raise InvalidInputError(f"query vectors must have shape [n, {self.info.dim}] for this pool "
@@ -284,7 +286,7 @@ class Pool:
             raise InvalidInputError("query vectors contain NaN or infinity; send finite floats")
         exclude = [s for s in (self.parse_id(p) for p in exclude_ids) if s is not None]
         allowed = self.source_seqs(source) if source is not None else None
-        scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed)
+        scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed, blocking=blocking)
         rng = np.random.default_rng(seed)
         tag = self.info.tag
         out = []

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pytest
+
+from t3ar.clients.retriever_errors import RetrieverInputError
 
 if TYPE_CHECKING:
     from conftest import RetrieverProcess
@@ -35,6 +38,10 @@ def test_ivf_vectors_pool_add_search_delete_restart(tmp_path: Path,
             time.sleep(0.1)
         assert st["index"]["type"] == "ivf" and st["index"]["trained_on"] in (2000, 3000)
         assert [row[0] for row in c.search(vecs[:50], k=1).ids] == ids[:50]
+        with pytest.raises(RetrieverInputError, match="out of range"):  # the lean client path falls back
+            c.search(vecs[:1], k=100_000)
+        with pytest.raises(RetrieverInputError, match="dim 16"):
+            c.search(vecs[:1, :8], k=1)
     rp.stop(signal.SIGKILL)
     rp = retriever_factory(data, ENV)
     with rp.client() as c:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from t3ar.errors import DeviceUnavailableError
-from t3ar_services.retriever.device_index import TorchFlat
+from t3ar.torch_search import TorchFlat
 from t3ar_services.retriever.index import IndexConfig, VectorIndex
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import load_index, open_pool, save_index

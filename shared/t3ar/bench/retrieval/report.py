@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from t3ar.bench.retrieval.ann_report import ann_goals, ann_section
+
 GIB = 1024**3
 
 
@@ -57,6 +59,7 @@ def render_markdown(r: dict[str, Any]) -> str:
          f"{big['delete']['n']}", "0 (visible at once)", big["deleted_still_returned"] == 0),
         (f"resident memory / raw vector bytes at {big['vectors']:,}", f"{big['rss_ratio']:.2f}", "<= 1.3",
          big["rss_ratio"] <= 1.3),
+        *ann_goals(r),
     ]
     lines = [
         "# Retriever benchmark",
@@ -135,6 +138,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         f"| `DELETE /pool/{{id}}`, p50 / p99 / max (n = {big['delete']['n']}) | {big['delete']['p50_ms']:.1f} / "
         f"{big['delete']['p99_ms']:.1f} / {big['delete']['max_ms']:.1f} ms |",
         "",
+        *ann_section(r),
         *_history_table(r),
         "## Reading the figures",
         "",

@@ -1,9 +1,9 @@
-"""Exact inner-product search on a torch device: a mirror of the flat faiss index (``T3AR_RETRIEVER_DEVICE=cuda``).
+"""Exact inner-product search on a torch device (the retriever's ``T3AR_RETRIEVER_DEVICE=cuda`` index mirror).
 
 The vectors live in one device tensor with spare capacity (amortised appends), their ids in a host array of the
 same order. A search is one matrix product and one ``topk`` on the device; filters (an ``allowed`` id set, ids to
-drop) become a mask over the rows. :class:`~t3ar_services.retriever.index.VectorIndex` calls every method under
-its RW lock (reads concurrent, writes exclusive), so this class has no lock of its own.
+drop) become a mask over the rows. The retriever's ``VectorIndex`` calls every method under its RW lock
+(reads concurrent, writes exclusive), so this class has no lock of its own.
 
 The same code runs on ``cpu`` (the unit tests compare it with faiss); on a GPU, a 1M x 512-d float32 pool is
 2 GiB of device memory, and faiss keeps its host copy (persistence, ``live_ids``).
@@ -28,6 +28,12 @@ class TorchFlat:
         self._vecs = torch.empty((0, dim), dtype=torch.float32, device=device)
         self._ids = np.empty(0, dtype=np.int64)
         self._n = 0
+
+    @classmethod
+    def from_array(cls, vectors: np.ndarray, ids: np.ndarray, device: str) -> TorchFlat:
+        out = cls(int(vectors.shape[1]), resolve_device(device))
+        out.add(ids, vectors)
+        return out
 
     @classmethod
     def from_faiss(cls, index: Any, device: str) -> TorchFlat:
