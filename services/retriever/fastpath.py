@@ -34,6 +34,21 @@ from t3ar_services.retriever.routes import router, search_json, search_queries
 
 INLINE_MAX_COST = 4e6  # multiply-adds: ~1 ms of a one-thread scan on this class of CPU
 _FIELDS = frozenset(s.SearchRequest.model_fields)
+
+
+def _limit(field: str, name: str, default: int) -> int:
+    """A bound of the request model's field (``ge``, ``le``, ``max_length``): the lean path never accepts what
+    the model would refuse."""
+    for meta in s.SearchRequest.model_fields[field].metadata:
+        value = getattr(meta, name, None)
+        if value is not None:
+            return int(value)
+    return default
+
+
+_R = (_limit("r", "ge", 1), _limit("r", "le", 1))
+_SEED = (_limit("seed", "ge", 0), _limit("seed", "le", 0))
+_MAX_EXCLUDE = _limit("exclude_ids", "max_length", 0)
 _SEARCH_ROUTE = next(r for r in router.routes if getattr(r, "path", None) == "/search")
 
 
@@ -129,8 +144,8 @@ def _parse(raw: bytes) -> s.SearchRequest | None:
     k, r, seed = doc.get("k", 10), doc.get("r", 1), doc.get("seed", 0)
     exclude = doc.get("exclude_ids", [])
     source, identity = doc.get("source"), doc.get("identity")
-    if not (_int(k, -2**63, 2**63 - 1) and _int(r, 1, 100) and _int(seed, 0, 2**64 - 1)
-            and type(exclude) is list and len(exclude) <= 100_000 and all(type(x) is str for x in exclude)
+    if not (_int(k, -2**63, 2**63 - 1) and _int(r, *_R) and _int(seed, *_SEED)
+            and type(exclude) is list and len(exclude) <= _MAX_EXCLUDE and all(type(x) is str for x in exclude)
             and _opt_str(source) and _opt_str(identity)):
         return None
     return s.SearchRequest.model_construct(vectors=None, vectors_b64=doc["vectors_b64"], images_b64=None, k=k, r=r,

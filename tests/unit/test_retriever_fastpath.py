@@ -80,3 +80,16 @@ def test_everything_else_goes_to_the_route(app_client: tuple[TestClient, list[st
     lax = client.post("/search", headers=ADMIN, json={"vectors_b64": q, "k": "5"})  # the model's lax int: route
     assert lax.status_code == 200 and len(lax.json()["results"][0]["ids"]) == 5
     assert state.fast_searches == before  # type: ignore[attr-defined]
+
+
+def test_the_lean_path_takes_its_bounds_from_the_request_model() -> None:
+    from t3ar_services.retriever import fastpath, schemas
+
+    assert fastpath._SEED == (0, schemas.MAX_SAFE_INTEGER) and fastpath._R == (1, 100)
+    assert fastpath._MAX_EXCLUDE == 100_000
+    body = b'{"vectors_b64": "AAAA", "seed": %d}'
+    assert fastpath._parse(body % schemas.MAX_SAFE_INTEGER) is not None
+    assert fastpath._parse(body % (schemas.MAX_SAFE_INTEGER + 1)) is None  # the route answers (422)
+    assert fastpath._parse(b'{"vectors_b64": "AAAA", "k": true}') is None
+    assert fastpath._parse(b'{"vectors_b64": "AAAA", "images_b64": ["x"]}') is None
+    assert fastpath._parse(b'[1]') is None and fastpath._parse(b'\xff') is None
