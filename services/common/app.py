@@ -2,7 +2,8 @@
 
 Middleware, outermost first: request id + access log (every answer carries the id and is logged), metrics
 (times everything below), credentials first (a client without a known token gets 401 before any byte of its
-body is read), the body limit (413).
+body is read), the body limit (413), then a service's own ``inner`` middleware (e.g. the retriever's lean
+search path), innermost.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from starlette.middleware import Middleware
 
 import t3ar
 from t3ar_services.common.auth import TokenSettings, worker_token
@@ -22,11 +24,13 @@ from t3ar_services.common.request_id import RequestIdMiddleware
 
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
-                       **fastapi: Any) -> FastAPI:
+                       inner: Sequence[Middleware] = (), **fastapi: Any) -> FastAPI:
     """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``fastapi``: the
     app's title, description, lifespan, form limits."""
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
     install_errors(app)
+    for mw in inner:  # added first = innermost
+        app.add_middleware(mw.cls, *mw.args, **mw.kwargs)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
     app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
                        accepts=lambda token: token_matches(token, (settings.token, settings.admin_token,

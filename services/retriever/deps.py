@@ -27,6 +27,7 @@ from t3ar_services.retriever.settings import RetrieverSettings
 
 if TYPE_CHECKING:
     from t3ar_services.retriever.ingest import ImageIngestor
+    from t3ar_services.retriever.training import IndexTrainer
 
 
 @dataclass
@@ -37,6 +38,8 @@ class RetrieverState:
     ingestor: ImageIngestor | None = None
     load_error: str | None = None
     loader: threading.Thread | None = field(default=None, repr=False)
+    trainer: IndexTrainer | None = field(default=None, repr=False)
+    fast_searches: int = 0  # searches answered by the lean path (t3ar_services.retriever.fastpath)
 
     @property
     def ready(self) -> bool:

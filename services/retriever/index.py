@@ -8,6 +8,13 @@
 - Deletion is two-phase so that it is immediate without waiting for running searches or paying faiss'
   O(N) ``remove_ids`` (~30-120 ms at 1M vectors): :meth:`remove` puts the ids in a tombstone set that every
   search started afterwards filters out; :meth:`compact` later removes them from faiss physically.
+- Rebuild off to the side (the background IVF training, :mod:`t3ar_services.retriever.training`):
+  :meth:`begin_rebuild` starts a journal of the adds and removes that arrive while a new index is built from a
+  snapshot; :meth:`finish_rebuild` replays it into the new index and swaps it in under the write lock. The
+  tombstone set belongs to this object, not to the faiss index, so it filters the new index too, and ids
+  compacted out of the old index during the build go back into it (the snapshot may still hold them).
+- An optional :class:`~t3ar.torch_search.TorchFlat` mirror (``IndexConfig.device``) answers
+  exact searches with a matrix product on a torch device (a GPU); faiss keeps the host copy for persistence.
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ def search_threads(n_queries: int, configured: int) -> int:
     return configured if configured > 0 else (os.cpu_count() or 1)
 
 
+class IndexBusy(Exception):
+    """A non-blocking search found a writer holding or awaiting the lock."""
+
+
 class RWLock:
     """Many readers or one writer; a waiting writer blocks new readers (no writer starvation)."""
 
@@ -68,6 +79,28 @@ class RWLock:
                     self._cond.notify_all()
 
     @contextmanager
+    def try_read(self, blocking: bool = False) -> Iterator[bool]:
+        """:meth:`read` that yields whether it holds the lock: without ``blocking`` it never waits and yields
+        False (holding nothing) when a writer holds or awaits the lock. For callers that must not block (the
+        event loop)."""
+        with self._cond:
+            while blocking and (self._writer or self._writers_waiting):
+                self._cond.wait()
+            if self._writer or self._writers_waiting:
+                got = False
+            else:
+                self._readers += 1
+                got = True
+        try:
+            yield got
+        finally:
+            if got:
+                with self._cond:
+                    self._readers -= 1
+                    if not self._readers:
+                        self._cond.notify_all()
+
+    @contextmanager
     def write(self) -> Iterator[None]:
         with self._cond:
             self._writers_waiting += 1
@@ -89,6 +122,17 @@ class IndexConfig:
     nlist: int = 1024
     nprobe: int = 32
     threads: int = 0
+    device: str | None = None  # a torch device for exact search (TorchFlat mirror of a flat index); None = faiss
+    train_min: int = 0  # ivf: below this many vectors the index is flat (exact); see training.py
+    retrain_growth: float = 2.0  # ivf: retrain once the pool holds this many times the vectors trained on
+
+
+@dataclass
+class _Journal:
+    """What changed while a new index was being built off to the side."""
+
+    adds: list[tuple[np.ndarray, np.ndarray]]
+    removed: set[int]
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:
@@ -105,6 +149,9 @@ class VectorIndex:
         self._lock = RWLock()
         self._tomb: frozenset[int] = frozenset()
         self._tomb_lock = threading.Lock()
+        self._journal: _Journal | None = None
+        self.trained_on: int | None = None  # IVF: vectors in the index when it was trained
+        self._mirror: Any = None  # TorchFlat while kind == "flat" and a device is configured
 
     # --- construction -----------------------------------------------------------------------------
     @classmethod
@@ -113,7 +160,21 @@ class VectorIndex:
         list it uses fewer lists, and an empty pool gets a flat index (rebuilt as IVF at a later start)."""
         built = cls._build(dim, config, batches)
         built.threads = config.threads
+        built.attach_device(config.device)
         return built
+
+    def attach_device(self, device: str | None) -> None:
+        """Mirror a flat index on a torch ``device`` for exact search (no-op for IVF or ``None``)."""
+        if device is None or self.kind != "flat":
+            return
+        from t3ar.torch_search import TorchFlat
+
+        with self._lock.write():
+            self._mirror = TorchFlat.from_faiss(self._index, device)
+
+    @property
+    def device(self) -> str | None:
+        return self._mirror.device_name if self._mirror is not None else None
 
     @classmethod
     def _build(cls, dim: int, config: IndexConfig, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> VectorIndex:
@@ -125,22 +186,64 @@ class VectorIndex:
         parts = list(batches)
         n = sum(len(s) for s, _ in parts)
         nlist = min(config.nlist, n // 39)
-        if nlist < 1:
-            log.warning("ivf index requested but the pool has %d vectors (too few to train): using flat", n)
+        if nlist < 1 or n < config.train_min:
+            log.info("ivf index requested but the pool has %d vectors (trained from %d): exact flat index for now",
+                     n, max(config.train_min, 39))
             return cls._build(dim, IndexConfig("flat"), parts)
         if nlist < config.nlist:
             log.warning("ivf: %d vectors train only %d lists (configured %d)", n, nlist, config.nlist)
-        allv = np.concatenate([v for _, v in parts]) if len(parts) > 1 else parts[0][1]
-        sample = allv[np.random.default_rng(0).permutation(n)[: nlist * 256]]
-        quantizer: Any = faiss.IndexFlatIP(dim)
-        ivf: Any = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        ivf.own_fields = True  # the IVF index frees its quantizer; Python must not (it would dangle)
-        quantizer.this.disown()
-        ivf.train(_as_f32(sample))
+        rng = np.random.default_rng(0)
+        frac = min(1.0, nlist * 256 / n)
+        sample = np.concatenate([v[rng.random(len(v)) < frac] for _, v in parts])  # no full copy of the pool
+        ivf = new_ivf(dim, nlist, sample)
         for seqs, vecs in parts:
             ivf.add_with_ids(_as_f32(vecs), seqs.astype(np.int64))
         ivf.nprobe = min(config.nprobe, nlist)
-        return cls(ivf, dim, "ivf", ivf.nprobe)
+        out = cls(ivf, dim, "ivf", ivf.nprobe)
+        out.trained_on = n
+        return out
+
+    # --- rebuild off to the side --------------------------------------------------------------------------
+    def begin_rebuild(self) -> None:
+        """Start journaling adds and removes; call before reading the snapshot the new index is built from."""
+        with self._lock.write(), self._tomb_lock:
+            self._journal = _Journal([], set())
+
+    def abort_rebuild(self) -> None:
+        with self._lock.write(), self._tomb_lock:
+            self._journal = None
+
+    def finish_rebuild(self, new: VectorIndex, snapshot_seqs: np.ndarray) -> int:
+        """Swap ``new``'s faiss index in (built from a snapshot holding ``snapshot_seqs``, read after
+        :meth:`begin_rebuild`): journaled adds it lacks are added to it first, and every tombstone (including
+        ids compacted out of the old index during the build) that names a vector of the new index is kept;
+        searches see either the old or the new index, never a mix. Returns the number of replayed vectors."""
+        held = np.unique(np.asarray(snapshot_seqs, dtype=np.int64))  # sorted: membership by binary search
+        replayed: list[np.ndarray] = []
+        with self._lock.write():
+            journal = self._journal
+            if journal is None:
+                raise RuntimeError("finish_rebuild without begin_rebuild")
+            for seqs, vecs in journal.adds:  # adds committed after (or while) the snapshot was read
+                fresh = ~_member(held, seqs)
+                if fresh.any():
+                    new._index.add_with_ids(_as_f32(vecs[fresh]), seqs[fresh])
+                    replayed.append(seqs[fresh])
+            if new._mirror is not None:
+                for seqs, vecs in journal.adds:
+                    fresh = ~_member(held, seqs)
+                    if fresh.any():
+                        new._mirror.add(seqs[fresh], vecs[fresh])
+            extra = np.unique(np.concatenate(replayed)) if replayed else np.empty(0, np.int64)
+            with self._tomb_lock:
+                # ids compacted out of the old index during the build may still be in the snapshot; tombstones
+                # of ids the new index does not hold would only skew its count
+                tomb = np.fromiter(self._tomb | journal.removed, dtype=np.int64)
+                self._tomb = frozenset(tomb[_member(held, tomb) | _member(extra, tomb)].tolist())
+                self._journal = None
+            self._index, self.kind, self.nprobe, self.trained_on = new._index, new.kind, new.nprobe, new.trained_on
+            self._mirror = new._mirror
+        return int(sum(len(r) for r in replayed))
 
     # --- state ---------------------------------------------------------------------------------------
     @property
@@ -173,13 +276,21 @@ class VectorIndex:
     def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None:
         if vectors.shape[1] != self.dim:
             raise ValueError(f"vectors have dim {vectors.shape[1]}, index has {self.dim}")
+        ids, vecs = np.asarray(seqs, dtype=np.int64), _as_f32(vectors)
         with self._lock.write():
-            self._index.add_with_ids(_as_f32(vectors), np.asarray(seqs, dtype=np.int64))
+            self._index.add_with_ids(vecs, ids)
+            if self._mirror is not None:
+                self._mirror.add(ids, vecs)
+            if self._journal is not None:
+                self._journal.adds.append((ids.copy(), vecs.copy()))
 
     def remove(self, seqs: Iterable[int]) -> None:
         """Invisible to every search that starts after this returns; physically removed by :meth:`compact`."""
+        gone = frozenset(int(s) for s in seqs)
         with self._tomb_lock:
-            self._tomb = self._tomb | frozenset(int(s) for s in seqs)
+            self._tomb = self._tomb | gone
+            if self._journal is not None:
+                self._journal.removed |= gone
 
     def compact(self) -> int:
         """Remove tombstoned ids from faiss (an O(N) pass under the write lock). Returns how many."""
@@ -187,19 +298,33 @@ class VectorIndex:
             doomed = self._tomb
             if not doomed:
                 return 0
-            self._index.remove_ids(np.fromiter(doomed, dtype=np.int64, count=len(doomed)))
+            ids = np.fromiter(doomed, dtype=np.int64, count=len(doomed))
+            self._index.remove_ids(ids)
+            if self._mirror is not None:
+                self._mirror.remove(ids)
             with self._tomb_lock:
                 self._tomb = self._tomb - doomed
         return len(doomed)
 
     # --- search ----------------------------------------------------------------------------------------
+    def scan_cost(self, n_queries: int) -> float:
+        """About how many multiply-adds a search of ``n_queries`` costs (no lock; for scheduling decisions)."""
+        n = float(self._index.ntotal)
+        if self.kind == "ivf":
+            nlist = float(self._index.nlist)
+            n = nlist + n * min(self.nprobe, nlist) / nlist
+        return n_queries * n * self.dim
+
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
-               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+               allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Top-``k`` live ids per query by inner product -> (scores per query, seqs per query), each row
         sorted best first and at most ``k`` long (shorter when fewer items qualify). ``allowed``: only
-        these ids (e.g. one source). ``exclude``: never these ids."""
+        these ids (e.g. one source). ``exclude``: never these ids. ``blocking=False``: raise
+        :class:`IndexBusy` instead of waiting for a writer."""
         q = _as_f32(queries)
-        with self._lock.read():
+        with self._lock.try_read(blocking) as got:
+            if not got:
+                raise IndexBusy("a writer holds the index")
             drop = self._tomb | frozenset(int(i) for i in exclude)
             ntotal = int(self._index.ntotal)
             if ntotal == 0 or len(q) == 0:
@@ -221,8 +346,12 @@ class VectorIndex:
                     else F.SearchParametersIVF(nprobe=self.nprobe)
             else:
                 params = F.SearchParameters(sel=sel) if sel is not None else None
-            faiss.omp_set_num_threads(search_threads(len(q), self.threads))  # per calling thread in libgomp
-            scores, ids = self._index.search(q, kk, params=params)
+            if self._mirror is not None:  # exact search on the device, same filters
+                scores, ids = self._mirror.search(q, kk, allowed=allowed if sel is not None else None,
+                                                  drop=drop if sel is not None else frozenset())
+            else:
+                faiss.omp_set_num_threads(search_threads(len(q), self.threads))  # per calling thread in libgomp
+                scores, ids = self._index.search(q, kk, params=params)
         valid = ids >= 0
         if drop and sel is None:
             valid &= ~np.isin(ids, np.fromiter(drop, dtype=np.int64, count=len(drop)))
@@ -260,7 +389,27 @@ class VectorIndex:
         if not isinstance(index, faiss.IndexIVFFlat):  # keep the object read_index returned: it owns the memory
             raise ValueError(f"{path}: unexpected index type {type(index).__name__}")
         index.nprobe = min(nprobe, index.nlist)
-        return cls(index, index.d, "ivf", index.nprobe), marker
+        out = cls(index, index.d, "ivf", index.nprobe)
+        out.trained_on = int(marker.get("trained_on") or index.ntotal)
+        return out, marker
+
+
+def _member(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``np.isin(ids, sorted_ids)`` in O(len(ids) log n) for an already sorted ``sorted_ids``."""
+    if not len(sorted_ids):
+        return np.zeros(len(ids), dtype=bool)
+    pos = np.searchsorted(sorted_ids, ids).clip(max=len(sorted_ids) - 1)
+    return sorted_ids[pos] == ids
+
+
+def new_ivf(dim: int, nlist: int, sample: np.ndarray) -> Any:
+    """An empty ``IndexIVFFlat`` (inner product, own ids, removal supported) trained on ``sample``."""
+    quantizer: Any = faiss.IndexFlatIP(dim)
+    ivf: Any = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+    ivf.own_fields = True  # the IVF index frees its quantizer; Python must not (it would dangle)
+    quantizer.this.disown()
+    ivf.train(_as_f32(sample))
+    return ivf
 
 
 def marker_path(index_path: Path) -> Path:

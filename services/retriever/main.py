@@ -14,20 +14,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 
 from t3ar_services.common.app import create_service_app
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
+from t3ar_services.retriever.fastpath import SearchFastPath
 from t3ar_services.retriever.metrics import RetrieverMetrics
 from t3ar_services.retriever.openapi import install as install_pool_openapi
 from t3ar_services.retriever.routes import router
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
+from t3ar_services.retriever.training import IndexTrainer
 
 log = logging.getLogger(__name__)
 
 
-def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor) -> None:
+def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, trainer: IndexTrainer) -> None:
     """Background start-up work; the service is ready when this finishes."""
     pool = state.pool
     assert pool is not None
@@ -39,6 +42,9 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor) -
         load_index(pool)
         state.metrics.repairs.inc(len(pool.info.repairs))
         compactor.start()
+        if pool.info.index_config.kind == "ivf":
+            trainer.start()
+            trainer.wanted.set()  # a pool that grew past the training threshold since the index was built
         log.info("retriever ready: %d items, %s index, embedder %s", pool.store.count(),
                  pool.index.kind if pool.index else "?", pool.info.identity)
     except Exception as e:
@@ -68,6 +74,10 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
             state.ingestor = ImageIngestor(embedder, max_pixels=settings.max_image_pixels,
                                            batch_size=settings.embed_batch_size)
             identity, dim = embedder.identity, embedder.dim
+        if settings.search_device is not None:  # exact search on a torch device: a clear error now if it is absent
+            from t3ar.device import resolve_device
+
+            resolve_device(settings.search_device)
         try:
             pool, needs_reembed = open_pool(settings, identity, dim)
         except Exception as e:
@@ -77,13 +87,18 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         state.metrics.bind_pool(lambda: float(pool.store.count()),
                                 lambda: float(pool.index.count) if pool.index is not None else 0.0)
         compactor = Compactor(pool, settings.compact_threshold, settings.compact_idle_seconds)
-        state.loader = threading.Thread(target=_prepare, args=(state, needs_reembed, compactor),
+        trainer = IndexTrainer(lambda: pool.index, pool.info.index_config,
+                               lambda: pool.store.iter_vectors(pool.info.dim), wanted=pool.index_grew)
+        state.trainer = trainer
+        state.loader = threading.Thread(target=_prepare, args=(state, needs_reembed, compactor, trainer),
                                         name="pool-loader", daemon=True)
         state.loader.start()
         try:
             yield
         finally:
             state.loader.join(timeout=600)
+            if trainer.is_alive():
+                trainer.stop()  # before the save: a build in progress is abandoned, the live index is saved
             if compactor.is_alive():
                 compactor.stop()
             if pool.index is not None and not state.load_error:
@@ -101,7 +116,8 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         form_limits={"max_files": settings.max_items_per_request, "max_fields": 64, "max_part_size": 1 << 20},
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_upload_bytes,
-        body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request", routers=[router])
+        body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request", routers=[router],
+        inner=[Middleware(SearchFastPath, state=state)])
     app.state.retriever = state
     install_pool_openapi(app, lambda: None if state.pool is None else {
         "tag": state.pool.info.tag, "dim": state.pool.info.dim, "max_k": settings.max_k,

@@ -92,6 +92,7 @@ class Pool:
         self._cache_lock = threading.Lock()
         self.last_delete = 0.0
         self.compact_wanted = threading.Event()
+        self.index_grew = threading.Event()  # wakes the background IVF trainer
 
     # --- ids --------------------------------------------------------------------------------------------
     def format_id(self, seq: int) -> str:
@@ -222,6 +223,7 @@ class Pool:
     def _index_add(self, index: VectorIndex, seqs: np.ndarray, vecs: np.ndarray) -> None:
         try:
             index.add(seqs, vecs)
+            self.index_grew.set()
         except Exception:  # the rows are committed: make the index agree again rather than fail the add
             log.exception("index add failed after commit; rebuilding the index from the database")
             self.index = VectorIndex.build(self.info.dim, self.info.index_config,
@@ -271,9 +273,11 @@ class Pool:
         return hit[1]
 
     def search(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
-               source: str | None = None) -> list[tuple[list[str], np.ndarray]]:
+               source: str | None = None, blocking: bool = True) -> list[tuple[list[str], np.ndarray]]:
         """Per query: (ids, scores) best first, top-k (or, with r > 1, k sampled uniformly from the top r*k,
-        seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder."""
+        seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder.
+        ``blocking=False``: raise :class:`~t3ar_services.retriever.index.IndexBusy` rather than wait for a
+        writer of the index."""
         index = self.live_index()
         if queries.ndim != 2 or queries.shape[1] != self.info.dim:
             raise InvalidInputError(f"query vectors must have shape [n, {self.info.dim}] for this pool "
@@ -282,7 +286,7 @@ class Pool:
             raise InvalidInputError("query vectors contain NaN or infinity; send finite floats")
         exclude = [s for s in (self.parse_id(p) for p in exclude_ids) if s is not None]
         allowed = self.source_seqs(source) if source is not None else None
-        scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed)
+        scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed, blocking=blocking)
         rng = np.random.default_rng(seed)
         tag = self.info.tag
         out = []
@@ -302,7 +306,8 @@ class Pool:
                       "configured_type": self.info.index_config.kind,
                       "vectors": index.count if index else None,
                       "tombstones": index.tombstones if index else 0,
-                      "nlist": index.nlist if index else None,
+                      "nlist": index.nlist if index else None, "device": index.device if index else None,
+                      "trained_on": index.trained_on if index else None,
                       "nprobe": index.nprobe if index and index.kind == "ivf" else None},
             "duplicate_threshold": self.info.duplicate_threshold, "ready": index is not None,
             "repairs": list(self.info.repairs),

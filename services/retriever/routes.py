@@ -247,6 +247,12 @@ def embed(ingestor: IngestorDep, state: StateDep, settings: SettingsDep,
 def search(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.SearchRequest) -> Response:
     """Nearest pool items by inner product (cosine for unit vectors) for each query, best first. Queries are
     vectors (JSON or base64 float32) or images (base64 file bytes, embedded with the pool's R)."""
+    return Response(search_json(pool, state, settings, body, search_queries(pool, state, settings, body)),
+                    media_type="application/json")
+
+
+def search_queries(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.SearchRequest) -> np.ndarray:
+    """The checked query matrix of a search request (images are embedded here)."""
     if not 1 <= body.k <= settings.max_k:
         raise InvalidInputError(f"k={body.k} is out of range: use 1..{settings.max_k} (T3AR_RETRIEVER_MAX_K)")
     if body.identity is not None and body.identity != pool.info.identity:
@@ -268,14 +274,20 @@ def search(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.Search
             raise InvalidInputError(f"each vector must have {pool.info.dim} numbers; got lengths {sorted(dims)}")
         queries = np.asarray(body.vectors, dtype=np.float32)
     _check_n(len(queries), settings.max_queries)
+    return queries
+
+
+def search_json(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.SearchRequest,
+                queries: np.ndarray, *, blocking: bool = True) -> bytes:
+    """Search and the JSON answer (a :class:`~t3ar_services.retriever.schemas.SearchResponse`)."""
     hits = pool.search(queries, body.k, r=body.r, seed=body.seed, exclude_ids=body.exclude_ids,
-                       source=body.source)
+                       source=body.source, blocking=blocking)
     state.metrics.searches.inc()
     state.metrics.search_queries.inc(len(queries))
     # Built by hand: JSON-encoding 256 x 50 results through pydantic costs more than the search at 20k vectors.
     payload = {"identity": pool.info.identity, "k": body.k,
                "results": [{"ids": ids, "scores": np.round(sc.astype(np.float64), 6).tolist()} for ids, sc in hits]}
-    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 def _check_n(n: int, limit: int) -> None:

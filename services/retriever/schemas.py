@@ -144,6 +144,8 @@ class IndexInfo(BaseModel):
     tombstones: int
     nlist: int | None
     nprobe: int | None
+    device: str | None = Field(default=None, description="torch device of exact search (null: faiss on the CPU)")
+    trained_on: int | None = Field(default=None, description="IVF: vectors in the pool when it was last trained")
 
 
 class StatsResponse(BaseModel):

@@ -38,6 +38,9 @@ class RetrieverSettings(ServiceSettings):
     index_type: Literal["flat", "ivf"] = "flat"
     ivf_nlist: int = Field(default=1024, ge=1)
     ivf_nprobe: int = Field(default=32, ge=1)
+    ivf_train_min: int = Field(default=40_000, ge=1)  # flat (exact) below this; IVF trained in the background
+    ivf_retrain_growth: float = Field(default=2.0, gt=1.0)  # retrain once the pool grew this many times
+    index_device: str = "auto"  # auto | faiss | a torch device (cpu, cuda, cuda:N) for exact search
     search_threads: int = Field(default=0, ge=0, le=256)  # for batches of >= 20 queries; 0 = all cores
     compact_threshold: int = Field(default=512, ge=1)
     compact_idle_seconds: float = Field(default=2.0, ge=0.0)
@@ -63,6 +66,23 @@ class RetrieverSettings(ServiceSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("index_device")
+    @classmethod
+    def _index_device(cls, value: str) -> str:
+        if value not in ("auto", "faiss", "cpu", "cuda") and not value.startswith("cuda:"):
+            raise ValueError("index_device must be auto, faiss, cpu, cuda or cuda:N")
+        return value
+
+    @property
+    def search_device(self) -> str | None:
+        """The torch device exact search runs on, or None for faiss on the CPU. ``auto``: the embedder's
+        device when that is CUDA (``T3AR_RETRIEVER_DEVICE=cuda``), else faiss."""
+        if self.index_device == "faiss":
+            return None
+        if self.index_device == "auto":
+            return self.device if self.device.startswith("cuda") else None
+        return self.index_device
 
     @property
     def vectors_only(self) -> bool:

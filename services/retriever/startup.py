@@ -80,7 +80,9 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
     info = PoolInfo(
         data_dir=root, identity=identity if needs_reembed and identity else meta["identity"],
         dim=dim if needs_reembed and dim else int(meta["dim"]), kind=kind, tag=meta["tag"],  # type: ignore[arg-type]
-        index_config=IndexConfig(settings.index_type, settings.ivf_nlist, settings.ivf_nprobe, settings.search_threads),
+        index_config=IndexConfig(settings.index_type, settings.ivf_nlist, settings.ivf_nprobe, settings.search_threads,
+                                 device=settings.search_device, train_min=settings.ivf_train_min,
+                                 retrain_growth=settings.ivf_retrain_growth),
         duplicate_threshold=settings.duplicate_threshold)
     return Pool(info, store, BlobStore(root / "blobs")), needs_reembed
 
@@ -133,10 +135,7 @@ def load_index(pool: Pool) -> None:
             if marker.get(key) != want:
                 reason = f"saved index has {key}={marker.get(key)!r}, the database needs {want!r}"
                 break
-        trainable = min(cfg.nlist, state.count // 39)
-        if reason is None and cfg.kind == "ivf" and (index.nlist or 0) * 2 < trainable:
-            reason = (f"the saved index has {index.nlist or 0} IVF lists (built when the pool was smaller); "
-                      f"retraining with {trainable} lists")
+        # an IVF index trained on a smaller pool is retrained in the background (training.IndexTrainer)
         if reason is None:
             ids = index.live_ids()
             if len(ids) != state.count or id_checksum(ids) != state.checksum:
@@ -145,6 +144,7 @@ def load_index(pool: Pool) -> None:
     if reason is None and loaded is not None:
         pool.index, pool.persisted = loaded[0], True
         pool.index.threads = cfg.threads
+        pool.index.attach_device(cfg.device)
         # The saved file is a start-up cache only: drop it now, so that no write (a delete in particular)
         # has to remove a multi-GB file before its 2xx. A crash from here on means a rebuild at the next start.
         pool.invalidate_persisted()
@@ -174,7 +174,8 @@ def save_index(pool: Pool) -> None:
     cfg = pool.info.index_config
     marker = {"generation": state.generation, "count": state.count, "checksum": state.checksum,
               "identity": pool.info.identity, "dim": pool.info.dim, "configured_type": cfg.kind,
-              "configured_nlist": cfg.nlist if cfg.kind == "ivf" else None, "saved_at": time.time()}
+              "configured_nlist": cfg.nlist if cfg.kind == "ivf" else None, "trained_on": pool.index.trained_on,
+              "saved_at": time.time()}
     t0 = time.monotonic()
     pool.index.save(pool.index_path, marker)
     pool.persisted = True

@@ -67,7 +67,9 @@ def start_retriever(data_dir: Path, env: dict[str, str] | None = None, *, wait: 
                     timeout: float = 120) -> RetrieverProcess:
     """Start a retriever on a free port. ``wait``: endpoint to poll until 200 (None: do not wait)."""
     port = free_port()
-    full_env = {**os.environ, "PYTHONPATH": f"{REPO / 'shared'}{os.pathsep}{REPO}",
+    # the caller's PYTHONPATH stays (after this checkout's shared/): a worktree maps t3ar_services onto its own code
+    pypath = os.pathsep.join(p for p in (str(REPO / "shared"), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    full_env = {**os.environ, "PYTHONPATH": pypath,
                 "T3AR_RETRIEVER_DATA_DIR": str(data_dir), "T3AR_RETRIEVER_TOKEN": RETRIEVER_TOKEN,
                 "T3AR_RETRIEVER_ADMIN_TOKEN": RETRIEVER_ADMIN_TOKEN, "OMP_NUM_THREADS": "2", **(env or {})}
     log_path = data_dir.parent / f"{data_dir.name}-retriever-{port}.log"

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pytest
+
+from t3ar.clients.retriever_errors import RetrieverInputError
 
 if TYPE_CHECKING:
     from conftest import RetrieverProcess
 
 ENV = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": "16",
        "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic-16", "T3AR_RETRIEVER_INDEX_TYPE": "ivf",
-       "T3AR_RETRIEVER_IVF_NLIST": "16", "T3AR_RETRIEVER_IVF_NPROBE": "16"}
+       "T3AR_RETRIEVER_IVF_NLIST": "16", "T3AR_RETRIEVER_IVF_NPROBE": "16", "T3AR_RETRIEVER_IVF_TRAIN_MIN": "1000"}
 
 
 def test_ivf_vectors_pool_add_search_delete_restart(tmp_path: Path,
@@ -29,6 +33,15 @@ def test_ivf_vectors_pool_add_search_delete_restart(tmp_path: Path,
         ids = c.add_vectors(vecs[:2000], identity="synthetic-16", source="a")
         ids += c.add_vectors(vecs[2000:], identity="synthetic-16", source="b")
         assert len(set(ids)) == 3000
+        deadline = time.monotonic() + 60  # trained in the background once the pool passed IVF_TRAIN_MIN
+        while (st := c.stats())["index"]["type"] != "ivf" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert st["index"]["type"] == "ivf" and st["index"]["trained_on"] in (2000, 3000)
+        assert [row[0] for row in c.search(vecs[:50], k=1).ids] == ids[:50]
+        with pytest.raises(RetrieverInputError, match="out of range"):  # the lean client path falls back
+            c.search(vecs[:1], k=100_000)
+        with pytest.raises(RetrieverInputError, match="dim 16"):
+            c.search(vecs[:1, :8], k=1)
     rp.stop(signal.SIGKILL)
     rp = retriever_factory(data, ENV)
     with rp.client() as c:

@@ -18,13 +18,15 @@ def _unit(n: int, d: int = 16, seed: int = 0) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-@pytest.fixture(params=["flat", "ivf"])
+@pytest.fixture(params=["flat", "ivf", "flat-torch"])
 def built(request: pytest.FixtureRequest) -> tuple[VectorIndex, np.ndarray, np.ndarray]:
+    """Each index kind; ``flat-torch``: exact search by the TorchFlat mirror (on CPU torch here)."""
     vecs = _unit(800)
     seqs = np.arange(10, 810, dtype=np.int64)  # own ids, not positions
-    idx = VectorIndex.build(16, IndexConfig(request.param, nlist=8, nprobe=8), [(seqs[:500], vecs[:500]),
-                                                                                  (seqs[500:], vecs[500:])])
-    assert idx.kind == request.param
+    kind, _, torch_dev = request.param.partition("-")
+    cfg = IndexConfig(kind, nlist=8, nprobe=8, device="cpu" if torch_dev else None)  # type: ignore[arg-type]
+    idx = VectorIndex.build(16, cfg, [(seqs[:500], vecs[:500]), (seqs[500:], vecs[500:])])
+    assert idx.kind == kind and idx.device == ("cpu" if torch_dev else None)
     return idx, seqs, vecs
 
 

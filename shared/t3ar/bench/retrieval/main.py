@@ -8,6 +8,9 @@
 3. At 1M vectors (512-d synthetic unit vectors, loaded through the admin bulk-vector endpoint, because
    embedding 1M images is out of reach on 2 CPU cores): delete latency and visibility (goal <= 50 ms, at once),
    single-query search p50/p99, resident memory of the service vs the raw vector bytes (goal <= 1.3x).
+4. ``ann``: IVF recall@50 against exact search and single-query latency at 1M vectors, structured and uniform
+   data, over nprobe (goal recall >= 0.95 at p50 <= 10 ms), and exact search on a GPU when there is one
+   (:mod:`t3ar.bench.retrieval.ann`).
 
 Services run as real uvicorn subprocesses on 127.0.0.1; nothing runs concurrently with a measurement.
 """
@@ -35,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from t3ar.bench.retrieval.ann import bench_ann
 from t3ar.clients.retriever import RetrieverClient
 
 log = logging.getLogger(__name__)
@@ -308,7 +312,9 @@ def headline(r: dict[str, Any]) -> dict[str, Any]:
     return {"started_at": r["started_at"], "quick": r["quick"], "load_average_start": r.get("load_average_start"),
             "qps_ratio": s["qps_ratio"], "single_overhead_p50_ms": s["single_overhead_p50_ms"],
             "single_overhead_p99_ms": s["single_overhead_p99_ms"], "ingest_ratio": i["ratio"],
-            "delete_p99_ms": big["delete"]["p99_ms"], "rss_ratio": big["rss_ratio"]}
+            "delete_p99_ms": big["delete"]["p99_ms"], "rss_ratio": big["rss_ratio"],
+            "ann_recall_at_50": (r.get("ann") or {}).get("recall_at_50"),
+            "ann_single_query_p50_ms": (r.get("ann") or {}).get("single_query_p50_ms")}
 
 
 def _history(previous: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
@@ -333,7 +339,9 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool) -> dict[str, Any]:
     sizes = {"search_n": 20_000 if quick else 100_000, "batches": 2 if quick else 4, "rounds": 2 if quick else 3,
              "single": 50 if quick else 300,
              "ingest_n": 128 if quick else 640, "big_n": 100_000 if quick else 1_000_000,
-             "big_single": 10 if quick else 60, "deletes": 10 if quick else 50}
+             "big_single": 10 if quick else 60, "deletes": 10 if quick else 50,
+             "ann_n": 100_000 if quick else 1_000_000, "ann_queries": 100 if quick else 200,
+             "ann_nlist": 256 if quick else 1024}
     t0 = time.time()
     try:
         results: dict[str, Any] = {
@@ -348,6 +356,8 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool) -> dict[str, Any]:
         results["ingest"] = _bench_ingest(work, sizes["ingest_n"])
         log.info("large pool: %d vectors", sizes["big_n"])
         results["large"] = _bench_million(work, sizes["big_n"], sizes["big_single"], sizes["deletes"])
+        log.info("ann: %d vectors", sizes["ann_n"])
+        results["ann"] = bench_ann(sizes["ann_n"], sizes["ann_queries"], sizes["ann_queries"], sizes["ann_nlist"])
         results["wall_seconds"] = time.time() - t0
         results["load_average_end"] = os.getloadavg()
     finally:

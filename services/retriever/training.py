@@ -1,0 +1,129 @@
+"""Background (re)training of the approximate (IVF) index while exact or older search keeps serving.
+
+With ``T3AR_RETRIEVER_INDEX_TYPE=ivf`` a pool starts on an exact flat index; once it holds
+``T3AR_RETRIEVER_IVF_TRAIN_MIN`` vectors (``IndexConfig.train_min``), and again each time it has grown to
+``T3AR_RETRIEVER_IVF_RETRAIN_GROWTH`` times the size the current IVF index was trained on,
+:class:`IndexTrainer` builds a new IVF index off to the side and swaps it in:
+
+1. ``index.begin_rebuild()``: from now on the live index journals adds and removes;
+2. pass 1 over the database (one read snapshot): a uniform sample of ~256 vectors per list, k-means training;
+3. pass 2 (a new snapshot, read after step 1): every stored vector added to the new index;
+4. ``index.finish_rebuild(new, seqs)`` under the write lock: journaled adds missing from the snapshot are
+   replayed, ids removed during the build are tombstoned again, the faiss index is swapped.
+
+Searches run on the live index throughout; a delete acknowledged during the build is filtered from the new index
+by the shared tombstone set. Peak memory of a rebuild: the live index + the new one + the sample (~0.5 GiB at
+nlist 1024, 512-d) + one database batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from t3ar_services.retriever.index import IndexConfig, VectorIndex, new_ivf
+
+log = logging.getLogger(__name__)
+
+MIN_PER_LIST = 39  # faiss' own warning threshold for k-means training points per centroid
+SAMPLE_PER_LIST = 256  # faiss' default cap of training points per centroid
+
+Batches = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
+
+
+def nlist_to_train(index: VectorIndex, config: IndexConfig) -> int | None:
+    """The nlist to (re)train with now, or None. ``index.count`` excludes tombstones."""
+    if config.kind != "ivf":
+        return None
+    n = index.count
+    nlist = min(config.nlist, n // MIN_PER_LIST)
+    if n < config.train_min or nlist < 1:
+        return None
+    if index.kind == "flat":
+        return nlist
+    trained = index.trained_on or n
+    return nlist if n >= config.retrain_growth * trained else None
+
+
+def build_ivf_two_pass(dim: int, config: IndexConfig, nlist: int, total: int,
+                       batches: Batches) -> tuple[VectorIndex, np.ndarray]:
+    """A trained IVF index holding every vector of ``batches()`` (called twice: sample, then add) and the
+    ids it holds. ``total``: about how many vectors there are (sets the sampling rate)."""
+    rng = np.random.default_rng(0)
+    frac = min(1.0, nlist * SAMPLE_PER_LIST / max(total, 1))
+    sample = np.concatenate([v[rng.random(len(v)) < frac] for _, v in batches()] or [np.empty((0, dim), np.float32)])
+    if len(sample) < nlist:
+        raise ValueError(f"{len(sample)} training vectors for {nlist} lists")
+    ivf = new_ivf(dim, nlist, sample)
+    del sample
+    seqs: list[np.ndarray] = []
+    for ids, vecs in batches():
+        ivf.add_with_ids(np.ascontiguousarray(vecs, dtype=np.float32), ids.astype(np.int64))
+        seqs.append(ids.astype(np.int64))
+    ivf.nprobe = min(config.nprobe, nlist)
+    out = VectorIndex(ivf, dim, "ivf", ivf.nprobe)
+    out.threads = config.threads
+    all_seqs = np.concatenate(seqs) if seqs else np.empty(0, np.int64)
+    out.trained_on = len(all_seqs)
+    return out, all_seqs
+
+
+def rebuild_ivf(index: VectorIndex, config: IndexConfig, nlist: int, batches: Batches,
+                should_stop: Callable[[], bool] = lambda: False) -> bool:
+    """Build a new IVF index off to the side and swap it into ``index`` (see the module docstring).
+    Returns False when stopped before the swap (``index`` is then unchanged)."""
+    t0 = time.monotonic()
+    index.begin_rebuild()
+    try:
+        new, seqs = build_ivf_two_pass(index.dim, config, nlist, index.count, batches)
+        if should_stop():
+            index.abort_rebuild()
+            return False
+        replayed = index.finish_rebuild(new, seqs)
+    except BaseException:
+        index.abort_rebuild()
+        raise
+    log.info("IVF index trained in the background: %d lists, %d vectors (+%d added during the build) in %.1fs",
+             nlist, len(seqs), replayed, time.monotonic() - t0)
+    return True
+
+
+class IndexTrainer(threading.Thread):
+    """Checks after adds (and every ``interval`` seconds) whether the IVF index should be (re)trained."""
+
+    def __init__(self, get_index: Callable[[], VectorIndex | None], config: IndexConfig, batches: Batches,
+                 wanted: threading.Event | None = None, interval: float = 5.0) -> None:
+        super().__init__(name="index-trainer", daemon=True)
+        self.get_index, self.config, self.batches, self.interval = get_index, config, batches, interval
+        self.wanted = wanted if wanted is not None else threading.Event()
+        self.stop_event = threading.Event()
+        self.builds = 0
+        self.last_error: str | None = None
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            self.wanted.wait(timeout=self.interval)
+            self.wanted.clear()
+            if self.stop_event.is_set():
+                break
+            index = self.get_index()
+            nlist = nlist_to_train(index, self.config) if index is not None else None
+            if index is None or nlist is None:
+                continue
+            try:
+                if rebuild_ivf(index, self.config, nlist, self.batches, self.stop_event.is_set):
+                    self.builds += 1
+                    self.last_error = None
+            except Exception as e:
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("background IVF training failed; searches keep using the current index")
+                self.stop_event.wait(60)  # do not retry in a tight loop
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wanted.set()
+        self.join(timeout=120)
