@@ -3,7 +3,10 @@ cannot be loaded is listed and explains itself instead of breaking the CLI."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import click
 import pytest
@@ -34,3 +37,30 @@ def test_a_broken_plugin_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     assert used.exit_code == 1
     assert "the `broken` command could not be loaded (t3ar_no_such_package.cli:cmd)" in used.output
     assert "not a click command" in runner.invoke(group, ["odd"]).output
+
+
+def test_the_cli_and_a_vectors_only_retriever_do_not_load_torch(tmp_path: Path) -> None:
+    """`t3ar` starts every command, services included: loading torch up front cost the retriever's process
+    ~0.6 GB resident that a vectors-only pool never uses. Commands import it when they run."""
+    code = f"""
+import sys, time, click
+from fastapi.testclient import TestClient
+from t3ar.cli.main import cli
+def walk(group, ctx):
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if isinstance(cmd, click.Group):
+            walk(cmd, click.Context(cmd, parent=ctx))
+walk(cli, click.Context(cli))
+assert "torch" not in sys.modules, "importing the CLI's commands loaded torch"
+from t3ar_services.retriever.main import create_app
+from t3ar_services.retriever.settings import RetrieverSettings
+settings = RetrieverSettings(data_dir={str(tmp_path)!r}, token="a", admin_token="b", embedder="none", vector_dim=8,
+                             vector_identity="s")
+with TestClient(create_app(settings)) as client:
+    while client.get("/ready").status_code != 200:
+        time.sleep(0.05)
+assert "torch" not in sys.modules, "a vectors-only retriever loaded torch"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

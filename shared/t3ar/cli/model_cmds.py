@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import ValidationError
 
 from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
 from t3ar.cli.json_arg import json_object
-from t3ar.data.datasets import ImageSet, load_tensors, read_labelled, read_unlabelled, stratified_subsample
-from t3ar.device import resolve_device, seed_everything
 from t3ar.errors import DatasetError
-from t3ar.method.augment import Normalizer
 from t3ar.method.config import METHODS, AdaptConfig
-from t3ar.method.evaluate import evaluate
-from t3ar.method.supervised import TrainConfig, train_supervised
-from t3ar.models.backbones import parse_backbone
-from t3ar.models.checkpoint import Lineage, load_checkpoint, save_checkpoint
-from t3ar.models.classifier import ModelSpec, build_classifier
+
+if TYPE_CHECKING:
+    from t3ar.data.datasets import ImageSet
+
+# torch and the models load inside the commands: `t3ar` starts every command, services included, and the
+# retriever's process must not carry torch it does not use (~0.6 GB resident).
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +59,15 @@ def train_source(data: Path, out: Path, arch: str, weights: str | None, pretrain
     Example:
       t3ar train-source --data data/emoji/google --out runs/source.pt --epochs 15
     """
+    from t3ar.data.datasets import load_tensors, read_labelled, stratified_subsample
+    from t3ar.device import resolve_device, seed_everything
+    from t3ar.method.augment import Normalizer
+    from t3ar.method.evaluate import evaluate
+    from t3ar.method.supervised import TrainConfig, train_supervised
+    from t3ar.models.backbones import parse_backbone
+    from t3ar.models.checkpoint import Lineage, save_checkpoint
+    from t3ar.models.classifier import ModelSpec, build_classifier
+
     dev = resolve_device(device)
     gen = seed_everything(seed)
     ds = read_labelled(data)
@@ -95,6 +102,8 @@ def train_source(data: Path, out: Path, arch: str, weights: str | None, pretrain
 
 
 def _read_target(path: Path, need_labels: bool) -> ImageSet:
+    from t3ar.data.datasets import read_labelled, read_unlabelled
+
     if need_labels:
         return read_labelled(path)
     try:
@@ -149,8 +158,11 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
       t3ar adapt --model runs/source.pt --target data/emoji/twitter --pool data/pool \\
                  --method t3ar --k 5 --fraction 0.1 --epochs 10 --out runs/t3ar.pt
     """
+    from t3ar.data.datasets import read_labelled, read_unlabelled
+    from t3ar.device import resolve_device
     from t3ar.embedder import Embedder, EmbedderSpec
     from t3ar.local_pool import LocalPool
+    from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
     from t3ar.pipeline import run_adaptation
 
     extra = json_object(config_json, "--config")
@@ -209,6 +221,11 @@ def evaluate_cmd(model_path: Path, data: Path, per_class: bool, batch_size: int,
     Example:
       t3ar evaluate --model runs/t3ar.pt --data data/emoji/twitter --per-class
     """
+    from t3ar.data.datasets import load_tensors, read_labelled
+    from t3ar.device import resolve_device
+    from t3ar.method.augment import Normalizer
+    from t3ar.method.evaluate import evaluate
+    from t3ar.models.checkpoint import load_checkpoint
     from t3ar.pipeline import labels_for_model
 
     dev = resolve_device(device)
