@@ -64,8 +64,13 @@ def _configure(log_level: str) -> None:
 @click.option("--port", default=8701, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--reembed", is_flag=True,
               help="If the pool was built by another embedder, re-embed it with the configured one at start-up.")
+@click.option("--pool-backend", type=click.Choice(["faiss", "milvus"]), default=None,
+              help="Where the vector index lives: faiss (in this process, default) or milvus "
+                   "(T3AR_RETRIEVER_MILVUS_URI; default milvus-lite in the data directory). "
+                   "Default: T3AR_RETRIEVER_BACKEND or faiss.")
 @_LOG_LEVEL
-def retriever(data_dir: Path | None, host: str, port: int, reembed: bool, log_level: str) -> None:
+def retriever(data_dir: Path | None, host: str, port: int, reembed: bool, pool_backend: str | None,
+              log_level: str) -> None:
     """Serve the pool (add / search / get / delete) over HTTP.
 
     Every other setting comes from T3AR_RETRIEVER_* environment variables (see services/retriever/README.md),
@@ -79,7 +84,8 @@ def retriever(data_dir: Path | None, host: str, port: int, reembed: bool, log_le
     from t3ar_services.retriever.settings import RetrieverSettings
 
     _configure(log_level)
-    settings = _settings(RetrieverSettings, "retriever", data_dir=data_dir, reembed_on_start=reembed)
+    settings = _settings(RetrieverSettings, "retriever", data_dir=data_dir, reembed_on_start=reembed,
+                         backend=pool_backend)
     _run(create_app(settings), host, port, log_level, "retriever")
 
 

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.middleware import Middleware
 
 from t3ar_services.common.app import create_service_app
+from t3ar_services.retriever.backend import MilvusIndex, connect, default_collection, mark_synced, open_synced
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.fastpath import SearchFastPath
@@ -39,7 +40,13 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, t
             assert state.ingestor is not None
             reembed(pool, state.ingestor.embed_bytes, state.settings.embed_batch_size * 4)
         sweep_orphans(pool)
-        load_index(pool)
+        if state.milvus is not None:
+            if needs_reembed:  # the collection holds the old vectors under the same ids: replace them all
+                state.milvus.remove(state.milvus.live_ids().tolist())
+            open_synced(state.milvus, pool.store, pool.info.dim, pool.info.repairs)
+            pool.index = state.milvus
+        else:
+            load_index(pool)
         state.metrics.repairs.inc(len(pool.info.repairs))
         compactor.start()
         if pool.info.index_config.kind == "ivf":
@@ -84,6 +91,18 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
             log.error("retriever cannot start: %s", e)
             raise
         state.pool = pool
+        pool.info.backend = settings.backend
+        if settings.backend == "milvus":  # the start-up check: no pymilvus or no Milvus -> refuse to start
+            try:
+                client = connect(settings.milvus_target, settings.milvus_token, settings.milvus_timeout)
+                state.milvus = MilvusIndex(client, settings.milvus_collection or default_collection(pool.info.tag),
+                                           pool.info.dim)
+            except Exception as e:
+                log.error("retriever cannot start: %s", e)
+                pool.blobs.close()
+                pool.store.close()
+                raise
+            log.info("pool backend: Milvus collection %s at %s", state.milvus.collection, settings.milvus_target)
         state.metrics.bind_pool(lambda: float(pool.store.count()),
                                 lambda: float(pool.index.count) if pool.index is not None else 0.0)
         compactor = Compactor(pool, settings.compact_threshold, settings.compact_idle_seconds)
@@ -101,7 +120,14 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
                 trainer.stop()  # before the save: a build in progress is abandoned, the live index is saved
             if compactor.is_alive():
                 compactor.stop()
-            if pool.index is not None and not state.load_error:
+            if state.milvus is not None:
+                if pool.index is not None and not state.load_error:
+                    try:
+                        mark_synced(state.milvus, pool.store)
+                    except Exception:
+                        log.exception("could not mark the Milvus collection in sync; the next start checks it")
+                state.milvus.close()
+            elif pool.index is not None and not state.load_error:
                 try:
                     save_index(pool)
                 except Exception:

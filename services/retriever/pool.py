@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from t3ar.errors import InvalidInputError
+from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import NotFoundError, NotReadyError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
@@ -75,6 +76,7 @@ class PoolInfo:
     tag: str
     index_config: IndexConfig
     duplicate_threshold: float
+    backend: str = "faiss"
     repairs: list[str] = field(default_factory=list)
 
 
@@ -83,7 +85,7 @@ class Pool:
         self.info = info
         self.store = store
         self.blobs = blobs
-        self.index: VectorIndex | None = None
+        self.index: PoolIndex | None = None  # a VectorIndex (faiss) or a MilvusIndex (see backend.py)
         self.index_path = info.data_dir / "index" / "faiss.index"
         self.persisted = False  # True while the saved index file equals the live index
         self._writer = threading.Lock()
@@ -113,7 +115,7 @@ class Pool:
             raise NotFoundError(f"no item {pid!r} in this pool (ids look like {self.info.tag}-123)")
         return seq
 
-    def live_index(self) -> VectorIndex:
+    def live_index(self) -> PoolIndex:
         if self.index is None:
             raise NotReadyError("the index is still loading or being rebuilt; retry in a moment")
         return self.index
@@ -184,7 +186,7 @@ class Pool:
                     o.duplicate_of, o.score = first.id or first.duplicate_of, 1.0
         return [o for o in out if o is not None]
 
-    def _near_duplicates(self, index: VectorIndex, fresh: list[tuple[int, Candidate]],
+    def _near_duplicates(self, index: PoolIndex, fresh: list[tuple[int, Candidate]],
                          policy: Literal["skip", "keep"]) -> tuple[set[int], dict[int, tuple[DupTarget, float]]]:
         """Which fresh entries to store, and each near-duplicate's closest match with its cosine: a pool item
         (``("pool", seq)``) or an earlier entry of this batch that is stored (``("batch", entry index)``)."""
@@ -220,11 +222,20 @@ class Pool:
             self._index_add(index, np.asarray(seqs, dtype=np.int64), vectors)
         return [self.format_id(s) for s in seqs]
 
-    def _index_add(self, index: VectorIndex, seqs: np.ndarray, vecs: np.ndarray) -> None:
+    def _index_add(self, index: PoolIndex, seqs: np.ndarray, vecs: np.ndarray) -> None:
         try:
             index.add(seqs, vecs)
             self.index_grew.set()
-        except Exception:  # the rows are committed: make the index agree again rather than fail the add
+        except Exception:
+            if not isinstance(index, VectorIndex):  # Milvus failed: withdraw the committed rows, answer 503
+                rows = self.store.delete(seqs.tolist())
+                self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
+                try:  # a batch that did reach Milvus must not stay searchable
+                    index.remove(seqs.tolist())
+                except Exception:
+                    log.warning("could not withdraw a failed add from Milvus; the next start-up check will")
+                raise
+            # faiss: the rows are committed, make the index agree again rather than fail the add
             log.exception("index add failed after commit; rebuilding the index from the database")
             self.index = VectorIndex.build(self.info.dim, self.info.index_config,
                                            self.store.iter_vectors(self.info.dim))
@@ -246,9 +257,12 @@ class Pool:
             if not existing:
                 return [], not_found
             self.invalidate_persisted()
+            if getattr(index, "external", False):  # Milvus: gone from the backend before the row goes
+                index.remove(sorted(existing))
             rows = self.store.delete(sorted(existing))
             self._writes += 1
-            index.remove(r.seq for r in rows)
+            if not getattr(index, "external", False):
+                index.remove(r.seq for r in rows)
             self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
             if not self.store.checkpoint():
                 log.warning("WAL checkpoint busy after delete; deleted bytes leave the WAL at the next one")
@@ -302,6 +316,7 @@ class Pool:
         return {
             "count": self.store.count(), "dim": self.info.dim, "identity": self.info.identity,
             "kind": self.info.kind, "pool_tag": self.info.tag, "sources": self.store.sources(),
+            "backend": self.info.backend,
             "index": {"type": index.kind if index else self.info.index_config.kind,
                       "configured_type": self.info.index_config.kind,
                       "vectors": index.count if index else None,

@@ -64,8 +64,8 @@ def _item_out(pool: PoolDep, row: Any) -> s.ItemOut:
 
 
 @router.get("/health", response_model=s.HealthResponse, tags=["ops"])
-def health() -> s.HealthResponse:
-    return s.HealthResponse(status="ok")
+def health(state: StateDep) -> s.HealthResponse:
+    return s.HealthResponse(status="ok", backend=state.settings.backend)
 
 
 @router.get("/ready", response_model=s.ReadyResponse, tags=["ops"])

@@ -155,6 +155,7 @@ class StatsResponse(BaseModel):
     kind: Literal["images", "vectors"]
     pool_tag: str
     sources: dict[str, int]
+    backend: Literal["faiss", "milvus"] = Field(description="where the vector index lives (T3AR_RETRIEVER_BACKEND)")
     index: IndexInfo
     duplicate_threshold: float
     duplicate_policy: Literal["skip", "keep"]
@@ -164,6 +165,7 @@ class StatsResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: Literal["ok"]
+    backend: Literal["faiss", "milvus"] = Field(description="the pool backend (T3AR_RETRIEVER_BACKEND)")
 
 
 class ReadyResponse(BaseModel):

@@ -34,6 +34,13 @@ class RetrieverSettings(ServiceSettings):
     vector_dim: int | None = Field(default=None, ge=1, le=65536)  # vectors-only pools
     vector_identity: str | None = None  # vectors-only pools
 
+    # --- backend: where the vector index lives (services/retriever/backend.py) ---
+    backend: Literal["faiss", "milvus"] = "faiss"
+    milvus_uri: str = ""  # "" = milvus-lite in <data_dir>/milvus.db; http://host:19530 = Milvus standalone/cluster
+    milvus_token: str | None = None  # "user:password" or an API key, for a Milvus server with auth
+    milvus_collection: str = ""  # "" = t3ar_pool_<pool tag>
+    milvus_timeout: float = Field(default=10.0, gt=0)  # seconds, for the start-up connection
+
     # --- index ---
     index_type: Literal["flat", "ivf"] = "flat"
     ivf_nlist: int = Field(default=1024, ge=1)
@@ -62,7 +69,7 @@ class RetrieverSettings(ServiceSettings):
     max_vectors_per_request: int = Field(default=200_000, ge=1)
 
     @field_validator("token", "admin_token", "embedder_weights", "embedder_pretrained_tag", "vector_identity",
-                     mode="before")
+                     "milvus_token", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
@@ -83,6 +90,10 @@ class RetrieverSettings(ServiceSettings):
         if self.index_device == "auto":
             return self.device if self.device.startswith("cuda") else None
         return self.index_device
+
+    @property
+    def milvus_target(self) -> str:
+        return self.milvus_uri or str(self.data_dir / "milvus.db")
 
     @property
     def vectors_only(self) -> bool:

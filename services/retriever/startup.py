@@ -168,7 +168,7 @@ def load_index(pool: Pool) -> None:
 
 def save_index(pool: Pool) -> None:
     """On clean shutdown: persist the index with the DB state it reflects, for a fast next start."""
-    if pool.index is None or pool.persisted:
+    if not isinstance(pool.index, VectorIndex) or pool.persisted:  # faiss only: Milvus persists itself
         return
     state = pool.store.state()
     cfg = pool.info.index_config

@@ -249,6 +249,11 @@ class Store:
             c.execute("COMMIT")
         return DbState(gen, int(count), int(chk))
 
+    def all_seqs(self) -> np.ndarray:
+        """Every id, ascending."""
+        rows = self._r.execute("SELECT seq FROM items ORDER BY seq").fetchall()
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
     def shas(self) -> set[str]:
         return {r[0] for r in self._r.execute("SELECT sha256 FROM items WHERE sha256 IS NOT NULL")}
 

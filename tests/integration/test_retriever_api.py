@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import signal
 import sqlite3
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +22,18 @@ from t3ar.pipeline import retrieve
 
 if TYPE_CHECKING:
     from conftest import RetrieverProcess
+
+
+@pytest.fixture(scope="module", params=["faiss", "milvus"])
+def retriever_module(request: pytest.FixtureRequest,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetrieverProcess]:
+    """One retriever per pool backend (issue 12): every test of this module runs on faiss and on milvus-lite."""
+    from conftest import start_retriever
+
+    rp = start_retriever(tmp_path_factory.mktemp(f"retriever-{request.param}") / "pool",
+                         {"T3AR_RETRIEVER_BACKEND": request.param})
+    yield rp
+    rp.stop(signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +151,9 @@ def test_archive_upload_reports_per_item(retriever_module: RetrieverProcess, mak
 def test_stats_and_metrics(retriever_module: RetrieverProcess, seeded: dict[str, str]) -> None:
     with retriever_module.client() as c:
         st = c.stats()
-        assert st["ready"] and st["count"] >= 20 and st["index"]["type"] == "flat"
+        assert st["ready"] and st["count"] >= 20
+        assert st["index"]["type"] == {"faiss": "flat", "milvus": "milvus"}[st["backend"]]
+        assert c.health()["backend"] == st["backend"]
         assert st["identity"].startswith("timm:tf_efficientnet_lite0:") and st["dim"] == 1280
         assert st["sources"]["a"] == 10
         text = c.metrics()

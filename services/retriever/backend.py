@@ -1,0 +1,285 @@
+"""Pool backends: where the pool's vector index lives. ``faiss`` (the embedded default: the in-process
+:class:`~t3ar_services.retriever.index.VectorIndex`, saved on clean shutdown) or ``milvus`` (a Milvus
+collection through pymilvus' ``MilvusClient``: Milvus standalone / cluster by URI + token in production, or
+milvus-lite embedded in a local file, the default, for tests and ``t3ar up``).
+
+Where the pool lives with either backend (one design, so every guarantee holds the same way):
+- SQLite (``pool.sqlite3``) stays the source of truth for ids, sha256, source, metadata and the vectors;
+- the blob store (``blobs/``) stays a file store of the image bytes;
+- the backend holds the derived, searchable copy of (id, vector). Milvus' collection has two fields,
+  ``seq`` (INT64 primary key = the pool id's number) and ``vector`` (FLOAT_VECTOR, inner product, FLAT).
+  Source filters and ``exclude_ids`` become a ``seq in [...]`` / ``seq not in [...]`` filter expression.
+
+So switching or migrating backends never re-embeds (the vectors are in SQLite), the start-up check compares
+the backend's ids with the database's and repairs any difference (an add or delete interrupted by a crash),
+and ``t3ar pool migrate`` is that same synchronisation run ahead of time. Deletion on Milvus: the vectors
+are deleted in Milvus first, then the row (and then the blob), and every search uses the ``Strong``
+consistency level: once DELETE answers 2xx no search returns the id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from t3ar_services.retriever.errors import NotReadyError
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["faiss", "milvus"]
+BACKENDS: tuple[Backend, ...] = ("faiss", "milvus")
+_INSERT_BATCH = 8192  # rows per Milvus insert (8192 x 512-d float32 = 16 MiB, under gRPC's 64 MiB message)
+_MAX_TOPK = 16384  # Milvus' limit on k per search
+
+
+class PoolIndex(Protocol):
+    """What the pool needs of its vector index (:class:`VectorIndex` and :class:`MilvusIndex` both are one)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def nprobe(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def tombstones(self) -> int: ...
+    @property
+    def nlist(self) -> int | None: ...
+    def live_ids(self) -> np.ndarray: ...
+    def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None: ...
+    def remove(self, seqs: Iterable[int]) -> None: ...
+    def compact(self) -> int: ...
+    def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
+               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]: ...
+
+
+class MilvusUnavailableError(RuntimeError):
+    """pymilvus is not installed, or the Milvus server cannot be reached / answers with an error."""
+
+
+def _pymilvus() -> Any:
+    try:
+        import pymilvus
+    except ImportError as e:
+        raise MilvusUnavailableError(
+            "the milvus pool backend needs pymilvus (and milvus-lite for a local file URI): "
+            "pip install 't3ar[milvus]' (also in 't3ar[all]'), or use T3AR_RETRIEVER_BACKEND=faiss") from e
+    return pymilvus
+
+
+def default_collection(tag: str) -> str:
+    """One collection per pool: the pool tag is random per pool, so two pools never share a collection."""
+    return f"t3ar_pool_{tag}"
+
+
+def connect(uri: str, token: str | None, timeout: float = 10.0) -> Any:
+    """A MilvusClient, or MilvusUnavailableError saying which URI failed and why. A URI that is a local path
+    (no ``scheme://``) opens milvus-lite on that file (its directory is created)."""
+    pm = _pymilvus()
+    if "://" not in uri:
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        client = pm.MilvusClient(uri=uri, token=token or "", timeout=timeout)
+        client.list_collections()  # a round trip: fails here, at start-up, when the server is not there
+    except Exception as e:
+        where = "milvus-lite file" if "://" not in uri else "Milvus server"
+        raise MilvusUnavailableError(f"cannot use the {where} at {uri!r} (T3AR_RETRIEVER_MILVUS_URI): "
+                                     f"{type(e).__name__}: {e}") from e
+    return client
+
+
+class MilvusIndex:
+    """The pool's vectors in one Milvus collection (``seq`` INT64 primary key, ``vector`` FLOAT_VECTOR, IP)."""
+
+    kind = "milvus"
+    nprobe = 0
+    tombstones = 0
+    nlist = None
+    external = True  # durable outside this process: the pool deletes here before committing the row
+
+    def __init__(self, client: Any, collection: str, dim: int) -> None:
+        self.client, self.collection, self.dim = client, collection, dim
+        self._count_lock = threading.Lock()
+        self.failed = False  # a call failed while serving: the collection may disagree, check at next start
+        pm = _pymilvus()
+        self._call(self._ensure_collection, pm)
+        self._count = self._query_count()
+
+    # --- set-up ------------------------------------------------------------------------------------
+    def _ensure_collection(self, pm: Any) -> None:
+        c = self.client
+        if c.has_collection(self.collection):
+            fields = {f["name"]: f for f in c.describe_collection(self.collection)["fields"]}
+            vec = fields.get("vector")
+            have = int(vec["params"].get("dim", -1)) if vec else None
+            if "seq" not in fields or have != self.dim:
+                raise MilvusUnavailableError(
+                    f"Milvus collection {self.collection!r} exists but is not a {self.dim}-d t3ar pool "
+                    f"(fields {sorted(fields)}, vector dim {have}); set T3AR_RETRIEVER_MILVUS_COLLECTION to "
+                    "another name")
+            c.load_collection(self.collection)
+            return
+        schema = pm.MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("seq", pm.DataType.INT64, is_primary=True)
+        schema.add_field("vector", pm.DataType.FLOAT_VECTOR, dim=self.dim)
+        params = c.prepare_index_params()
+        params.add_index(field_name="vector", index_type="FLAT", metric_type="IP")
+        c.create_collection(self.collection, schema=schema, index_params=params, consistency_level="Strong")
+        log.info("created Milvus collection %s (%d-d, FLAT, inner product)", self.collection, self.dim)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MilvusUnavailableError:
+            raise
+        except Exception as e:  # a server error or a lost connection: the pool answers 503, retry later
+            self.failed = True
+            raise NotReadyError(f"the Milvus backend failed ({type(e).__name__}: {e}); retry in a moment") from e
+
+    def _query_count(self) -> int:
+        rows = self._call(self.client.query, self.collection, filter="", output_fields=["count(*)"],
+                          consistency_level="Strong")
+        return int(rows[0]["count(*)"])
+
+    # --- state ----------------------------------------------------------------------------------------
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def iter_ids(self, batch: int = 16384) -> Iterator[np.ndarray]:
+        it = self._call(self.client.query_iterator, self.collection, batch_size=batch, filter="",
+                        output_fields=["seq"])
+        try:
+            while rows := self._call(it.next):
+                yield np.fromiter((r["seq"] for r in rows), dtype=np.int64, count=len(rows))
+        finally:
+            it.close()
+
+    def live_ids(self) -> np.ndarray:
+        parts = list(self.iter_ids())
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def vectors(self, seqs: np.ndarray) -> np.ndarray:
+        """Stored vectors of these ids, in this order (for checks and migration)."""
+        rows = self._call(self.client.query, self.collection, ids=[int(s) for s in seqs],
+                          output_fields=["seq", "vector"], consistency_level="Strong")
+        by = {int(r["seq"]): r["vector"] for r in rows}
+        return np.asarray([by[int(s)] for s in seqs], dtype=np.float32).reshape(len(seqs), self.dim)
+
+    # --- mutation ------------------------------------------------------------------------------------
+    def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None:
+        if vectors.shape[1] != self.dim:
+            raise ValueError(f"vectors have dim {vectors.shape[1]}, index has {self.dim}")
+        seqs = np.asarray(seqs, dtype=np.int64)
+        vecs = np.ascontiguousarray(vectors, dtype=np.float32)
+        for start in range(0, len(seqs), _INSERT_BATCH):
+            rows = [{"seq": int(s), "vector": v} for s, v in
+                    zip(seqs[start:start + _INSERT_BATCH].tolist(), vecs[start:start + _INSERT_BATCH], strict=True)]
+            self._call(self.client.insert, self.collection, rows)
+            with self._count_lock:
+                self._count += len(rows)
+
+    def remove(self, seqs: Iterable[int]) -> None:
+        """Deleted in Milvus; with Strong consistency no search that starts after this returns them."""
+        ids = [int(s) for s in seqs]
+        for start in range(0, len(ids), _INSERT_BATCH):
+            chunk = ids[start:start + _INSERT_BATCH]
+            self._call(self.client.delete, self.collection, ids=chunk)
+            with self._count_lock:
+                self._count -= len(chunk)
+
+    def compact(self) -> int:
+        return 0  # Milvus compacts its segments itself
+
+    def resync_count(self) -> None:
+        with self._count_lock:
+            self._count = self._query_count()
+
+    # --- search ------------------------------------------------------------------------------------------
+    def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
+               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Same contract as :meth:`VectorIndex.search`: per query (scores, seqs), best first, at most k."""
+        drop = sorted({int(s) for s in exclude})
+        parts = []
+        if allowed is not None:
+            if not len(allowed):
+                empty = [np.empty(0, np.float32) for _ in range(len(queries))]
+                return empty, [np.empty(0, np.int64) for _ in range(len(queries))]
+            parts.append(f"seq in {np.asarray(allowed, dtype=np.int64).tolist()}")
+        if drop:
+            parts.append(f"seq not in {drop}")
+        res = self._call(self.client.search, self.collection, data=[q for q in _f32(queries)],
+                         limit=min(k, _MAX_TOPK), filter=" and ".join(parts), output_fields=["seq"],
+                         search_params={"metric_type": "IP"}, consistency_level="Strong")
+        scores = [np.fromiter((h["distance"] for h in row), dtype=np.float32, count=len(row)) for row in res]
+        seqs = [np.fromiter((h["seq"] for h in row), dtype=np.int64, count=len(row)) for row in res]
+        return scores, seqs
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:
+            log.exception("closing the Milvus client failed")
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+# --- start-up, shutdown and migration: the backend made to agree with the database -------------------------
+SYNC_MARK = "milvus_synced"  # SQLite meta: "<collection>:<generation>" written at a clean shutdown
+
+
+def sync(index: MilvusIndex, store: Any, dim: int) -> tuple[int, int]:
+    """Make the collection hold exactly the database's ids with their stored vectors (idempotent and
+    resumable: only what differs is written). Returns (inserted, removed)."""
+    have = index.live_ids()
+    uniq, counts = np.unique(have, return_counts=True)
+    doubled = uniq[counts > 1]  # an insert retried after a lost answer: remove and insert once
+    want = store.all_seqs()
+    extra = np.union1d(np.setdiff1d(uniq, want, assume_unique=True), doubled)
+    if len(extra):
+        index.remove(extra.tolist())
+    missing = np.union1d(np.setdiff1d(want, uniq, assume_unique=True), np.intersect1d(doubled, want))
+    if len(missing):
+        for seqs, vecs in store.iter_vectors(dim):
+            m = np.isin(seqs, missing)
+            if m.any():
+                index.add(seqs[m], vecs[m])
+    index.resync_count()
+    return int(len(missing)), int(len(extra))
+
+
+def open_synced(index: MilvusIndex, store: Any, dim: int, repairs: list[str]) -> None:
+    """Start-up: trust the collection when the last shutdown was clean and nothing was written since (the
+    mark names this collection and the current generation, and the counts agree), else synchronise it with
+    the database. The mark is removed at once: a crash from here on means a check at the next start."""
+    mark = store.meta().get(SYNC_MARK, "")
+    state = store.state()
+    if mark == f"{index.collection}:{state.generation}" and index.count == state.count:
+        log.info("Milvus collection %s agrees with the database (%d vectors)", index.collection, state.count)
+    else:
+        inserted, removed = sync(index, store, dim)
+        if inserted or removed:
+            msg = (f"synchronised Milvus collection {index.collection} with the database: inserted {inserted}, "
+                   f"removed {removed} vector(s)")
+            repairs.append(msg)
+            log.warning("start-up repair: %s", msg)
+    if mark:
+        store.set_meta({SYNC_MARK: ""})
+    if index.count != state.count:
+        raise RuntimeError(f"Milvus collection {index.collection} holds {index.count} vectors, the database "
+                           f"{state.count}")
+
+
+def mark_synced(index: MilvusIndex, store: Any) -> None:
+    """Clean shutdown: record that the collection equals the database at this generation (not after a
+    failed Milvus call: then the next start checks)."""
+    if index.failed:
+        return
+    store.set_meta({SYNC_MARK: f"{index.collection}:{store.state().generation}"})
