@@ -81,13 +81,15 @@ def connect(uri: str, token: str | None, timeout: float = 10.0) -> Any:
     """A MilvusClient, or MilvusUnavailableError saying which URI failed and why. A URI that is a local path
     (no ``scheme://``) opens milvus-lite on that file (its directory is created)."""
     pm = _pymilvus()
-    if "://" not in uri:
+    if local_file(uri):
         Path(uri).parent.mkdir(parents=True, exist_ok=True)
     try:
         client = pm.MilvusClient(uri=uri, token=token or "", timeout=timeout)
         client.list_collections()  # a round trip: fails here, at start-up, when the server is not there
     except Exception as e:
-        where = "milvus-lite file" if "://" not in uri else "Milvus server"
+        where = "milvus-lite file" if local_file(uri) else "Milvus server"
+        if local_file(uri):
+            release_local(uri)
         raise MilvusUnavailableError(f"cannot use the {where} at {uri!r} (T3AR_RETRIEVER_MILVUS_URI): "
                                      f"{type(e).__name__}: {e}") from e
     return client
@@ -102,8 +104,9 @@ class MilvusIndex:
     nlist = None
     external = True  # durable outside this process: the pool deletes here before committing the row
 
-    def __init__(self, client: Any, collection: str, dim: int) -> None:
+    def __init__(self, client: Any, collection: str, dim: int, local_file: str | None = None) -> None:
         self.client, self.collection, self.dim = client, collection, dim
+        self.local_file = local_file  # milvus-lite: its in-process server is stopped (and the file unlocked) at close
         self._count_lock = threading.Lock()
         self.failed = False  # a call failed while serving: the collection may disagree, check at next start
         pm = _pymilvus()
@@ -225,6 +228,22 @@ class MilvusIndex:
             self.client.close()
         except Exception:
             log.exception("closing the Milvus client failed")
+        if self.local_file:
+            release_local(self.local_file)
+
+
+def local_file(uri: str) -> str | None:
+    """The milvus-lite file a URI names (a path without ``scheme://``), else None (a Milvus server)."""
+    return None if "://" in uri else uri
+
+
+def release_local(path: str) -> None:
+    """Stop milvus-lite's in-process server for this file: flushes it and releases its lock (else only at exit)."""
+    try:
+        from milvus_lite import server_manager_instance
+    except ImportError:
+        return
+    server_manager_instance.release_server(path)
 
 
 def _f32(x: np.ndarray) -> np.ndarray:

@@ -17,7 +17,14 @@ from fastapi import FastAPI
 from starlette.middleware import Middleware
 
 from t3ar_services.common.app import create_service_app
-from t3ar_services.retriever.backend import MilvusIndex, connect, default_collection, mark_synced, open_synced
+from t3ar_services.retriever.backend import (
+    MilvusIndex,
+    connect,
+    default_collection,
+    local_file,
+    mark_synced,
+    open_synced,
+)
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.fastpath import SearchFastPath
@@ -96,7 +103,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
             try:
                 client = connect(settings.milvus_target, settings.milvus_token, settings.milvus_timeout)
                 state.milvus = MilvusIndex(client, settings.milvus_collection or default_collection(pool.info.tag),
-                                           pool.info.dim)
+                                           pool.info.dim, local_file(settings.milvus_target))
             except Exception as e:
                 log.error("retriever cannot start: %s", e)
                 pool.blobs.close()

@@ -68,6 +68,7 @@ def add_plugins(group: click.Group, entry_point_group: str = PLUGIN_GROUP) -> No
 for _command in (train_source, adapt_cmd, evaluate_cmd, data, pool, bench, submit, jobs, models, withdraw):
     cli.add_command(_command)
 add_plugins(cli)
+add_plugins(pool, "t3ar.pool_commands")  # `t3ar pool migrate` (the services' pool commands)
 
 
 def main() -> None:
