@@ -23,7 +23,9 @@ def bench() -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("docs/benchmarks"), show_default=True, help="Where retrieval.md/.json are written.")
 @click.option("--quick", is_flag=True, help="Small sizes (20k/100k vectors instead of 100k/1M): a smoke run.")
-def retrieval(out_dir: Path, quick: bool) -> None:
+@click.option("--backends-vectors", type=click.IntRange(1000), default=None,
+              help="Vectors in the faiss vs milvus-lite section (default 100k, 20k with --quick).")
+def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None) -> None:
     """Retriever service vs in-process baselines: search QPS and latency, ingest rate, 1M-vector deletes/memory.
 
     The full run takes 15-25 minutes (the ``ann`` section trains IVF indexes at 1M vectors) and needs ~5 GB
@@ -39,7 +41,7 @@ def retrieval(out_dir: Path, quick: bool) -> None:
 
     configure_logging("INFO")  # force: the CLI root configured WARNING
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    results = run_retrieval_benchmark(out_dir, quick=quick)
+    results = run_retrieval_benchmark(out_dir, quick=quick, backends_vectors=backends_vectors)
     click.echo(json.dumps({"search_qps_ratio": round(results["search"]["qps_ratio"], 3),
                            "ingest_ratio": round(results["ingest"]["ratio"], 3),
                            "delete_p99_ms": round(results["large"]["delete"]["p99_ms"], 1),

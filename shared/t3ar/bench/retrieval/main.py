@@ -307,6 +307,17 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
     return out
 
 
+def _backends_section(work: Path, n: int, quick: bool) -> dict[str, Any]:
+    """faiss vs milvus-lite (t3ar.bench.retrieval.backends); skipped with the reason if pymilvus is missing."""
+    from t3ar.bench.retrieval.backends import bench_backends
+
+    if importlib.util.find_spec("pymilvus") is None or importlib.util.find_spec("milvus_lite") is None:
+        return {"skipped": "pymilvus / milvus-lite not installed (pip install 't3ar[milvus]')"}
+    log.info("backends: faiss vs milvus-lite, %d vectors", n)
+    return bench_backends(work, n, n_batches=2 if quick else 4, n_single=30 if quick else 100,
+                          n_deletes=10 if quick else 30)
+
+
 def headline(r: dict[str, Any]) -> dict[str, Any]:
     s, i, big = r["search"], r["ingest"], r["large"]
     return {"started_at": r["started_at"], "quick": r["quick"], "load_average_start": r.get("load_average_start"),
@@ -329,7 +340,7 @@ def _history(previous: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
     return [*runs, headline(current)][-10:]
 
 
-def run_retrieval_benchmark(out_dir: Path, *, quick: bool) -> dict[str, Any]:
+def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int | None = None) -> dict[str, Any]:
     """Run everything, write ``retrieval.json`` and ``retrieval.md`` into ``out_dir``; return the results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # Every process of the run (this one's faiss, the forward worker, the services) waits passively in OpenMP,
@@ -341,7 +352,8 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool) -> dict[str, Any]:
              "ingest_n": 128 if quick else 640, "big_n": 100_000 if quick else 1_000_000,
              "big_single": 10 if quick else 60, "deletes": 10 if quick else 50,
              "ann_n": 100_000 if quick else 1_000_000, "ann_queries": 100 if quick else 200,
-             "ann_nlist": 256 if quick else 1024}
+             "ann_nlist": 256 if quick else 1024,
+             "backends_n": backends_vectors or (20_000 if quick else 100_000)}
     t0 = time.time()
     try:
         results: dict[str, Any] = {
@@ -358,6 +370,7 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool) -> dict[str, Any]:
         results["large"] = _bench_million(work, sizes["big_n"], sizes["big_single"], sizes["deletes"])
         log.info("ann: %d vectors", sizes["ann_n"])
         results["ann"] = bench_ann(sizes["ann_n"], sizes["ann_queries"], sizes["ann_queries"], sizes["ann_nlist"])
+        results["backends"] = _backends_section(work, sizes["backends_n"], quick)
         results["wall_seconds"] = time.time() - t0
         results["load_average_end"] = os.getloadavg()
     finally:

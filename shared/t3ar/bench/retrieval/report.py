@@ -50,6 +50,17 @@ def _baseline_note(s: dict[str, Any]) -> str:
     return f" (not comparable: the baseline burnt {ratio:.1f}x the service's CPU per batch)" if ratio > 1.5 else ""
 
 
+def _backends(r: dict[str, Any]) -> list[str]:
+    b = r.get("backends")
+    if not b:
+        return []
+    if "skipped" in b:
+        return ["## Pool backends: faiss vs milvus-lite", "", f"Skipped: {b['skipped']}.", ""]
+    from t3ar.bench.retrieval.backends import backends_markdown
+
+    return backends_markdown(b)
+
+
 def render_markdown(r: dict[str, Any]) -> str:
     s, ing, big = r["search"], r["ingest"], r["large"]
     goals = [
@@ -146,6 +157,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         f"{big['delete']['p99_ms']:.1f} / {big['delete']['max_ms']:.1f} ms |",
         "",
         *ann_section(r),
+        *_backends(r),
         *_history_table(r),
         "## Reading the figures",
         "",
