@@ -123,3 +123,10 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
         assert c.search(vecs[6:7], k=1).ids == [[ids[6]]] and ids[5] not in _found(c, vecs[:20])
     bad = runner.invoke(migrate, ["--data-dir", str(data), "--to", "milvus", "--milvus-uri", "http://127.0.0.1:9"])
     assert bad.exit_code == 1 and "cannot use the Milvus server at 'http://127.0.0.1:9'" in bad.output
+
+
+def test_unreachable_milvus_refuses_to_start_and_says_where(tmp_path: Path, retriever_factory: Factory) -> None:
+    rp = retriever_factory(tmp_path / "pool", {**MILVUS, "T3AR_RETRIEVER_MILVUS_URI": "http://127.0.0.1:9",
+                                               "T3AR_RETRIEVER_MILVUS_TIMEOUT": "2"}, wait=None)
+    assert rp.proc.wait(timeout=120) != 0
+    assert "cannot use the Milvus server at 'http://127.0.0.1:9'" in rp.log()
