@@ -30,6 +30,8 @@ def retriever_module(request: pytest.FixtureRequest,
     """One retriever per pool backend (issue 12): every test of this module runs on faiss and on milvus-lite."""
     from conftest import start_retriever
 
+    if request.param == "milvus":
+        pytest.importorskip("milvus_lite", reason="the milvus extra (pymilvus + milvus-lite) is not installed")
     rp = start_retriever(tmp_path_factory.mktemp(f"retriever-{request.param}") / "pool",
                          {"T3AR_RETRIEVER_BACKEND": request.param})
     yield rp

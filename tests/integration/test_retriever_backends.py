@@ -22,6 +22,7 @@ from t3ar_services.retriever.backend import release_local
 if TYPE_CHECKING:
     from conftest import RetrieverProcess
 
+pytest.importorskip("milvus_lite", reason="the milvus extra (pymilvus + milvus-lite) is not installed")
 Factory = Callable[..., "RetrieverProcess"]
 DIM = 24
 VEC_ENV = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
