@@ -64,3 +64,14 @@ assert "torch" not in sys.modules, "a vectors-only retriever loaded torch"
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_pool_subcommands_come_from_their_own_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`t3ar pool migrate` (issue 12) lives in the services and joins the library's `pool` group."""
+    migrate = EntryPoint("migrate", "t3ar_services.cli.pool_migrate:migrate", "t3ar.pool_commands")
+    monkeypatch.setattr(cli_main, "entry_points", lambda group: [migrate] if group == "t3ar.pool_commands" else [])
+    group = click.Group("pool")
+    cli_main.add_plugins(group, "t3ar.pool_commands")
+    assert set(group.commands) == {"migrate"}
+    out = CliRunner().invoke(group, ["migrate", "--help"])
+    assert out.exit_code == 0 and "without re-embedding" in out.output

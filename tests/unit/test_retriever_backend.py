@@ -19,3 +19,19 @@ def test_uri_kinds() -> None:
     assert backend.local_file("/data/pool/milvus.db") == "/data/pool/milvus.db"
     assert backend.local_file("http://milvus:19530") is None
     assert backend.default_collection("3fa9c1") == "t3ar_pool_3fa9c1"
+
+
+def test_backends_section_of_the_retrieval_report() -> None:
+    from t3ar.bench.retrieval.report import _backends
+
+    side = {"start_s": 1.0, "ingest_vectors_per_s": 1000.0, "qps": 50.0,
+            "single": {"p50_ms": 5.0, "p99_ms": 9.0, "max_ms": 9.5, "n": 10},
+            "delete": {"p50_ms": 3.0, "p99_ms": 8.0, "max_ms": 8.0, "n": 10}, "deleted_returned_after_2xx": 0}
+    b = {"vectors": 1000, "dim": 512, "k": 50, "batch": 256, "milvus_uri": "milvus-lite", "same_top1_share": 1.0,
+         "faiss": side, "milvus": {**side, "deleted_returned_after_2xx": 2}}
+    text = "\n".join(_backends({"backends": b}))
+    assert "faiss vs milvus-lite, 1,000 vectors" in text
+    assert "| deleted ids returned after the 2xx (goal 0) | 0 | 2 |" in text
+    assert "**missed**" in text
+    assert "Skipped: no pymilvus." in "\n".join(_backends({"backends": {"skipped": "no pymilvus"}}))
+    assert _backends({}) == []
