@@ -106,7 +106,6 @@ class MilvusIndex:
     nprobe = 0
     tombstones = 0
     nlist = None
-    external = True  # durable outside this process: the pool deletes here before committing the row
 
     def __init__(self, client: Any, collection: str, dim: int, local_file: str | None = None) -> None:
         self.client, self.collection, self.dim = client, collection, dim

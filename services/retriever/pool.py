@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from t3ar.errors import InvalidInputError
-from t3ar_services.retriever.backend import PoolIndex
+from t3ar_services.retriever.backend import MilvusIndex, PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import NotFoundError, NotReadyError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
@@ -227,11 +227,12 @@ class Pool:
             index.add(seqs, vecs)
             self.index_grew.set()
         except Exception:
-            if not isinstance(index, VectorIndex):  # Milvus failed: withdraw the committed rows, answer 503
+            if isinstance(index, MilvusIndex):  # Milvus failed: withdraw the committed rows, answer 503
                 rows = self.store.delete(seqs.tolist())
                 self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
                 try:  # a batch that did reach Milvus must not stay searchable
                     index.remove(seqs.tolist())
+                    index.resync_count()
                 except Exception:
                     log.warning("could not withdraw a failed add from Milvus; the next start-up check will")
                 raise
@@ -257,11 +258,11 @@ class Pool:
             if not existing:
                 return [], not_found
             self.invalidate_persisted()
-            if getattr(index, "external", False):  # Milvus: gone from the backend before the row goes
+            if isinstance(index, MilvusIndex):  # gone from Milvus (Strong) before the row's deletion is committed
                 index.remove(sorted(existing))
             rows = self.store.delete(sorted(existing))
             self._writes += 1
-            if not getattr(index, "external", False):
+            if not isinstance(index, MilvusIndex):  # faiss: tombstoned at once, compacted in the background
                 index.remove(r.seq for r in rows)
             self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
             if not self.store.checkpoint():

@@ -131,3 +131,53 @@ def test_unreachable_milvus_refuses_to_start_and_says_where(tmp_path: Path, retr
                                                "T3AR_RETRIEVER_MILVUS_TIMEOUT": "2"}, wait=None)
     assert rp.proc.wait(timeout=120) != 0
     assert "cannot use the Milvus server at 'http://127.0.0.1:9'" in rp.log()
+
+
+def test_a_failed_milvus_write_leaves_nothing_half_written(tmp_path: Path) -> None:
+    """In-process Pool on milvus-lite whose client fails: an add is withdrawn (no row, no blob), a delete is not
+    acknowledged and loses nothing; once Milvus works again both go through."""
+    import hashlib
+
+    from t3ar_services.retriever.backend import MilvusIndex, connect
+    from t3ar_services.retriever.blobs import BlobStore
+    from t3ar_services.retriever.errors import NotReadyError
+    from t3ar_services.retriever.index import IndexConfig
+    from t3ar_services.retriever.pool import Candidate, Pool, PoolInfo
+    from t3ar_services.retriever.store import Store
+
+    uri = str(tmp_path / "milvus.db")
+    index = MilvusIndex(connect(uri, None), "t3ar_pool_abc123", DIM, uri)
+    store, blobs = Store(tmp_path / "pool.sqlite3"), BlobStore(tmp_path / "blobs")
+    pool = Pool(PoolInfo(tmp_path, "synthetic", DIM, "images", "abc123", IndexConfig(), 0.98, "milvus"), store, blobs)
+    pool.index = index
+    vecs = _vectors(3, seed=2)
+    data = [b"image %d" % i for i in range(3)]
+    cands = [Candidate(f"{i}.png", d, hashlib.sha256(d).hexdigest(), "image/png", 1, 1, vecs[i])
+             for i, d in enumerate(data)]
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("milvus went away")
+
+    try:
+        first = pool.add(cands[:1], source="", metadata={}, policy="keep")[0]
+        assert first.status == "added" and first.id is not None
+        insert, delete = index.client.insert, index.client.delete
+        index.client.insert = down
+        with pytest.raises(NotReadyError, match="milvus went away"):
+            pool.add(cands[1:], source="", metadata={}, policy="keep")
+        assert store.count() == 1 and index.count == 1
+        assert not any(blobs.exists(c.sha256) for c in cands[1:])
+        index.client.insert, index.client.delete = insert, down
+        with pytest.raises(NotReadyError):
+            pool.delete([first.id], missing_ok=False)
+        assert store.count() == 1 and blobs.exists(cands[0].sha256)  # not acknowledged, nothing lost
+        assert pool.search(vecs[:1], 3)[0][0] == [first.id]
+        index.client.delete = delete
+        assert [o.status for o in pool.add(cands[1:], source="", metadata={}, policy="keep")] == ["added", "added"]
+        assert pool.delete([first.id], missing_ok=False) == ([first.id], [])
+        assert first.id not in pool.search(vecs[:1], 3)[0][0] and not blobs.exists(cands[0].sha256)
+        assert store.count() == index.count == 2
+    finally:
+        index.close()
+        blobs.close()
+        store.close()
