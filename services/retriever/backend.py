@@ -54,12 +54,18 @@ class PoolIndex(Protocol):
     def tombstones(self) -> int: ...
     @property
     def nlist(self) -> int | None: ...
+    @property
+    def device(self) -> str | None: ...
+    @property
+    def trained_on(self) -> int | None: ...
+    def scan_cost(self, n_queries: int) -> float: ...
     def live_ids(self) -> np.ndarray: ...
     def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None: ...
     def remove(self, seqs: Iterable[int]) -> None: ...
     def compact(self) -> int: ...
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
-               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]: ...
+               allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        ...
 
 
 class MilvusUnavailableError(RuntimeError):
@@ -106,6 +112,8 @@ class MilvusIndex:
     nprobe = 0
     tombstones = 0
     nlist = None
+    device = None
+    trained_on = None
 
     def __init__(self, client: Any, collection: str, dim: int, local_file: str | None = None) -> None:
         self.client, self.collection, self.dim = client, collection, dim
@@ -217,9 +225,13 @@ class MilvusIndex:
             self._count = self._query_count()
 
     # --- search ------------------------------------------------------------------------------------------
+    def scan_cost(self, n_queries: int) -> float:
+        return float("inf")  # a network call: never run inline on the event loop (fastpath)
+
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
-               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Same contract as :meth:`VectorIndex.search`: per query (scores, seqs), best first, at most k."""
+               allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Same contract as :meth:`VectorIndex.search`: per query (scores, seqs), best first, at most k
+        (``blocking`` is faiss' lock policy; a Milvus search is always a blocking call)."""
         drop = sorted({int(s) for s in exclude})
         parts = []
         if allowed is not None:

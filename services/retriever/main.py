@@ -28,6 +28,7 @@ from t3ar_services.retriever.backend import (
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.fastpath import SearchFastPath
+from t3ar_services.retriever.index import VectorIndex
 from t3ar_services.retriever.metrics import RetrieverMetrics
 from t3ar_services.retriever.openapi import install as install_pool_openapi
 from t3ar_services.retriever.routes import router
@@ -56,7 +57,7 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, t
             load_index(pool)
         state.metrics.repairs.inc(len(pool.info.repairs))
         compactor.start()
-        if pool.info.index_config.kind == "ivf":
+        if pool.info.index_config.kind == "ivf" and state.milvus is None:  # faiss only
             trainer.start()
             trainer.wanted.set()  # a pool that grew past the training threshold since the index was built
         log.info("retriever ready: %d items, %s index, embedder %s", pool.store.count(),
@@ -113,7 +114,8 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         state.metrics.bind_pool(lambda: float(pool.store.count()),
                                 lambda: float(pool.index.count) if pool.index is not None else 0.0)
         compactor = Compactor(pool, settings.compact_threshold, settings.compact_idle_seconds)
-        trainer = IndexTrainer(lambda: pool.index, pool.info.index_config,
+        trainer = IndexTrainer(lambda: pool.index if isinstance(pool.index, VectorIndex) else None,
+                               pool.info.index_config,
                                lambda: pool.store.iter_vectors(pool.info.dim), wanted=pool.index_grew)
         state.trainer = trainer
         state.loader = threading.Thread(target=_prepare, args=(state, needs_reembed, compactor, trainer),
