@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tarfile
-import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -28,7 +27,7 @@ from typing import Any
 
 from t3ar.errors import InvalidInputError
 from t3ar_services.api.errors import ConflictError, PayloadTooLargeError
-from t3ar_services.common.files import file_sha256
+from t3ar_services.common.files import atomic_file, file_sha256
 from t3ar_services.common.job_contract import (
     LINEAGE_FILE,
     MODEL_FILE,
@@ -79,21 +78,12 @@ def target_tar(data_dir: Path, target_dir: str) -> TargetTar:
         sha = digest.read_text().strip()
         if len(sha) == 64:
             return TargetTar(path, sha, path.stat().st_size)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            writer = _HashingWriter(fh)
-            with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tf:  # type: ignore[call-overload]
-                for p in sorted(folder.rglob("*")):
-                    if p.is_file() and not p.is_symlink():
-                        tf.add(p, p.relative_to(folder).as_posix(), recursive=False, filter=_reset)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as fh:
+        writer = _HashingWriter(fh)
+        with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tf:  # type: ignore[call-overload]
+            for p in sorted(folder.rglob("*")):
+                if p.is_file() and not p.is_symlink():
+                    tf.add(p, p.relative_to(folder).as_posix(), recursive=False, filter=_reset)
     sha = writer.sha.hexdigest()
     part = digest.with_name(f".{digest.name}.{uuid.uuid4().hex}.tmp")
     part.write_text(sha + "\n")

@@ -26,12 +26,12 @@ The API's data directory::
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from t3ar_services.common.files import atomic_file
 
 DEFAULT_QUEUE = "t3ar-adapt"
 JOB_FUNCTION = "t3ar_services.worker.jobs.run_adapt_job"
@@ -101,14 +101,5 @@ def resolve_inside(data_dir: Path, relative: str) -> Path:
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write JSON to a temp file in the same folder, fsync, rename: readers see the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=2, default=str)
