@@ -197,12 +197,11 @@ NOTES = [
     "background compactor, so it is not in the delete latency. Visibility: right after each 2xx the benchmark "
     "searches for the deleted vector itself.",
     "- **Memory**: faiss' flat index holds exactly the raw vectors; the rest is the Python process (FastAPI, "
-    "numpy, faiss, ~80 MB) and `IndexIDMap2`'s id maps. The service's own modules do not import torch for a "
-    "vectors-only pool, but `t3ar serve retriever` (how this benchmark starts it) loads it through the CLI's "
-    "other commands: ~0.6 GB of the RSS here (an empty vectors-only pool: 0.74 GB); started with `uvicorn "
-    "--factory t3ar_services.retriever.main:create_app` it stays out. An image retriever needs torch anyway "
-    "(~0.5 GB with the embedder). The search p99 at 1M right after the restart "
-    "includes the first touches of the freshly loaded index pages.",
+    "numpy, faiss, ~80 MB) and `IndexIDMap2`'s id maps. A vectors-only pool never loads torch (the CLI imports "
+    "it only in the commands that use it; a test checks it); an image retriever needs it anyway (~0.5 GB with "
+    "the embedder). A restart that finds no saved index (see the repairs line) rebuilds it from the stored "
+    "vectors, and that build's buffers add to the RSS after the restart. The search p99 at 1M right after the "
+    "restart includes the first touches of the freshly loaded index pages.",
     "- **OpenMP**: with the default (active) wait policy, a 2-thread torch forward pass burnt 3-4x the CPU per "
     "image on this machine while other jobs were running; every process here runs with "
     "`OMP_WAIT_POLICY=PASSIVE`, which the retriever also sets for itself unless the variable is already set.",
