@@ -9,9 +9,6 @@ safe to retry: the API answers the same upload again with 200.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,6 @@ from t3ar_services.common.job_contract import (
     RESULT_ROUTE,
 )
 
-CHUNK = 1 << 20
 _RESTART = (httpx.TransportError,)  # any transport failure mid-download: the download starts over
 
 
@@ -61,26 +57,13 @@ class WorkerApiClient(ApiClient):
         raise AssertionError("unreachable")
 
     def _download_once(self, path: str, dest: Path, sha256: str, what: str) -> int:
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        h, size = hashlib.sha256(), 0
-        try:
-            with os.fdopen(fd, "wb") as out, self._http.stream("GET", path) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise self._error(resp, f"{what}: GET {path}")
-                for chunk in resp.iter_bytes(CHUNK):
-                    h.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
-            got = h.hexdigest()
+        def check(size: int, got: str) -> None:
             if got != sha256:
                 raise ChecksumMismatchError(
                     f"{what}: checksum mismatch: downloaded {size} bytes with sha256 {got}, the job says {sha256} "
                     "(the API's copy was changed or corrupted after the job was queued); the file was discarded")
-            os.replace(tmp, dest)
-            return size
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+
+        return self._download(path, dest, f"{what}: GET {path}", check)[0]
 
     def upload_checkpoint(self, job_id: str, path: Path, sha256: str) -> dict[str, Any]:
         """PUT the checkpoint file (streamed) with its sha256; safe to repeat."""

@@ -11,7 +11,6 @@ are also core errors (a 4xx is an :class:`~t3ar.errors.InvalidInputError`), carr
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 import zipfile
@@ -164,18 +163,7 @@ class ApiClient(HttpClient):
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         self.job(job_id)  # clear errors (unknown job, auth) before streaming
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out, self._http.stream("GET", f"/jobs/{_seg(job_id)}/checkpoint") as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise _error(resp, f"GET /jobs/{job_id}/checkpoint")
-                for chunk in resp.iter_bytes(1 << 20):
-                    out.write(chunk)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        self._download(f"/jobs/{_seg(job_id)}/checkpoint", dest, f"GET /jobs/{job_id}/checkpoint")
         return dest
 
     def report(self, job_id: str) -> dict[str, Any]:

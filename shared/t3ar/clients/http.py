@@ -9,14 +9,18 @@ exception :meth:`HttpClient._error` makes of it; no answer at all becomes ``unav
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import logging
 import os
 import random
+import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import httpx
@@ -124,6 +128,29 @@ class HttpClient:
 
     def _json(self, method: str, path: str, *, safe: bool = True, **kwargs: Any) -> Any:
         return self._request(method, path, safe=safe, **kwargs).json()
+
+    def _download(self, path: str, dest: Path, what: str,
+                  check: Callable[[int, str], None] | None = None) -> tuple[int, str]:
+        """Stream ``GET path`` into a temp file beside ``dest``, hashing as it goes, and rename it over ``dest``
+        (all or nothing); ``check(size, sha256)`` may raise first to discard it. The size and sha256. One
+        attempt: a transport error propagates (the caller decides whether to start again)."""
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        h, size = hashlib.sha256(), 0
+        try:
+            with os.fdopen(fd, "wb") as out, self._http.stream("GET", path) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise self._error(resp, what)
+                for chunk in resp.iter_bytes(1 << 20):
+                    h.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            if check is not None:
+                check(size, h.hexdigest())
+            os.replace(tmp, dest)
+            return size, h.hexdigest()
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
 
 class _LeanPost:
