@@ -241,7 +241,8 @@ class MilvusIndex:
             parts.append(f"seq in {np.asarray(allowed, dtype=np.int64).tolist()}")
         if drop:
             parts.append(f"seq not in {drop}")
-        res = self._call(self.client.search, self.collection, data=[q for q in _f32(queries)],
+        rows = list(np.ascontiguousarray(queries, dtype=np.float32))
+        res = self._call(self.client.search, self.collection, data=rows,
                          limit=min(k, _MAX_TOPK), filter=" and ".join(parts), output_fields=["seq"],
                          search_params={"metric_type": "IP"}, consistency_level="Strong")
         scores = [np.fromiter((h["distance"] for h in row), dtype=np.float32, count=len(row)) for row in res]
@@ -269,10 +270,6 @@ def release_local(path: str) -> None:
     except ImportError:
         return
     server_manager_instance.release_server(path)
-
-
-def _f32(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 # --- start-up, shutdown and migration: the backend made to agree with the database -------------------------
