@@ -43,6 +43,30 @@ def test_mean_logits_averages_only_target_entries_of_that_id() -> None:
     assert torch.allclose(mean[2], torch.zeros(2))
 
 
+def test_live_is_the_written_prefix_and_gives_the_whole_banks_losses() -> None:
+    torch.manual_seed(0)
+    bank = MemoryBank(size=64, feat_dim=4, num_classes=3)
+    assert bank.live().feats.shape == (0, 4)
+    bank.enqueue(F.normalize(torch.randn(10, 4), dim=1), torch.arange(10), logits=torch.randn(10, 3))
+    bank.enqueue(F.normalize(torch.randn(5, 4), dim=1), torch.tensor([3, 4, 5, 6, 7]), from_pool=True)
+    live = bank.live()
+    assert live.filled == 15 and live.feats.shape == (15, 4) and live.feats.data_ptr() == bank.feats.data_ptr()
+    ids, labels = torch.tensor([1, 2]), torch.tensor([0, 2])
+    q, k = F.normalize(torch.randn(2, 4), dim=1), F.normalize(torch.randn(2, 4), dim=1)
+    nbr = torch.tensor([[3, 5], [6, -1]])
+    results = []
+    for b in (bank, live):
+        bank_labels = torch.where(b.valid & ~b.from_pool, b.ids % 3, -1)
+        mask = losses.negative_mask(b, ids, labels, bank_labels, nbr)
+        logits = losses.info_nce_logits(q, k, b.feats, mask, 0.1)
+        results.append((losses.info_nce_from_logits(logits), losses.denominator_share(logits, mask & b.from_pool),
+                        b.mean_logits(ids)[0]))
+    for whole, prefix in zip(*results, strict=True):
+        assert torch.allclose(whole, prefix, atol=1e-6)
+    bank.enqueue(torch.zeros(60, 4), torch.arange(60))  # wraps: every slot written
+    assert bank.live().filled == 64 and len(bank.live().ids) == 64
+
+
 def _bank_for_mask() -> MemoryBank:
     bank = MemoryBank(size=8, feat_dim=2, num_classes=2)
     # target entries: ids 0,1,2 ; pool entries: ids 7, 8

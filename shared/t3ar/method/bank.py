@@ -3,6 +3,11 @@
 Target entries (from T) store g(t'(x)) (L2-normalised), f(t'(x)) and the sample id; pool entries (from
 A) store only the feature and id (A has other labels). Ids: target samples are ``0..N_T-1``; pool
 entries use their own id space, told apart by ``from_pool``.
+
+The queue fills from slot 0 and only wraps once full, so the slots written so far are always a prefix:
+:meth:`MemoryBank.live` is that prefix (views, no copy), which is what the losses scan. A bank that is not full
+yet (every job's first steps, and whole jobs whose target and retrieved images are fewer than its size) costs
+what it holds, not what it could hold; the empty slots it leaves out are the ones every loss masks anyway.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class MemoryBank:
         self.from_pool = torch.zeros(size, dtype=torch.bool, device=device)
         self.valid = torch.zeros(size, dtype=torch.bool, device=device)
         self.ptr = 0
+        self.filled = 0  # slots written at least once: always the prefix [0, filled)
 
     def __len__(self) -> int:
         return int(self.valid.sum())
@@ -51,6 +57,17 @@ class MemoryBank:
         self.from_pool[slots] = from_pool
         self.valid[slots] = True
         self.ptr = int((self.ptr + n) % self.size)
+        self.filled = min(self.size, self.filled + n)
+
+    def live(self) -> MemoryBank:
+        """The slots written so far, as a bank of their own (views of this one's tensors: no copy). Every slot
+        left out is invalid, so masks, means and InfoNCE logits over it equal those over the whole bank."""
+        view = object.__new__(MemoryBank)
+        view.size = view.filled = self.filled
+        view.ptr = self.ptr % max(1, self.filled)
+        for name in ("feats", "logits", "ids", "labels", "from_pool", "valid"):
+            setattr(view, name, getattr(self, name)[: self.filled])
+        return view
 
     @torch.no_grad()
     def mean_logits(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

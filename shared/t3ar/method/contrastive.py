@@ -115,25 +115,26 @@ class ContrastiveState:
             bank.enqueue(k, ids, logits=k_logits.float(), labels=lab)
             if p is not None and pool_local is not None:
                 bank.enqueue(p, pool_local.to(dev), from_pool=True)
+            live = bank.live()  # the slots written so far: the rest are empty and masked anyway
             if lab is None:
-                mean_logits, _ = bank.mean_logits(ids)
+                mean_logits, _ = live.mean_logits(ids)
                 new_pl = mean_logits.argmax(1)
                 had = self.id_pl[ids] >= 0
                 out["pl_change_rate"] = ((new_pl != self.id_pl[ids]) & had).sum() / had.sum().clamp(min=1)
                 self.id_pl[ids] = new_pl
                 y = new_pl
                 # pool entries and empty slots get a dummy id; negative_mask ignores their label
-                target_ids = torch.where(bank.from_pool | ~bank.valid, 0, bank.ids)
+                target_ids = torch.where(live.from_pool | ~live.valid, 0, live.ids)
                 bank_labels = self.id_pl[target_ids]
             else:
                 y = lab
-                bank_labels = bank.labels
+                bank_labels = live.labels
             nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
-            neg = losses.negative_mask(bank, ids, y, bank_labels, nbr_dev, cfg.pool_negatives)
+            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, cfg.pool_negatives)
         loss_ce = F.cross_entropy(q_logits.float(), y)
-        nce_logits = losses.info_nce_logits(q, k, bank.feats, neg, cfg.temperature)
+        nce_logits = losses.info_nce_logits(q, k, live.feats, neg, cfg.temperature)
         loss_con = losses.info_nce_from_logits(nce_logits)
-        out["pool_neg_share"] = losses.denominator_share(nce_logits.detach(), neg & bank.from_pool[None, :])
+        out["pool_neg_share"] = losses.denominator_share(nce_logits.detach(), neg & live.from_pool[None, :])
         if diagnostics:
             out.update(_grad_norms_at(q_feat, cfg.ce_weight * loss_ce, cfg.contrastive_weight * loss_con))
         loss = cfg.ce_weight * loss_ce + cfg.contrastive_weight * loss_con
