@@ -77,6 +77,34 @@ def test_crop_flip_is_resized_crop_and_mirror() -> None:
     assert (ours[inner] - ref[inner]).abs().mean() < 1.0 and (ours[inner] - ref[inner]).abs().max() < 40
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_batched_rand_augment_is_torchvisions_op_per_image(masked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every RandAugment op and sign, each image with its own, in one batch: the batched kernels (one grid for
+    the geometric ops, one blend, one Sharpness) give what torchvision's float op gives on each image alone."""
+    monkeypatch.setattr(O, "_masked", lambda _x: masked)
+    size = 32
+    cases = [(o, neg) for o, name in enumerate(P.RA_OPS) for neg in ((False, True) if name in O.SIGNED else (False,))]
+    x = _images(len(cases), size, seed=4).float() / 255
+    x[:, :, :3] = 0.5  # grey rows: hue-free pixels and ties
+    ops = torch.tensor([[o, 0] for o, _ in cases])  # round 2: Identity
+    neg = torch.tensor([[n, False] for _, n in cases])
+    p = P.sample_params(len(cases), size, P.STRONG, torch.Generator().manual_seed(0))
+    p = P.ViewParams(p.boxes, p.flip, p.jitter, p.jitter_order, p.jitter_factors, p.gray, ops, neg)
+    ours = O.rand_augment(x.clone(), p)
+    for i, (o, negative) in enumerate(cases):
+        name = P.RA_OPS[o]
+        ref = O._ra_apply(name, x[i:i + 1], O._ra_magnitude(name, size) * (-1.0 if negative else 1.0))
+        assert torch.allclose(ours[i:i + 1], ref, atol=1e-5), (name, negative)
+
+
+def test_blend_leaves_untouched_images_exactly() -> None:
+    x = _images(6, 16).float() / 255
+    kind = torch.tensor([O.NONE, O.BRIGHTNESS, O.NONE, O.CONTRAST, O.SATURATION, O.NONE])
+    out = O.blend(x.clone(), torch.full((6,), 1.3), kind)
+    assert torch.equal(out[kind == O.NONE], x[kind == O.NONE])
+    assert not torch.equal(out[kind != O.NONE], x[kind != O.NONE])
+
+
 def test_views_differ_per_image_and_are_seeded() -> None:
     one = _images(1, 32)
     batch = one.expand(16, -1, -1, -1).contiguous()  # 16 copies of the same image

@@ -1,12 +1,27 @@
 """The image operations of the views, on float batches in [0, 1], each image with its own parameters.
 
-Crop + resize + flip is one ``grid_sample``; colour jitter and grayscale use per-image factors; RandAugment
-groups the images by (op, sign) and sends each group through torchvision's own functional op. On CUDA the
-ops run on the whole batch and are blended in by masks; on the CPU only the selected images go through an op.
+Every op is torchvision's (its float kernels), applied to a whole batch at once wherever the parameters can
+differ per image inside one tensor expression, so that a batch costs a few large kernels rather than one small
+call per (op, sign) group:
+
+* crop + resize + flip: one ``grid_sample`` with a per-image affine (bilinear, as the crop's resize);
+* the blends (brightness, contrast, saturation; RandAugment's Brightness, Color and Contrast):
+  ``clamp(f·x + (1 - f)·m)`` with a per-image factor f and degenerate image m (black, the mean grey level or
+  the grey image); images the op does not touch take f = 1, which leaves them exactly as they are;
+* hue: one fused RGB -> hue-shifted RGB kernel (torchvision's HSV round trip, written without the
+  intermediate HSV tensor);
+* RandAugment's geometric ops (shears, translations, rotation): one nearest-neighbour ``grid_sample`` over
+  every image that draws one, each with its op's grid (grids are fixed per op, sign and size: cached);
+* Sharpness with a per-image factor; Posterize, Solarize, AutoContrast and Equalize through torchvision's own
+  functional op, once per op.
+
+Ops that touch only some images run on those images on the CPU (less arithmetic, which is what costs there),
+and on the whole batch blended in by masks on CUDA (no host-side index tensors, whose copies stall the stream).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -16,108 +31,140 @@ from torchvision.transforms.v2 import functional as TF
 
 from t3ar.method.view_params import RA_BINS, RA_MAGNITUDE, RA_OPS, ViewParams
 
+# blend kinds: what an image is blended with (0 = not blended)
+NONE, BRIGHTNESS, CONTRAST, SATURATION = 0, 1, 2, 3
+#: ColorJitter's ops in ``ViewParams.jitter_order``: brightness, contrast, saturation (blends), hue
+JITTER_BLENDS = (BRIGHTNESS, CONTRAST, SATURATION)
+HUE = 3
+GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+RA_BLENDS = {"Brightness": BRIGHTNESS, "Color": SATURATION, "Contrast": CONTRAST}
+SIGNED = frozenset({*GEOMETRIC, "Brightness", "Color", "Contrast", "Sharpness"})
+
 
 def crop_flip(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Tensor, size: int) -> torch.Tensor:
     """Crop every image to its box, resize to ``size`` (bilinear, align_corners=False) and mirror where
-    ``flip``: one ``grid_sample``. images: float [B, C, H, W]; boxes/flip on any device."""
+    ``flip``: one ``grid_sample``. images: float [B, C, H, W]; boxes/flip on any device.
+
+    The sampling grid is ``affine_grid``'s for the per-image affine (scale and shift per axis, no rotation), built
+    separably: x depends on the column only and y on the row only (a batched 3x2 matrix product per pixel is
+    slow on the CPU)."""
     n, _, hgt, wid = images.shape
-    boxes = boxes.to(images.device, torch.float32)
+    dev = images.device
+    boxes = boxes.to(dev, torch.float32)
     top, left, bh, bw = boxes.unbind(1)
-    sx, sy = bw / wid, bh / hgt
-    cx = (left + bw / 2) / wid * 2 - 1
-    cy = (top + bh / 2) / hgt * 2 - 1
-    sign = 1 - 2 * flip.to(images.device, torch.float32)
-    theta = torch.zeros(n, 2, 3, device=images.device)
-    theta[:, 0, 0] = sx * sign
-    theta[:, 0, 2] = cx
-    theta[:, 1, 1] = sy
-    theta[:, 1, 2] = cy
-    grid = F.affine_grid(theta, [n, images.shape[1], size, size], align_corners=False)
+    sign = 1 - 2 * flip.to(dev, torch.float32)
+    base = torch.linspace(-1.0 + 1.0 / size, 1.0 - 1.0 / size, size, device=dev)  # output pixel centres
+    gx = (bw / wid * sign)[:, None] * base + ((left + bw / 2) / wid * 2 - 1)[:, None]  # [n, size]
+    gy = (bh / hgt)[:, None] * base + ((top + bh / 2) / hgt * 2 - 1)[:, None]
+    grid = torch.stack((gx[:, None, :].expand(n, size, size), gy[:, :, None].expand(n, size, size)), dim=-1)
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
+def _gray1(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's grey level (ITU-R 601-2 luma), one channel: [B, 1, H, W]."""
+    return 0.2989 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]
+
+
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    return (0.2989 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]).expand_as(x)
+    return _gray1(x).expand_as(x)
 
 
 def _per(f: torch.Tensor) -> torch.Tensor:
     return f.view(-1, 1, 1, 1)
 
 
-def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
-    r, g, b = x.unbind(1)
-    maxc, minc = x.amax(1), x.amin(1)
-    eqc = maxc == minc
-    cr = maxc - minc
-    ones = torch.ones_like(maxc)
-    s = cr / torch.where(eqc, ones, maxc)
-    crd = torch.where(eqc, ones, cr)
-    rc, gc, bc = (maxc - r) / crd, (maxc - g) / crd, (maxc - b) / crd
-    hr = (maxc == r) * (bc - gc)
-    hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
-    hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
-    h = ((hr + hg + hb) / 6.0 + 1.0).fmod(1.0)
-    return torch.stack([h, s, maxc], dim=1)
-
-
-def _hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
-    h, s, v = x.unbind(1)
-    i = torch.floor(h * 6.0)
-    f = h * 6.0 - i
-    i = i.to(torch.int64) % 6
-    p = (v * (1.0 - s)).clamp(0.0, 1.0)
-    q = (v * (1.0 - s * f)).clamp(0.0, 1.0)
-    t = (v * (1.0 - s * (1.0 - f))).clamp(0.0, 1.0)
-    a1 = torch.stack((v, q, p, p, t, v), dim=1)
-    a2 = torch.stack((t, v, v, q, p, p), dim=1)
-    a3 = torch.stack((p, p, t, v, v, q), dim=1)
-    sector = i.unsqueeze(1)  # [B, 1, H, W]: which of the 6 hue sectors each pixel is in
-    return torch.cat([a.gather(1, sector) for a in (a1, a2, a3)], dim=1)
-
-
-def _jitter_op(op: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """One ColorJitter op with per-image factors ``f`` [n] (as torchvision's float kernels)."""
-    if op == 0:  # brightness: blend with black
-        return (x * _per(f)).clamp(0, 1)
-    if op == 1:  # contrast: blend with the image's mean grey level
-        mean = _gray(x)[:, :1].mean(dim=(1, 2, 3), keepdim=True)
-        return (_per(f) * x + (1 - _per(f)) * mean).clamp(0, 1)
-    if op == 2:  # saturation: blend with the greyscale image
-        return (_per(f) * x + (1 - _per(f)) * _gray(x)).clamp(0, 1)
-    hsv = _rgb_to_hsv(x)
-    hsv[:, 0] = (hsv[:, 0] + _per(f)[:, 0]) % 1.0
-    return _hsv_to_rgb(hsv)
-
-
 def _masked(x: torch.Tensor) -> bool:
-    """On CUDA every op runs on the whole batch and is blended in by a mask (no subset indexing: that needs
-    host-side index tensors, and their copies stall the stream); on the CPU only the selected images go
-    through an op (less arithmetic, which is what costs there)."""
+    """On CUDA an op that touches some images runs on the whole batch and is blended in by a mask; on the CPU it
+    runs on the selected images only."""
     return x.device.type == "cuda"
 
 
-def colour(x: torch.Tensor, p: ViewParams) -> torch.Tensor:
-    """Colour jitter (random order per image) then random grayscale, per image."""
+def blend(x: torch.Tensor, factor: torch.Tensor, kind: torch.Tensor) -> torch.Tensor:
+    """Each image blended with its degenerate image by its own factor, clamped to [0, 1] (torchvision's
+    ``adjust_brightness`` / ``adjust_contrast`` / ``adjust_saturation``): ``kind`` [B] (CPU) says which
+    (BRIGHTNESS: black, CONTRAST: the image's mean grey level, SATURATION: its grey image; NONE: untouched),
+    ``factor`` [B] (CPU) the blend factor. Arithmetic only (no ``torch.where``: several times slower per element
+    than a multiply on the CPU)."""
+    active = kind != NONE
+    if not bool(active.any()):
+        return x
     dev = x.device
-    order, factors = p.jitter_order, p.jitter_factors
+    f = _per(torch.where(active, factor, 1.0).to(dev, non_blocking=True))
+    is_c, is_s = kind == CONTRAST, kind == SATURATION
+    if not (bool(is_c.any()) or bool(is_s.any())):
+        return (f * x).clamp_(0, 1)  # brightness only: the blend with black
+    g = _gray1(x)
+    m = g.mul_(_per(is_s.float().to(dev, non_blocking=True)))
+    if bool(is_c.any()):
+        mean = _gray1(x).mean(dim=(1, 2, 3), keepdim=True)
+        m = m.add_(mean * _per(is_c.float().to(dev, non_blocking=True)))
+    return (f * x).add_(m.mul_(1 - f)).clamp_(0, 1)
+
+
+def hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``adjust_hue`` with a per-image ``shift`` [B] (on x's device), without the HSV tensor.
+
+    torchvision's hue h6 in [-1, 5) (6 x its h), with the same tie rule (red, then green, then blue is the
+    maximum), then each channel n of the result is v - (v - min)·clamp(min(k, 4 - k), 0, 1) with
+    k = (n + h6 + 6·shift) mod 6 and n = 5, 3, 1 for R, G, B: value and saturation kept, as in the round trip.
+    Masks are multiplied in rather than selected with ``torch.where`` (much cheaper per element on the CPU)."""
+    r, g, b = x.unbind(1)
+    maxc = torch.maximum(torch.maximum(r, g), b)
+    cr = maxc - torch.minimum(torch.minimum(r, g), b)
+    rm = (maxc == r).float()
+    gm = (maxc == g).float().mul_(1.0 - rm)
+    bm = 1.0 - rm - gm
+    num = rm * (g - b) + gm * (b - r) + bm * (r - g)  # 0 where the pixel is grey (cr = 0)
+    h6 = num.div_(cr.clamp_min(1e-12)).add_(2.0 * gm + 4.0 * bm).add_((6.0 * shift + 12.0).view(-1, 1, 1))
+    k = torch.tensor([5.0, 3.0, 1.0], device=x.device).view(1, 3, 1, 1) + h6.unsqueeze(1)
+    k = k.sub_(torch.floor(k * (1.0 / 6.0)).mul_(6.0))
+    w = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
+    return (maxc.unsqueeze(1) - cr.unsqueeze(1) * w).clamp_(0.0, 1.0)
+
+
+def _on_selected(x: torch.Tensor, hit: torch.Tensor, op: object) -> torch.Tensor:
+    """``op(images)`` applied to the images where ``hit`` [B] (CPU bool); ``op`` also gets the selected rows'
+    indices (CPU) so it can pick their parameters."""
+    if not bool(hit.any()):
+        return x
     if _masked(x):
-        on = p.jitter[:, None, None] & (order[:, :, None] == torch.arange(4)[None, None, :])  # [B, pos, op]
-        on_d, f_d = on.to(dev, non_blocking=True), factors.to(dev, non_blocking=True)
-        for pos in range(4):
-            for op in range(4):
-                if bool(on[:, pos, op].any()):
-                    x = torch.where(on_d[:, pos, op].view(-1, 1, 1, 1), _jitter_op(op, x, f_d[:, op]), x)
-    else:
-        for pos in range(4):
-            for op in range(4):
-                sel = (p.jitter & (order[:, pos] == op)).nonzero().squeeze(1)
-                if len(sel):
-                    sd = sel.to(dev)
-                    x[sd] = _jitter_op(op, x[sd], factors[sel, op].to(dev))
-    if bool(p.gray.any()):
-        g = p.gray.to(dev, non_blocking=True).view(-1, 1, 1, 1)
-        x = torch.where(g, _gray(x), x)
+        rows = torch.arange(len(x))
+        return torch.where(_per(hit.to(x.device, non_blocking=True)), op(x, rows), x)  # type: ignore[operator]
+    sel = hit.nonzero().squeeze(1)
+    sd = sel.to(x.device)
+    x[sd] = op(x[sd], sel)  # type: ignore[operator]
     return x
+
+
+def _blend_some(x: torch.Tensor, factor: torch.Tensor, kind: torch.Tensor) -> torch.Tensor:
+    """:func:`blend` where the images it leaves untouched (kind NONE) are skipped on the CPU."""
+    if _masked(x):
+        return blend(x, factor, kind)
+    return _on_selected(x, kind != NONE, lambda xs, rows: blend(xs, factor[rows], kind[rows]))
+
+
+def _jitter_op(op: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """One ColorJitter op on every image of ``x`` with per-image factors ``f`` [n] (CPU)."""
+    if op == HUE:
+        return hue(x, f.to(x.device))
+    return blend(x, f, torch.full((len(x),), JITTER_BLENDS[op]))
+
+
+def colour(x: torch.Tensor, p: ViewParams) -> torch.Tensor:
+    """Colour jitter (random order per image) then random grayscale, per image. At each of the 4 positions in
+    the order, one blend over the batch (each image its own op and factor) and the hue shift of the images
+    whose op there is hue."""
+    order, factors = p.jitter_order, p.jitter_factors
+    blends = torch.tensor([*JITTER_BLENDS, NONE])
+    for pos in range(4):
+        op = order[:, pos]
+        on = p.jitter
+        if not bool(on.any()):
+            break
+        f = factors.gather(1, op[:, None]).squeeze(1)
+        x = _blend_some(x, f, torch.where(on, blends[op], NONE))
+        x = _on_selected(x, on & (op == HUE), lambda xs, rows, f=f: hue(xs, f[rows].to(xs.device)))
+    return _on_selected(x, p.gray, lambda xs, _rows: _gray(xs).contiguous())
 
 
 def _ra_magnitude(op: str, size: int) -> float:
@@ -130,7 +177,8 @@ def _ra_magnitude(op: str, size: int) -> float:
 
 
 def _ra_apply(op: str, x: torch.Tensor, mag: float) -> torch.Tensor:
-    """torchvision RandAugment's op on a float batch in [0, 1], one magnitude for the whole batch."""
+    """torchvision RandAugment's op on a batch, one magnitude for the whole batch (the reference the batched
+    ops are tested against, and the kernel of the ops without per-image parameters)."""
     nearest = InterpolationMode.NEAREST
     if op == "ShearX":
         return TF.affine(x, angle=0.0, translate=[0, 0], scale=1.0, shear=[math.degrees(math.atan(mag)), 0.0],
@@ -162,30 +210,92 @@ def _ra_apply(op: str, x: torch.Tensor, mag: float) -> torch.Tensor:
     return x
 
 
-SIGNED = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-                    "Sharpness"})
+def _inverse_affine(center: tuple[float, float], angle: float, translate: tuple[float, float],
+                    shear: tuple[float, float]) -> list[float]:
+    """torchvision's ``_get_inverse_affine_matrix`` (scale 1): the output -> input pixel map of an affine."""
+    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
+    (cx, cy), (tx, ty) = center, translate
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -(a * math.tan(sx) + math.sin(rot))
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = math.cos(rot) - c * math.tan(sx)
+    m = [d, -b, 0.0, -c, a, 0.0]
+    m[2] += cx - m[0] * (cx + tx) - m[1] * (cy + ty)
+    m[5] += cy - m[3] * (cx + tx) - m[4] * (cy + ty)
+    return m
+
+
+def _geometric_matrix(op: str, mag: float, size: int) -> list[float]:
+    """The inverse affine torchvision's ``affine`` / ``rotate`` build for RandAugment's op at ``mag``."""
+    corner = (-size * 0.5, -size * 0.5)  # the shears turn about the top-left corner (center=[0, 0])
+    if op == "ShearX":
+        return _inverse_affine(corner, 0.0, (0.0, 0.0), (math.degrees(math.atan(mag)), 0.0))
+    if op == "ShearY":
+        return _inverse_affine(corner, 0.0, (0.0, 0.0), (0.0, math.degrees(math.atan(mag))))
+    if op == "TranslateX":
+        return _inverse_affine((0.0, 0.0), 0.0, (float(int(mag)), 0.0), (0.0, 0.0))
+    if op == "TranslateY":
+        return _inverse_affine((0.0, 0.0), 0.0, (0.0, float(int(mag))), (0.0, 0.0))
+    return _inverse_affine((0.0, 0.0), -(mag % 360), (0.0, 0.0), (0.0, 0.0))  # rotate: angle direction flipped
+
+
+@functools.lru_cache(maxsize=16)
+def _geometric_grids(size: int, device: torch.device) -> torch.Tensor:
+    """[len(GEOMETRIC) * 2, size, size, 2] sampling grids (torchvision's ``_affine_grid``), row 2·i + negative
+    for GEOMETRIC[i]."""
+    mats = [_geometric_matrix(op, _ra_magnitude(op, size) * (-1.0 if neg else 1.0), size)
+            for op in GEOMETRIC for neg in (False, True)]
+    theta = torch.tensor(mats, dtype=torch.float32).view(-1, 2, 3)
+    base = torch.empty(1, size, size, 3)
+    base[..., 0].copy_(torch.linspace((1.0 - size) * 0.5, (size - 1.0) * 0.5, steps=size))
+    base[..., 1].copy_(torch.linspace((1.0 - size) * 0.5, (size - 1.0) * 0.5, steps=size).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    scaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * size, 0.5 * size]))
+    grids = base.view(1, size * size, 3).expand(len(mats), -1, -1).bmm(scaled)
+    return grids.view(len(mats), size, size, 2).to(device)
+
+
+def _geometric(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+    """Each image through its own geometric op: ``code`` [B] (CPU) rows of :func:`_geometric_grids`."""
+    grids = _geometric_grids(x.shape[-1], x.device)[code.to(x.device)]
+    return F.grid_sample(x, grids, mode="nearest", padding_mode="zeros", align_corners=False)
+
+
+def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``adjust_sharpness`` with a per-image ``factor`` [B] (on x's device): the interior blended
+    with a 3x3 smoothing, the border kept."""
+    if x.shape[-1] <= 2 or x.shape[-2] <= 2:
+        return x
+    a, b = 1.0 / 13.0, 5.0 / 13.0
+    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], device=x.device).expand(x.shape[1], 1, 3, 3)
+    out = x.clone()
+    blurred = F.conv2d(out, kernel, groups=x.shape[1])
+    inner = out[..., 1:-1, 1:-1]
+    inner.add_((blurred - inner) * _per(1.0 - factor))
+    return out.clamp_(0, 1)
 
 
 def rand_augment(x: torch.Tensor, p: ViewParams) -> torch.Tensor:
-    """RandAugment with each image's own ops and signs: one torchvision call per (round, op, sign) group."""
+    """RandAugment with each image's own ops and signs. Per round: one grid_sample for the geometric ops, one
+    blend for Brightness / Color / Contrast, one Sharpness, and one torchvision call for each other op drawn."""
     size = x.shape[-1]
-    masked = _masked(x)
+    index = {name: i for i, name in enumerate(RA_OPS)}
+    blend_kind = torch.zeros(len(RA_OPS), dtype=torch.long)
+    blend_mag = torch.zeros(len(RA_OPS))
+    for name, kind in RA_BLENDS.items():
+        blend_kind[index[name]], blend_mag[index[name]] = kind, _ra_magnitude(name, size)
+    geo_first, sharp = index[GEOMETRIC[0]], index["Sharpness"]
+    geo_ops = torch.tensor([index[g] for g in GEOMETRIC])
     for rnd in range(p.ra_ops.shape[1]):
         ops, neg = p.ra_ops[:, rnd], p.ra_negative[:, rnd]
-        for o, name in enumerate(RA_OPS):
-            if name == "Identity":
-                continue
-            for negative in ((False, True) if name in SIGNED else (False,)):
-                hit = (ops == o) & (neg == negative) if name in SIGNED else ops == o
-                if not bool(hit.any()):
-                    continue
-                mag = _ra_magnitude(name, size) * (-1.0 if negative else 1.0)
-                if masked:
-                    m = hit.to(x.device, non_blocking=True).view(-1, 1, 1, 1)
-                    x = torch.where(m, _ra_apply(name, x, mag), x)
-                else:
-                    sel = hit.nonzero().squeeze(1)
-                    sd = sel.to(x.device)
-                    x[sd] = _ra_apply(name, x[sd], mag)
+        sign = 1.0 - 2.0 * neg.float()
+        is_geo = torch.isin(ops, geo_ops)
+        code = torch.where(is_geo, (ops - geo_first) * 2 + neg.long(), 0)  # any valid row where not geometric
+        x = _on_selected(x, is_geo, lambda xs, rows, code=code: _geometric(xs, code[rows]))
+        x = _blend_some(x, 1.0 + sign * blend_mag[ops], blend_kind[ops])
+        f_sharp = 1.0 + sign * _ra_magnitude("Sharpness", size)
+        x = _on_selected(x, ops == sharp, lambda xs, rows, f=f_sharp: _sharpness(xs, f[rows].to(xs.device)))
+        for name in ("Posterize", "Solarize", "AutoContrast", "Equalize"):
+            mag = _ra_magnitude(name, size)
+            x = _on_selected(x, ops == index[name], lambda xs, _rows, name=name, mag=mag: _ra_apply(name, xs, mag))
     return x
-
