@@ -227,6 +227,46 @@ def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.d
     return statistics.median(times[1:])
 
 
+def bank_scan_seconds(feat_dim: int, num_classes: int, filled: int, device: torch.device, *, batch_size: int,
+                      k: int, bank_size: int, repeats: int = 7) -> float:
+    """Median seconds of one T3AR step's bank work at ``filled`` of ``bank_size`` slots written: pseudo-label
+    means, the negative mask, InfoNCE and its backward to the queries, the pool's denominator share."""
+    import torch.nn.functional as F
+
+    from t3ar.method import losses
+    from t3ar.method.bank import MemoryBank
+
+    gen = torch.Generator().manual_seed(0)
+    bank = MemoryBank(bank_size, feat_dim, num_classes, device)
+    n_pool = filled // 2
+    bank.enqueue(F.normalize(torch.randn(filled - n_pool, feat_dim, generator=gen), dim=1).to(device),
+                 torch.randint(0, 1000, (filled - n_pool,), generator=gen).to(device),
+                 logits=torch.randn(filled - n_pool, num_classes, generator=gen).to(device))
+    bank.enqueue(F.normalize(torch.randn(n_pool, feat_dim, generator=gen), dim=1).to(device),
+                 torch.randint(0, 5000, (n_pool,), generator=gen).to(device), from_pool=True)
+    ids = torch.arange(batch_size, device=device)
+    nbr = torch.randint(0, 5000, (batch_size, k), generator=gen).to(device)
+    q0 = F.normalize(torch.randn(batch_size, feat_dim, generator=gen), dim=1).to(device)
+    key = F.normalize(torch.randn(batch_size, feat_dim, generator=gen), dim=1).to(device)
+    times = []
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        q = q0.clone().requires_grad_(True)
+        live = bank.live()
+        y = live.mean_logits(ids)[0].argmax(1)
+        labels = torch.where(live.from_pool | ~live.valid, 0, live.ids) % num_classes
+        neg = losses.negative_mask(live, ids, y, labels, nbr)
+        logits = losses.info_nce_logits(q, key, live.feats, neg, 0.07)
+        losses.info_nce_from_logits(logits).backward()
+        losses.denominator_share(logits.detach(), neg & live.from_pool[None, :])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
 def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
                    methods: tuple[str, ...] | None = None, profile: bool = True) -> dict[str, Any]:
     """All ``methods`` (default: :data:`METHODS` and the device's :data:`APPROXIMATIONS`) interleaved on
@@ -268,6 +308,16 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
                       "t3ar_ratio": step_s["supervised"] / (step_s["supervised"] + nograd)}
     out["ceiling"]["t3ar_share_of_ceiling"] = out["ratios"]["t3ar"] / out["ceiling"]["t3ar_ratio"] \
         if "t3ar" in out["ratios"] else None
+    if "t3ar" in step_s:  # the bank: what its fill in these first-epoch steps saves against a full one
+        cfg = AdaptConfig()
+        n = len(data.target)
+        filled = min(cfg.bank_size, n + (n // batch_size) * rows)  # initial entries + each step's keys and pool
+        args = (model.feature_dim, model.num_classes)
+        at_fill = bank_scan_seconds(*args, filled, device, batch_size=batch_size, k=k, bank_size=cfg.bank_size)
+        full = bank_scan_seconds(*args, cfg.bank_size, device, batch_size=batch_size, k=k, bank_size=cfg.bank_size)
+        out["bank"] = {"size": cfg.bank_size, "filled_at_last_step": filled, "scan_s_at_fill": at_fill,
+                       "scan_s_full": full,
+                       "t3ar_ratio_full_bank": step_s["supervised"] / (step_s["t3ar"] + max(0.0, full - at_fill))}
     if profile:
         out["profile_t3ar_step"] = profile_step(model, spec, data, device, batch_size=batch_size, k=k)
     return out

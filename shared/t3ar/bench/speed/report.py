@@ -113,6 +113,15 @@ def write_report(res: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                       f"{c['nograd_s']:.3f} s alone) gives **{c['t3ar_ratio']:.2f}x** supervised; T3AR reaches "
                       + (f"**{100 * share:.0f} %** of that ceiling." if share is not None else "–.")
                       + " Everything else in the step (views, bank, loss) is overhead above the ceiling."]
+        bank = figs.get("bank")
+        if bank:
+            lines += ["", f"T3AR's memory bank held up to {bank['filled_at_last_step']:,} of its {bank['size']:,} "
+                      "slots in the timed steps (a job's first epoch: the bank starts with the target's strong views "
+                      "and grows by each step's keys and pool features); the losses scan only the slots written so "
+                      f"far. That bank work (pseudo-label means, negative mask, InfoNCE and its backward, the pool's "
+                      f"share) took {1000 * bank['scan_s_at_fill']:.1f} ms per step at that fill and "
+                      f"{1000 * bank['scan_s_full']:.1f} ms with every slot written, which a long job reaches: "
+                      f"there T3AR / supervised would be **{bank['t3ar_ratio_full_bank']:.2f}**."]
         if figs.get("profile_t3ar_step"):
             lines += ["", "Where one T3AR step's time goes (torch.profiler, top operators by self time):", "",
                       "```", figs["profile_t3ar_step"].rstrip(), "```"]
