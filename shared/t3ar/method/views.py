@@ -7,10 +7,12 @@ is drawn per image into a tensor (:mod:`t3ar.method.view_params`) and the image 
 batch on the batch's device (:mod:`t3ar.method.view_ops`):
 
 * crop + resize + flip: one ``grid_sample`` with a per-image affine (bilinear, as the crop's resize);
-* colour jitter and grayscale: per-image factors broadcast over the batch, each jitter op applied to the
-  images whose random order puts it at that position;
-* RandAugment: each image draws its own 2 ops and signs; images are grouped by (op, sign) and each group
-  goes through torchvision's own functional op once (all ops of one magnitude share their parameters).
+* colour jitter and grayscale: at each of the 4 positions of the random order, one blend (brightness,
+  contrast or saturation, each image its own op and factor) and one hue shift of the images whose op there
+  is hue;
+* RandAugment: each image draws its own 2 ops and signs; per round, one nearest-neighbour ``grid_sample`` for
+  all the geometric ops (each image its op's grid), one blend for Brightness / Color / Contrast, one Sharpness,
+  and torchvision's own functional op once for each of Posterize, Solarize, AutoContrast and Equalize.
 
 Images stay float in [0, 1] from the first op on (torchvision rounds to uint8 after every op: a
 difference of at most half a grey level per op). Randomness comes from the ``generator`` given (a CPU
