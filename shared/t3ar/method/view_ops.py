@@ -73,6 +73,13 @@ def _per(f: torch.Tensor) -> torch.Tensor:
     return f.view(-1, 1, 1, 1)
 
 
+@functools.lru_cache(maxsize=32)
+def _const(values: tuple[float, ...], shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A small constant tensor, made once per device (a fresh host-to-device copy per call would wait for the
+    stream on CUDA)."""
+    return torch.tensor(values, device=device).view(shape)
+
+
 def _masked(x: torch.Tensor) -> bool:
     """On CUDA an op that touches some images runs on the whole batch and is blended in by a mask; on the CPU it
     runs on the selected images only."""
@@ -116,7 +123,7 @@ def hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     bm = 1.0 - rm - gm
     num = rm * (g - b) + gm * (b - r) + bm * (r - g)  # 0 where the pixel is grey (cr = 0)
     h6 = num.div_(cr.clamp_min(1e-12)).add_(2.0 * gm + 4.0 * bm).add_((6.0 * shift + 12.0).view(-1, 1, 1))
-    k = torch.tensor([5.0, 3.0, 1.0], device=x.device).view(1, 3, 1, 1) + h6.unsqueeze(1)
+    k = _const((5.0, 3.0, 1.0), (1, 3, 1, 1), x.device) + h6.unsqueeze(1)
     k = k.sub_(torch.floor(k * (1.0 / 6.0)).mul_(6.0))
     w = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
     return (maxc.unsqueeze(1) - cr.unsqueeze(1) * w).clamp_(0.0, 1.0)
@@ -267,7 +274,7 @@ def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     if x.shape[-1] <= 2 or x.shape[-2] <= 2:
         return x
     a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], device=x.device).expand(x.shape[1], 1, 3, 3)
+    kernel = _const((a, a, a, a, b, a, a, a, a), (1, 1, 3, 3), x.device).expand(x.shape[1], 1, 3, 3)
     out = x.clone()
     blurred = F.conv2d(out, kernel, groups=x.shape[1])
     inner = out[..., 1:-1, 1:-1]
