@@ -3,7 +3,8 @@
 Middleware, outermost first: request id + access log (every answer carries the id and is logged), metrics
 (times everything below), credentials first (a client without a known token gets 401 before any byte of its
 body is read), the body limit (413), then a service's own ``inner`` middleware (e.g. the retriever's lean
-search path), innermost.
+search path), innermost. Outside them all, ``fast`` (a method, a path and an answer function): that one route
+answered by :class:`~t3ar_services.common.fastlane.FastLane`, which does what the four layers do inline.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from starlette.middleware import Middleware
 import t3ar
 from t3ar_services.common.auth import TokenSettings, worker_token
 from t3ar_services.common.body_limit import BodyLimitMiddleware
-from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matches
+from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matcher
+from t3ar_services.common.fastlane import Answer, FastLane
 from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
 from t3ar_services.common.request_id import RequestIdMiddleware
 
 
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
-                       inner: Sequence[Middleware] = (), **fastapi: Any) -> FastAPI:
+                       inner: Sequence[Middleware] = (), fast: tuple[str, str, Answer] | None = None,
+                       **fastapi: Any) -> FastAPI:
     """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``fastapi``: the
     app's title, description, lifespan, form limits."""
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
@@ -32,11 +35,14 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
     for mw in inner:  # added first = innermost
         app.add_middleware(mw.cls, *mw.args, **mw.kwargs)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
-    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled,
-                       accepts=lambda token: token_matches(token, (settings.token, settings.admin_token,
-                                                                       worker_token(settings))))
+    accepts = token_matcher((settings.token, settings.admin_token, worker_token(settings)))  # settings are frozen
+    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled, accepts=accepts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(RequestIdMiddleware)  # added last = outermost
+    app.add_middleware(RequestIdMiddleware)
+    if fast is not None:  # added last = outermost
+        method, path, answer = fast
+        app.add_middleware(FastLane, method=method, path=path, answer=answer, metrics=metrics, body_limit=body_limit,
+                           accepts=accepts, auth_enabled=not settings.auth_disabled)
     for router in routers:
         app.include_router(router)
     return app

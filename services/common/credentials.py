@@ -25,6 +25,27 @@ def token_matches(given: str, tokens: Iterable[SecretStr | None]) -> bool:
     return any(t is not None and secrets.compare_digest(raw, t.get_secret_value().encode()) for t in tokens)
 
 
+def token_matcher(tokens: Iterable[SecretStr | None]) -> Callable[[str], bool]:
+    """:func:`token_matches` against fixed ``tokens``, their bytes taken once (the check runs per request)."""
+    known = [t.get_secret_value().encode() for t in tokens if t is not None]
+
+    def accepts(given: str) -> bool:
+        raw = given.encode()
+        return any(secrets.compare_digest(raw, k) for k in known)
+
+    return accepts
+
+
+def bearer_problem(header: bytes | None, accepts: Callable[[str], bool]) -> str | None:
+    """None when the ``Authorization`` header value carries a token that ``accepts`` knows, else why not."""
+    if not header:
+        return "missing bearer token: send 'Authorization: Bearer <token>'"
+    scheme, _, token = header.decode("latin-1").strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "missing bearer token: send 'Authorization: Bearer <token>'"
+    return None if accepts(token.strip()) else "invalid bearer token"
+
+
 def _carries_body(scope: Scope) -> bool:
     if scope.get("method") in BODY_METHODS:
         return True
@@ -47,13 +68,7 @@ class CredentialsFirstMiddleware:
 
     def _known(self, scope: Scope) -> str | None:
         """None when the request may go on, else why not."""
-        header = dict(scope.get("headers") or []).get(b"authorization")
-        if not header:
-            return "missing bearer token: send 'Authorization: Bearer <token>'"
-        scheme, _, token = header.decode("latin-1").strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return "missing bearer token: send 'Authorization: Bearer <token>'"
-        return None if self.accepts(token.strip()) else "invalid bearer token"
+        return bearer_problem(dict(scope.get("headers") or []).get(b"authorization"), self.accepts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.enabled or scope["path"] in self.open_paths \

@@ -3,16 +3,17 @@
 Profiled on the 2-core development machine (py-spy, a vectors-only service, single 512-d queries against 1,000
 vectors): about three quarters of the service's CPU per request was FastAPI around the route (dependency
 solving with its cache keys and security scopes ~35 %, routing ~10 %, the body model, the thread-pool hop
-and the ``Response`` plumbing), the search itself under a tenth. This ASGI middleware, the innermost of the
-service's stack (request id, metrics, credentials-first and the body limit still apply), takes a
+and the ``Response`` plumbing), the search itself under a tenth. :class:`SearchAnswer` takes a
 ``POST /search`` whose JSON body it fully understands, i.e. ``vectors_b64`` queries with fields of exactly
 the documented types (what :class:`~t3ar.clients.retriever.RetrieverClient` sends), and answers it with the
 same code and the same bytes as the route. Everything else (JSON ``vectors``, ``images_b64``, odd types,
-unparsable bodies) and every request that fails here in any way is handed to the regular route with its
-body replayed, so answers and errors are exactly the route's: the OpenAPI contract does not change.
+unparsable bodies) and every request that fails here in any way is handed to the regular route with its body
+replayed, so answers and errors are exactly the route's: the OpenAPI contract does not change.
 
-Auth: a body-carrying request only gets here with a known token (the credentials-first middleware) or with
-auth disabled, and ``/search`` needs no more than a known token.
+It is called by the outermost layer of the middleware stack (:class:`~t3ar_services.common.fastlane.FastLane`),
+which does the request id, access log, metrics, credentials and body limit inline for this one route: the four
+middleware layers cost more CPU per single query than a search of a small pool. Auth: only a request with a
+known token (or with auth disabled) gets here, and ``/search`` needs no more than a known token.
 
 Scheduling: a search that costs little (:data:`INLINE_MAX_COST` multiply-adds, ~1 ms) runs on the event loop,
 saving two thread wake-ups, unless a writer holds the index lock; larger ones run in the thread pool so that
@@ -25,12 +26,11 @@ import json
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from t3ar_services.retriever import schemas as s
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.index import IndexBusy
-from t3ar_services.retriever.routes import router, search_json, search_queries
+from t3ar_services.retriever.routes import search_json, search_queries
 
 INLINE_MAX_COST = 4e6  # multiply-adds: ~1 ms of a one-thread scan on this class of CPU
 _FIELDS = frozenset(s.SearchRequest.model_fields)
@@ -49,41 +49,16 @@ def _limit(field: str, name: str, default: int) -> int:
 _R = (_limit("r", "ge", 1), _limit("r", "le", 1))
 _SEED = (_limit("seed", "ge", 0), _limit("seed", "le", 0))
 _MAX_EXCLUDE = _limit("exclude_ids", "max_length", 0)
-_SEARCH_ROUTE = next(r for r in router.routes if getattr(r, "path", None) == "/search")
 
 
-class SearchFastPath:
-    def __init__(self, app: ASGIApp, state: RetrieverState) -> None:
-        self.app = app
+class SearchAnswer:
+    """``answer(body)`` of the :class:`~t3ar_services.common.fastlane.FastLane` for ``POST /search``: the
+    route's JSON answer, or None to let the route handle the request."""
+
+    def __init__(self, state: RetrieverState) -> None:
         self.state = state
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/search" \
-                or not _is_json(scope):
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # disconnected: let the route see it
-                await self.app(scope, _replay(b"".join(chunks), receive, message), send)
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        raw = b"".join(chunks)
-        answer = await self._answer(raw)
-        if answer is None:
-            await self.app(scope, _replay(raw, receive), send)
-            return
-        scope["route"] = _SEARCH_ROUTE  # the metrics middleware labels by route template
-        self.state.fast_searches += 1
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": answer})
-
-    async def _answer(self, raw: bytes) -> bytes | None:
-        """The route's answer body, or None to let the route handle the request."""
+    async def __call__(self, raw: bytes) -> bytes | None:
         state = self.state
         pool = state.pool
         if pool is None or pool.index is None or state.load_error:
@@ -93,34 +68,18 @@ class SearchFastPath:
             return None
         try:
             queries = search_queries(pool, state, state.settings, body)
+            answer = None
             if pool.index.scan_cost(len(queries)) <= INLINE_MAX_COST:
                 try:
-                    return search_json(pool, state, state.settings, body, queries, blocking=False)
+                    answer = search_json(pool, state, state.settings, body, queries, blocking=False)
                 except IndexBusy:
                     pass
-            return await run_in_threadpool(search_json, pool, state, state.settings, body, queries)
+            if answer is None:
+                answer = await run_in_threadpool(search_json, pool, state, state.settings, body, queries)
         except Exception:  # the route gives the documented answer (a 4xx, or the same failure)
             return None
-
-
-def _is_json(scope: Scope) -> bool:
-    for name, value in scope.get("headers") or ():
-        if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
-    return False
-
-
-def _replay(body: bytes, receive: Receive, then: Message | None = None) -> Receive:
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return then if then is not None else await receive()
-
-    return replayed
+        state.fast_searches += 1
+        return answer
 
 
 def _int(value: Any, lo: int, hi: int) -> bool:
