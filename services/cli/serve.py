@@ -40,9 +40,16 @@ def _settings(cls: type[BaseSettings], what: str, **overrides: Any) -> Any:
 
 
 def _run(app: Any, host: str, port: int, log_level: str, what: str) -> None:
+    import importlib.util
+
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level,
+    http: Any = "auto"
+    if importlib.util.find_spec("httptools") is not None:  # a response's head and body in one socket write
+        from t3ar_services.common.http_protocol import CoalescingHttpToolsProtocol
+
+        http = CoalescingHttpToolsProtocol
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, http=http,
                             timeout_graceful_shutdown=30, access_log=log_level == "debug")
     server = uvicorn.Server(config)
     server.run()
