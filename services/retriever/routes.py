@@ -8,6 +8,7 @@ import json
 from typing import Annotated, Any, Literal
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -284,10 +285,11 @@ def search_json(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.S
                        source=body.source, blocking=blocking)
     state.metrics.searches.inc()
     state.metrics.search_queries.inc(len(queries))
-    # Built by hand: JSON-encoding 256 x 50 results through pydantic costs more than the search at 20k vectors.
+    # Built by hand: JSON-encoding 256 x 50 results through pydantic costs more than the search at 20k vectors;
+    # orjson: an eighth of json.dumps' time for the scores' floats (same shortest round-trip digits).
     payload = {"identity": pool.info.identity, "k": body.k,
                "results": [{"ids": ids, "scores": np.round(sc.astype(np.float64), 6).tolist()} for ids, sc in hits]}
-    return json.dumps(payload, separators=(",", ":")).encode()
+    return orjson.dumps(payload)
 
 
 def _check_n(n: int, limit: int) -> None:
