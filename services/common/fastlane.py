@@ -84,30 +84,29 @@ class FastLane:
         token = REQUEST_ID.set(rid)
         try:
             answer = await self.answer(raw)
-            if answer is None:
-                REQUEST_ID.reset(token)
-                token = None
-                await self.app(scope, _replay(raw, receive), send)
-                return
-            status = 500  # unless the response starts
-            try:
-                await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json"),
-                    (_RID, rid.encode())]})
-                status = 200
-                await send({"type": "http.response.body", "body": answer})
-            finally:
-                elapsed = time.perf_counter() - t0
-                if status == 200:
-                    if self._observe is None:
-                        self._observe = self.metrics.request_seconds.labels(self.method, self.path, "200").observe
-                    self._observe(elapsed)
-                else:
-                    self.metrics.request_seconds.labels(self.method, self.path, str(status)).observe(elapsed)
-                access.info("%s %s %d %.1f ms", self.method, self.path, status, elapsed * 1000)
         finally:
-            if token is not None:
-                REQUEST_ID.reset(token)
+            REQUEST_ID.reset(token)
+        if answer is None:
+            await self.app(scope, _replay(raw, receive), send)
+            return
+        token = REQUEST_ID.set(rid)  # again for the access-log line
+        status = 500  # unless the response starts
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json"),
+                (_RID, rid.encode())]})
+            status = 200
+            await send({"type": "http.response.body", "body": answer})
+        finally:
+            elapsed = time.perf_counter() - t0
+            if status == 200:
+                if self._observe is None:
+                    self._observe = self.metrics.request_seconds.labels(self.method, self.path, "200").observe
+                self._observe(elapsed)
+            else:
+                self.metrics.request_seconds.labels(self.method, self.path, str(status)).observe(elapsed)
+            access.info("%s %s %d %.1f ms", self.method, self.path, status, elapsed * 1000)
+            REQUEST_ID.reset(token)
 
 
 def _replay(body: bytes, receive: Receive, then: Message | None = None) -> Receive:
