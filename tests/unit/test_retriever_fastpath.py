@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,3 +95,45 @@ def test_the_lean_path_takes_its_bounds_from_the_request_model() -> None:
     assert fastpath._parse(b'{"vectors_b64": "AAAA", "k": true}') is None
     assert fastpath._parse(b'{"vectors_b64": "AAAA", "images_b64": ["x"]}') is None
     assert fastpath._parse(b'[1]') is None and fastpath._parse(b'\xff') is None
+
+
+def _search_count(client: TestClient) -> float:
+    m = re.search(r't3ar_retriever_request_seconds_count\{method="POST",route="/search",status="200"\} (\S+)',
+                  client.get("/metrics").text)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_the_fast_lane_keeps_auth_request_ids_metrics_and_the_access_log(
+        app_client: tuple[TestClient, list[str], np.ndarray, object], caplog: pytest.LogCaptureFixture) -> None:
+    client, ids, vecs, state = app_client
+    body = {"vectors_b64": _b64(vecs[:1]), "k": 3}
+    before, counted = state.fast_searches, _search_count(client)  # type: ignore[attr-defined]
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic rw-t"}):
+        resp = client.post("/search", headers=headers, json=body)
+        expect_error(resp, 401, "unauthorized")
+        assert resp.headers["www-authenticate"] == "Bearer" and resp.headers["x-request-id"]
+    with caplog.at_level(logging.INFO, logger="t3ar.access"):
+        ok = client.post("/search", headers={"Authorization": "Bearer rw-t", "X-Request-ID": "abc-123"}, json=body)
+    assert ok.status_code == 200 and ok.headers["x-request-id"] == "abc-123"
+    assert any(r.getMessage().startswith("POST /search 200 ") for r in caplog.records)
+    odd = client.post("/search", headers={"Authorization": "Bearer rw-t", "X-Request-ID": "bad id!"}, json=body)
+    assert re.fullmatch(r"[0-9a-f]{32}", odd.headers["x-request-id"])  # an insane id is replaced
+    assert state.fast_searches == before + 2  # type: ignore[attr-defined]
+    route = client.post("/search", headers=ADMIN, json={**body, "k": "3"})  # handed down the stack: counted once
+    assert route.status_code == 200 and route.headers["x-request-id"] and state.fast_searches == before + 2  # type: ignore[attr-defined]
+    assert _search_count(client) == counted + 3
+
+
+def test_the_fast_lane_leaves_the_body_limit_to_the_stack(tmp_path: Path) -> None:
+    settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
+                                 embedder="none", vector_dim=DIM, vector_identity="synthetic", max_upload_bytes=100)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        big = {"vectors_b64": _b64(np.ones((8, DIM))), "k": 1}  # 8 x 32 bytes of base64 and more: over 100
+        expect_error(client.post("/search", headers=ADMIN, json=big), 413, "payload_too_large")
+        small = client.post("/search", headers=ADMIN, json={"vectors_b64": _b64(np.ones((1, DIM)))})
+        assert small.status_code == 200 and small.json()["results"] == [{"ids": [], "scores": []}]
+        assert client.app.state.retriever.fast_searches == 1  # type: ignore[attr-defined]
