@@ -2,9 +2,9 @@
 
 Middleware, outermost first: request id + access log (every answer carries the id and is logged), metrics
 (times everything below), credentials first (a client without a known token gets 401 before any byte of its
-body is read), the body limit (413), then a service's own ``inner`` middleware (e.g. the retriever's lean
-search path), innermost. Outside them all, ``fast`` (a method, a path and an answer function): that one route
-answered by :class:`~t3ar_services.common.fastlane.FastLane`, which does what the four layers do inline.
+body is read), the body limit (413), innermost. Outside them all, ``fast`` (a method, a path and an answer
+function, e.g. the retriever's lean search path): that one route answered by
+:class:`~t3ar_services.common.fastlane.FastLane`, which does what the four layers do inline.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
-from starlette.middleware import Middleware
 
 import t3ar
 from t3ar_services.common.auth import TokenSettings, worker_token
@@ -26,14 +25,11 @@ from t3ar_services.common.request_id import RequestIdMiddleware
 
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
-                       inner: Sequence[Middleware] = (), fast: tuple[str, str, Answer] | None = None,
-                       **fastapi: Any) -> FastAPI:
+                       fast: tuple[str, str, Answer] | None = None, **fastapi: Any) -> FastAPI:
     """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``fastapi``: the
     app's title, description, lifespan, form limits."""
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
     install_errors(app)
-    for mw in inner:  # added first = innermost
-        app.add_middleware(mw.cls, *mw.args, **mw.kwargs)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
     accepts = token_matcher((settings.token, settings.admin_token, worker_token(settings)))  # settings are frozen
     app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled, accepts=accepts)
