@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -131,3 +132,16 @@ def test_urls_and_headers_it_does_not_take() -> None:
     assert _LeanPost.for_url("http://127.0.0.1:1", {"Authorization": "Bearer a\r\nX: y"}, 1) is None
     lean = _LeanPost.for_url("http://127.0.0.1:1", {}, 1)
     assert lean is not None and lean.post("/x", b"{}", "bad\r\nid") is None  # httpx then refuses it clearly
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_once(server: Server) -> None:
+    lean = _lean(server)
+    server.answers = [OK + CLOSE]  # answers, then closes the kept connection without saying so (idle timeout)
+    assert lean.post("/x", b"{}", None) == b'{"ok":true}'
+    time.sleep(0.1)
+    assert lean.post("/x", b"{}", None) == b'{"ok":true}'  # on a new connection, not through the fallback
+    assert server.conns == 2 and len(server.seen) == 2
+    server.answers = [None, None]  # a fresh connection that closes without an answer is not tried again
+    lean._drop()
+    assert lean.post("/x", b"{}", None) is None
+    assert server.conns == 3

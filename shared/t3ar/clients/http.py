@@ -207,7 +207,8 @@ class _LeanPost:
 
     def post(self, path: str, payload: bytes, request_id: str | None) -> bytes | None:
         """The body of a 200 answer, or None (any other status, or no answer: the caller takes the regular
-        path, which repeats the call with retries and maps the error)."""
+        path, which repeats the call with retries and maps the error). A kept connection that the server has
+        closed meanwhile (not one byte of an answer) is replaced once at once: only for calls safe to repeat."""
         rid = b""
         if request_id is not None:
             if not request_id.isascii() or not request_id.isprintable():
@@ -215,12 +216,20 @@ class _LeanPost:
             rid = f"{HEADER}: {request_id}\r\n".encode()
         request = b"".join([b"POST ", (self.base + path).encode("ascii"), b" HTTP/1.1\r\n", self._head, rid,
                             b"Content-Length: %d\r\n\r\n" % len(payload), payload])
-        try:
-            sock, rfile = self._conn()
-            sock.sendall(request)
-            answer = self._read(rfile)
-        except (OSError, ValueError):
-            answer = None
+        for attempt in (0, 1):
+            reused = getattr(self._local, "conn", None) is not None
+            try:
+                sock, rfile = self._conn()
+                sock.sendall(request)
+                answer = self._read(rfile)
+            except (_Closed, ConnectionResetError, BrokenPipeError):
+                answer = None
+                if reused and attempt == 0:  # the server closed the idle connection (keep-alive timeout)
+                    self._drop()
+                    continue
+            except (OSError, ValueError):
+                answer = None
+            break
         if answer is None:
             self._drop()  # reconnects on the next use
             return None
@@ -231,7 +240,10 @@ class _LeanPost:
 
     def _read(self, rfile: Any) -> tuple[bytes, bool] | None:
         """(body, keep-alive) of a 200 answer with a Content-Length, else None."""
-        status = rfile.readline(self.MAX_HEAD + 1).split(None, 2)
+        line = rfile.readline(self.MAX_HEAD + 1)
+        if not line:
+            raise _Closed
+        status = line.split(None, 2)
         if len(status) < 2 or not status[0].startswith(b"HTTP/1.") or status[1] != b"200":
             return None
         length, keep, budget = None, status[0] == b"HTTP/1.1", self.MAX_HEAD
@@ -262,3 +274,7 @@ class _LeanPost:
                 rfile.close()
                 sock.close()
             self._all.clear()
+
+
+class _Closed(Exception):
+    """The connection ended before any byte of an answer."""
