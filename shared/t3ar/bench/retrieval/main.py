@@ -134,14 +134,14 @@ def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int
         sum_faiss = sum_http = cpu_faiss = cpu_http = 0.0
         for i, b in enumerate(batches * rounds):  # interleaved (alternating order): both see the same load
             for side in ((0, 1) if i % 2 else (1, 0)):
-                t = time.perf_counter()
                 if side == 0:
-                    c = time.process_time()
+                    t, c = time.perf_counter(), time.process_time()
                     local.search(b, K)
                     sum_faiss += time.perf_counter() - t
                     cpu_faiss += time.process_time() - c
                 else:
-                    c = _cpu_seconds(proc.pid)
+                    c = _cpu_seconds(proc.pid)  # before the clock starts: reading /proc takes ~0.03-0.1 ms
+                    t = time.perf_counter()
                     res = client.search(b, K)
                     sum_http += time.perf_counter() - t
                     cpu_http += _cpu_seconds(proc.pid) - c
@@ -157,11 +157,12 @@ def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int
             local.search(q[None], K)
             t_local.append(time.perf_counter() - t)
             c_local += time.process_time() - c
-            t, c, cs = time.perf_counter(), time.process_time(), _cpu_seconds(proc.pid)
+            cs = _cpu_seconds(proc.pid)  # before the clocks start (not part of the round trip)
+            t, c = time.perf_counter(), time.process_time()
             client.search(q[None], K)
             t_http.append(time.perf_counter() - t)
-            c_http += _cpu_seconds(proc.pid) - cs
             c_client += time.process_time() - c
+            c_http += _cpu_seconds(proc.pid) - cs
     lp, hp = _pcts(t_local), _pcts(t_http)
     return {"vectors": n, "dim": DIM, "k": K, "batch": BATCH, "bulk_load_vectors_per_s": load_rate,
             "faiss_qps": faiss_qps, "http_qps": http_qps, "qps_ratio": http_qps / faiss_qps,
