@@ -35,12 +35,15 @@ def test_merge_keeps_devices_not_measured_now() -> None:
 def test_write_report(tmp_path: Path) -> None:
     bank = {"size": 16384, "filled_at_last_step": 1272, "scan_s_at_fill": 0.002, "scan_s_full": 0.02,
             "t3ar_ratio_full_bank": 0.23}
-    res = {"devices": {"cpu": {**_dev(0.25, 0.6), "device_name": "cpu", "profile_t3ar_step": "TABLE", "bank": bank}},
+    extra = {"bank": bank, "round_ratios": {"t3ar": [0.25, 0.27]}, "machine": {"load_start": 1.0, "load_end": 2.0,
+                                                                              "steal_share": 0.12}}
+    res = {"devices": {"cpu": {**_dev(0.25, 0.6), "device_name": "cpu", "profile_t3ar_step": "TABLE", **extra}},
            "images": 64, "image_size": 32, "batch_size": 32, "k": 5, "rounds": 1, "distinct_pool_images": 10,
            "pool_size": 20}
     merged = write_report(res, tmp_path)
     text = (tmp_path / "speed.md").read_text()
     assert "NOT met" in text and "TABLE" in text and "cuda: pending" not in text and "pending" in text
+    assert "T3AR 0.25 / 0.27" in text and "took 12 % of this machine's CPU time" in text
     assert "1,272 of its 16,384 slots" in text and "20.0 ms with every slot written" in text and "**0.23**" in text
     assert json.loads((tmp_path / "speed.json").read_text())["verdict"] == merged["verdict"]
 

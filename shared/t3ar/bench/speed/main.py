@@ -227,6 +227,16 @@ def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.d
     return statistics.median(times[1:])
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(all CPU ticks, steal ticks) from /proc/stat (Linux), else None: the hypervisor's share of this machine's
+    CPU time over an interval (other guests on the host), which no interleaving can cancel out."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def bank_scan_seconds(feat_dim: int, num_classes: int, filled: int, device: torch.device, *, batch_size: int,
                       k: int, bank_size: int, repeats: int = 7) -> float:
     """Median seconds of one T3AR step's bank work at ``filled`` of ``bank_size`` slots written: pseudo-label
@@ -277,6 +287,8 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
     model, spec = make_model(data.classes, data.target.shape[-1], device)
     walls: dict[str, list[float]] = {m: [] for m in methods}
     stats: dict[str, list[StepStats]] = {m: [] for m in methods}
+    round_ratios: dict[str, list[float]] = {m: [] for m in methods if m != "supervised"}
+    load0, ticks0 = os.getloadavg()[0], cpu_ticks()
     for r in range(rounds + 1):
         res = interleaved({m: _runner(m, model, spec, data, device, r, batch_size, k) for m in methods})
         if r == 0:
@@ -284,8 +296,14 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         for m, (w, st) in res.items():
             walls[m] += w
             stats[m] += st
+            if m in round_ratios:
+                round_ratios[m].append(statistics.median(res["supervised"][0]) / statistics.median(w))
         log.info("%s round %d: %s", device, r, ", ".join(f"{m} {statistics.median(w):.3f} s" for m, (w, _) in
                                                             res.items()))
+    ticks1 = cpu_ticks()
+    machine: dict[str, Any] = {"load_start": load0, "load_end": os.getloadavg()[0]}
+    if ticks0 is not None and ticks1 is not None and ticks1[0] > ticks0[0]:
+        machine["steal_share"] = (ticks1[1] - ticks0[1]) / (ticks1[0] - ticks0[0])
     med = {m: statistics.median(walls[m]) for m in methods}
     step_s = {m: s for m, s in med.items() if "+" not in m}
     out: dict[str, Any] = {
@@ -293,6 +311,8 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "ratios": {m: step_s["supervised"] / step_s[m] for m in step_s if m != "supervised"},
         "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items() if "+" in m},
         "steps_timed": {m: len(walls[m]) for m in methods},
+        "round_ratios": round_ratios,
+        "machine": machine,
         "augment_s": {m: statistics.median(s.seconds_augment for s in stats[m]) for m in methods},
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
         else f"{os.cpu_count()} CPU cores, {platform.machine()}",

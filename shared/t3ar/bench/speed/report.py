@@ -103,6 +103,17 @@ def write_report(res: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                   f"Measured {figs.get('measured_at', '?')} at commit {figs.get('commit', '?')}, torch threads "
                   f"{figs.get('threads', '?')}. Median time spent drawing and rendering views per step: "
                   + ", ".join(f"{LABELS.get(m, m)} {v:.3f} s" for m, v in figs.get("augment_s", {}).items()) + "."]
+        rr, mach = figs.get("round_ratios"), figs.get("machine")
+        if rr:
+            lines += ["", "Ratio per timed round (each round's median step over the supervised one's): "
+                      + "; ".join(f"{LABELS.get(m, m)} " + " / ".join(f"{v:.2f}" for v in vals)
+                                  for m, vals in rr.items()) + "."]
+        if mach:
+            steal = mach.get("steal_share")
+            lines += ["", f"Machine during the rounds: load average {mach['load_start']:.1f} → {mach['load_end']:.1f}"
+                      + (f"; the hypervisor took {100 * steal:.0f} % of this machine's CPU time (steal: other "
+                         "guests on the host, which slows every step alike only while it is steady)" if steal is not
+                         None else "") + "."]
         if figs.get("note"):
             lines += ["", f"> {figs['note']}"]
         c = figs.get("ceiling")
