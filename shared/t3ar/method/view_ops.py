@@ -101,9 +101,9 @@ def blend(x: torch.Tensor, factor: torch.Tensor, kind: torch.Tensor) -> torch.Te
     if not (bool(is_c.any()) or bool(is_s.any())):
         return (f * x).clamp_(0, 1)  # brightness only: the blend with black
     g = _gray1(x)
-    m = g.mul_(_per(is_s.float().to(dev, non_blocking=True)))
-    if bool(is_c.any()):
-        mean = _gray1(x).mean(dim=(1, 2, 3), keepdim=True)
+    mean = g.mean(dim=(1, 2, 3), keepdim=True) if bool(is_c.any()) else None
+    m = g.mul_(_per(is_s.float().to(dev, non_blocking=True)))  # the grey image where saturation, else 0
+    if mean is not None:
         m = m.add_(mean * _per(is_c.float().to(dev, non_blocking=True)))
     return (f * x).add_(m.mul_(1 - f)).clamp_(0, 1)
 
@@ -161,13 +161,10 @@ def colour(x: torch.Tensor, p: ViewParams) -> torch.Tensor:
     """Colour jitter (random order per image) then random grayscale, per image. At each of the 4 positions in
     the order, one blend over the batch (each image its own op and factor) and the hue shift of the images
     whose op there is hue."""
-    order, factors = p.jitter_order, p.jitter_factors
+    order, factors, on = p.jitter_order, p.jitter_factors, p.jitter
     blends = torch.tensor([*JITTER_BLENDS, NONE])
-    for pos in range(4):
+    for pos in range(4 if bool(on.any()) else 0):
         op = order[:, pos]
-        on = p.jitter
-        if not bool(on.any()):
-            break
         f = factors.gather(1, op[:, None]).squeeze(1)
         x = _blend_some(x, f, torch.where(on, blends[op], NONE))
         x = _on_selected(x, on & (op == HUE), lambda xs, rows, f=f: hue(xs, f[rows].to(xs.device)))
