@@ -19,18 +19,16 @@ the whole stack with its body replayed, so answers and errors are exactly the ro
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from t3ar.logs import HEADER, REQUEST_ID, request_id_from
+from t3ar.logs import REQUEST_ID, request_id_from
 from t3ar_services.common.credentials import bearer_problem
 from t3ar_services.common.metrics import ServiceMetrics
+from t3ar_services.common.request_id import HEADER_NAME, log_access
 
-access = logging.getLogger("t3ar.access")
-_RID = HEADER.lower().encode()
 Answer = Callable[[bytes], Awaitable[bytes | None]]
 
 
@@ -60,7 +58,7 @@ class FastLane:
                 length = value
             elif name == b"authorization":
                 auth = value
-            elif name == _RID:
+            elif name == HEADER_NAME:
                 given = value
             elif name == b"transfer-encoding":
                 length = None
@@ -94,7 +92,7 @@ class FastLane:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json"),
-                (_RID, rid.encode())]})
+                (HEADER_NAME, rid.encode())]})
             status = 200
             await send({"type": "http.response.body", "body": answer})
         finally:
@@ -105,7 +103,7 @@ class FastLane:
                 self._observe(elapsed)
             else:
                 self.metrics.request_seconds.labels(self.method, self.path, str(status)).observe(elapsed)
-            access.info("%s %s %d %.1f ms", self.method, self.path, status, elapsed * 1000)
+            log_access(self.method, self.path, status, elapsed)
             REQUEST_ID.reset(token)
 
 

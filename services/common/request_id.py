@@ -15,7 +15,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from t3ar.logs import HEADER, REQUEST_ID, request_id_from
 
 access = logging.getLogger("t3ar.access")
-_HEADER = HEADER.lower().encode()
+HEADER_NAME = HEADER.lower().encode()  # as it appears in an ASGI scope's headers
+
+
+def log_access(method: str | None, path: str | None, status: int, seconds: float) -> None:
+    """The request's access-log line (under the request's id, which the caller has set)."""
+    access.info("%s %s %d %.1f ms", method, path, status, seconds * 1000)
 
 
 class RequestIdMiddleware:
@@ -26,7 +31,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers") or []).get(_HEADER)
+        given = dict(scope.get("headers") or []).get(HEADER_NAME)
         rid = request_id_from(given.decode("latin-1") if given is not None else None)
         token = REQUEST_ID.set(rid)
         status = 500  # unless a response starts: an exception escaping the app becomes a 500 outside
@@ -36,12 +41,11 @@ class RequestIdMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), (_HEADER, rid.encode())]}
+                message = {**message, "headers": [*message.get("headers", []), (HEADER_NAME, rid.encode())]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            access.info("%s %s %d %.1f ms", scope.get("method"), scope.get("path"), status,
-                        (time.perf_counter() - t0) * 1000)
+            log_access(scope.get("method"), scope.get("path"), status, time.perf_counter() - t0)
             REQUEST_ID.reset(token)
