@@ -150,13 +150,6 @@ def _blend_some(x: torch.Tensor, factor: torch.Tensor, kind: torch.Tensor) -> to
     return _on_selected(x, kind != NONE, lambda xs, rows: blend(xs, factor[rows], kind[rows]))
 
 
-def _jitter_op(op: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """One ColorJitter op on every image of ``x`` with per-image factors ``f`` [n] (CPU)."""
-    if op == HUE:
-        return hue(x, f.to(x.device))
-    return blend(x, f, torch.full((len(x),), JITTER_BLENDS[op]))
-
-
 def colour(x: torch.Tensor, p: ViewParams) -> torch.Tensor:
     """Colour jitter (random order per image) then random grayscale, per image. At each of the 4 positions in
     the order, one blend over the batch (each image its own op and factor) and the hue shift of the images
@@ -279,27 +272,29 @@ def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return out.clamp_(0, 1)
 
 
+_RA_INDEX = {name: i for i, name in enumerate(RA_OPS)}
+_GEO_OPS = torch.tensor([_RA_INDEX[g] for g in GEOMETRIC])
+#: per RandAugment op: its blend kind (NONE unless a blend) and unsigned magnitude (the blends' do not depend on
+#: the image size)
+_RA_BLEND_KIND = torch.tensor([RA_BLENDS.get(name, NONE) for name in RA_OPS])
+_RA_BLEND_MAG = torch.tensor([_ra_magnitude(name, 1) if name in RA_BLENDS else 0.0 for name in RA_OPS])
+
+
 def rand_augment(x: torch.Tensor, p: ViewParams) -> torch.Tensor:
     """RandAugment with each image's own ops and signs. Per round: one grid_sample for the geometric ops, one
     blend for Brightness / Color / Contrast, one Sharpness, and one torchvision call for each other op drawn."""
     size = x.shape[-1]
-    index = {name: i for i, name in enumerate(RA_OPS)}
-    blend_kind = torch.zeros(len(RA_OPS), dtype=torch.long)
-    blend_mag = torch.zeros(len(RA_OPS))
-    for name, kind in RA_BLENDS.items():
-        blend_kind[index[name]], blend_mag[index[name]] = kind, _ra_magnitude(name, size)
-    geo_first, sharp = index[GEOMETRIC[0]], index["Sharpness"]
-    geo_ops = torch.tensor([index[g] for g in GEOMETRIC])
+    geo_first, sharp = _RA_INDEX[GEOMETRIC[0]], _RA_INDEX["Sharpness"]
     for rnd in range(p.ra_ops.shape[1]):
         ops, neg = p.ra_ops[:, rnd], p.ra_negative[:, rnd]
         sign = 1.0 - 2.0 * neg.float()
-        is_geo = torch.isin(ops, geo_ops)
+        is_geo = torch.isin(ops, _GEO_OPS)
         code = torch.where(is_geo, (ops - geo_first) * 2 + neg.long(), 0)  # any valid row where not geometric
         x = _on_selected(x, is_geo, lambda xs, rows, code=code: _geometric(xs, code[rows]))
-        x = _blend_some(x, 1.0 + sign * blend_mag[ops], blend_kind[ops])
+        x = _blend_some(x, 1.0 + sign * _RA_BLEND_MAG[ops], _RA_BLEND_KIND[ops])
         f_sharp = 1.0 + sign * _ra_magnitude("Sharpness", size)
         x = _on_selected(x, ops == sharp, lambda xs, rows, f=f_sharp: _sharpness(xs, f[rows].to(xs.device)))
         for name in ("Posterize", "Solarize", "AutoContrast", "Equalize"):
             mag = _ra_magnitude(name, size)
-            x = _on_selected(x, ops == index[name], lambda xs, _rows, name=name, mag=mag: _ra_apply(name, xs, mag))
+            x = _on_selected(x, ops == _RA_INDEX[name], lambda xs, _rows, name=name, mag=mag: _ra_apply(name, xs, mag))
     return x
