@@ -15,6 +15,7 @@ from t3ar.method.adacontrast import (
     fifo_write,
     momentum_update,
     soft_knn_refine,
+    views_of,
 )
 from t3ar.models.classifier import Classifier
 
@@ -176,7 +177,7 @@ def test_one_step_loss_updates_key_queue_and_bank() -> None:
     bank_feats0, bank_probs0, queue0 = st.bank_feats.clone(), st.bank_probs.clone(), st.queue_feats.clone()
     weak, strong = _views(3)
     x = target[:6]
-    total, parts = st.loss(model, x, weak, strong)
+    total, parts = st.loss(model, *views_of(x, weak, strong))
     assert torch.isfinite(total)
     ce, ins, div = (float(parts[name]) for name in ("ce", "ins", "div"))
     assert total.item() == pytest.approx(ce + ins + div, rel=1e-5) and ins >= 0 and div < 0
@@ -212,6 +213,6 @@ def test_one_step_loss_updates_key_queue_and_bank() -> None:
     # a second step wraps the queue pointer (6 + 6) % 7 and the bank pointer (6 + 6) % 10; the key model
     # follows the query's per-module modes (a BN put in eval on the query is in eval on the key too)
     model.backbone.body[1].eval()
-    st.loss(model, x, weak, strong)
+    st.loss(model, *views_of(x, weak, strong))
     assert st.key_model.training and not st.key_model.backbone.body[1].training
     assert st.queue_ptr == 5 and st.bank_ptr == 2

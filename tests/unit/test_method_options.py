@@ -17,7 +17,7 @@ from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.augment import Normalizer
 from t3ar.method.bank import MemoryBank
 from t3ar.method.config import AdaptConfig
-from t3ar.method.contrastive import ContrastiveState, StepOut
+from t3ar.method.contrastive import ContrastiveState, StepOut, StepViews, step_views
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 from t3ar.pipeline import retrieve
@@ -54,11 +54,10 @@ def _record_draws(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list
     seen: list[tuple[list[int], list[list[int]]]] = []
     original = ContrastiveState.step
 
-    def step(self: ContrastiveState, model: Classifier, x: torch.Tensor, ids: torch.Tensor,
-             nbr: torch.Tensor | None, *a: Any, **kw: Any) -> StepOut:
-        assert nbr is not None
-        seen.append((ids.tolist(), nbr.tolist()))
-        return original(self, model, x, ids, nbr, *a, **kw)
+    def step(self: ContrastiveState, model: Classifier, ids: torch.Tensor, sv: StepViews, **kw: Any) -> StepOut:
+        assert sv.nbr is not None
+        seen.append((ids.tolist(), sv.nbr.tolist()))
+        return original(self, model, ids, sv, **kw)
 
     monkeypatch.setattr(ContrastiveState, "step", step)
     return seen
@@ -298,7 +297,7 @@ def test_bf16_nograd_runs_only_the_no_gradient_passes_in_bf16_and_stays_close() 
         model.train()
         seen = _conv_dtypes(model)
         views = Views(Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu")), torch.Generator().manual_seed(3))
-        out = state.step(model, x, ids, nbr[:4], pool, views)
+        out = state.step(model, ids, step_views(x, nbr[:4], pool, views))
         out.loss.backward()
         valid = state.bank.valid
         outs[on], dtypes[on] = (out.loss.detach(), state.bank.feats[valid].clone()), seen

@@ -21,6 +21,7 @@ configs with it).
   statistics.
 * :mod:`~t3ar.method.views`: weak and strong views a batch at a time, drawn per image; their parameters
   (:mod:`~t3ar.method.view_params`) and image operations (:mod:`~t3ar.method.view_ops`).
+* :mod:`~t3ar.method.ahead`: the next batch's views made on a background thread while the current step runs.
 * :mod:`~t3ar.method.augment`: normalisation of uint8 batches (the models' input contract).
 * :mod:`~t3ar.method.schedule`: learning-rate schedule, seeded epoch batches, the shared optimiser update.
 * :mod:`~t3ar.method.supervised`: supervised fine-tuning (the source model f_S).

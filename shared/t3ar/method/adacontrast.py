@@ -2,11 +2,12 @@
 
 Contract: ``AdaContrastState.create`` runs one eval-mode pass of the model over the whole target set with the
 ``plain`` view and builds the state (momentum/key encoder = deep copy of the model, MoCo queue, feature/probability
-bank). Each ``loss(model, x, weak, strong)`` draws one weak and two strong views of the uint8 batch ``x``, does the
-momentum update, the forwards, the pseudo-label refinement and the queue/bank updates, and returns
-``alpha*ce + beta*ins + eta*div`` plus its parts. The caller owns train/eval mode of ``model``, zero_grad, backward,
-the optimizer step and the lr schedule. No I/O, no global state; random draws come from the given generator.
-:class:`AdaContrast` is the method the adaptation loop drives: the state built from an ``AdaptConfig``.
+bank). Each ``loss(model, x_w, x_q, x_k)`` takes one weak and two strong views of a batch (:func:`views_of`
+draws them, in that order), does the momentum update, the forwards, the pseudo-label refinement and the
+queue/bank updates, and returns ``alpha*ce + beta*ins + eta*div`` plus its parts. The caller owns train/eval mode
+of ``model``, zero_grad, backward, the optimizer step and the lr schedule. No I/O, no global state; random draws
+come from the given generator. :class:`AdaContrast` is the method the adaptation loop drives: the state built from
+an ``AdaptConfig``.
 
 Faithful to the official code (github.com/DianCh/AdaContrast: ``target.py`` train_epoch / eval_and_label_dataset /
 soft_k_nearest_neighbors / update_labels / instance_loss / div, ``moco/builder.py`` AdaMoCo) with its published
@@ -42,6 +43,11 @@ from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 
 View = Callable[[torch.Tensor], torch.Tensor]
+
+
+def views_of(x: torch.Tensor, weak: View, strong: View) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's views of the uint8 batch ``x``, drawn in the official order: weak, strong (query), strong (key)."""
+    return weak(x), strong(x), strong(x)
 
 
 @torch.no_grad()
@@ -153,11 +159,11 @@ class AdaContrastState:
                    bank_feats=all_feats[perm].clone(), bank_probs=all_probs[perm].clone(),
                    num_neighbors=num_neighbors, momentum=momentum, temperature=temperature)
 
-    def loss(self, model: Classifier, x: torch.Tensor, weak: View, strong: View
+    def loss(self, model: Classifier, x_w: torch.Tensor, x_q: torch.Tensor, x_k: torch.Tensor
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One AdaContrast step's loss on the uint8 batch ``x`` (updates key encoder, queue and bank); its parts
-        are detached tensors, read by the loop in its one device sync per step."""
-        x_w, x_q, x_k = weak(x), strong(x), strong(x)
+        """One AdaContrast step's loss on a batch's weak view ``x_w`` and its two strong views ``x_q`` (query)
+        and ``x_k`` (key) (updates key encoder, queue and bank); its parts are detached tensors, read by the
+        loop in its one device sync per step."""
         with torch.no_grad():  # refined pseudo-labels from the current model's weak view
             feats_w, _ = model.forward_all(x_w)
             pseudo_labels, _ = soft_knn_refine(feats_w.float(), self.bank_feats, self.bank_probs,
@@ -200,7 +206,11 @@ class AdaContrast(MethodStep):
         state.alpha, state.beta, state.eta = cfg.ce_weight, cfg.contrastive_weight, cfg.resolved_diversity_weight
         return cls(state, setup.views)
 
-    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
-        loss, info = self.state.loss(model, x, self.views.weak, self.views.strong)
+    def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return views_of(x, self.views.weak, self.views.strong)
+
+    def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor,
+             prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> StepOut:
+        loss, info = self.state.loss(model, *prepared)
         parts = {"loss_ce": info["ce"], "loss_contrastive": info["ins"], "loss_diversity": info["div"]}
         return StepOut(loss, parts, info["pseudo_labels"])

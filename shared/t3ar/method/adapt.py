@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
 
 from t3ar.cpu_memory import retain_freed_memory
+from t3ar.method.ahead import Ahead
+from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.augment import Normalizer
 from t3ar.method.base import MethodSetup, stream
 from t3ar.method.config import AdaptConfig
@@ -112,6 +114,19 @@ def prepare_training(model: nn.Module, device: torch.device) -> None:
     fast_layout(model, device)
 
 
+def scheduled(n: int, batch_size: int, total: int, gen: torch.Generator) -> Iterator[tuple[int, torch.Tensor]]:
+    """(epoch, batch indices) of ``total`` steps: seeded epochs of ``n`` images (``epoch_batches``), the last
+    one cut short."""
+    step = epoch = 0
+    while step < total:
+        epoch += 1
+        for idx in epoch_batches(n, batch_size, gen):
+            if step >= total:
+                return
+            yield epoch, idx
+            step += 1
+
+
 def adapt(
     model: Classifier,
     target: torch.Tensor,
@@ -185,21 +200,20 @@ def adapt(
     with torch.autocast(device.type, enabled=use_amp):
         state = method.create(model, setup)
 
-    t_start = time.perf_counter()
-    step = 0
-    epoch = 0
-    while step < total:
-        epoch += 1
-        for idx in epoch_batches(n, batch_size, gen):
-            if step >= total:
-                break
+    def prepare(item: tuple[int, torch.Tensor]) -> object:  # the views of a batch: no model (method.ahead)
+        with torch.autocast(device.type, enabled=use_amp):  # autocast is per thread: the same on every thread
+            return state.prepare(target[item[1].to(target.device)], item[1])
+
+    t_start = mark = time.perf_counter()  # mark: where the current step began (the previous one's report)
+    step = epoch = 0
+    with Ahead(scheduled(n, batch_size, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
+        for (epoch, idx), prepared, seconds_views in ahead:
             model.train()
             freeze_frozen_norms(model)
-            t0, views_before = time.perf_counter(), views.seconds
             ids = idx.to(target.device)
             stats = StepStats(epoch, step + 1, total, optim.lr, 0.0)
             with torch.autocast(device.type, enabled=use_amp):
-                out = state.step(model, target[ids], ids, idx)
+                out = state.step(model, ids, idx, prepared)
             loss, parts = out.loss, dict(out.parts)
             if diag is not None:  # reporting only: compared after the fact, never part of a loss
                 parts["pl_accuracy"] = (out.pseudo_labels.to(device) == diag[idx.to(device)]).float().mean()
@@ -209,13 +223,16 @@ def adapt(
             values = torch.stack([loss.detach().float(), *(v.float().to(loss.device) for v in parts.values())])
             for name, value in zip(names, values.tolist(), strict=True):  # one device sync per step
                 setattr(stats, name, value)
-            # views: time spent drawing and rendering them (on CUDA: launching their kernels); the rest of the
-            # step (forwards, bank, loss, backward, optimiser, the one device sync) is forward_backward
-            stats.seconds_augment = views.seconds - views_before
-            stats.seconds_forward_backward = time.perf_counter() - t0 - stats.seconds_augment
+            ahead.settle()  # the next batch's views, made during this step, are part of it (never of on_step)
+            # views: the wall time this batch's views took to make (ahead, on the background thread, or inline);
+            # forward_backward: the rest of the step's wall time (forwards, bank, loss, backward, optimiser, the
+            # one device sync, and any wait for views: the next batch's still being made, or this one's)
+            stats.seconds_augment = seconds_views
+            stats.seconds_forward_backward = time.perf_counter() - mark - ahead.waited
             result.history.append(stats)
             if on_step is not None:
                 on_step(stats)
+            mark = time.perf_counter()
     model.eval()
     result.steps, result.epochs = step, epoch
     result.seconds = time.perf_counter() - t_start

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -63,9 +63,14 @@ class MethodStep(ABC):
     """One adaptation method: which parameters train, its state, one step's loss.
 
     The loop calls, in order: :meth:`trainable_params` (before the optimiser exists), :meth:`create` (under the
-    loop's autocast), then per step :meth:`step` (model in train mode with its frozen BatchNorm layers in eval
-    mode, under autocast; the loop runs backward and the optimiser), and :meth:`pool_used` at the end.
-    Subclasses say only what differs.
+    loop's autocast), then per batch :meth:`prepare` and :meth:`step` (model in train mode with its frozen
+    BatchNorm layers in eval mode, under autocast; the loop runs backward and the optimiser), and
+    :meth:`pool_used` at the end. Subclasses say only what differs.
+
+    :meth:`prepare` is the part of a step that needs no model: its views and its random draws. The loop may run
+    it for the next batch on a background thread while the current batch's step runs
+    (:mod:`t3ar.method.ahead`); its calls come one at a time, in batch order, so they draw every random stream
+    in the same sequence either way.
     """
 
     @classmethod
@@ -80,9 +85,15 @@ class MethodStep(ABC):
         """The method's state for one job (banks, queues, key encoders: whatever it keeps between steps)."""
 
     @abstractmethod
-    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
-        """The loss of one batch: ``x`` uint8 [B,3,S,S] and ``ids`` [B] (its target indices) on the target's
-        device, ``idx`` the same indices on the CPU. Updates the method's state; never calls backward."""
+    def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> Any:
+        """The views (and random draws) of one batch: ``x`` uint8 [B,3,S,S] on the target's device, ``idx`` its
+        target indices on the CPU. Never touches the model or the method's learnt state."""
+
+    @abstractmethod
+    def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: Any) -> StepOut:
+        """The loss of one batch: ``ids`` [B] (its target indices) on the target's device, ``idx`` the same
+        indices on the CPU, ``prepared`` what :meth:`prepare` returned for it. Updates the method's state; never
+        calls backward."""
 
     def pool_used(self) -> list[int]:
         """Sorted pool indices the job's steps used (retrieval methods; [] otherwise)."""

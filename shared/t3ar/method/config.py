@@ -62,6 +62,9 @@ class AdaptConfig(BaseModel):
     fraction: float = Field(default=1.0, gt=0, le=1)
     seed: int = 0
     amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
+    views_ahead: bool | None = Field(
+        default=None, description="make the next batch's views on a background thread while the current step "
+                                  "runs (the same results either way); None = on the CPU only")
     cpu_bf16_nograd: bool = Field(
         default=False, description="an approximation, CPU only (T3AR family): the no-gradient passes (keys, pool "
                                    "features, bank initialisation) under bfloat16 autocast. Fast where the CPU has "

@@ -35,7 +35,8 @@ from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 
-__all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "T3AR", "nograd_precision"]
+__all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "nograd_precision",
+           "step_views"]
 
 # Shapes of the no-gradient pool pass are padded to a multiple of this on CUDA: every new input shape costs a
 # cuDNN plan search (measured on an H100: ~0.7 s per new batch size under AMP, 8 ms per step once cached).
@@ -74,29 +75,17 @@ class ContrastiveState:
         model.train(was_training)
         return cls(bank, id_pl, lab, config, shape_bucket)
 
-    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, nbr: torch.Tensor | None,
-             pool_images: torch.Tensor | None, views: Views, *, diagnostics: bool = False) -> StepOut:
+    def step(self, model: Classifier, ids: torch.Tensor, sv: StepViews, *, diagnostics: bool = False) -> StepOut:
         """Forward passes, bank update, pseudo-labels and the loss for one batch.
 
-        x: uint8 [B,3,S,S] and ids [B] on the model's device; nbr: [B, k] local pool indices on the CPU
-        (-1 = none) or None; pool_images: uint8 [P,3,S,S] on the device (or the CPU: moved per step).
-        ``diagnostics``: also return the gradient norms of the CE and contrastive terms at the query feature
-        (two extra partial backward passes through the head/normalisation only).
+        ids: [B] target indices on the model's device; sv: the batch's views and neighbours
+        (:func:`step_views`). ``diagnostics``: also return the gradient norms of the CE and contrastive terms
+        at the query feature (two extra partial backward passes through the head/normalisation only).
         """
         cfg, bank, dev = self.config, self.bank, ids.device
-        b = len(x)
-        xw = views.weak(x)
-        pool_local: torch.Tensor | None = None
+        b, xw, xs, nbr, pool_local = len(ids), sv.weak, sv.strong, sv.nbr, sv.pool_local
         with torch.no_grad():
-            segments = [b]
-            pool_x = None
-            if nbr is not None and pool_images is not None:
-                pool_local = torch.unique(nbr[nbr >= 0])  # each distinct neighbour once (CPU: no sync)
-                if len(pool_local):
-                    pool_x = pool_images[pool_local.to(pool_images.device)]
-                    segments.append(len(pool_local))
-            # one call, every image with its own parameters; the pool's from their own stream
-            xs = views.strong(x) if pool_x is None else views.strong_with(x, pool_x)
+            segments = [b] if pool_local is None or not len(pool_local) else [b, len(pool_local)]
             rows = len(xs)
             pad = bucket(rows, self.shape_bucket) - rows
             if pad:
@@ -145,6 +134,34 @@ class ContrastiveState:
         return StepOut(loss, out, y)
 
 
+@dataclass
+class StepViews:
+    """What a T3AR step makes before it needs the model (:func:`step_views`)."""
+
+    weak: torch.Tensor  # [B, 3, S, S] weak views of the batch (the queries)
+    strong: torch.Tensor  # [B + P, 3, S, S] strong views of the batch (the keys), then of its P distinct neighbours
+    nbr: torch.Tensor | None  # [B, k] the batch's neighbours, local pool indices on the CPU (-1 = none)
+    pool_local: torch.Tensor | None  # [P] the distinct neighbours, in the order of ``strong``'s rows after B
+
+
+@torch.no_grad()
+def step_views(x: torch.Tensor, nbr: torch.Tensor | None, pool_images: torch.Tensor | None,
+               views: Views) -> StepViews:
+    """The views of one T3AR step: x uint8 [B,3,S,S] on the model's device; nbr [B, k] local pool indices on the
+    CPU (-1 = none) or None; pool_images uint8 [P,3,S,S] on the device (or the CPU: moved per step). Each
+    distinct neighbour is rendered once; draws: the batch's weak views, then its strong views, then the
+    neighbours' (from their own stream)."""
+    xw = views.weak(x)
+    pool_local = pool_x = None
+    if nbr is not None and pool_images is not None:
+        pool_local = torch.unique(nbr[nbr >= 0])  # each distinct neighbour once (CPU: no sync)
+        if len(pool_local):
+            pool_x = pool_images[pool_local.to(pool_images.device)]
+    # one call, every image with its own parameters; the pool's from their own stream
+    xs = views.strong(x) if pool_x is None else views.strong_with(x, pool_x)
+    return StepViews(xw, xs, nbr, pool_local)
+
+
 class T3AR(MethodStep):
     """T3AR and its ablations as a :class:`~t3ar.method.base.MethodStep`: each step takes the batch's
     neighbours (fixed, or k of the candidates drawn anew at every visit: the paper's sampling) and runs
@@ -164,13 +181,16 @@ class T3AR(MethodStep):
                                         stream(setup.config.seed, 2), setup.device, shape_bucket)
         return cls(state, setup)
 
-    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
+    def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> StepViews:
         if self.candidates is not None:
             nbr: torch.Tensor | None = dedup_sample(self.candidates[idx], self.k, self.draws)
         else:
             nbr = self.neighbours[idx] if self.neighbours is not None else None
-        out = self.state.step(model, x, ids.to(self.device), nbr, self.pool_images, self.views,
-                              diagnostics=self.diagnostics)
+        return step_views(x, nbr, self.pool_images, self.views)
+
+    def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: StepViews) -> StepOut:
+        out = self.state.step(model, ids.to(self.device), prepared, diagnostics=self.diagnostics)
+        nbr = prepared.nbr
         if nbr is not None:
             self.used[nbr[nbr >= 0]] = True
         return out

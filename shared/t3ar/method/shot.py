@@ -17,6 +17,9 @@ class ShotIM(StatelessMethod):
     def trainable_params(cls, model: Classifier, config: AdaptConfig) -> list[nn.Parameter]:
         return configure_trainable(model, config.train_groups, head=False)
 
-    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
-        logits = model(self.views.weak(x))
+    def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return self.views.weak(x)
+
+    def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: torch.Tensor) -> StepOut:
+        logits = model(prepared)
         return StepOut(losses.information_maximisation(logits), {}, logits.detach().argmax(1))

@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from t3ar.method.adapt import AdaptResult, StepStats, place, prepare_training, stream
+from t3ar.method.adapt import AdaptResult, StepStats, place, prepare_training, scheduled, stream
+from t3ar.method.ahead import Ahead
+from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.augment import Normalizer
-from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
+from t3ar.method.schedule import Optimiser, steps_per_epoch
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms
 
@@ -31,6 +33,9 @@ class TrainConfig(BaseModel):
     train_groups: int | None = Field(default=2, ge=0)
     seed: int = 0
     amp: bool = True
+    views_ahead: bool | None = Field(
+        default=None, description="make the next batch's views on a background thread while the current step "
+                                  "runs (the same results either way); None = on the CPU only")
 
 
 def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tensor, config: TrainConfig, *,
@@ -51,26 +56,29 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
     images = place(images, device, float("inf"))
     labels = labels.to(device)
     result = AdaptResult()
-    t_start = time.perf_counter()
+
+    def prepare(item: tuple[int, torch.Tensor]) -> torch.Tensor:  # views ahead (t3ar.method.ahead)
+        return views.weak(images[item[1].to(images.device)])
+
+    t_start = mark = time.perf_counter()
     step = 0
-    for epoch in range(1, config.epochs + 1):
-        for idx in epoch_batches(n, bs, gen):
+    with Ahead(scheduled(n, bs, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
+        for (epoch, idx), x, seconds_views in ahead:
             model.train()
             freeze_frozen_norms(model)
-            t0 = time.perf_counter()
-            x = views.weak(images[idx.to(images.device)])
-            t1 = time.perf_counter()
             with torch.autocast(device.type, enabled=use_amp):
                 loss = F.cross_entropy(model(x).float(), labels[idx.to(device)],
                                        label_smoothing=config.label_smoothing)
             optim.update(loss)
             step += 1
-            stats = StepStats(epoch, step, total, optim.lr, float(loss.detach()),
-                              loss_ce=float(loss.detach()), seconds_augment=t1 - t0,
-                              seconds_forward_backward=time.perf_counter() - t1)
+            value = float(loss.detach())
+            ahead.settle()
+            stats = StepStats(epoch, step, total, optim.lr, value, loss_ce=value, seconds_augment=seconds_views,
+                              seconds_forward_backward=time.perf_counter() - mark - ahead.waited)
             result.history.append(stats)
             if on_step is not None:
                 on_step(stats)
+            mark = time.perf_counter()
     model.eval()
     result.steps, result.epochs = step, config.epochs
     result.seconds = time.perf_counter() - t_start

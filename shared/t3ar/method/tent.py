@@ -25,6 +25,9 @@ class Tent(StatelessMethod):
                     params.append(p)
         return params
 
-    def step(self, model: Classifier, x: torch.Tensor, ids: torch.Tensor, idx: torch.Tensor) -> StepOut:
-        logits = model(self.views.plain(x))
+    def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return self.views.plain(x)
+
+    def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: torch.Tensor) -> StepOut:
+        logits = model(prepared)
         return StepOut(losses.entropy(logits), {}, logits.detach().argmax(1))

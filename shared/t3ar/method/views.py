@@ -22,8 +22,6 @@ the device once per batch.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from t3ar.method.augment import Normalizer
@@ -56,21 +54,17 @@ class Views:
         self.norm = norm
         self.gen = generator
         self.extra_gen = extra_generator or generator  # draws the views of ``strong_with``'s extra images
-        self.seconds = 0.0  # wall time spent making views so far
 
     def _make(self, images: torch.Tensor, spec: ViewSpec, extra: torch.Tensor | None = None) -> torch.Tensor:
         if len(images) == 0 and extra is None:
             return torch.empty(0, *images.shape[1:], device=self.norm.device)
-        t0 = time.perf_counter()
         p = sample_params(len(images), images.shape[-1], spec, self.gen)
         if extra is not None:
             p = cat_params(p, sample_params(len(extra), extra.shape[-1], spec, self.extra_gen))
             images = torch.cat([images.to(self.norm.device, non_blocking=True),
                                 extra.to(self.norm.device, non_blocking=True)])
         x = render(images.to(self.norm.device, non_blocking=True), p, spec)
-        out = self._layout(x.sub_(self.norm.mean).div_(self.norm.std))  # x is this call's own: in place
-        self.seconds += time.perf_counter() - t0
-        return out
+        return self._layout(x.sub_(self.norm.mean).div_(self.norm.std))  # x is this call's own: in place
 
     def weak(self, images: torch.Tensor) -> torch.Tensor:
         return self._make(images, WEAK)
