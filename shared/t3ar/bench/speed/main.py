@@ -32,6 +32,7 @@ import torch
 from t3ar.cpu_memory import retain_freed_memory
 from t3ar.device import seed_everything
 from t3ar.method.adapt import StepStats, adapt
+from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.config import AdaptConfig
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
@@ -43,6 +44,11 @@ METHODS: tuple[str, ...] = ("supervised", "t3ar-noretrieval", "adacontrast", "t3
 #: approximation options, measured as arms of their own ("method+option") on the devices they apply to; their
 #: ratios are stated apart and never count toward a goal by themselves
 APPROXIMATIONS: dict[str, tuple[str, ...]] = {"cpu": ("t3ar+cpu_bf16_nograd",), "cuda": ()}
+#: what each arm option ("method+option") sets: an approximation (above), or ``views_inline``, the step with
+#: its views made inline instead of one step ahead (``--views-inline``: what making them ahead buys)
+OPTIONS: dict[str, dict[str, bool]] = {"cpu_bf16_nograd": {"cpu_bf16_nograd": True},
+                                       "views_inline": {"views_ahead": False}}
+INLINE_ARMS: tuple[str, ...] = ("supervised+views_inline", "t3ar-noretrieval+views_inline", "t3ar+views_inline")
 StepFn = Callable[[StepStats], None]
 
 
@@ -168,15 +174,17 @@ def _runner(method: str, model: Classifier, spec: ModelSpec, data: SpeedData, de
             batch_size: int, k: int) -> Callable[[StepFn], object]:
     b = spec.backbone
 
+    name, *options = method.split("+")
+    settings = {key: value for o in options for key, value in OPTIONS[o].items()}
+
     def run(on_step: StepFn) -> object:
         m = copy.deepcopy(model)
-        if method == "supervised":
-            tc = TrainConfig(epochs=1, batch_size=batch_size, lr=1e-3, seed=seed)
+        if name == "supervised":
+            tc = TrainConfig(epochs=1, batch_size=batch_size, lr=1e-3, seed=seed, **settings)
             return train_supervised(m, data.target, data.labels, tc, mean=b.mean, std=b.std, device=device,
                                     generator=seed_everything(seed), on_step=on_step)
-        name, *options = method.split("+")
         cfg = AdaptConfig.model_validate({"method": name, "k": k, "epochs": 1, "batch_size": batch_size,
-                                          "seed": seed, **{o: True for o in options}})
+                                          "seed": seed, **settings})
         return adapt(m, data.target, cfg, mean=b.mean, std=b.std, neighbours=data.neighbours[:, :k],
                      pool_images=data.pool_images, device=device, generator=seed_everything(seed), on_step=on_step)
 
@@ -278,10 +286,12 @@ def bank_scan_seconds(feat_dim: int, num_classes: int, filled: int, device: torc
 
 
 def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
-                   methods: tuple[str, ...] | None = None, profile: bool = True) -> dict[str, Any]:
-    """All ``methods`` (default: :data:`METHODS` and the device's :data:`APPROXIMATIONS`) interleaved on
-    ``device``: a warm-up round, then ``rounds`` timed rounds."""
-    methods = methods or METHODS + APPROXIMATIONS.get(device.type, ())
+                   methods: tuple[str, ...] | None = None, profile: bool = True,
+                   views_inline: bool = False) -> dict[str, Any]:
+    """All ``methods`` (default: :data:`METHODS` and the device's :data:`APPROXIMATIONS`, plus
+    :data:`INLINE_ARMS` with ``views_inline``) interleaved on ``device``: a warm-up round, then ``rounds``
+    timed rounds."""
+    methods = methods or METHODS + APPROXIMATIONS.get(device.type, ()) + (INLINE_ARMS if views_inline else ())
     if device.type == "cpu":
         retain_freed_memory()  # before the runs' threads start: they then share the main malloc arena
     model, spec = make_model(data.classes, data.target.shape[-1], device)
@@ -309,7 +319,9 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
     out: dict[str, Any] = {
         "step_s": step_s,
         "ratios": {m: step_s["supervised"] / step_s[m] for m in step_s if m != "supervised"},
-        "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items() if "+" in m},
+        "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items()
+                           if "+" in m and not m.endswith("+views_inline")},
+        "views_ahead": ahead_enabled(None, device),
         "steps_timed": {m: len(walls[m]) for m in methods},
         "round_ratios": round_ratios,
         "machine": machine,
@@ -318,6 +330,11 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         else f"{os.cpu_count()} CPU cores, {platform.machine()}",
         "threads": torch.get_num_threads(),
     }
+    inline = {m.removesuffix("+views_inline"): s for m, s in med.items() if m.endswith("+views_inline")}
+    if inline:  # the same steps with their views made inline, side by side: what making them ahead buys
+        out["views_inline"] = {
+            "step_s": inline, "ratios": {m: inline["supervised"] / s for m, s in inline.items() if m != "supervised"},
+            "ahead_speedup": {m: s / step_s[m] for m, s in inline.items()}}
     # the compute ceiling of a faithful T3AR step: a supervised step plus the no-gradient pass over the batch's
     # strong views and its distinct neighbours (everything else, views and bank included, is overhead)
     per_step = statistics.mean(len(torch.unique(data.neighbours[i:i + batch_size, :k]))
@@ -344,7 +361,7 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
 
 
 def run_speed_benchmark(devices: list[torch.device], data: SpeedData, *, rounds: int = 3, batch_size: int = 32,
-                        k: int = 5, profile: bool = True) -> dict[str, Any]:
+                        k: int = 5, profile: bool = True, views_inline: bool = False) -> dict[str, Any]:
     """Measure every device; the result's ``devices`` maps 'cpu'/'cuda' to its figures."""
     t0 = time.perf_counter()
     res: dict[str, Any] = {"devices": {}, "batch_size": batch_size, "k": k, "rounds": rounds,
@@ -353,6 +370,6 @@ def run_speed_benchmark(devices: list[torch.device], data: SpeedData, *, rounds:
                            "torch": torch.__version__}
     for dev in devices:
         res["devices"][dev.type] = measure_device(data, dev, rounds=rounds, batch_size=batch_size, k=k,
-                                                  profile=profile)
+                                                  profile=profile, views_inline=views_inline)
     res["seconds"] = time.perf_counter() - t0
     return res

@@ -22,7 +22,9 @@ GOALS: dict[str, dict[str, float]] = {"cpu": {"t3ar": 0.3, "t3ar-noretrieval": 0
                                       "cuda": {"t3ar": 0.5, "t3ar-noretrieval": 0.7}}
 LABELS = {"supervised": "supervised fine-tuning", "t3ar-noretrieval": "T3AR without retrieval",
           "adacontrast": "AdaContrast", "t3ar": "T3AR",
-          "t3ar+cpu_bf16_nograd": "T3AR, no-gradient passes in bf16 (approximation, off by default)"}
+          "t3ar+cpu_bf16_nograd": "T3AR, no-gradient passes in bf16 (approximation, off by default)",
+          "supervised+views_inline": "supervised fine-tuning, views inline",
+          "t3ar-noretrieval+views_inline": "T3AR without retrieval, views inline", "t3ar+views_inline": "T3AR, views inline"}
 
 
 def _commit() -> str:
@@ -54,6 +56,16 @@ def verdict(res: Mapping[str, Any]) -> dict[str, Any]:
                            "met": got is not None and got >= goal})
     measured = [c for c in checks if c["ratio"] is not None]
     return {"met": bool(measured) and all(c["met"] for c in measured), "checks": checks}
+
+
+def _views_line(figs: Mapping[str, Any]) -> str:
+    ahead = figs.get("views_ahead")
+    how = "" if ahead is None else (
+        "Views are made one step ahead, on a background thread at the lowest priority (`views_ahead`, on for the "
+        "CPU by default); the time to make them overlaps the previous step. " if ahead else
+        "Views are made inline, in the step (`views_ahead` is off by default on this device). ")
+    return (how + "Median wall time spent drawing and rendering one step's views: "
+            + ", ".join(f"{LABELS.get(m, m)} {v:.3f} s" for m, v in figs.get("augment_s", {}).items()) + ".")
 
 
 def _table(res: Mapping[str, Any], before: Mapping[str, Any] | None) -> list[str]:
@@ -101,8 +113,14 @@ def write_report(res: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     for dev, figs in merged["devices"].items():
         lines += ["", f"## {dev}: {figs.get('device_name', dev)}", "",
                   f"Measured {figs.get('measured_at', '?')} at commit {figs.get('commit', '?')}, torch threads "
-                  f"{figs.get('threads', '?')}. Median time spent drawing and rendering views per step: "
-                  + ", ".join(f"{LABELS.get(m, m)} {v:.3f} s" for m, v in figs.get("augment_s", {}).items()) + "."]
+                  f"{figs.get('threads', '?')}. " + _views_line(figs)]
+        inline = figs.get("views_inline")
+        if inline:
+            lines += ["", "The same steps with their views made inline (`views_ahead` off), in the same rounds: "
+                      + ", ".join(f"{LABELS.get(m, m)} {s:.3f} s/step ({inline['ahead_speedup'][m]:.2f}x the step "
+                                  "with views ahead)" for m, s in inline["step_s"].items())
+                      + "; ratios with views inline: "
+                      + ", ".join(f"{LABELS.get(m, m)} {r:.2f}" for m, r in inline["ratios"].items()) + "."]
         rr, mach = figs.get("round_ratios"), figs.get("machine")
         if rr:
             lines += ["", "Ratio per timed round (each round's median step over the supervised one's): "
@@ -161,7 +179,7 @@ def _plot(res: Mapping[str, Any], path: Path) -> None:
         log.warning("matplotlib not installed: %s not written", path)
         return
     devs = list(res["devices"])
-    methods = [m for m in LABELS if m != "supervised"]
+    methods = [m for m in LABELS if m != "supervised" and not m.endswith("+views_inline")]
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
     width = 0.8 / max(1, len(devs))
     for i, dev in enumerate(devs):
