@@ -5,7 +5,9 @@ as local pool indices ``[N_T, k]`` and the pool images they index. Target and po
 the device once per job when they fit; views are computed there a batch at a time
 (:mod:`t3ar.method.views`). Each method lives in its own module behind :class:`~t3ar.method.base.MethodStep`
 (names: :mod:`t3ar.method.registry`); this loop owns the optimiser, schedule, AMP, timing, the statistics and
-their one device sync per step. Progress goes to a callback, which may raise to cancel the run.
+their one device sync per step. Progress goes to a callback, which may raise to cancel the run. Each step's
+views (:meth:`~t3ar.method.base.MethodStep.prepare`) are made one step ahead on a background thread where
+``config.views_ahead`` says so (:mod:`t3ar.method.ahead`; the CPU by default): the same results either way.
 
 Random streams are separate (so the arms of a comparison share all but what differs): batch order from
 ``generator`` (or ``config.seed``); target views, pool views, bank initialisation and
@@ -50,6 +52,8 @@ class StepStats:
     pseudo-labels; tent / SHOT-IM: the argmax of the logits their loss is computed on, i.e. the plain view for
     tent and the weak view for SHOT-IM). ``pool_neg_share`` (T3AR family, always): the batch-mean share of the
     InfoNCE denominator (positive + negatives, Σ exp(logit)) from pool negatives; 0.0 without any.
+    ``seconds_augment``: the wall time the step's views took to make (on the background thread when made ahead,
+    overlapping the step before); ``seconds_forward_backward``: the rest of the step's wall time.
     ``grad_norm_ce`` / ``grad_norm_contrastive`` (T3AR family with ``diagnostics=True``): L2 norm of the
     gradient of each weighted term at the query features (a proxy, not the parameter gradient).
     """

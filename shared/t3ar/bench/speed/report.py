@@ -24,7 +24,8 @@ LABELS = {"supervised": "supervised fine-tuning", "t3ar-noretrieval": "T3AR with
           "adacontrast": "AdaContrast", "t3ar": "T3AR",
           "t3ar+cpu_bf16_nograd": "T3AR, no-gradient passes in bf16 (approximation, off by default)",
           "supervised+views_inline": "supervised fine-tuning, views inline",
-          "t3ar-noretrieval+views_inline": "T3AR without retrieval, views inline", "t3ar+views_inline": "T3AR, views inline"}
+          "t3ar-noretrieval+views_inline": "T3AR without retrieval, views inline",
+          "t3ar+views_inline": "T3AR, views inline"}
 
 
 def _commit() -> str:
