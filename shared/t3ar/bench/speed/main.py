@@ -3,10 +3,10 @@
 Same model (the packaged ImageNet EfficientNet-Lite0 with a 96-class head), same real images (a slice of the
 Twitter emoji style at 64 px), same batch, on each device asked for. Supervised fine-tuning, T3AR without
 retrieval, AdaContrast and T3AR (k retrieved clipart neighbours per image) run interleaved in lock-step
-(:func:`interleaved`: one step of each in turn, so a change in machine load hits all alike), for a warm-up
-round and then ``rounds`` timed rounds of one epoch each; the first step of every run (its set-up) is never
-timed. Each ratio is the method's step throughput over the supervised step's. A torch.profiler table of one
-T3AR step per device says where the time goes.
+(:func:`interleaved`: one step of each in turn, so a change in machine load hits all alike; the order reversed
+every other round), for a warm-up round and then ``rounds`` timed rounds of one epoch each; the first step of
+every run (its set-up) is never timed. Each ratio is the method's step throughput over the supervised step's.
+A torch.profiler table of one T3AR step per device says where the time goes.
 
 The data (target slice, its retrieved neighbours and their decoded pool images) is prepared once from the
 data kits and cached as one tensor file, so a GPU machine without the kits can run from it (``--data``).
@@ -300,7 +300,10 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
     round_ratios: dict[str, list[float]] = {m: [] for m in methods if m != "supervised"}
     load0, ticks0 = os.getloadavg()[0], cpu_ticks()
     for r in range(rounds + 1):
-        res = interleaved({m: _runner(m, model, spec, data, device, r, batch_size, k) for m in methods})
+        # the lock-step order reversed every other round: no method always runs right after the same one (the
+        # step after a heavy one pays for its evicted caches and memory)
+        order = methods if r % 2 == 0 else methods[::-1]
+        res = interleaved({m: _runner(m, model, spec, data, device, r, batch_size, k) for m in order})
         if r == 0:
             continue  # warm-up: caches, allocator, cuDNN plans
         for m, (w, st) in res.items():

@@ -105,7 +105,8 @@ def write_report(res: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
              f"{merged['image_size']} px, batch {merged['batch_size']}, T3AR with k = {merged['k']} neighbours from "
              f"a {merged['pool_size']}-image clipart pool ({merged['distinct_pool_images']} distinct neighbours). "
              f"One warm-up round, then {merged['rounds']} timed rounds of one epoch each, all methods in lock-step "
-             "(one step of each in turn); the first step of every run is not timed.", "",
+             "(one step of each in turn, the order reversed every other round); the first step of every run is not "
+             "timed.", "",
              *_table(merged, before), "",
              f"**Verdict: {'met' if merged['verdict']['met'] else 'NOT met'}** on the devices measured (the "
              "default, faithful step). Approximations (options off by default) are stated apart: one counts toward "
