@@ -229,7 +229,9 @@ def source_model(work: Path, source: StyleSet, config: TrainConfig, image_size: 
     from t3ar.device import seed_everything
 
     spec = ModelSpec(backbone=PRESETS["efficientnet_lite0"], classes=tuple(source.classes), image_size=image_size)
-    key = _sha({"train": config.model_dump(), "spec": spec.model_dump(mode="json"), "kit": kit_request})
+    # views_ahead changes when views are made, never the model (tested): not part of the key
+    key = _sha({"train": config.model_dump(exclude={"views_ahead"}), "spec": spec.model_dump(mode="json"),
+                "kit": kit_request})
     path = work / "models" / f"source-{key[:16]}-seed{config.seed}.pt"
     if path.is_file():
         model, info = load_checkpoint(path, device=device)
