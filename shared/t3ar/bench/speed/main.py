@@ -300,8 +300,9 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
     round_ratios: dict[str, list[float]] = {m: [] for m in methods if m != "supervised"}
     load0, ticks0 = os.getloadavg()[0], cpu_ticks()
     for r in range(rounds + 1):
-        # the lock-step order reversed every other round: no method always runs right after the same one (the
-        # step after a heavy one pays for its evicted caches and memory)
+        # the lock-step order reversed every other round: no method always runs right after the same one (with a
+        # fixed order the first arm ran measurably slower than its twin elsewhere in the order; evicted caches
+        # after the heaviest arm are the likely cause, not verified)
         order = methods if r % 2 == 0 else methods[::-1]
         res = interleaved({m: _runner(m, model, spec, data, device, r, batch_size, k) for m in order})
         if r == 0:
