@@ -113,13 +113,15 @@ def test_min_steps_for_tiny_targets() -> None:
 
 
 @pytest.mark.gpu
-def test_t3ar_on_cuda_with_amp() -> None:
+@pytest.mark.parametrize("views_ahead", [None, True])  # None: views inline on CUDA; True: made one step ahead
+def test_t3ar_on_cuda_with_amp(views_ahead: bool | None) -> None:
     seed_everything(0)
     dev = torch.device("cuda")
     model = Classifier(TinyBackbone(), 8, 3, 16).to(dev)
     g = torch.Generator().manual_seed(0)
     res = adapt(model, torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g),
-                AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, amp=True),
+                AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, amp=True,
+                            views_ahead=views_ahead),
                 mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 9, (12, 2), generator=g),
                 pool_images=torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g), device=dev)
     assert res.steps == 3 and all(torch.isfinite(torch.tensor(h.loss)) for h in res.history)
