@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -13,6 +13,10 @@ METHODS: tuple[Method, ...] = get_args(Method)
 RETRIEVAL_METHODS: tuple[Method, ...] = ("t3ar-random", "t3ar")
 #: methods without a train-time (labelled) mode
 TEST_TIME_ONLY: tuple[Method, ...] = ("adacontrast",)
+#: the loops' switch for views made one step ahead (t3ar.method.ahead), in every training config
+ViewsAhead = Annotated[bool | None, Field(
+    description="make the next batch's views on a background thread while the current step runs (the same "
+                "results either way); None = on the CPU only")]
 
 
 class AdaptConfig(BaseModel):
@@ -62,9 +66,7 @@ class AdaptConfig(BaseModel):
     fraction: float = Field(default=1.0, gt=0, le=1)
     seed: int = 0
     amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
-    views_ahead: bool | None = Field(
-        default=None, description="make the next batch's views on a background thread while the current step "
-                                  "runs (the same results either way); None = on the CPU only")
+    views_ahead: ViewsAhead = None
     cpu_bf16_nograd: bool = Field(
         default=False, description="an approximation, CPU only (T3AR family): the no-gradient passes (keys, pool "
                                    "features, bank initialisation) under bfloat16 autocast. Fast where the CPU has "

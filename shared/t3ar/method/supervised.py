@@ -13,6 +13,7 @@ from t3ar.method.adapt import AdaptResult, StepStats, place, prepare_training, s
 from t3ar.method.ahead import Ahead
 from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.augment import Normalizer
+from t3ar.method.config import ViewsAhead
 from t3ar.method.schedule import Optimiser, steps_per_epoch
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms
@@ -33,9 +34,7 @@ class TrainConfig(BaseModel):
     train_groups: int | None = Field(default=2, ge=0)
     seed: int = 0
     amp: bool = True
-    views_ahead: bool | None = Field(
-        default=None, description="make the next batch's views on a background thread while the current step "
-                                  "runs (the same results either way); None = on the CPU only")
+    views_ahead: ViewsAhead = None
 
 
 def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tensor, config: TrainConfig, *,
