@@ -38,6 +38,7 @@ from t3ar.method.registry import METHOD_STEPS
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import CHANNELS_LAST, Views
 from t3ar.models.classifier import Classifier, freeze_frozen_norms
+from t3ar.models.fold import FOLD, folded_frozen_norms
 
 # Target and pool images are kept on the GPU when together they need at most this share of its free memory.
 DEVICE_DATA_SHARE = 0.25
@@ -210,7 +211,8 @@ def adapt(
 
     t_start = mark = time.perf_counter()  # mark: where the current step began (the previous one's report)
     step = epoch = 0
-    with Ahead(scheduled(n, batch_size, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
+    with folded_frozen_norms(model.backbone, FOLD.get(device.type, False)), \
+            Ahead(scheduled(n, batch_size, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
         for (epoch, idx), prepared, seconds_views in ahead:
             model.train()
             freeze_frozen_norms(model)

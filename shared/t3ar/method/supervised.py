@@ -17,6 +17,7 @@ from t3ar.method.config import ViewsAhead
 from t3ar.method.schedule import Optimiser, steps_per_epoch
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms
+from t3ar.models.fold import FOLD, folded_frozen_norms
 
 
 class TrainConfig(BaseModel):
@@ -61,7 +62,8 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
 
     t_start = mark = time.perf_counter()
     step = 0
-    with Ahead(scheduled(n, bs, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
+    with folded_frozen_norms(model.backbone, FOLD.get(device.type, False)), \
+            Ahead(scheduled(n, bs, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
         for (epoch, idx), x, seconds_views in ahead:
             model.train()
             freeze_frozen_norms(model)
