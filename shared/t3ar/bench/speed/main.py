@@ -37,6 +37,7 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
+from t3ar.models.fold import FOLD
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +209,11 @@ def profile_step(model: Classifier, spec: ModelSpec, data: SpeedData, device: to
 
 def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.device, repeats: int = 5) -> float:
     """Median seconds of the T3AR step's no-gradient pass alone (``rows`` images: the batch's strong views and
-    its distinct neighbours), with the same layout, BatchNorm mode and AMP as in the step."""
+    its distinct neighbours), with the same layout, BatchNorm mode, folded frozen layers and AMP as in the step."""
     from t3ar.method.adapt import fast_layout
     from t3ar.method.segments import segmented_batch_stats
     from t3ar.models.classifier import configure_trainable, freeze_frozen_norms
+    from t3ar.models.fold import folded_frozen_norms
 
     m = copy.deepcopy(model)
     fast_layout(m, device)
@@ -227,7 +229,8 @@ def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.d
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         amp = torch.autocast(device.type, enabled=device.type == "cuda")
-        with torch.no_grad(), segmented_batch_stats(m, [rows]), amp:
+        with torch.no_grad(), folded_frozen_norms(m.backbone, FOLD.get(device.type, False)), \
+                segmented_batch_stats(m, [rows]), amp:
             m.features(x)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -326,6 +329,7 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items()
                            if "+" in m and not m.endswith("+views_inline")},
         "views_ahead": ahead_enabled(None, device),
+        "folded_frozen_norms": FOLD.get(device.type, False),
         "steps_timed": {m: len(walls[m]) for m in methods},
         "round_ratios": round_ratios,
         "machine": machine,
@@ -349,6 +353,13 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
                       "t3ar_ratio": step_s["supervised"] / (step_s["supervised"] + nograd)}
     out["ceiling"]["t3ar_share_of_ceiling"] = out["ratios"]["t3ar"] / out["ceiling"]["t3ar_ratio"] \
         if "t3ar" in out["ratios"] else None
+    # the same for the step without retrieval: a supervised step plus the no-gradient pass over the strong views
+    nograd_b = nograd_pass_seconds(model, batch_size, data.target.shape[-1], device)
+    out["ceiling"].update(noretrieval_nograd_rows=batch_size, noretrieval_nograd_s=nograd_b,
+                          noretrieval_ratio=step_s["supervised"] / (step_s["supervised"] + nograd_b))
+    out["ceiling"]["noretrieval_share_of_ceiling"] = (
+        out["ratios"]["t3ar-noretrieval"] / out["ceiling"]["noretrieval_ratio"]
+        if "t3ar-noretrieval" in out["ratios"] else None)
     if "t3ar" in step_s:  # the bank: what its fill in these first-epoch steps saves against a full one
         cfg = AdaptConfig()
         n = len(data.target)
