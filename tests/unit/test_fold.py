@@ -1,6 +1,7 @@
 """Frozen convolution + BatchNorm pairs folded into one convolution: the same function, patched only within
 the block, and only where it is still exact."""
 
+import pytest
 import timm
 import torch
 from timm.layers import BatchNormAct2d
@@ -116,6 +117,16 @@ def test_off_or_untraceable_means_untouched() -> None:
     with folded_frozen_norms(branchy) as n:
         assert n == 0
 
+    class Twice(nn.Module):  # one pair called at two places: left as it is
+        def __init__(self) -> None:
+            super().__init__()
+            self.c, self.b = nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.c(self.b(self.c(x))))
+
+    assert frozen_pairs(Twice().requires_grad_(False).eval()) == []
+
 
 def test_efficientnet_lite0_with_its_last_groups_training() -> None:
     from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms
@@ -136,3 +147,14 @@ def test_efficientnet_lite0_with_its_last_groups_training() -> None:
         assert n == 33  # stem + the 16 frozen blocks' pairs (the last two groups train)
         feats1 = model.features(x)
     assert (feats0 - feats1).abs().max() < 1e-3 * feats0.abs().max()  # float rounding, through 16 blocks
+
+
+@pytest.mark.gpu
+def test_on_cuda_under_mixed_precision() -> None:
+    net, x = _net().cuda(), torch.randn(6, 3, 16, 16, device="cuda")
+    with torch.autocast("cuda"):
+        out0 = net(x).float()
+        with folded_frozen_norms(net) as n:
+            assert n == 2
+            out1 = net(x).float()
+    assert torch.allclose(out0, out1, atol=1e-2, rtol=1e-2)  # half precision rounding

@@ -3,21 +3,24 @@
 When only the last backbone groups train (the default, ``train_groups=2``), every earlier BatchNorm layer is
 frozen and in eval mode: it applies a fixed per-channel affine map to its convolution's output. Folding that
 map into the convolution's weight and bias gives the same function with one kernel less per layer; only the
-float rounding differs (about 1e-5 relative). Measured on the 2-core CPU (EfficientNet-Lite0 at 64 px,
-batch 32, channels-last): the frozen part's forward 40.8 -> 31.7 ms, a whole supervised step 126 -> 116 ms.
+float rounding differs (1e-5 to 1e-4 relative at Lite0's features). Measured on the 2-core CPU
+(EfficientNet-Lite0 at 64 px, batch 32, channels-last, calls alternated): the frozen part's forward 40.8 ->
+31.7 ms, a supervised forward+backward 126 -> 116 ms, a no-gradient pass 58 -> 50 ms.
 
 :func:`folded_frozen_norms` patches the pairs for the duration of a block (a training loop) and removes the
 patches after; the model's parameters and state dict are never touched. A pair is folded only when the
-convolution's output feeds the BatchNorm alone (found by tracing the backbone with :mod:`torch.fx`) and the
-BatchNorm is a plain ``BatchNorm2d`` or timm's ``BatchNormAct2d`` (whose activation is kept). Each call checks
-that the pair is still frozen and in eval mode and that no parameter or running statistic changed since it
-was folded; otherwise it runs the layers as they are. A model that does not trace is left as it is.
+convolution's output feeds the BatchNorm alone and each is called at one place (found by tracing the
+backbone with :mod:`torch.fx`), and the BatchNorm is a plain ``BatchNorm2d`` or timm's ``BatchNormAct2d``
+(whose activation is kept). Each call of the convolution checks that the pair is still frozen and in eval
+mode and that no parameter or running statistic changed since it was folded (refolding then); otherwise the
+two layers run as they are. A model that does not trace is left as it is.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,8 +33,11 @@ log = logging.getLogger(__name__)
 
 __all__ = ["FOLD", "folded_frozen_norms", "frozen_pairs"]
 
-#: Per device type: fold frozen pairs in the training loops. An entry may be switched off for an experiment.
-FOLD: dict[str, bool] = {"cpu": True, "cuda": True}
+#: Per device type: fold frozen pairs in the training loops. On CUDA a step of our small models is bound by
+#: Python launching kernels, and the fold trades one BatchNorm launch per pair for two small checks in Python:
+#: on the CPU with a forward that small (2 images of 8 px, dispatch only) it costs 12.03 -> 12.28 ms; its CUDA
+#: figures are not measured, so it stays off there until they are. An entry may be switched for an experiment.
+FOLD: dict[str, bool] = {"cpu": True, "cuda": False}
 
 
 class _Tracer(torch.fx.Tracer):
@@ -63,9 +69,9 @@ def _frozen(*modules: nn.Module) -> bool:
 
 def frozen_pairs(module: nn.Module) -> list[tuple[nn.Conv2d, nn.modules.batchnorm._BatchNorm]]:
     """(convolution, BatchNorm) pairs of ``module`` that can be folded: the convolution's output goes to the
-    BatchNorm only, both are frozen (no parameter requires a gradient) and the BatchNorm keeps running
-    statistics (it folds at the calls where it is in eval mode). Empty when ``module`` has no such pair or
-    does not trace."""
+    BatchNorm only, each of the two is called at one place in the forward, both are frozen (no parameter
+    requires a gradient) and the BatchNorm keeps running statistics (it folds at the calls where it is in eval
+    mode). Empty when ``module`` has no such pair or does not trace."""
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) and _frozen(m) for m in module.modules()):
         return []
     try:
@@ -74,6 +80,7 @@ def frozen_pairs(module: nn.Module) -> list[tuple[nn.Conv2d, nn.modules.batchnor
         log.debug("not folding BatchNorm into convolutions: %s does not trace (%s)", type(module).__name__, exc)
         return []
     modules = dict(module.named_modules())
+    calls = Counter(str(n.target) for n in graph.nodes if n.op == "call_module")
     pairs = []
     for node in graph.nodes:
         if node.op != "call_module" or not node.args:
@@ -83,6 +90,8 @@ def frozen_pairs(module: nn.Module) -> list[tuple[nn.Conv2d, nn.modules.batchnor
                 and src.op == "call_module" and len(src.users) == 1):
             continue
         conv = modules.get(str(src.target))
+        if calls[str(src.target)] != 1 or calls[str(node.target)] != 1:  # a layer used twice: left as it is
+            continue
         if (isinstance(conv, nn.Conv2d) and bn.track_running_stats
                 and bn.running_mean is not None and _post_norm(bn) is not None and _frozen(conv, bn)):
             pairs.append((conv, bn))
@@ -94,6 +103,7 @@ class _Folded:
 
     def __init__(self, conv: nn.Conv2d, bn: nn.modules.batchnorm._BatchNorm) -> None:
         self.conv, self.bn = conv, bn
+        self.active = False  # the convolution's last call ran folded, and its BatchNorm has not run since
         self.post = _post_norm(bn)
         self.shadow = copy.copy(conv)  # the same layer (stride, padding, ...) with the folded parameters
         self._fold()
@@ -120,17 +130,26 @@ class _Folded:
 
     def usable(self) -> bool:
         """Still frozen, in eval mode, and folded from the current values (refolded when one changed)."""
-        if self.bn.training or not _frozen(self.conv, self.bn):
+        if self.bn.training:
             return False
-        if self._stamp() != self.stamp:
+        stamp = self._stamp()
+        if stamp is None:
+            return False
+        if stamp != self.stamp:
             self._fold()
         return True
 
-    def _stamp(self) -> list[tuple[int, int]]:
-        """Which tensors the pair holds and their in-place versions: any change to them changes this."""
+    def _stamp(self) -> list[tuple[int, int]] | None:
+        """Which tensors the pair holds and their in-place versions (any change to them changes this), or None
+        when one of them requires a gradient (it trains now)."""
         conv, bn = self.conv, self.bn
-        return [(id(t), t._version) for t in (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean,
-                                              bn.running_var) if t is not None]
+        out = []
+        for t in (conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var):
+            if t is not None:
+                if t.requires_grad:
+                    return None
+                out.append((id(t), t._version))
+        return out
 
 
 @contextmanager
@@ -147,11 +166,13 @@ def folded_frozen_norms(model: nn.Module, enabled: bool = True) -> Iterator[int]
             conv_own, bn_own = conv.forward, bn.forward
 
             def conv_forward(x: torch.Tensor, f: _Folded = f, own: Callable[..., Any] = conv_own) -> Any:
-                return type(f.conv).forward(f.shadow, x) if f.usable() else own(x)
+                f.active = f.usable()
+                return type(f.conv).forward(f.shadow, x) if f.active else own(x)
 
             def bn_forward(x: torch.Tensor, f: _Folded = f, own: Callable[..., Any] = bn_own) -> Any:
-                # same test as the convolution's, just before: both folded or neither
-                return f.post(x) if f.post is not None and f.usable() else own(x)
+                # the BatchNorm's one call site takes the convolution's output: folded when that call was
+                active, f.active = f.active, False
+                return f.post(x) if active and f.post is not None else own(x)
 
             for m, fn in ((conv, conv_forward), (bn, bn_forward)):
                 patched.append((m, m.__dict__.get("forward")))
