@@ -66,8 +66,9 @@ def _views_line(figs: Mapping[str, Any]) -> str:
         "CPU by default); the time to make them overlaps the previous step. " if ahead else
         "Views are made inline, in the step (`views_ahead` is off by default on this device). ")
     if figs.get("folded_frozen_norms"):
-        how += ("Frozen convolution + BatchNorm pairs run as one convolution with the normalisation folded in, "
-                "in every method's step (`t3ar.models.fold`). ")
+        how += ("Frozen convolution + BatchNorm pairs of the model run as one convolution with the normalisation "
+                "folded in, in every method's loop (`t3ar.models.fold`; AdaContrast's key encoder, a copy, runs "
+                "unfolded). ")
     return (how + "Median wall time spent drawing and rendering one step's views: "
             + ", ".join(f"{LABELS.get(m, m)} {v:.3f} s" for m, v in figs.get("augment_s", {}).items()) + ".")
 
