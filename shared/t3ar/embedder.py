@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from t3ar.data.images import to_tensor_uint8
 from t3ar.models.backbones import PRESETS, BackboneSpec, build_backbone, parse_backbone, weights_sha256
+from t3ar.models.fold import fold_inplace
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,19 @@ class Embedder:
         self.net = build_backbone(spec.backbone).eval().to(self.device)
         for p in self.net.parameters():
             p.requires_grad_(False)
+        # Measured on the 2-core CPU (Lite0, 128 images at 96 px): 547 ms per batch as it was, 391 ms
+        # channels-last (oneDNN's fast layout), 321 ms with every BatchNorm also folded into its convolution;
+        # the vectors move by at most ~1e-6 (unit norm). Channels-first on CUDA (faster there under AMP).
+        self._layout = torch.channels_last if self.device.type == "cpu" else torch.contiguous_format
+        self.net.to(memory_format=self._layout)
+        folded = fold_inplace(self.net)
         self.dim = int(getattr(self.net, "num_features"))  # noqa: B009
         b = spec.backbone
         self.identity = f"{b.kind}:{b.name}:{weights_sha256(b)[:16]}:{spec.image_size}px"
         self._mean = torch.tensor(b.mean, device=self.device).view(1, 3, 1, 1)
         self._std = torch.tensor(b.std, device=self.device).view(1, 3, 1, 1)
-        log.info("embedder %s ready on %s (dim %d)", self.identity, self.device, self.dim)
+        log.info("embedder %s ready on %s (dim %d; %d BatchNorm layers folded into their convolutions)",
+                 self.identity, self.device, self.dim, folded)
 
     def _prepare(self, images: Sequence[Image.Image] | torch.Tensor) -> torch.Tensor:
         if isinstance(images, torch.Tensor):
@@ -71,7 +79,7 @@ class Embedder:
         out = np.empty((len(x), self.dim), dtype=np.float32)
         for start in range(0, len(x), batch_size):
             batch = x[start:start + batch_size].to(self.device, non_blocking=True).float().div_(255)
-            batch = (batch - self._mean) / self._std
+            batch = ((batch - self._mean) / self._std).contiguous(memory_format=self._layout)
             with torch.autocast(self.device.type, enabled=self.device.type == "cuda"):
                 feats = self.net(batch)
             out[start:start + len(batch)] = F.normalize(feats.float(), dim=1).cpu().numpy()

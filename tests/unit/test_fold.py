@@ -8,7 +8,7 @@ from timm.layers import BatchNormAct2d
 from timm.layers.conv2d_same import Conv2dSame
 from torch import nn
 
-from t3ar.models.fold import folded_frozen_norms, frozen_pairs
+from t3ar.models.fold import fold_inplace, folded_frozen_norms, frozen_pairs
 
 
 class Net(nn.Module):
@@ -147,6 +147,33 @@ def test_efficientnet_lite0_with_its_last_groups_training() -> None:
         assert n == 33  # stem + the 16 frozen blocks' pairs (the last two groups train)
         feats1 = model.features(x)
     assert (feats0 - feats1).abs().max() < 1e-3 * feats0.abs().max()  # float rounding, through 16 blocks
+
+
+def test_fold_inplace_makes_the_network_smaller_with_the_same_function() -> None:
+    net, x = _net().eval(), torch.randn(6, 3, 16, 16)
+    net.requires_grad_(False)  # only ever evaluated, like the embedder's network
+    with torch.no_grad():
+        before = net(x)
+        assert fold_inplace(net) == 3  # c4/b4 frozen now too; c3/b3 still shares its output
+        after = net(x)
+    assert torch.allclose(before, after, atol=1e-5, rtol=1e-5)
+    assert isinstance(net.b1, nn.Identity) and isinstance(net.b2, nn.Sequential)  # BatchNormAct2d: its act kept
+    assert isinstance(net.b3, nn.BatchNorm2d) and net.c1.bias is not None and net.c2.bias is not None
+
+
+def test_the_embedder_is_folded_and_gives_the_vectors_of_the_plain_network() -> None:
+    import numpy as np
+
+    from t3ar.embedder import Embedder, EmbedderSpec
+    from t3ar.models.backbones import build_backbone
+
+    emb = Embedder(EmbedderSpec(image_size=64))
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in emb.net.modules())  # Lite0: every one folded
+    x = torch.randint(0, 256, (4, 3, 64, 64), dtype=torch.uint8)
+    plain = build_backbone(emb.spec.backbone).eval()
+    with torch.no_grad():
+        ref = torch.nn.functional.normalize(plain((x.float() / 255 - 0.5) / 0.5), dim=1).numpy()
+    assert np.abs(emb.embed(x) - ref).max() < 1e-5
 
 
 @pytest.mark.gpu

@@ -13,7 +13,8 @@ convolution's output feeds the BatchNorm alone and each is called at one place (
 backbone with :mod:`torch.fx`), and the BatchNorm is a plain ``BatchNorm2d`` or timm's ``BatchNormAct2d``
 (whose activation is kept). Each call of the convolution checks that the pair is still frozen and in eval
 mode and that no parameter or running statistic changed since it was folded (refolding then); otherwise the
-two layers run as they are. A model that does not trace is left as it is.
+two layers run as they are. A model that does not trace is left as it is. :func:`fold_inplace` folds a
+network that is only ever evaluated (the retriever's embedder) for good.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FOLD", "folded_frozen_norms", "frozen_pairs"]
+__all__ = ["FOLD", "fold_inplace", "folded_frozen_norms", "frozen_pairs"]
 
 #: Per device type: fold frozen pairs in the training loops. On CUDA a step of our small models is bound by
 #: Python launching kernels, and the fold trades one BatchNorm launch per pair for two small checks in Python:
@@ -48,19 +49,58 @@ class _Tracer(torch.fx.Tracer):
             m, module_qualified_name)
 
 
-def _post_norm(bn: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """What ``bn`` does after normalising (plain BatchNorm2d: nothing; timm's BatchNormAct2d: drop, then its
-    activation), or None for a class whose forward is not known."""
+def _post_norm(bn: nn.Module) -> nn.Module | None:
+    """What ``bn`` does after normalising, as a module (plain BatchNorm2d: nothing; timm's BatchNormAct2d: its
+    drop, then its activation), or None for a class whose forward is not known."""
     if type(bn) is nn.BatchNorm2d:
-        return lambda x: x
+        return nn.Identity()
     try:
         from timm.layers import BatchNormAct2d
     except ImportError:  # pragma: no cover - timm is a dependency
         return None
     if type(bn) is BatchNormAct2d:
-        drop, act = bn.drop, bn.act
-        return lambda x: act(drop(x))
+        return nn.Sequential(bn.drop, bn.act)
     return None
+
+
+def _folded(conv: nn.Conv2d, bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of the convolution with the BatchNorm's eval-mode affine map folded in; the weight in
+    the convolution's memory format."""
+    mean, var = bn.running_mean, bn.running_var
+    if mean is None or var is None:  # frozen_pairs takes only layers with running statistics
+        raise ValueError("a BatchNorm without running statistics cannot be folded")
+    with torch.no_grad():
+        scale = var.float().add(bn.eps).rsqrt()
+        if bn.weight is not None:
+            scale = scale * bn.weight.float()
+        shift = -mean.float() * scale
+        if bn.bias is not None:
+            shift = shift + bn.bias.float()
+        if conv.bias is not None:
+            shift = shift + conv.bias.float() * scale
+        weight = torch.empty_like(conv.weight)  # keeps the weight's memory format (channels-last on the CPU)
+        weight.copy_(conv.weight.float() * scale.view(-1, *([1] * (conv.weight.dim() - 1))))
+    return weight, shift.to(conv.weight.dtype)
+
+
+def fold_inplace(module: nn.Module) -> int:
+    """Fold ``module``'s pairs for good, for a network that is only ever evaluated (the retriever's
+    embedder): each convolution takes the folded weight and bias and its BatchNorm (in eval mode) is replaced
+    by what it does after normalising. No per-call check and no patch: the module is simply smaller. Returns
+    the number of pairs folded."""
+    names = {id(m): n for n, m in module.named_modules()}
+    n = 0
+    for conv, bn in frozen_pairs(module):
+        post = _post_norm(bn)
+        if bn.training or post is None:
+            continue
+        weight, bias = _folded(conv, bn)
+        conv.weight = nn.Parameter(weight, requires_grad=False)
+        conv.bias = nn.Parameter(bias, requires_grad=False)
+        parent_name, _, attr = names[id(bn)].rpartition(".")
+        setattr(module.get_submodule(parent_name), attr, post)
+        n += 1
+    return n
 
 
 def _frozen(*modules: nn.Module) -> bool:
@@ -109,23 +149,9 @@ class _Folded:
         self._fold()
 
     def _fold(self) -> None:
-        conv, bn = self.conv, self.bn
-        mean, var = bn.running_mean, bn.running_var
-        if mean is None or var is None:  # frozen_pairs takes only layers with running statistics
-            raise ValueError("a BatchNorm without running statistics cannot be folded")
-        with torch.no_grad():
-            scale = var.float().add(bn.eps).rsqrt()
-            if bn.weight is not None:
-                scale = scale * bn.weight.float()
-            shift = -mean.float() * scale
-            if bn.bias is not None:
-                shift = shift + bn.bias.float()
-            if conv.bias is not None:
-                shift = shift + conv.bias.float() * scale
-            weight = torch.empty_like(conv.weight)  # keeps the weight's memory format (channels-last here)
-            weight.copy_(conv.weight.float() * scale.view(-1, *([1] * (conv.weight.dim() - 1))))
+        weight, bias = _folded(self.conv, self.bn)
         self.shadow._parameters = {"weight": nn.Parameter(weight, requires_grad=False),
-                                   "bias": nn.Parameter(shift.to(conv.weight.dtype), requires_grad=False)}
+                                   "bias": nn.Parameter(bias, requires_grad=False)}
         self.stamp = self._stamp()
 
     def usable(self) -> bool:
@@ -157,7 +183,9 @@ def folded_frozen_norms(model: nn.Module, enabled: bool = True) -> Iterator[int]
     """Within the block, each of ``model``'s foldable pairs (:func:`frozen_pairs`, found on entry) runs as one
     convolution with the BatchNorm folded in. Yields the number of pairs folded (0 when ``enabled`` is
     false). Entering traces the model (~25 ms for Lite0): enter once per training loop, not per call. Copy
-    the model before the block, not inside it (a copy would share the patched layers' forwards)."""
+    the model before the block, not inside it (a copy would share the patched layers' forwards). One forward
+    at a time through the model (a training loop's): each pair's convolution tells its BatchNorm whether it
+    ran folded. A network that never trains again is better folded for good (:func:`fold_inplace`)."""
     pairs = frozen_pairs(model) if enabled else []
     patched: list[tuple[nn.Module, Any]] = []
     try:
