@@ -4,7 +4,7 @@ import pytest
 import torch
 from tiny_models import TinyBackbone
 
-from t3ar.device import seed_everything
+from t3ar.device import resolve_device, seed_everything
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.config import METHODS, AdaptConfig
 from t3ar.models.classifier import Classifier
@@ -116,7 +116,7 @@ def test_min_steps_for_tiny_targets() -> None:
 @pytest.mark.parametrize("views_ahead", [None, True])  # None: views inline on CUDA; True: made one step ahead
 def test_t3ar_on_cuda_with_amp(views_ahead: bool | None) -> None:
     seed_everything(0)
-    dev = torch.device("cuda")
+    dev = resolve_device("auto")  # CUDA: the gpu mark skips this test without it
     model = Classifier(TinyBackbone(), 8, 3, 16).to(dev)
     g = torch.Generator().manual_seed(0)
     res = adapt(model, torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g),

@@ -8,6 +8,7 @@ from timm.layers import BatchNormAct2d
 from timm.layers.conv2d_same import Conv2dSame
 from torch import nn
 
+from t3ar.device import resolve_device
 from t3ar.models.fold import fold_inplace, folded_frozen_norms, frozen_pairs
 
 
@@ -178,8 +179,9 @@ def test_the_embedder_is_folded_and_gives_the_vectors_of_the_plain_network() -> 
 
 @pytest.mark.gpu
 def test_on_cuda_under_mixed_precision() -> None:
-    net, x = _net().cuda(), torch.randn(6, 3, 16, 16, device="cuda")
-    with torch.autocast("cuda"):
+    dev = resolve_device("auto")  # CUDA: the gpu mark skips this test without it
+    net, x = _net().to(dev), torch.randn(6, 3, 16, 16, device=dev)
+    with torch.autocast(dev.type):
         out0 = net(x).float()
         with folded_frozen_norms(net) as n:
             assert n == 2

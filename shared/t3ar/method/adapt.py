@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -119,6 +120,12 @@ def prepare_training(model: nn.Module, device: torch.device) -> None:
     fast_layout(model, device)
 
 
+def folded_layers(model: Classifier, device: torch.device) -> AbstractContextManager[int]:
+    """Every training loop's block: the model's frozen convolution + BatchNorm pairs folded into one
+    convolution where :data:`t3ar.models.fold.FOLD` says so for ``device`` (:mod:`t3ar.models.fold`)."""
+    return folded_frozen_norms(model.backbone, FOLD.get(device.type, False))
+
+
 def scheduled(n: int, batch_size: int, total: int, gen: torch.Generator) -> Iterator[tuple[int, torch.Tensor]]:
     """(epoch, batch indices) of ``total`` steps: seeded epochs of ``n`` images (``epoch_batches``), the last
     one cut short."""
@@ -211,7 +218,7 @@ def adapt(
 
     t_start = mark = time.perf_counter()  # mark: where the current step began (the previous one's report)
     step = epoch = 0
-    with folded_frozen_norms(model.backbone, FOLD.get(device.type, False)), \
+    with folded_layers(model, device), \
             Ahead(scheduled(n, batch_size, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
         for (epoch, idx), prepared, seconds_views in ahead:
             model.train()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from t3ar.method.adapt import AdaptResult, StepStats, place, prepare_training, scheduled, stream
+from t3ar.method.adapt import AdaptResult, StepStats, folded_layers, place, prepare_training, scheduled, stream
 from t3ar.method.ahead import Ahead
 from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.augment import Normalizer
@@ -17,7 +17,6 @@ from t3ar.method.config import ViewsAhead
 from t3ar.method.schedule import Optimiser, steps_per_epoch
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable, freeze_frozen_norms
-from t3ar.models.fold import FOLD, folded_frozen_norms
 
 
 class TrainConfig(BaseModel):
@@ -62,7 +61,7 @@ def train_supervised(model: Classifier, images: torch.Tensor, labels: torch.Tens
 
     t_start = mark = time.perf_counter()
     step = 0
-    with folded_frozen_norms(model.backbone, FOLD.get(device.type, False)), \
+    with folded_layers(model, device), \
             Ahead(scheduled(n, bs, total, gen), prepare, on=ahead_enabled(config.views_ahead, device)) as ahead:
         for (epoch, idx), x, seconds_views in ahead:
             model.train()

@@ -210,10 +210,9 @@ def profile_step(model: Classifier, spec: ModelSpec, data: SpeedData, device: to
 def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.device, repeats: int = 5) -> float:
     """Median seconds of the T3AR step's no-gradient pass alone (``rows`` images: the batch's strong views and
     its distinct neighbours), with the same layout, BatchNorm mode, folded frozen layers and AMP as in the step."""
-    from t3ar.method.adapt import fast_layout
+    from t3ar.method.adapt import fast_layout, folded_layers
     from t3ar.method.segments import segmented_batch_stats
     from t3ar.models.classifier import configure_trainable, freeze_frozen_norms
-    from t3ar.models.fold import folded_frozen_norms
 
     m = copy.deepcopy(model)
     fast_layout(m, device)
@@ -224,7 +223,7 @@ def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.d
     if device.type == "cpu":
         x = x.contiguous(memory_format=torch.channels_last)
     times = []
-    with folded_frozen_norms(m.backbone, FOLD.get(device.type, False)):  # once, as a job does (it traces)
+    with folded_layers(m, device):  # once, as a job does (it traces)
         for _ in range(repeats + 1):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
