@@ -48,6 +48,29 @@ def test_seeded_runs_are_identical_on_cpu() -> None:
     assert any(not torch.equal(sa[k], sc[k]) for k in sa if sa[k].is_floating_point())
 
 
+@pytest.mark.parametrize(("method", "mode"), [("t3ar", "test"), ("t3ar-noretrieval", "test"), ("t3ar", "train")])
+def test_joint_pass_gives_the_separate_passes_results(method: str, mode: str) -> None:
+    """joint_pass (CUDA's default): queries, keys and neighbours in one forward, each part with its own BatchNorm
+    statistics, train the same model as the separate passes (float noise apart: other batch shapes)."""
+    a, ra = _run(method, seed=2, mode=mode, joint_pass=False)
+    b, rb = _run(method, seed=2, mode=mode, joint_pass=True)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert all(torch.allclose(sa[k].float(), sb[k].float(), atol=1e-5) for k in sa)
+    assert [round(h.loss, 4) for h in ra.history] == [round(h.loss, 4) for h in rb.history]  # type: ignore[attr-defined]
+    c, _ = _run(method, seed=3, mode=mode, joint_pass=True)
+    assert any(not torch.allclose(sa[k].float(), c.state_dict()[k].float(), atol=1e-5) for k in sa)
+
+
+def test_joint_pass_resolution() -> None:
+    from t3ar.method.contrastive import joint_enabled
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not joint_enabled(AdaptConfig(), cpu) and joint_enabled(AdaptConfig(), cuda)
+    assert joint_enabled(AdaptConfig(joint_pass=True), cpu) and not joint_enabled(AdaptConfig(joint_pass=False), cuda)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        AdaptConfig(joint_pass=True, cpu_bf16_nograd=True)
+
+
 def test_tent_updates_only_batchnorm_affine() -> None:
     seed_everything(0)
     model = Classifier(TinyBackbone(), 8, 3, 16)
@@ -113,15 +136,17 @@ def test_min_steps_for_tiny_targets() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("views_ahead", [None, True])  # None: views inline on CUDA; True: made one step ahead
-def test_t3ar_on_cuda_with_amp(views_ahead: bool | None) -> None:
+@pytest.mark.parametrize(("views_ahead", "joint_pass"), [(None, None), (True, None), (None, False)])
+def test_t3ar_on_cuda_with_amp(views_ahead: bool | None, joint_pass: bool | None) -> None:
+    """views_ahead None: inline on CUDA, True: one step ahead; joint_pass None: one forward per step (CUDA's
+    default), False: the queries' pass apart."""
     seed_everything(0)
     dev = resolve_device("auto")  # CUDA: the gpu mark skips this test without it
     model = Classifier(TinyBackbone(), 8, 3, 16).to(dev)
     g = torch.Generator().manual_seed(0)
     res = adapt(model, torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g),
                 AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, amp=True,
-                            views_ahead=views_ahead),
+                            views_ahead=views_ahead, joint_pass=joint_pass),
                 mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 9, (12, 2), generator=g),
                 pool_images=torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g), device=dev)
     assert res.steps == 3 and all(torch.isfinite(torch.tensor(h.loss)) for h in res.history)

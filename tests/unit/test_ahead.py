@@ -94,8 +94,9 @@ def test_leaving_early_stops_the_thread() -> None:
     assert not any(t.name.startswith("t3ar-views") for t in threading.enumerate() if t.name not in before)
 
 
-def test_auto_is_on_for_the_cpu_only() -> None:
-    assert enabled(None, torch.device("cpu")) and not enabled(None, torch.device("cuda"))
+def test_auto_is_on_for_cpu_and_cuda() -> None:
+    assert enabled(None, torch.device("cpu")) and enabled(None, torch.device("cuda"))
+    assert not enabled(None, torch.device("mps"))  # not measured there
     assert not enabled(False, torch.device("cpu")) and enabled(True, torch.device("cuda"))
 
 

@@ -85,3 +85,28 @@ def test_batchnorm_with_fused_activation_keeps_it() -> None:
                 m.momentum = 0.0
         sep = torch.cat([net(a), net(b)])
     assert torch.allclose(joint[:8], sep, atol=1e-4)
+
+
+def test_first_segment_trains_like_a_pass_of_its_own() -> None:
+    """first_trains (the T3AR family's joint pass): the first segment gets the output, gradient and running
+    statistics of a plain training-mode forward of it alone; the others what they get without it."""
+    a, b = torch.randn(6, 3, 8, 8), torch.randn(9, 3, 8, 8) * 3 + 1
+    w = torch.randn(6, 5)
+    joint_net, sep_net = _net(), _net()
+    with segmented_batch_stats(joint_net, [6, 9], first_trains=True):
+        joint = joint_net(torch.cat([a, b, torch.randn(3, 3, 8, 8) * 100]))  # 3 padding rows
+    (joint[:6] * w).sum().backward()
+    sep_a = sep_net(a)
+    (sep_a * w).sum().backward()
+    with torch.no_grad(), segmented_batch_stats(sep_net, [9]):
+        sep_b = sep_net(b)
+    assert torch.allclose(joint[:6], sep_a, atol=1e-5) and torch.allclose(joint[6:15], sep_b, atol=1e-5)
+    assert joint.requires_grad and not joint[6:15].detach().requires_grad
+    for (name, pj), (_, ps) in zip(joint_net.named_parameters(), sep_net.named_parameters(), strict=True):
+        assert pj.grad is not None and torch.allclose(pj.grad, ps.grad, atol=1e-5), name
+    norms = [(x, y) for x, y in zip(joint_net.modules(), sep_net.modules(), strict=True)
+             if isinstance(x, nn.modules.batchnorm._BatchNorm)]
+    for x, y in norms:  # the first segment moved the running statistics as its own pass did; momentum restored
+        assert torch.allclose(x.running_mean, y.running_mean, atol=1e-6)
+        assert torch.allclose(x.running_var, y.running_var, atol=1e-6) and x.momentum == y.momentum
+    assert not torch.equal(norms[0][0].running_mean, _net()[1].running_mean)  # and they did move

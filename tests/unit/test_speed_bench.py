@@ -39,16 +39,22 @@ def test_write_report(tmp_path: Path) -> None:
               "ahead_speedup": {"supervised": 1.1, "t3ar": 1.25}}
     extra = {"bank": bank, "round_ratios": {"t3ar": [0.25, 0.27]}, "machine": {"load_start": 1.0, "load_end": 2.0,
                                                                               "steal_share": 0.12},
-             "views_ahead": True, "views_inline": inline}
-    res = {"devices": {"cpu": {**_dev(0.25, 0.6), "device_name": "cpu", "profile_t3ar_step": "TABLE", **extra}},
+             "views_ahead": True, "views_inline": inline, "joint_pass": True,
+             "variants": {"separate_passes": {"description": "the queries apart", "step_s": {"t3ar": 0.6},
+                                              "ratios": {"t3ar": 0.18}, "default_speedup": {"t3ar": 1.5}}}}
+    res = {"devices": {"cpu": {**_dev(0.25, 0.6), "device_name": "cpu", "profile_t3ar_step": "TABLE",
+                               "profile_t3ar_step_host": "HOSTTABLE", **extra}},
            "images": 64, "image_size": 32, "batch_size": 32, "k": 5, "rounds": 1, "distinct_pool_images": 10,
            "pool_size": 20}
     merged = write_report(res, tmp_path)
     text = (tmp_path / "speed.md").read_text()
-    assert "NOT met" in text and "TABLE" in text and "cuda: pending" not in text and "pending" in text
+    assert "NOT met" in text and "TABLE" in text and "by self time on the host" in text and "HOSTTABLE" in text
+    assert "cuda: pending" not in text and "pending" in text
     assert "T3AR 0.25 / 0.27" in text and "took 12 % of this machine's CPU time" in text
     assert "one step ahead, on a background thread" in text
     assert "T3AR 0.500 s/step (1.25x the step with views ahead)" in text and "T3AR 0.22." in text
+    assert "Variant, the queries apart, in the same rounds: T3AR 0.600 s/step (1.50x the default step's time)" in text
+    assert "T3AR 0.18." in text and "(`joint_pass`, on for CUDA by default)" in text
     assert "1,272 of its 16,384 slots" in text and "20.0 ms with every slot written" in text and "**0.23**" in text
     assert json.loads((tmp_path / "speed.json").read_text())["verdict"] == merged["verdict"]
 
@@ -65,7 +71,8 @@ def test_cli_json_shape(tmp_path: Path) -> None:
     path = tmp_path / "data.pt"
     data.save(path)
     res = CliRunner().invoke(cli, ["bench", "speed", "--device", "cpu", "--data", str(path), "--rounds", "1",
-                                   "--no-profile", "--no-write", "--json", "--views-inline"], catch_exceptions=False)
+                                   "--no-profile", "--no-write", "--json", "--views-inline",
+                                   "--variant", "joint_pass"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout[res.stdout.index("{"):])
     cpu = out["devices"]["cpu"]
@@ -76,3 +83,7 @@ def test_cli_json_shape(tmp_path: Path) -> None:
     assert set(cpu["views_inline"]["step_s"]) == {"supervised", "t3ar", "t3ar-noretrieval"}
     assert set(cpu["views_inline"]["ratios"]) == {"t3ar", "t3ar-noretrieval"}
     assert set(cpu["approximations"]) == {"t3ar+cpu_bf16_nograd"}
+    # --variant joint_pass: the T3AR family with its queries in the no-gradient pass, beside the default step
+    joint = cpu["variants"]["joint_pass"]
+    assert set(joint["step_s"]) == {"t3ar", "t3ar-noretrieval"} == set(joint["ratios"]) == set(joint["default_speedup"])
+    assert all(v > 0 for v in joint["ratios"].values())

@@ -72,11 +72,16 @@ def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None) -> None:
 @click.option("--views-inline", is_flag=True,
               help="Also time supervised, no-retrieval and T3AR steps with their views made inline instead of one "
                    "step ahead, side by side (about 1.5x the run time).")
+@click.option("--variant", "variants", multiple=True,
+              type=click.Choice(["views_ahead", "views_inline", "joint_pass", "separate_passes"]),
+              help="Also time the steps a setting concerns with it changed, side by side, stated apart (repeatable): "
+                   "views_ahead / views_inline (views made one step ahead / inline), joint_pass / separate_passes "
+                   "(the T3AR family's queries forwarded with / apart from its no-gradient pass).")
 @click.option("--no-write", is_flag=True, help="Measure only; write no files.")
 @click.option("--json", "as_json", is_flag=True, help="Print {devices: {cpu|cuda: {ratios, step_s}}} as JSON.")
 def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, out_dir: Path, work_dir: Path,
-          cache: Path, data_file: Path | None, no_profile: bool, views_inline: bool, no_write: bool,
-          as_json: bool) -> None:
+          cache: Path, data_file: Path | None, no_profile: bool, views_inline: bool, variants: tuple[str, ...],
+          no_write: bool, as_json: bool) -> None:
     """Step speed of T3AR, T3AR without retrieval and AdaContrast relative to a supervised step, side by side.
 
     \b
@@ -98,12 +103,13 @@ def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, o
     data = SpeedData.load(data_file) if data_file else prepare_data(work_dir, cache, n_images=images, k=k,
                                                                      device=devices[-1])
     res = run_speed_benchmark(devices, data, rounds=rounds, batch_size=batch_size, k=k, profile=not no_profile,
-                              views_inline=views_inline)
+                              views_inline=views_inline, variants=variants)
     if not no_write:
         write_report(res, out_dir)
     if as_json:
         click.echo(json.dumps({"devices": {d: {"ratios": v["ratios"], "step_s": v["step_s"],
-                                               **{key: v[key] for key in ("approximations", "views_inline")
+                                               **{key: v[key] for key in ("approximations", "views_inline",
+                                                                          "variants")
                                                   if v.get(key)}}
                                            for d, v in res["devices"].items()}}, indent=2))
     elif not no_write:

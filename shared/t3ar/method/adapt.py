@@ -7,7 +7,8 @@ the device once per job when they fit; views are computed there a batch at a tim
 (names: :mod:`t3ar.method.registry`); this loop owns the optimiser, schedule, AMP, timing, the statistics and
 their one device sync per step. Progress goes to a callback, which may raise to cancel the run. Each step's
 views (:meth:`~t3ar.method.base.MethodStep.prepare`) are made one step ahead on a background thread where
-``config.views_ahead`` says so (:mod:`t3ar.method.ahead`; the CPU by default): the same results either way.
+``config.views_ahead`` says so (:mod:`t3ar.method.ahead`; the CPU and CUDA by default): the same results either
+way.
 
 Random streams are separate (so the arms of a comparison share all but what differs): batch order from
 ``generator`` (or ``config.seed``); target views, pool views, bank initialisation and

@@ -16,7 +16,7 @@ TEST_TIME_ONLY: tuple[Method, ...] = ("adacontrast",)
 #: the loops' switch for views made one step ahead (t3ar.method.ahead), in every training config
 ViewsAhead = Annotated[bool | None, Field(
     description="make the next batch's views on a background thread while the current step runs (the same "
-                "results either way); None = on the CPU only")]
+                "results either way); None = on the CPU and CUDA")]
 
 
 class AdaptConfig(BaseModel):
@@ -71,11 +71,20 @@ class AdaptConfig(BaseModel):
         default=False, description="an approximation, CPU only (T3AR family): the no-gradient passes (keys, pool "
                                    "features, bank initialisation) under bfloat16 autocast. Fast where the CPU has "
                                    "native bf16 (AMX / AVX512-BF16), slow elsewhere; off by default")
+    joint_pass: bool | None = Field(
+        default=None, description="T3AR family: forward the weak views (with gradient) together with the strong "
+                                  "views and neighbours (without) as one batch, each part with its own BatchNorm "
+                                  "statistics: the same results with one forward less per step, at the price of "
+                                  "a backward over every row; None = on CUDA only (where a step waits on kernel "
+                                  "launches, not arithmetic)")
 
     @model_validator(mode="after")
     def _check(self) -> AdaptConfig:
         if self.method in RETRIEVAL_METHODS and self.k < 1:
             raise ValueError(f"method {self.method} retrieves neighbours: k must be >= 1")
+        if self.joint_pass and self.cpu_bf16_nograd:
+            raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
+                             "no-gradient passes apart, in bfloat16")
         if self.mode == "train" and not self.has_train_mode:
             raise ValueError(f"{self.method} is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
                              "mode 'train'")

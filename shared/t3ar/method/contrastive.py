@@ -6,7 +6,9 @@ One step, for a batch x of target images with retrieved neighbours N(x):
 * q = g(t(x)) with gradient (weak view); keys k = g(t'(x)) and logits f(t'(x)) without gradient (strong view,
   the momentum encoder with m = 0 is the current model); pool features g(t'(a)) of every *distinct*
   neighbour a of the batch, without gradient. The key pass and the pool pass run as one forward with
-  per-segment BatchNorm statistics (:mod:`t3ar.method.segments`): the same numbers as two passes.
+  per-segment BatchNorm statistics (:mod:`t3ar.method.segments`): the same numbers as two passes. With
+  ``config.joint_pass`` (CUDA by default: see :func:`joint_enabled`) the query pass joins them as the first
+  segment, the only one with gradient: one forward per step instead of two.
 * bank: enqueue (k, f(t'(x)), id) and (g(t'(a)), pool id); filtered pseudo-label ȳ(x) = argmax of the mean
   of the logits stored for x's id.
 * loss = ce_weight · CE(f(t(x)), ȳ) + contrastive_weight · InfoNCE(q, k; negatives = target entries with
@@ -35,8 +37,8 @@ from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 
-__all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "nograd_precision",
-           "step_views"]
+__all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "joint_enabled",
+           "nograd_precision", "step_views"]
 
 # Shapes of the no-gradient pool pass are padded to a multiple of this on CUDA: every new input shape costs a
 # cuDNN plan search (measured on an H100: ~0.7 s per new batch size under AMP, 8 ms per step once cached).
@@ -52,6 +54,7 @@ class ContrastiveState:
     labels: torch.Tensor | None  # [N_T] true labels (train-time mode) on the device
     config: AdaptConfig
     shape_bucket: int  # pad the no-grad pass to a multiple of this many rows (CUDA: few distinct shapes)
+    joint: bool = False  # the query pass joins the no-grad pass (joint_enabled)
 
     @classmethod
     @torch.no_grad()
@@ -73,7 +76,40 @@ class ContrastiveState:
                          labels=lab[ids] if lab is not None else None)
             id_pl[ids] = logits.argmax(1)
         model.train(was_training)
-        return cls(bank, id_pl, lab, config, shape_bucket)
+        return cls(bank, id_pl, lab, config, shape_bucket, joint_enabled(config, device))
+
+    def _forwards(self, model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int, n_pool: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(q_feat, q_logits) of the weak views with gradient; (k, k_logits) of the batch's strong views and p,
+        its neighbours' features (None without), without gradient; k and p normalised. Rows are padded to the
+        shape bucket; each part has its own BatchNorm statistics (:mod:`t3ar.method.segments`)."""
+        cfg, dev = self.config, xw.device
+        segments = [b] if not n_pool else [b, n_pool]
+        if self.joint:
+            segments = [b, *segments]
+            xs = torch.cat([xw, xs])
+        rows = len(xs)
+        pad = bucket(rows, self.shape_bucket) - rows
+        if pad:
+            xs = torch.cat([xs, xs[:1].expand(pad, -1, -1, -1)])
+        if self.joint:  # first segment: the queries, with gradient and running statistics, as a pass of their own
+            with segmented_batch_stats(model, segments, first_trains=True):
+                feats_all = model.features(xs)
+            q_feat = feats_all[:b]
+            feats_all = feats_all[b:rows].detach()
+            with torch.no_grad():
+                k_logits = model.head(feats_all[:b])
+        else:
+            with torch.no_grad(), segmented_batch_stats(model, segments), nograd_precision(cfg, dev):
+                feats_all = model.features(xs)
+                k_logits = model.head(feats_all[:b])
+        with torch.no_grad():
+            k = F.normalize(feats_all[:b].float(), dim=1)
+            p = F.normalize(feats_all[b:b + n_pool].float(), dim=1) if n_pool else None
+        if not self.joint:
+            q_feat = model.features(xw)
+        q_logits = model.head(q_feat)
+        return q_feat, q_logits, k, k_logits, p
 
     def step(self, model: Classifier, ids: torch.Tensor, sv: StepViews, *, diagnostics: bool = False) -> StepOut:
         """Forward passes, bank update, pseudo-labels and the loss for one batch.
@@ -83,20 +119,9 @@ class ContrastiveState:
         at the query feature (two extra partial backward passes through the head/normalisation only).
         """
         cfg, bank, dev = self.config, self.bank, ids.device
-        b, xw, xs, nbr, pool_local = len(ids), sv.weak, sv.strong, sv.nbr, sv.pool_local
-        with torch.no_grad():
-            segments = [b] if pool_local is None or not len(pool_local) else [b, len(pool_local)]
-            rows = len(xs)
-            pad = bucket(rows, self.shape_bucket) - rows
-            if pad:
-                xs = torch.cat([xs, xs[:1].expand(pad, -1, -1, -1)])
-            with segmented_batch_stats(model, segments), nograd_precision(cfg, dev):
-                feats_all = model.features(xs)
-                k_feat = feats_all[:b]
-                k_logits = model.head(k_feat)
-            k = F.normalize(k_feat.float(), dim=1)
-            p = F.normalize(feats_all[b:rows].float(), dim=1) if pool_local is not None else None
-        q_feat, q_logits = model.forward_all(xw)
+        b, nbr, pool_local = len(ids), sv.nbr, sv.pool_local
+        n_pool = 0 if pool_local is None else len(pool_local)
+        q_feat, q_logits, k, k_logits, p = self._forwards(model, sv.weak, sv.strong, b, n_pool)
         q = F.normalize(q_feat.float(), dim=1)
         out: dict[str, torch.Tensor] = {}
         with torch.no_grad():
@@ -197,6 +222,13 @@ class T3AR(MethodStep):
 
     def pool_used(self) -> list[int]:
         return self.used.nonzero().flatten().tolist()
+
+
+def joint_enabled(config: AdaptConfig, device: torch.device) -> bool:
+    """``config.joint_pass`` as given; None (auto): on CUDA only. There a step at these sizes waits on the
+    interpreter launching kernels, and a forward less is a third fewer launches; on a CPU the backward over the
+    extra rows costs more arithmetic than the forward saves."""
+    return device.type == "cuda" if config.joint_pass is None else config.joint_pass
 
 
 def nograd_precision(config: AdaptConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:

@@ -34,6 +34,7 @@ from t3ar.device import seed_everything
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.config import AdaptConfig
+from t3ar.method.contrastive import joint_enabled
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
@@ -50,6 +51,19 @@ APPROXIMATIONS: dict[str, tuple[str, ...]] = {"cpu": ("t3ar+cpu_bf16_nograd",), 
 OPTIONS: dict[str, dict[str, bool]] = {"cpu_bf16_nograd": {"cpu_bf16_nograd": True},
                                        "views_inline": {"views_ahead": False}}
 INLINE_ARMS: tuple[str, ...] = ("supervised+views_inline", "t3ar-noretrieval+views_inline", "t3ar+views_inline")
+#: side-by-side variants of the default step (``--variant NAME``): one setting changed, arms "method+NAME" for the
+#: methods it concerns; stated apart, each beside the default step (what the default's setting buys on a device)
+VARIANTS: dict[str, tuple[dict[str, bool], tuple[str, ...], str]] = {
+    "views_ahead": ({"views_ahead": True}, ("supervised", "t3ar-noretrieval", "t3ar"),
+                    "views made one step ahead (`views_ahead` on)"),
+    "views_inline": ({"views_ahead": False}, ("supervised", "t3ar-noretrieval", "t3ar"),
+                     "views made inline (`views_ahead` off)"),
+    "joint_pass": ({"joint_pass": True}, ("t3ar-noretrieval", "t3ar"),
+                   "the queries in the no-gradient pass, one forward per step (`joint_pass` on)"),
+    "separate_passes": ({"joint_pass": False}, ("t3ar-noretrieval", "t3ar"),
+                        "the queries' forward apart from the no-gradient pass (`joint_pass` off)"),
+}
+OPTIONS.update({name: settings for name, (settings, _, _) in VARIANTS.items()})
 StepFn = Callable[[StepStats], None]
 
 
@@ -193,18 +207,23 @@ def _runner(method: str, model: Classifier, spec: ModelSpec, data: SpeedData, de
 
 
 def profile_step(model: Classifier, spec: ModelSpec, data: SpeedData, device: torch.device, *, batch_size: int,
-                 k: int, rows: int = 12) -> str:
-    """torch.profiler table (top operators by self time on the device) of the 3rd step of a T3AR run."""
+                 k: int, rows: int = 12) -> dict[str, str]:
+    """torch.profiler tables of the 3rd step of a T3AR run: top operators by self time on the device
+    (``device``), and on CUDA also by self time on the host (``host``: where a launch-bound step's time goes)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    tables: list[str] = []
-    with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=1),
-                 on_trace_ready=lambda p: tables.append(p.key_averages().table(sort_by=sort, row_limit=rows))
-                 ) as prof:
+    sorts = {"device": "self_cuda_time_total", "host": "self_cpu_time_total"} if device.type == "cuda" \
+        else {"device": "self_cpu_time_total"}
+    tables: dict[str, str] = {}
+
+    def ready(p: Any) -> None:
+        averages = p.key_averages()
+        tables.update({name: averages.table(sort_by=sort, row_limit=rows) for name, sort in sorts.items()})
+
+    with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=1), on_trace_ready=ready) as prof:
         _runner("t3ar", model, spec, data, device, 0, batch_size, k)(lambda _s: prof.step())
-    return tables[0] if tables else ""
+    return tables
 
 
 def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.device, repeats: int = 5) -> float:
@@ -289,11 +308,16 @@ def bank_scan_seconds(feat_dim: int, num_classes: int, filled: int, device: torc
 
 def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
                    methods: tuple[str, ...] | None = None, profile: bool = True,
-                   views_inline: bool = False) -> dict[str, Any]:
+                   views_inline: bool = False, variants: tuple[str, ...] = ()) -> dict[str, Any]:
     """All ``methods`` (default: :data:`METHODS` and the device's :data:`APPROXIMATIONS`, plus
-    :data:`INLINE_ARMS` with ``views_inline``) interleaved on ``device``: a warm-up round, then ``rounds``
-    timed rounds."""
-    methods = methods or METHODS + APPROXIMATIONS.get(device.type, ()) + (INLINE_ARMS if views_inline else ())
+    :data:`INLINE_ARMS` with ``views_inline`` and the arms of each of ``variants`` (:data:`VARIANTS`))
+    interleaved on ``device``: a warm-up round, then ``rounds`` timed rounds."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    variant_arms = tuple(f"{m}+{v}" for v in variants for m in VARIANTS[v][1])
+    methods = methods or (METHODS + APPROXIMATIONS.get(device.type, ()) + (INLINE_ARMS if views_inline else ())
+                          + tuple(a for a in variant_arms if not (views_inline and a in INLINE_ARMS)))
     if device.type == "cpu":
         retain_freed_memory()  # before the runs' threads start: they then share the main malloc arena
     model, spec = make_model(data.classes, data.target.shape[-1], device)
@@ -326,8 +350,9 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "step_s": step_s,
         "ratios": {m: step_s["supervised"] / step_s[m] for m in step_s if m != "supervised"},
         "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items()
-                           if "+" in m and not m.endswith("+views_inline")},
+                           if m in APPROXIMATIONS.get(device.type, ())},
         "views_ahead": ahead_enabled(None, device),
+        "joint_pass": joint_enabled(AdaptConfig(), device),
         "folded_frozen_norms": FOLD.get(device.type, False),
         "steps_timed": {m: len(walls[m]) for m in methods},
         "round_ratios": round_ratios,
@@ -342,6 +367,13 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         out["views_inline"] = {
             "step_s": inline, "ratios": {m: inline["supervised"] / s for m, s in inline.items() if m != "supervised"},
             "ahead_speedup": {m: s / step_s[m] for m, s in inline.items()}}
+    for v in variants:  # one setting changed, side by side: the ratio against the variant's own supervised step
+        arms = {m: med[f"{m}+{v}"] for m in VARIANTS[v][1]}
+        sup = arms.get("supervised", step_s["supervised"])
+        out.setdefault("variants", {})[v] = {
+            "description": VARIANTS[v][2], "step_s": arms,
+            "ratios": {m: sup / s for m, s in arms.items() if m != "supervised"},
+            "default_speedup": {m: s / step_s[m] for m, s in arms.items()}}
     # the compute ceiling of a faithful T3AR step: a supervised step plus the no-gradient pass over the batch's
     # strong views and its distinct neighbours (everything else, views and bank included, is overhead)
     per_step = statistics.mean(len(torch.unique(data.neighbours[i:i + batch_size, :k]))
@@ -370,12 +402,16 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
                        "scan_s_full": full,
                        "t3ar_ratio_full_bank": step_s["supervised"] / (step_s["t3ar"] + max(0.0, full - at_fill))}
     if profile:
-        out["profile_t3ar_step"] = profile_step(model, spec, data, device, batch_size=batch_size, k=k)
+        tables = profile_step(model, spec, data, device, batch_size=batch_size, k=k)
+        out["profile_t3ar_step"] = tables.get("device", "")
+        if "host" in tables:
+            out["profile_t3ar_step_host"] = tables["host"]
     return out
 
 
 def run_speed_benchmark(devices: list[torch.device], data: SpeedData, *, rounds: int = 3, batch_size: int = 32,
-                        k: int = 5, profile: bool = True, views_inline: bool = False) -> dict[str, Any]:
+                        k: int = 5, profile: bool = True, views_inline: bool = False,
+                        variants: tuple[str, ...] = ()) -> dict[str, Any]:
     """Measure every device; the result's ``devices`` maps 'cpu'/'cuda' to its figures."""
     t0 = time.perf_counter()
     res: dict[str, Any] = {"devices": {}, "batch_size": batch_size, "k": k, "rounds": rounds,
@@ -384,6 +420,6 @@ def run_speed_benchmark(devices: list[torch.device], data: SpeedData, *, rounds:
                            "torch": torch.__version__}
     for dev in devices:
         res["devices"][dev.type] = measure_device(data, dev, rounds=rounds, batch_size=batch_size, k=k,
-                                                  profile=profile, views_inline=views_inline)
+                                                  profile=profile, views_inline=views_inline, variants=variants)
     res["seconds"] = time.perf_counter() - t0
     return res

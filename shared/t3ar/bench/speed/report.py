@@ -63,8 +63,12 @@ def _views_line(figs: Mapping[str, Any]) -> str:
     ahead = figs.get("views_ahead")
     how = "" if ahead is None else (
         "Views are made one step ahead, on a background thread at the lowest priority (`views_ahead`, on for the "
-        "CPU by default); the time to make them overlaps the previous step. " if ahead else
+        "CPU and CUDA by default); the time to make them overlaps the previous step. " if ahead else
         "Views are made inline, in the step (`views_ahead` is off by default on this device). ")
+    if figs.get("joint_pass"):
+        how += ("The T3AR family forwards the queries (weak views, with gradient) together with the keys and "
+                "neighbours (without) as one batch, each part with its own BatchNorm statistics (`joint_pass`, on "
+                "for CUDA by default). ")
     if figs.get("folded_frozen_norms"):
         how += ("Frozen convolution + BatchNorm pairs of the model run as one convolution with the normalisation "
                 "folded in, in every method's loop (`t3ar.models.fold`; AdaContrast's key encoder, a copy, runs "
@@ -127,6 +131,11 @@ def write_report(res: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                                   "with views ahead)" for m, s in inline["step_s"].items())
                       + "; ratios with views inline: "
                       + ", ".join(f"{LABELS.get(m, m)} {r:.2f}" for m, r in inline["ratios"].items()) + "."]
+        for v in figs.get("variants", {}).values():
+            lines += ["", f"Variant, {v['description']}, in the same rounds: "
+                      + ", ".join(f"{LABELS.get(m, m)} {s:.3f} s/step ({v['default_speedup'][m]:.2f}x the default "
+                                  "step's time)" for m, s in v["step_s"].items())
+                      + "; ratios: " + ", ".join(f"{LABELS.get(m, m)} {r:.2f}" for m, r in v["ratios"].items()) + "."]
         rr, mach = figs.get("round_ratios"), figs.get("machine")
         if rr:
             lines += ["", "Ratio per timed round (each round's median step over the supervised one's): "
@@ -170,6 +179,9 @@ def write_report(res: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         if figs.get("profile_t3ar_step"):
             lines += ["", "Where one T3AR step's time goes (torch.profiler, top operators by self time):", "",
                       "```", figs["profile_t3ar_step"].rstrip(), "```"]
+        if figs.get("profile_t3ar_step_host"):
+            lines += ["", "The same step by self time on the host (the interpreter and the launches, which bound a "
+                      "step at these sizes on a GPU):", "", "```", figs["profile_t3ar_step_host"].rstrip(), "```"]
         prev = (before or {}).get("devices", {}).get(dev)
         if prev and prev.get("profile_t3ar_step"):
             lines += ["", f"Before the fast step (commit {before.get('commit', '?') if before else '?'}):", "",
