@@ -35,11 +35,9 @@ def test_merge_keeps_devices_not_measured_now() -> None:
 def test_write_report(tmp_path: Path) -> None:
     bank = {"size": 16384, "filled_at_last_step": 1272, "scan_s_at_fill": 0.002, "scan_s_full": 0.02,
             "t3ar_ratio_full_bank": 0.23}
-    inline = {"step_s": {"supervised": 0.11, "t3ar": 0.5}, "ratios": {"t3ar": 0.22},
-              "ahead_speedup": {"supervised": 1.1, "t3ar": 1.25}}
-    extra = {"bank": bank, "round_ratios": {"t3ar": [0.25, 0.27]}, "machine": {"load_start": 1.0, "load_end": 2.0,
-                                                                              "steal_share": 0.12},
-             "views_ahead": True, "views_inline": inline, "joint_pass": True,
+    extra = {"bank": bank, "round_ratios": {"t3ar": [0.25, 0.27], "t3ar+separate_passes": [0.4]},
+             "machine": {"load_start": 1.0, "load_end": 2.0, "steal_share": 0.12},
+             "views_ahead": True, "joint_pass": True,
              "variants": {"separate_passes": {"description": "the queries apart", "step_s": {"t3ar": 0.6},
                                               "ratios": {"t3ar": 0.18}, "default_speedup": {"t3ar": 1.5}}}}
     res = {"devices": {"cpu": {**_dev(0.25, 0.6), "device_name": "cpu", "profile_t3ar_step": "TABLE",
@@ -50,9 +48,8 @@ def test_write_report(tmp_path: Path) -> None:
     text = (tmp_path / "speed.md").read_text()
     assert "NOT met" in text and "TABLE" in text and "by self time on the host" in text and "HOSTTABLE" in text
     assert "cuda: pending" not in text and "pending" in text
-    assert "T3AR 0.25 / 0.27" in text and "took 12 % of this machine's CPU time" in text
+    assert "T3AR 0.25 / 0.27; T3AR, separate passes 0.40." in text and "took 12 % of this machine's CPU time" in text
     assert "one step ahead, on a background thread" in text
-    assert "T3AR 0.500 s/step (1.25x the step with views ahead)" in text and "T3AR 0.22." in text
     assert "Variant, the queries apart, in the same rounds: T3AR 0.600 s/step (1.50x the default step's time)" in text
     assert "T3AR 0.18." in text and "(`joint_pass`, on for CUDA by default)" in text
     assert "1,272 of its 16,384 slots" in text and "20.0 ms with every slot written" in text and "**0.23**" in text
@@ -79,9 +76,11 @@ def test_cli_json_shape(tmp_path: Path) -> None:
     assert set(cpu["ratios"]) == {"t3ar", "t3ar-noretrieval", "adacontrast"}
     assert set(cpu["step_s"]) == {"supervised", "t3ar", "t3ar-noretrieval", "adacontrast"}
     assert all(v > 0 for v in cpu["ratios"].values())
-    # --views-inline: the same steps with views made inline, stated apart (never in the ratios or approximations)
-    assert set(cpu["views_inline"]["step_s"]) == {"supervised", "t3ar", "t3ar-noretrieval"}
-    assert set(cpu["views_inline"]["ratios"]) == {"t3ar", "t3ar-noretrieval"}
+    # --views-inline (= --variant views_inline): the same steps with views made inline, stated apart (never in the
+    # ratios or approximations)
+    inline = cpu["variants"]["views_inline"]
+    assert set(inline["step_s"]) == {"supervised", "t3ar", "t3ar-noretrieval"}
+    assert set(inline["ratios"]) == {"t3ar", "t3ar-noretrieval"}
     assert set(cpu["approximations"]) == {"t3ar+cpu_bf16_nograd"}
     # --variant joint_pass: the T3AR family with its queries in the no-gradient pass, beside the default step
     joint = cpu["variants"]["joint_pass"]

@@ -69,9 +69,7 @@ def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None) -> None:
 @click.option("--data", "data_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A prepared speed-data file (WORK_DIR/speed/data-*.pt) instead of the data kits.")
 @click.option("--no-profile", is_flag=True, help="Skip the torch.profiler table.")
-@click.option("--views-inline", is_flag=True,
-              help="Also time supervised, no-retrieval and T3AR steps with their views made inline instead of one "
-                   "step ahead, side by side (about 1.5x the run time).")
+@click.option("--views-inline", is_flag=True, help="The same as --variant views_inline.")
 @click.option("--variant", "variants", multiple=True,
               type=click.Choice(["views_ahead", "views_inline", "joint_pass", "separate_passes"]),
               help="Also time the steps a setting concerns with it changed, side by side, stated apart (repeatable): "
@@ -103,13 +101,12 @@ def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, o
     data = SpeedData.load(data_file) if data_file else prepare_data(work_dir, cache, n_images=images, k=k,
                                                                      device=devices[-1])
     res = run_speed_benchmark(devices, data, rounds=rounds, batch_size=batch_size, k=k, profile=not no_profile,
-                              views_inline=views_inline, variants=variants)
+                              variants=tuple(dict.fromkeys(variants + (("views_inline",) if views_inline else ()))))
     if not no_write:
         write_report(res, out_dir)
     if as_json:
         click.echo(json.dumps({"devices": {d: {"ratios": v["ratios"], "step_s": v["step_s"],
-                                               **{key: v[key] for key in ("approximations", "views_inline",
-                                                                          "variants")
+                                               **{key: v[key] for key in ("approximations", "variants")
                                                   if v.get(key)}}
                                            for d, v in res["devices"].items()}}, indent=2))
     elif not no_write:

@@ -46,11 +46,8 @@ METHODS: tuple[str, ...] = ("supervised", "t3ar-noretrieval", "adacontrast", "t3
 #: approximation options, measured as arms of their own ("method+option") on the devices they apply to; their
 #: ratios are stated apart and never count toward a goal by themselves
 APPROXIMATIONS: dict[str, tuple[str, ...]] = {"cpu": ("t3ar+cpu_bf16_nograd",), "cuda": ()}
-#: what each arm option ("method+option") sets: an approximation (above), or ``views_inline``, the step with
-#: its views made inline instead of one step ahead (``--views-inline``: what making them ahead buys)
-OPTIONS: dict[str, dict[str, bool]] = {"cpu_bf16_nograd": {"cpu_bf16_nograd": True},
-                                       "views_inline": {"views_ahead": False}}
-INLINE_ARMS: tuple[str, ...] = ("supervised+views_inline", "t3ar-noretrieval+views_inline", "t3ar+views_inline")
+#: what each arm option ("method+option") sets: an approximation (above) or a variant (below)
+OPTIONS: dict[str, dict[str, bool]] = {"cpu_bf16_nograd": {"cpu_bf16_nograd": True}}
 #: side-by-side variants of the default step (``--variant NAME``): one setting changed, arms "method+NAME" for the
 #: methods it concerns; stated apart, each beside the default step (what the default's setting buys on a device)
 VARIANTS: dict[str, tuple[dict[str, bool], tuple[str, ...], str]] = {
@@ -308,16 +305,15 @@ def bank_scan_seconds(feat_dim: int, num_classes: int, filled: int, device: torc
 
 def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_size: int, k: int,
                    methods: tuple[str, ...] | None = None, profile: bool = True,
-                   views_inline: bool = False, variants: tuple[str, ...] = ()) -> dict[str, Any]:
-    """All ``methods`` (default: :data:`METHODS` and the device's :data:`APPROXIMATIONS`, plus
-    :data:`INLINE_ARMS` with ``views_inline`` and the arms of each of ``variants`` (:data:`VARIANTS`))
-    interleaved on ``device``: a warm-up round, then ``rounds`` timed rounds."""
+                   variants: tuple[str, ...] = ()) -> dict[str, Any]:
+    """All ``methods`` (default: :data:`METHODS` and the device's :data:`APPROXIMATIONS`, plus the arms of each
+    of ``variants`` (:data:`VARIANTS`)) interleaved on ``device``: a warm-up round, then ``rounds`` timed
+    rounds."""
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     variant_arms = tuple(f"{m}+{v}" for v in variants for m in VARIANTS[v][1])
-    methods = methods or (METHODS + APPROXIMATIONS.get(device.type, ()) + (INLINE_ARMS if views_inline else ())
-                          + tuple(a for a in variant_arms if not (views_inline and a in INLINE_ARMS)))
+    methods = methods or METHODS + APPROXIMATIONS.get(device.type, ()) + variant_arms
     if device.type == "cpu":
         retain_freed_memory()  # before the runs' threads start: they then share the main malloc arena
     model, spec = make_model(data.classes, data.target.shape[-1], device)
@@ -362,11 +358,6 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         else f"{os.cpu_count()} CPU cores, {platform.machine()}",
         "threads": torch.get_num_threads(),
     }
-    inline = {m.removesuffix("+views_inline"): s for m, s in med.items() if m.endswith("+views_inline")}
-    if inline:  # the same steps with their views made inline, side by side: what making them ahead buys
-        out["views_inline"] = {
-            "step_s": inline, "ratios": {m: inline["supervised"] / s for m, s in inline.items() if m != "supervised"},
-            "ahead_speedup": {m: s / step_s[m] for m, s in inline.items()}}
     for v in variants:  # one setting changed, side by side: the ratio against the variant's own supervised step
         arms = {m: med[f"{m}+{v}"] for m in VARIANTS[v][1]}
         sup = arms.get("supervised", step_s["supervised"])
@@ -410,8 +401,7 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
 
 
 def run_speed_benchmark(devices: list[torch.device], data: SpeedData, *, rounds: int = 3, batch_size: int = 32,
-                        k: int = 5, profile: bool = True, views_inline: bool = False,
-                        variants: tuple[str, ...] = ()) -> dict[str, Any]:
+                        k: int = 5, profile: bool = True, variants: tuple[str, ...] = ()) -> dict[str, Any]:
     """Measure every device; the result's ``devices`` maps 'cpu'/'cuda' to its figures."""
     t0 = time.perf_counter()
     res: dict[str, Any] = {"devices": {}, "batch_size": batch_size, "k": k, "rounds": rounds,
@@ -420,6 +410,6 @@ def run_speed_benchmark(devices: list[torch.device], data: SpeedData, *, rounds:
                            "torch": torch.__version__}
     for dev in devices:
         res["devices"][dev.type] = measure_device(data, dev, rounds=rounds, batch_size=batch_size, k=k,
-                                                  profile=profile, views_inline=views_inline, variants=variants)
+                                                  profile=profile, variants=variants)
     res["seconds"] = time.perf_counter() - t0
     return res
