@@ -79,7 +79,8 @@ def ann_section(r: dict[str, Any]) -> list[str]:
         "**Exact search on a GPU** (`T3AR_RETRIEVER_DEVICE=cuda`): "
         + (f"{dev['device']}: one query p50 {dev['single']['p50_ms']:.2f} ms, a batch of 256 "
            f"{dev['batch256_seconds'] * 1000:.1f} ms, against {dev['cpu_faiss_batch256_seconds'] * 1000:.0f} ms for "
-           "faiss flat on this machine's CPU." if dev.get("available") else
+           "faiss flat on " + (dev.get("cpu") or "this machine's CPU") + "."
+           + (f" {dev['note']}" if dev.get("note") else "") if dev.get("available") else
            f"not measured in this run ({dev.get('reason', 'no GPU')}). The code path (a torch matrix product and "
            "top-k over a device copy of the vectors, kept in sync with adds and compactions) is tested on CPU "
            "torch against faiss flat."),
