@@ -110,3 +110,21 @@ def test_openapi_states_this_pools_ids_and_dimension(pool: tuple[TestClient, lis
                         content=vec), 422, "invalid_input", "source")
     two_kinds = {"vectors": [[1.0] * DIM], "vectors_b64": "AAAA", "k": 1}
     _expect(client.post("/search", headers=ADMIN, json=two_kinds), 422, "invalid_request", "exactly one")
+
+
+def test_search_answer_scores_encode_as_python_floats_did() -> None:
+    """The answer's scores are written from numpy rows (orjson OPT_SERIALIZE_NUMPY) byte for byte as the list of
+    rounded Python floats was: equal rows, ragged rows and empty rows."""
+    import numpy as np
+    import orjson
+
+    from t3ar_services.retriever.routes import score_rows
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((7, 50)).astype(np.float32)
+    rows[0, :3] = [0.1234565, -1e-7, 1.0]
+    cases = [[(["p0-1"] * 50, r) for r in rows],
+             [(["p0-1"] * n, rows[i, :n]) for i, n in enumerate((50, 3, 0, 50))]]
+    for hits in cases:
+        old = orjson.dumps([{"ids": ids, "scores": np.round(sc.astype(np.float64), 6).tolist()} for ids, sc in hits])
+        assert orjson.dumps(score_rows(hits), option=orjson.OPT_SERIALIZE_NUMPY) == old

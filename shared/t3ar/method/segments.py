@@ -64,7 +64,7 @@ def segmented_batch_stats(model: nn.Module, segments: Sequence[int], *, first_tr
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training:
             own = m.forward  # the class's forward, bound (BatchNormAct2d's includes its activation)
-            m.forward = (lambda x, m=m, f=own, mo=m.momentum:  # type: ignore[misc]
+            m.forward = (lambda x, m=m, f=own, mo=m.momentum:  # type: ignore[method-assign,misc]
                          _segmented(m, f, x, segments, first_trains, mo))
             patched.append((m, m.momentum))
             m.momentum = 0.0

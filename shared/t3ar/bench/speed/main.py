@@ -223,42 +223,40 @@ def profile_step(model: Classifier, spec: ModelSpec, data: SpeedData, device: to
     return tables
 
 
-#: passes timed for a ceiling's no-gradient pass (the fastest counts: :func:`nograd_pass_seconds`)
-CEILING_REPEATS = 9
+#: the arm name prefix of a ceiling's no-gradient pass ("nograd:ROWS"), timed in the rounds like a step
+NOGRAD = "nograd:"
 
 
-def nograd_pass_seconds(model: Classifier, rows: int, size: int, device: torch.device,
-                        repeats: int = CEILING_REPEATS) -> float:
-    """Seconds of the T3AR step's no-gradient pass alone (``rows`` images: the batch's strong views and its
-    distinct neighbours), with the same layout, BatchNorm mode, folded frozen layers and AMP as in the step: the
-    fastest of ``repeats`` passes after one warm-up. A ceiling is a best case, and the fastest pass is also the
-    figure a burst of load on a shared machine moves least (a median of 5 once read 0.154 s for a pass that
-    takes 0.045-0.055 s alone)."""
+def _nograd_runner(model: Classifier, rows: int, size: int, device: torch.device, steps: int
+                   ) -> Callable[[StepFn], object]:
+    """A loop of ``steps`` no-gradient passes alone, each reported as a step: the T3AR step's pass over ``rows``
+    images (the batch's strong views and its distinct neighbours), with the same layout, BatchNorm mode, folded
+    frozen layers and AMP as in the step. Timed in lock-step with the steps, so that it meets the same machine
+    (standalone, a median of 5 once read 0.154 s right after the rounds for a pass of 0.045-0.055 s)."""
     from t3ar.method.adapt import fast_layout, folded_layers
     from t3ar.method.segments import segmented_batch_stats
     from t3ar.models.classifier import configure_trainable, freeze_frozen_norms
 
-    m = copy.deepcopy(model)
-    fast_layout(m, device)
-    configure_trainable(m, AdaptConfig().train_groups)
-    m.train()
-    freeze_frozen_norms(m)
-    x = torch.randn(rows, 3, size, size, device=device)
-    if device.type == "cpu":
-        x = x.contiguous(memory_format=torch.channels_last)
-    times = []
-    with folded_layers(m, device):  # once, as a job does (it traces)
-        for _ in range(repeats + 1):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            amp = torch.autocast(device.type, enabled=device.type == "cuda")
-            with torch.no_grad(), segmented_batch_stats(m, [rows]), amp:
-                m.features(x)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-    return min(times[1:])
+    def run(on_step: StepFn) -> object:
+        m = copy.deepcopy(model)
+        fast_layout(m, device)
+        configure_trainable(m, AdaptConfig().train_groups)
+        m.train()
+        freeze_frozen_norms(m)
+        x = torch.randn(rows, 3, size, size, device=device)
+        if device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last)
+        with folded_layers(m, device):  # once, as a job does (it traces)
+            for step in range(steps):
+                with torch.no_grad(), segmented_batch_stats(m, [rows]), \
+                        torch.autocast(device.type, enabled=device.type == "cuda"):
+                    m.features(x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                on_step(StepStats(1, step + 1, steps, 0.0, 0.0))
+        return None
+
+    return run
 
 
 def cpu_ticks() -> tuple[int, int] | None:
@@ -322,19 +320,30 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     variant_arms = tuple(f"{m}+{v}" for v in variants for m in VARIANTS[v][1])
     methods = methods or METHODS + APPROXIMATIONS.get(device.type, ()) + variant_arms
+    # the compute ceilings: a supervised step plus the step's no-gradient pass, over the batch's strong views and
+    # its distinct neighbours (T3AR) or the strong views alone (no retrieval); everything else, views and bank
+    # included, is overhead. The passes run as arms of their own in the rounds.
+    per_step = statistics.mean(len(torch.unique(data.neighbours[i:i + batch_size, :k]))
+                               for i in range(0, len(data.neighbours) - batch_size + 1, batch_size))
+    rows = batch_size + round(per_step)
+    passes = tuple(f"{NOGRAD}{n}" for n in dict.fromkeys((rows, batch_size)))
+    steps = len(data.target) // batch_size
     if device.type == "cpu":
         retain_freed_memory()  # before the runs' threads start: they then share the main malloc arena
     model, spec = make_model(data.classes, data.target.shape[-1], device)
-    walls: dict[str, list[float]] = {m: [] for m in methods}
-    stats: dict[str, list[StepStats]] = {m: [] for m in methods}
+    arms = methods + passes
+    walls: dict[str, list[float]] = {m: [] for m in arms}
+    stats: dict[str, list[StepStats]] = {m: [] for m in arms}
     round_ratios: dict[str, list[float]] = {m: [] for m in methods if m != "supervised"}
     load0, ticks0 = os.getloadavg()[0], cpu_ticks()
     for r in range(rounds + 1):
         # the lock-step order reversed every other round: no method always runs right after the same one (with a
         # fixed order the first arm ran measurably slower than its twin elsewhere in the order; evicted caches
         # after the heaviest arm are the likely cause, not verified)
-        order = methods if r % 2 == 0 else methods[::-1]
-        res = interleaved({m: _runner(m, model, spec, data, device, r, batch_size, k) for m in order})
+        order = arms if r % 2 == 0 else arms[::-1]
+        res = interleaved({m: _nograd_runner(model, int(m[len(NOGRAD):]), data.target.shape[-1], device, steps)
+                           if m.startswith(NOGRAD) else _runner(m, model, spec, data, device, r, batch_size, k)
+                           for m in order})
         if r == 0:
             continue  # warm-up: caches, allocator, cuDNN plans
         for m, (w, st) in res.items():
@@ -367,24 +376,20 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "threads": torch.get_num_threads(),
     }
     for v in variants:  # one setting changed, side by side: the ratio against the variant's own supervised step
-        arms = {m: med[f"{m}+{v}"] for m in VARIANTS[v][1]}
-        sup = arms.get("supervised", step_s["supervised"])
+        changed = {m: med[f"{m}+{v}"] for m in VARIANTS[v][1]}
+        sup = changed.get("supervised", step_s["supervised"])
         out.setdefault("variants", {})[v] = {
-            "description": VARIANTS[v][2], "step_s": arms,
-            "ratios": {m: sup / s for m, s in arms.items() if m != "supervised"},
-            "default_speedup": {m: s / step_s[m] for m, s in arms.items()}}
-    # the compute ceiling of a faithful T3AR step: a supervised step plus the no-gradient pass over the batch's
-    # strong views and its distinct neighbours (everything else, views and bank included, is overhead)
-    per_step = statistics.mean(len(torch.unique(data.neighbours[i:i + batch_size, :k]))
-                               for i in range(0, len(data.neighbours) - batch_size + 1, batch_size))
-    rows = batch_size + round(per_step)
-    nograd = nograd_pass_seconds(model, rows, data.target.shape[-1], device)
-    out["ceiling"] = {"nograd_rows": rows, "nograd_s": nograd, "pass_statistic": f"the fastest of {CEILING_REPEATS}",
+            "description": VARIANTS[v][2], "step_s": changed,
+            "ratios": {m: sup / s for m, s in changed.items() if m != "supervised"},
+            "default_speedup": {m: s / step_s[m] for m, s in changed.items()}}
+    nograd = statistics.median(walls[f"{NOGRAD}{rows}"])
+    out["ceiling"] = {"nograd_rows": rows, "nograd_s": nograd,
+                      "pass_statistic": f"the median of {len(walls[f'{NOGRAD}{rows}'])} passes timed in the rounds",
                       "t3ar_ratio": step_s["supervised"] / (step_s["supervised"] + nograd)}
     out["ceiling"]["t3ar_share_of_ceiling"] = out["ratios"]["t3ar"] / out["ceiling"]["t3ar_ratio"] \
         if "t3ar" in out["ratios"] else None
     # the same for the step without retrieval: a supervised step plus the no-gradient pass over the strong views
-    nograd_b = nograd_pass_seconds(model, batch_size, data.target.shape[-1], device)
+    nograd_b = statistics.median(walls[f"{NOGRAD}{batch_size}"])
     out["ceiling"].update(noretrieval_nograd_rows=batch_size, noretrieval_nograd_s=nograd_b,
                           noretrieval_ratio=step_s["supervised"] / (step_s["supervised"] + nograd_b))
     out["ceiling"]["noretrieval_share_of_ceiling"] = (
