@@ -61,6 +61,24 @@ def test_joint_pass_gives_the_separate_passes_results(method: str, mode: str) ->
     assert any(not torch.allclose(sa[k].float(), c.state_dict()[k].float(), atol=1e-5) for k in sa)
 
 
+def test_joint_pass_keeps_the_gradient_norm_diagnostics() -> None:
+    """diagnostics=True measures the loss terms' gradients at the query features, a slice of the joint pass."""
+    norms = {}
+    for joint in (False, True):
+        seed_everything(0)
+        model = Classifier(TinyBackbone(), 8, 3, 16)
+        g = torch.Generator().manual_seed(1)
+        res = adapt(model, torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=g),
+                    AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, train_groups=None,
+                                joint_pass=joint),
+                    mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 9, (8, 2), generator=g),
+                    pool_images=torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g),
+                    device=torch.device("cpu"), diagnostics=True)
+        norms[joint] = [(h.grad_norm_ce, h.grad_norm_contrastive) for h in res.history]
+    assert all(a > 0 and b > 0 for a, b in norms[True])
+    assert torch.allclose(torch.tensor(norms[True]), torch.tensor(norms[False]), rtol=1e-4)
+
+
 def test_joint_pass_resolution() -> None:
     from t3ar.method.contrastive import joint_enabled
 
