@@ -303,13 +303,13 @@ class Pool:
         allowed = self.source_seqs(source) if source is not None else None
         scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed, blocking=blocking)
         rng = np.random.default_rng(seed) if r > 1 else None  # ~20 us: only when sampling
-        prefix = f"{self.info.tag}-"
+        tag = self.info.tag
         out = []
         for row_s, row_i in zip(scores, seqs, strict=True):
             if rng is not None and len(row_i) > k:
                 pick = np.sort(rng.choice(len(row_i), size=k, replace=False))  # sorted: best first
                 row_s, row_i = row_s[pick], row_i[pick]
-            out.append((list(map(prefix.__add__, map(str, row_i.tolist()))), row_s))  # ~2x an f-string's speed
+            out.append(([f"{tag}-{s}" for s in row_i.tolist()], row_s))
         return out
 
     def stats(self) -> dict[str, Any]:

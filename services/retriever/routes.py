@@ -287,7 +287,8 @@ def search_json(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.S
     state.metrics.search_queries.inc(len(queries))
     # Built by hand: JSON-encoding 256 x 50 results through pydantic costs more than the search at 20k vectors;
     # orjson: an eighth of json.dumps' time for the scores' floats (same shortest round-trip digits), and it
-    # writes numpy rows itself (no list of Python floats first: 6.3 -> 3.5 ms for 256 x 50 scores).
+    # writes numpy rows itself (no list of Python floats first: building and encoding 256 x 50 scores took
+    # 3.2 -> 1.0 ms on the 2-core development machine).
     return orjson.dumps({"identity": pool.info.identity, "k": body.k, "results": score_rows(hits)},
                         option=orjson.OPT_SERIALIZE_NUMPY)
 

@@ -46,3 +46,26 @@ def test_bench_ann_small_sweep_and_report(tmp_path: Path) -> None:
     text = "\n".join(ann_section({"ann": out}))
     assert "recall@50" in text and "uniform" in text
     assert len(ann_goals({"ann": out})) == 2 and ann_goals({}) == []
+
+
+def test_a_run_without_a_gpu_keeps_the_last_gpu_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from t3ar.bench.retrieval.main import keep_device_figure
+
+    gpu = {"available": True, "device": "H100", "single": {"p50_ms": 1.0}, "note": "Measured apart."}
+    prev = tmp_path / "retrieval.json"
+    prev.write_text(json.dumps({"ann": {"device": gpu}}))
+    ann = {"device": {"available": False, "reason": "no CUDA device"}}
+    keep_device_figure(prev, ann)
+    assert ann["device"]["device"] == "H100" and ann["device"]["note"].startswith("Measured apart. Carried over")
+    prev.write_text(json.dumps({"ann": {"device": ann["device"]}}))  # carried twice: said once
+    again: dict[str, object] = {"device": {"available": False}}
+    keep_device_figure(prev, again)
+    assert again["device"]["note"].count("Carried over") == 1  # type: ignore[index]
+    fresh = {"device": {"available": True, "device": "A100"}}
+    keep_device_figure(prev, fresh)  # a run that measured keeps its own figure
+    assert fresh["device"]["device"] == "A100"
+    empty = {"device": {"available": False}}
+    keep_device_figure(tmp_path / "missing.json", empty)
+    assert empty["device"] == {"available": False}

@@ -15,8 +15,8 @@ step that started it, never the caller's progress callback (nor, in ``t3ar bench
 Where it pays: the CPU, and CUDA (``auto`` on both). On CUDA a step at our sizes waits on the interpreter
 launching kernels, not on the device; the views' launches on a second thread overlap the step's where it does
 not hold the interpreter lock (the backward, kernel calls that release it). Measured on an H100
-(``t3ar bench speed --variant``, 8 rounds side by side): T3AR's step 0.88x, the no-retrieval step's 0.85x and
-supervised fine-tuning's 0.95x the time with views inline.
+(``t3ar bench speed --variant views_inline``, two runs of 8 rounds side by side): with views inline the steps
+took 1.25x / 1.18x (T3AR), 1.12x / 1.17x (no retrieval) and 1.09x / 1.02x (supervised) the time.
 """
 
 from __future__ import annotations
