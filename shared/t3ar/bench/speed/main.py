@@ -327,7 +327,7 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
                                for i in range(0, len(data.neighbours) - batch_size + 1, batch_size))
     rows = batch_size + round(per_step)
     passes = tuple(f"{NOGRAD}{n}" for n in dict.fromkeys((rows, batch_size)))
-    steps = len(data.target) // batch_size
+    steps = max(2, len(data.target) // batch_size)  # the first of each arm is never timed
     if device.type == "cpu":
         retain_freed_memory()  # before the runs' threads start: they then share the main malloc arena
     model, spec = make_model(data.classes, data.target.shape[-1], device)
