@@ -22,9 +22,9 @@ concurrent requests keep being served (faiss releases the GIL).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.retriever import schemas as s
@@ -94,8 +94,8 @@ def _parse(raw: bytes) -> s.SearchRequest | None:
     """A SearchRequest when ``raw`` is a body the route's model accepts with exactly these values and that
     asks with ``vectors_b64``; None for anything else (the route decides)."""
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        doc = orjson.loads(raw)  # what it refuses that json.loads takes (NaN, huge ints) goes to the route
+    except orjson.JSONDecodeError:
         return None
     if type(doc) is not dict or not doc.keys() <= _FIELDS or type(doc.get("vectors_b64")) is not str \
             or doc.get("vectors") is not None or doc.get("images_b64") is not None:

@@ -355,6 +355,8 @@ class VectorIndex:
         valid = ids >= 0
         if drop and sel is None:
             valid &= ~np.isin(ids, np.fromiter(drop, dtype=np.int64, count=len(drop)))
+        if valid.all():  # the usual case: every row is k live ids (views of the answer's rows, no copies)
+            return list(scores[:, :k]), list(ids[:, :k])
         out_s, out_i = [], []
         for row_s, row_i, row_v in zip(scores, ids, valid, strict=True):
             out_s.append(row_s[row_v][:k])

@@ -293,6 +293,16 @@ class Pool:
         seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder.
         ``blocking=False``: raise :class:`~t3ar_services.retriever.index.IndexBusy` rather than wait for a
         writer of the index."""
+        tag = self.info.tag
+        return [([f"{tag}-{s}" for s in seqs.tolist()], scores)
+                for seqs, scores in self.search_seqs(queries, k, r=r, seed=seed, exclude_ids=exclude_ids,
+                                                     source=source, blocking=blocking)]
+
+    def search_seqs(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0,
+                    exclude_ids: Sequence[str] = (), source: str | None = None,
+                    blocking: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`search` with sequence numbers (int64 rows) instead of public ids: the search answer writes
+        the ids itself (``t3ar_services.retriever.answer``)."""
         index = self.live_index()
         if queries.ndim != 2 or queries.shape[1] != self.info.dim:
             raise InvalidInputError(f"query vectors must have shape [n, {self.info.dim}] for this pool "
@@ -302,14 +312,15 @@ class Pool:
         exclude = [s for s in (self.parse_id(p) for p in exclude_ids) if s is not None]
         allowed = self.source_seqs(source) if source is not None else None
         scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed, blocking=blocking)
-        rng = np.random.default_rng(seed) if r > 1 else None  # ~20 us: only when sampling
-        tag = self.info.tag
+        if r == 1:
+            return list(zip(seqs, scores, strict=True))
+        rng = np.random.default_rng(seed)  # ~20 us: only when sampling
         out = []
         for row_s, row_i in zip(scores, seqs, strict=True):
-            if rng is not None and len(row_i) > k:
+            if len(row_i) > k:
                 pick = np.sort(rng.choice(len(row_i), size=k, replace=False))  # sorted: best first
                 row_s, row_i = row_s[pick], row_i[pick]
-            out.append(([f"{tag}-{s}" for s in row_i.tolist()], row_s))
+            out.append((row_i, row_s))
         return out
 
     def stats(self) -> dict[str, Any]:

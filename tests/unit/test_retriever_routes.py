@@ -14,6 +14,7 @@ import pytest
 from error_envelope import expect_error as _expect
 from fastapi.testclient import TestClient
 
+from t3ar.errors import InvalidInputError
 from t3ar_services.retriever.main import create_app
 from t3ar_services.retriever.openapi import positive_int_regex
 from t3ar_services.retriever.pool import MAX_SEQ
@@ -112,19 +113,52 @@ def test_openapi_states_this_pools_ids_and_dimension(pool: tuple[TestClient, lis
     _expect(client.post("/search", headers=ADMIN, json=two_kinds), 422, "invalid_request", "exactly one")
 
 
-def test_search_answer_scores_encode_as_python_floats_did() -> None:
-    """The answer's scores are written from numpy rows (orjson OPT_SERIALIZE_NUMPY) byte for byte as the list of
-    rounded Python floats was: equal rows, ragged rows and empty rows."""
+def test_search_answer_bytes_are_orjson_of_the_public_ids_and_rounded_floats() -> None:
+    """The hand-written answer is byte for byte orjson's encoding of the documented answer: ids as
+    ``<tag>-<seq>`` strings and scores as rounded Python floats; equal, ragged and empty rows, and a tag JSON
+    would escape."""
     import numpy as np
     import orjson
 
-    from t3ar_services.retriever.routes import score_rows
+    from t3ar_services.retriever.answer import search_answer
 
     rng = np.random.default_rng(0)
-    rows = rng.standard_normal((7, 50)).astype(np.float32)
-    rows[0, :3] = [0.1234565, -1e-7, 1.0]
-    cases = [[(["p0-1"] * 50, r) for r in rows],
-             [(["p0-1"] * n, rows[i, :n]) for i, n in enumerate((50, 3, 0, 50))]]
-    for hits in cases:
-        old = orjson.dumps([{"ids": ids, "scores": np.round(sc.astype(np.float64), 6).tolist()} for ids, sc in hits])
-        assert orjson.dumps(score_rows(hits), option=orjson.OPT_SERIALIZE_NUMPY) == old
+    scores = rng.standard_normal((7, 50)).astype(np.float32)
+    scores[0, :3] = [0.1234565, -1e-7, 1.0]
+    seqs = rng.integers(1, 2**63 - 1, (7, 50))
+    seqs[1, :2] = [1, 9]
+    cases = [[(seqs[i], scores[i]) for i in range(7)],
+             [(seqs[i, :n], scores[i, :n]) for i, n in enumerate((50, 3, 0, 50, 1))],
+             [(seqs[0, :0], scores[0, :0])]]
+    for tag in ("3fa9c1", 'we"ird\\tag'):
+        for rows in cases:
+            old = orjson.dumps({"identity": "clip:ViT-B-32", "k": 50, "results": [
+                {"ids": [f"{tag}-{s}" for s in q.tolist()], "scores": np.round(sc.astype(np.float64), 6).tolist()}
+                for q, sc in rows]})
+            assert search_answer("clip:ViT-B-32", 50, tag, rows) == old
+
+
+def test_strict_base64_refuses_and_decodes_as_b64decode_validate() -> None:
+    """The query decoder (binascii strict mode) agrees with ``base64.b64decode(validate=True)`` on every string
+    of up to 5 characters from an alphabet with padding, whitespace and out-of-alphabet characters."""
+    import base64
+    import binascii
+    import itertools
+
+    from t3ar_services.retriever.routes import _b64
+
+    def old(text: str) -> bytes | None:
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+
+    def new(text: str) -> bytes | None:
+        try:
+            return _b64(text, "q")
+        except InvalidInputError:
+            return None
+
+    texts = ["".join(c) for n in range(6) for c in itertools.product("Aa+/= -é", repeat=n)]
+    assert sum(old(t) is not None for t in texts) > 100
+    assert [new(t) for t in texts] == [old(t) for t in texts]

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -30,6 +31,12 @@ def test_merge_keeps_devices_not_measured_now() -> None:
     out = merge(new, old)
     assert out["devices"]["cuda"]["measured_at"] == "earlier"
     assert out["devices"]["cpu"]["ratios"]["t3ar"] == 0.3 and "commit" in out["devices"]["cpu"]
+
+
+def test_merge_stamps_the_commit_given_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree copied onto another machine (stale git metadata there) names the code's commit itself."""
+    monkeypatch.setenv("T3AR_BENCH_COMMIT", "abc1234")
+    assert merge({"devices": {"cpu": _dev(0.3, 0.7)}}, None)["devices"]["cpu"]["commit"] == "abc1234"
 
 
 def test_write_report(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +38,10 @@ def label(arm: str) -> str:
 
 
 def _commit() -> str:
+    """The commit the measured code is at: ``T3AR_BENCH_COMMIT`` when set (a copy of the tree whose git metadata
+    is not the code's, e.g. the working tree laid on a GPU machine), else git's HEAD."""
+    if os.environ.get("T3AR_BENCH_COMMIT"):
+        return os.environ["T3AR_BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
                               check=True).stdout.strip()

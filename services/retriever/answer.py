@@ -1,0 +1,45 @@
+"""The bytes of a search answer (:class:`~t3ar_services.retriever.schemas.SearchResponse`), written by hand.
+
+They are exactly what ``orjson.dumps({"identity": ..., "k": ..., "results": [{"ids": [...], "scores": [...]}]})``
+gives for the public ids (``<tag>-<seq>`` strings) and the scores rounded to 6 decimals as Python floats (a unit
+test compares the two on equal, ragged and empty rows). Timed on the 2-core development machine for 256 x 50
+results: building 12,800 id strings in Python and encoding them took ~4 ms, more than the rest of the answer;
+here orjson writes each row of sequence numbers as integers in C and the tag is spliced in front of each one
+with one ``bytes.replace`` (under 1 ms for the whole answer). Pydantic, the route's usual encoder, is not used
+at all: encoding 256 x 50 results through it cost more than a search of a 20k-vector pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import orjson
+
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def search_answer(identity: str, k: int, tag: str, rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> bytes:
+    """The answer's JSON for ``rows`` of (int64 sequence numbers, scores), best first, one row per query."""
+    prefix = f"{tag}-"
+    quoted = orjson.dumps(prefix)
+    if quoted[1:-1].decode() != prefix:  # a tag that JSON escapes: never made, but the answer stays exact
+        return orjson.dumps({"identity": identity, "k": k, "results": [
+            {"ids": [f"{prefix}{s}" for s in seqs.tolist()], "scores": sc} for seqs, sc in _rounded(rows)]},
+            option=_NUMPY)
+    head, sep = b'["' + quoted[1:-1], b'","' + quoted[1:-1]
+    results = b",".join(
+        b'{"ids":' + (head + orjson.dumps(seqs.astype(np.int64, copy=False), option=_NUMPY)[1:-1].replace(b",", sep)
+                      + b'"]' if len(seqs) else b"[]")
+        + b',"scores":' + orjson.dumps(sc, option=_NUMPY) + b"}"
+        for seqs, sc in _rounded(rows))
+    return b'{"identity":' + orjson.dumps(identity) + b',"k":' + orjson.dumps(k) + b',"results":[' + results + b"]}"
+
+
+def _rounded(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Scores as float64 rounded to 6 decimals (orjson writes a float64 as it writes the Python float); rows of
+    equal length (the usual case) are rounded in one call."""
+    if len({len(sc) for _, sc in rows}) == 1:
+        rounded = np.round(np.stack([sc for _, sc in rows]).astype(np.float64), 6)
+        return [(seqs, row) for (seqs, _), row in zip(rows, rounded, strict=True)]
+    return [(seqs, np.round(sc.astype(np.float64), 6)) for seqs, sc in rows]
