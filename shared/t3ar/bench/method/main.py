@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from t3ar.bench.method.plans import APPROXIMATION, BenchPlan, paired
+from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, CONTRASTIVE, DEFAULT_WEIGHT, BenchPlan, paired
 from t3ar.bench.method.runs import Context, build_context, run_all, source_record
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,19 @@ def _mean_top1(records: Sequence[Mapping[str, Any]], **match: Any) -> float:
     return statistics.mean(vals) if vals else math.nan
 
 
+def _weight_options(weight: float) -> dict[str, float]:
+    """An arm's options for a contrastive weight (none for the default, so those runs are the lr grid's)."""
+    return {} if weight == DEFAULT_WEIGHT else {"contrastive_weight": weight}
+
+
+def _candidates(grid: Sequence[float]) -> list[float]:
+    """The weight grid with the default first: a tie keeps the default."""
+    return sorted(set(grid) | {DEFAULT_WEIGHT}, key=lambda w: (w != DEFAULT_WEIGHT, w))
+
+
 def select(ctx: Context, cache: Path) -> dict[str, Any]:
-    """Learning rates (per method and mode) and T3AR options, chosen on the validation shift only."""
+    """Learning rates (per method and mode), the T3AR family's contrastive weight (per method and mode, at its
+    chosen lr) and the T3AR options (on top of both), chosen on the validation shift only."""
     p = ctx.plan
     v, f = p.validation_shift, p.select_fraction
     arms = [_arm("select", v, s, f, m, lr) for m in p.methods if m != "source" for lr in p.lr_grid
@@ -51,28 +62,62 @@ def select(ctx: Context, cache: Path) -> dict[str, Any]:
 
     lrs = {m: best_lr("select", m) for m in p.methods if m != "source"}
     train_lrs = {m: best_lr("select-train", m) for m in p.train_methods}
-    base = _mean_top1(recs, phase="select", method="t3ar", lr=lrs["t3ar"])
-    opt_arms = [_arm("select-option", v, s, f, "t3ar", lrs["t3ar"], options={name: value})
+    grid = _candidates(p.contrastive_weights)
+    families: list[tuple[str, str, float, dict[str, str]]] = [
+        ("select", m, lrs[m], {}) for m in p.methods if m in CONTRASTIVE]
+    families += [("select-train", m, train_lrs[m], {"mode": "train"}) for m in p.train_methods if m in CONTRASTIVE]
+    w_arms = [_arm(phase, v, s, f, m, lr, options={"contrastive_weight": w}, **mode)
+              for phase, m, lr, mode in families for w in grid if w != DEFAULT_WEIGHT for s in p.select_seeds]
+    w_recs = run_all(ctx, w_arms, cache)
+
+    def weight_top1(phase: str, method: str, lr: float, w: float) -> float:
+        if w == DEFAULT_WEIGHT:
+            return _mean_top1(recs, phase=phase, method=method, lr=lr)
+        return _mean_top1(w_recs, phase=phase, method=method, options={"contrastive_weight": w})
+
+    weights: dict[str, dict[str, float]] = {"select": {}, "select-train": {}}
+    weight_table = []
+    for phase, m, lr, _ in families:
+        got = {w: weight_top1(phase, m, lr, w) for w in grid}
+        weights[phase][m] = max(grid, key=lambda w: got[w])
+        weight_table += [{"method": m, "mode": "train" if phase == "select-train" else "test", "lr": lr,
+                          "contrastive_weight": w, "top1": got[w], "chosen": w == weights[phase][m]} for w in grid]
+    t3ar_w = weights["select"].get("t3ar", DEFAULT_WEIGHT)
+    base = weight_top1("select", "t3ar", lrs["t3ar"], t3ar_w)
+    opt_arms = [_arm("select-option", v, s, f, "t3ar", lrs["t3ar"], options={name: value, **_weight_options(t3ar_w)})
                 for name, value in p.options for s in p.select_seeds]
     opt_recs = run_all(ctx, opt_arms, cache)
     chosen: dict[str, Any] = {}
     option_rows = []
     for name, value in p.options:
-        got = _mean_top1(opt_recs, method="t3ar", options={name: value})
-        option_rows.append({"option": name, "value": value, "top1": got, "base_top1": base, "kept": got > base})
-        if got > base:
+        got_opt = _mean_top1(opt_recs, method="t3ar", options={name: value, **_weight_options(t3ar_w)})
+        option_rows.append({"option": name, "value": value, "top1": got_opt, "base_top1": base,
+                            "kept": got_opt > base})
+        if got_opt > base:
             chosen[name] = value
     table = [{"method": m, "mode": "test", "lr": lr, "top1": _mean_top1(recs, phase="select", method=m, lr=lr)}
              for m in p.methods if m != "source" for lr in p.lr_grid]
     table += [{"method": m, "mode": "train", "lr": lr, "top1": _mean_top1(recs, phase="select-train", method=m, lr=lr)}
               for m in p.train_methods for lr in p.lr_grid]
     src = statistics.mean(source_record(ctx, v, s)["top1"] for s in p.select_seeds)
-    return {"lr": lrs, "train_lr": train_lrs, "t3ar_options": chosen, "lr_table": table, "options_table": option_rows,
-            "source_top1": src, "shift": v, "fraction": f, "seeds": list(p.select_seeds)}
+    return {"lr": lrs, "train_lr": train_lrs, "contrastive_weight": weights["select"],
+            "train_contrastive_weight": weights["select-train"], "t3ar_options": chosen, "lr_table": table,
+            "weight_table": weight_table, "options_table": option_rows, "source_top1": src, "shift": v,
+            "fraction": f, "seeds": list(p.select_seeds)}
+
+
+def arm_options(sel: Mapping[str, Any], method: str, mode: str = "test") -> dict[str, Any]:
+    """The frozen options of ``method``'s arms: its contrastive weight (T3AR family), and T3AR's options (T3AR and
+    its random-retrieval ablation)."""
+    weights = sel.get("train_contrastive_weight" if mode == "train" else "contrastive_weight", {})
+    out = _weight_options(weights.get(method, DEFAULT_WEIGHT))
+    if method in ("t3ar", "t3ar-random"):
+        out = {**sel["t3ar_options"], **out}
+    return out
 
 
 def main_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
-    opts = dict(sel["t3ar_options"])
+    opts = arm_options(sel, "t3ar")  # T3AR as frozen: its options and its contrastive weight
     arms = []
     for shift in p.eval_shifts:
         for seed in p.seeds:
@@ -82,8 +127,9 @@ def main_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
                         continue
                     curves = p.curves and seed == p.seeds[0] and math.isclose(f, p.select_fraction) \
                         and m in ("t3ar", "t3ar-noretrieval", "adacontrast")
+                    mo = arm_options(sel, m)
                     arms.append(_arm("main", shift, seed, f, m, sel["lr"][m], curves=curves,
-                                     **({"options": opts} if m in ("t3ar", "t3ar-random") and opts else {})))
+                                     **({"options": mo} if mo else {})))
             fa = p.ablation_fraction
             for name, value in p.options:  # each option flipped relative to the frozen choice
                 flipped = dict(opts)
@@ -101,10 +147,15 @@ def main_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
                                  variant=f"{APPROXIMATION}{name}"))
             arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options=opts, oracle=True,
                              variant="oracle: no same-class neighbours"))
+            # the family without its contrastive term (the only one retrieval acts through): no-retrieval at its
+            # lr, since without the term the pool changes nothing
+            arms.append(_arm("ablation", shift, seed, fa, "t3ar-noretrieval", sel["lr"]["t3ar-noretrieval"],
+                             options={"contrastive_weight": 0.0}, variant=CE_ONLY))
             for f in p.train_fractions:
                 for m in p.train_methods:
+                    mo = arm_options(sel, m, "train")
                     arms.append(_arm("train", shift, seed, f, m, sel["train_lr"][m], mode="train",
-                                     **({"options": opts} if m in ("t3ar", "t3ar-random") and opts else {})))
+                                     **({"options": mo} if mo else {})))
     return arms
 
 

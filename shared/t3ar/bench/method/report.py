@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from t3ar.bench.method.plans import APPROXIMATION, paired
+from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, paired
 
 log = logging.getLogger(__name__)
 LABELS = {"source": "source only", "tent": "TENT", "shot-im": "SHOT-IM",
@@ -85,6 +85,19 @@ def render(res: Mapping[str, Any], stem: str) -> str:
             row = [r for r in sel["lr_table"] if r["method"] == m and r["mode"] == mode]
             lines.append(f"| {LABELS.get(m, m)} | {mode} | " + " | ".join(_p(r["top1"]) for r in row)
                          + f" | {chosen[m]:g} |")
+    wt = sel.get("weight_table", [])
+    grid = sorted({r["contrastive_weight"] for r in wt})
+    if grid:
+        lines += ["", "Contrastive weight of the T3AR family (cross-entropy weight 1; each method at its chosen lr; "
+                  "the lr grid ran at weight 1):", "",
+                  "| method | mode | " + " | ".join(f"weight {w:g}" for w in grid) + " | chosen |",
+                  "|---|---|" + "---|" * len(grid) + "---|"]
+        for m, mode in dict.fromkeys((r["method"], r["mode"]) for r in wt):
+            by_w = {r["contrastive_weight"]: r for r in wt if r["method"] == m and r["mode"] == mode}
+            chosen_w = next(w for w, r in by_w.items() if r["chosen"])
+            labels = TRAIN_LABELS if mode == "train" else LABELS
+            lines.append(f"| {labels.get(m, m)} | {mode} | " + " | ".join(_p(by_w[w]["top1"]) for w in grid)
+                         + f" | {chosen_w:g} |")
     lines += ["", "T3AR options (each alone on top of the chosen base; kept only if it beats the base on validation):",
               "", "| option | top-1 with | base | kept |", "|---|---|---|---|"]
     for r in sel["options_table"]:
@@ -127,6 +140,12 @@ def render(res: Mapping[str, Any], stem: str) -> str:
               if str(p["ablation_fraction"]) in res["cells"] else ""]
     for variant, val in ablation_means(res["records"]).items():
         lines.append(f"| {variant} | {_p(val)} |")
+    ce = ce_only_diffs(res["records"], p["ablation_fraction"])
+    if ce:
+        lines += ["", "The contrastive term, the only one retrieval acts through: each method as frozen minus its "
+                  f"cross-entropy alone (`{CE_ONLY}`), paired over the same shifts and seeds (points, 95 % CI):",
+                  "", "| method | paired difference |", "|---|---|"]
+        lines += [f"| {LABELS.get(m, m)} | {_ci(d)} |" for m, d in ce.items()]
     approx = approximation_diffs(res["records"], p["ablation_fraction"])
     if approx:
         lines += ["", "Speed approximations (options off by default, never chosen here): paired difference to the "
@@ -160,6 +179,20 @@ def approximation_diffs(records: Sequence[Mapping[str, Any]], fraction: float) -
         pairs = [(r["top1"], main[(r["shift"], r["seed"])]) for r in records
                  if r.get("variant") == name and (r["shift"], r["seed"]) in main]
         out[name[len(APPROXIMATION):]] = paired([a for a, _ in pairs], [b for _, b in pairs])
+    return out
+
+
+def ce_only_diffs(records: Sequence[Mapping[str, Any]], fraction: float) -> dict[str, dict[str, Any]]:
+    """Main-grid T3AR and T3AR without retrieval minus the cross-entropy-only arm, paired over (shift, seed) at
+    ``fraction``."""
+    ce = {(r["shift"], r["seed"]): r["top1"] for r in records if r.get("variant") == CE_ONLY}
+    out: dict[str, dict[str, Any]] = {}
+    for m in ("t3ar-noretrieval", "t3ar"):
+        pairs = [(r["top1"], ce[(r["shift"], r["seed"])]) for r in records
+                 if r["phase"] == "main" and r["method"] == m and math.isclose(r["fraction"], fraction)
+                 and (r["shift"], r["seed"]) in ce]
+        if pairs:
+            out[m] = paired([a for a, _ in pairs], [b for _, b in pairs])
     return out
 
 
