@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, CONTRASTIVE, DEFAULT_WEIGHT, BenchPlan, paired
-from t3ar.bench.method.runs import Context, build_context, run_all, source_record
+from t3ar.bench.method.runs import Context, build_context, progress_log, run_all, source_record
 
 log = logging.getLogger(__name__)
 
@@ -248,17 +248,7 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
     log.info("validation choices: lr %s, train lr %s, T3AR options %s", sel["lr"], sel["train_lr"],
              sel["t3ar_options"])
     arms = main_arms(plan, sel)
-    done = [0]
-    t_runs = time.perf_counter()
-
-    def progress(rec: Mapping[str, Any]) -> None:
-        done[0] += 1
-        if done[0] % 10 == 0 or done[0] == len(arms):
-            el = time.perf_counter() - t_runs
-            log.info("[%d/%d] runs, %.0f s elapsed, ~%.0f s left", done[0], len(arms), el,
-                     el / done[0] * (len(arms) - done[0]))
-
-    records = run_all(ctx, arms, cache, progress)
+    records = run_all(ctx, arms, cache, progress_log(len(arms)))
     for shift in plan.eval_shifts:
         for seed in plan.seeds:
             src = source_record(ctx, shift, seed)

@@ -23,11 +23,13 @@ TRAIN_LABELS = {"supervised": "supervised fine-tuning", "t3ar-noretrieval": "T3A
                 "t3ar-random": "T3AR, random retrieval (labels)", "t3ar": "T3AR (labels)"}
 
 
-def _p(x: float) -> str:
+def pct(x: float) -> str:
+    """A share as a percentage with one decimal ("–" for a missing value)."""
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
 
 
-def _ci(d: Mapping[str, Any]) -> str:
+def ci(d: Mapping[str, Any]) -> str:
+    """A paired difference (:func:`~t3ar.bench.method.plans.paired`) in points with its 95 % CI."""
     if d["n"] < 2:
         return f"{100 * d['mean']:+.1f} (n = {d['n']})"
     return f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
@@ -77,13 +79,13 @@ def render(res: Mapping[str, Any], stem: str) -> str:
               "nor target; retriever: the packaged ImageNet Lite0 at "
               f"{p['retriever_size']} px; k = {p['k']} of the top 5k.",
               "", "## Choices made on the validation shift", "",
-              f"Source only on validation: {_p(sel['source_top1'])} %.", "",
+              f"Source only on validation: {pct(sel['source_top1'])} %.", "",
               "| method | mode | " + " | ".join(f"lr {lr:g}" for lr in p["lr_grid"]) + " | chosen |",
               "|---|---|" + "---|" * len(p["lr_grid"]) + "---|"]
     for mode, chosen in (("test", sel["lr"]), ("train", sel["train_lr"])):
         for m in chosen:
             row = [r for r in sel["lr_table"] if r["method"] == m and r["mode"] == mode]
-            lines.append(f"| {LABELS.get(m, m)} | {mode} | " + " | ".join(_p(r["top1"]) for r in row)
+            lines.append(f"| {LABELS.get(m, m)} | {mode} | " + " | ".join(pct(r["top1"]) for r in row)
                          + f" | {chosen[m]:g} |")
     wt = sel.get("weight_table", [])
     grid = sorted({r["contrastive_weight"] for r in wt})
@@ -96,12 +98,12 @@ def render(res: Mapping[str, Any], stem: str) -> str:
             by_w = {r["contrastive_weight"]: r for r in wt if r["method"] == m and r["mode"] == mode}
             chosen_w = next(w for w, r in by_w.items() if r["chosen"])
             labels = TRAIN_LABELS if mode == "train" else LABELS
-            lines.append(f"| {labels.get(m, m)} | {mode} | " + " | ".join(_p(by_w[w]["top1"]) for w in grid)
+            lines.append(f"| {labels.get(m, m)} | {mode} | " + " | ".join(pct(by_w[w]["top1"]) for w in grid)
                          + f" | {chosen_w:g} |")
     lines += ["", "T3AR options (each alone on top of the chosen base; kept only if it beats the base on validation):",
               "", "| option | top-1 with | base | kept |", "|---|---|---|---|"]
     for r in sel["options_table"]:
-        lines.append(f"| {r['option']} = {r['value']} | {_p(r['top1'])} | {_p(r['base_top1'])} | "
+        lines.append(f"| {r['option']} = {r['value']} | {pct(r['top1'])} | {pct(r['base_top1'])} | "
                      f"{'yes' if r['kept'] else 'no'} |")
     fr = p["fractions"]
     lines += ["", "## Test-time results (evaluation shifts, held-out images)", "",
@@ -109,49 +111,49 @@ def render(res: Mapping[str, Any], stem: str) -> str:
               "| method | " + " | ".join(_fraction_label(res, f) for f in fr) + " |", "|---|" + "---|" * len(fr)]
     for m in p["methods"]:
         lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(
-            f"{_p(res['cells'][str(f)][m]['mean'])} ± {_p(res['cells'][str(f)][m]['std'])}" for f in fr) + " |")
+            f"{pct(res['cells'][str(f)][m]['mean'])} ± {pct(res['cells'][str(f)][m]['std'])}" for f in fr) + " |")
     lines += ["", "Per shift (mean over seeds):", "",
               "| method | fraction | " + " | ".join(p["eval_shifts"]) + " |",
               "|---|---|" + "---|" * len(p["eval_shifts"])]
     for m in p["methods"]:
         for f in fr:
             lines.append(f"| {LABELS.get(m, m)} | {100 * f:g} % | "
-                         + " | ".join(_p(res["cells"][str(f)][m][s]) for s in p["eval_shifts"]) + " |")
+                         + " | ".join(pct(res["cells"][str(f)][m][s]) for s in p["eval_shifts"]) + " |")
     lines += ["", "Paired differences T3AR − method (points, mean over seeds [95 % CI]):", "",
               "| method | " + " | ".join(f"{100 * f:g} %" for f in fr) + " |", "|---|" + "---|" * len(fr)]
     for m in p["methods"]:
         if m != "t3ar":
-            lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(_ci(res["diffs"][str(f)][m]) for f in fr) + " |")
+            lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(ci(res["diffs"][str(f)][m]) for f in fr) + " |")
     tf = p["train_fractions"]
     lines += ["", "## Train-time results (labelled adaptation part)", "",
               "| method | " + " | ".join(_fraction_label(res, f) for f in tf) + " |", "|---|" + "---|" * len(tf)]
     for m in p["train_methods"]:
-        lines.append(f"| {TRAIN_LABELS.get(m, m)} | " + " | ".join(_p(res["train_cells"][str(f)][m]) for f in tf)
+        lines.append(f"| {TRAIN_LABELS.get(m, m)} | " + " | ".join(pct(res["train_cells"][str(f)][m]) for f in tf)
                      + " |")
     lines += ["", "Paired T3AR (labels) − method:", "", "| method | " + " | ".join(f"{100 * f:g} %" for f in tf)
               + " |", "|---|" + "---|" * len(tf)]
     for m in p["train_methods"]:
         if m != "t3ar":
             lines.append(f"| {TRAIN_LABELS.get(m, m)} | "
-                         + " | ".join(_ci(res["train_diffs"][str(f)][m]) for f in tf) + " |")
+                         + " | ".join(ci(res["train_diffs"][str(f)][m]) for f in tf) + " |")
     lines += ["", "## Ablations", "", f"T3AR at {100 * p['ablation_fraction']:g} %, mean over evaluation shifts and "
               "seeds (the main-grid T3AR is the reference):", "", "| variant | top-1 |", "|---|---|",
-              f"| T3AR as frozen | {_p(res['cells'][str(p['ablation_fraction'])]['t3ar']['mean'])} |"
+              f"| T3AR as frozen | {pct(res['cells'][str(p['ablation_fraction'])]['t3ar']['mean'])} |"
               if str(p["ablation_fraction"]) in res["cells"] else ""]
     for variant, val in ablation_means(res["records"]).items():
-        lines.append(f"| {variant} | {_p(val)} |")
+        lines.append(f"| {variant} | {pct(val)} |")
     ce = ce_only_diffs(res["records"], p["ablation_fraction"])
     if ce:
         lines += ["", "The contrastive term, the only one retrieval acts through: each method as frozen minus its "
                   f"cross-entropy alone (`{CE_ONLY}`), paired over the same shifts and seeds (points, 95 % CI):",
                   "", "| method | paired difference |", "|---|---|"]
-        lines += [f"| {LABELS.get(m, m)} | {_ci(d)} |" for m, d in ce.items()]
+        lines += [f"| {LABELS.get(m, m)} | {ci(d)} |" for m, d in ce.items()]
     approx = approximation_diffs(res["records"], p["ablation_fraction"])
     if approx:
         lines += ["", "Speed approximations (options off by default, never chosen here): paired difference to the "
                   "frozen T3AR, same shifts, seeds and fraction (points, 95 % CI):", "",
                   "| approximation | paired difference |", "|---|---|"]
-        lines += [f"| {name} | {_ci(d)} |" for name, d in approx.items()]
+        lines += [f"| {name} | {ci(d)} |" for name, d in approx.items()]
     lines += ["", "## Stability: per-epoch diagnostics", "",
               f"Seed {p['seeds'][0]}, {100 * p['select_fraction']:g} % of each evaluation shift "
               f"(see `{stem}-curves.png`). Pseudo-label accuracy uses the adapted images' labels as a diagnostic "
@@ -204,14 +206,14 @@ def curve_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
         if not c:
             continue
         a, z = c[0], c[-1]
-        out.append(f"| {r['shift']} | {LABELS.get(r['method'], r['method'])} | {_p(a['pl_accuracy'])} | "
-                   f"{_p(z['pl_accuracy'])} | {a['loss_ce']:.2f} / {z['loss_ce']:.2f} | "
+        out.append(f"| {r['shift']} | {LABELS.get(r['method'], r['method'])} | {pct(a['pl_accuracy'])} | "
+                   f"{pct(z['pl_accuracy'])} | {a['loss_ce']:.2f} / {z['loss_ce']:.2f} | "
                    f"{a['loss_contrastive']:.2f} / {z['loss_contrastive']:.2f} | {z['pool_neg_share']:.2f} | "
                    f"{z['grad_norm_ce']:.3f} / {z['grad_norm_contrastive']:.3f} |")
     return out
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """matplotlib's pyplot on the headless Agg backend, or None without the ``plots`` extra."""
     try:
         import matplotlib
@@ -224,14 +226,14 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(plt: Any, fig: Any, path: Path) -> None:
+def save_fig(plt: Any, fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return
     p = res["plan"]
@@ -246,7 +248,7 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
     ax.set_ylabel("top-1 on held-out images (%)")
     ax.set_title("test-time, mean over evaluation shifts")
     ax.legend(fontsize=7)
-    _save(plt, fig, out_dir / f"{stem}-fraction.png")
+    save_fig(plt, fig, out_dir / f"{stem}-fraction.png")
     abl = ablation_means(res["records"])
     ks = sorted((int(v.split("=")[1]), val) for v, val in abl.items() if v.startswith("k="))
     f = str(p["ablation_fraction"])
@@ -258,7 +260,7 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
         ax.set_xlabel("retrieved neighbours per image (k; 0 = no retrieval)")
         ax.set_ylabel("top-1 (%)")
         ax.set_title(f"T3AR at {100 * p['ablation_fraction']:g} % vs number of retrievals")
-        _save(plt, fig, out_dir / f"{stem}-retrievals.png")
+        save_fig(plt, fig, out_dir / f"{stem}-retrievals.png")
     curves = [r for r in res["records"] if r.get("curves")]
     if curves:
         keys = ("pl_accuracy", "loss_ce", "loss_contrastive", "pool_neg_share")
@@ -272,15 +274,20 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
             ax.set_title(key)
             ax.set_xlabel("epoch")
         axes[0].legend(fontsize=6)
-        _save(plt, fig, out_dir / f"{stem}-curves.png")
+        save_fig(plt, fig, out_dir / f"{stem}-curves.png")
 
 
-def write_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> None:
+def write_results(res: Mapping[str, Any], markdown: str, out_dir: Path, stem: str) -> None:
+    """``stem``.md and ``stem``.json (every run) under ``out_dir``; the JSON replaced whole or not at all."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.md").write_text(render(res, stem))
+    (out_dir / f"{stem}.md").write_text(markdown)
     tmp = out_dir / f"{stem}.json.tmp"
     tmp.write_text(json.dumps(res, indent=1, default=str))
     tmp.replace(out_dir / f"{stem}.json")
+
+
+def write_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> None:
+    write_results(res, render(res, stem), out_dir, stem)
     _plots(res, out_dir, stem)
 
 
@@ -304,9 +311,9 @@ def render_drift(res: Mapping[str, Any], stem: str) -> str:
         best = max(ev, key=lambda e: e["top1"])
         src = res["source_top1"][f"{r['shift']}/{r['seed']}"]
         a, z = c[0], c[-1]
-        lines.append(f"| {LABELS.get(r['method'], r['method'])} | {r['lr']:g} | {_p(src)} | "
-                     f"{int(best['epoch'])} ({_p(best['top1'])}) | {_p(r['top1'])} | {_p(a['pl_accuracy'])} → "
-                     f"{_p(z['pl_accuracy'])} | {a['loss_ce']:.2f} → {z['loss_ce']:.2f} | "
+        lines.append(f"| {LABELS.get(r['method'], r['method'])} | {r['lr']:g} | {pct(src)} | "
+                     f"{int(best['epoch'])} ({pct(best['top1'])}) | {pct(r['top1'])} | {pct(a['pl_accuracy'])} → "
+                     f"{pct(z['pl_accuracy'])} | {a['loss_ce']:.2f} → {z['loss_ce']:.2f} | "
                      f"{a['loss_contrastive']:.2f} → {z['loss_contrastive']:.2f} | {z['pool_neg_share']:.2f} | "
                      f"{z['grad_norm_ce']:.3f} / {z['grad_norm_contrastive']:.3f} |")
     return "\n".join(lines + ["", "## Reading", "", *_drift_reading(res)]) + "\n"
@@ -324,16 +331,16 @@ def _drift_reading(res: Mapping[str, Any]) -> list[str]:
         name = LABELS.get(r["method"], r["method"])
         final[(r["method"], r["lr"])] = r["top1"]
         if r["top1"] < src:
-            out.append(f"- {name}, lr {r['lr']:g}: peaks at epoch {int(best['epoch'])} ({_p(best['top1'])} %), then "
-                       f"falls to {_p(r['top1'])} % ({100 * (r['top1'] - src):+.1f} points against the source model) "
+            out.append(f"- {name}, lr {r['lr']:g}: peaks at epoch {int(best['epoch'])} ({pct(best['top1'])} %), then "
+                       f"falls to {pct(r['top1'])} % ({100 * (r['top1'] - src):+.1f} points against the source model) "
                        f"while its cross-entropy on its own pseudo-labels falls from {c[0]['loss_ce']:.2f} to "
-                       f"{c[-1]['loss_ce']:.2f} and those pseudo-labels end {_p(c[-1]['pl_accuracy'])} % correct: "
+                       f"{c[-1]['loss_ce']:.2f} and those pseudo-labels end {pct(c[-1]['pl_accuracy'])} % correct: "
                        f"the loop fits its own labels, {'most' if c[-1]['pl_accuracy'] < 0.5 else 'many'} of them "
                        "wrong (confirmation bias), and the held-out accuracy follows them down.")
         else:
-            out.append(f"- {name}, lr {r['lr']:g}: ends at {_p(r['top1'])} % ({100 * (r['top1'] - src):+.1f} points "
-                       f"against the source model; best {_p(best['top1'])} % at epoch {int(best['epoch'])}); its "
-                       f"pseudo-labels end {_p(c[-1]['pl_accuracy'])} % correct.")
+            out.append(f"- {name}, lr {r['lr']:g}: ends at {pct(r['top1'])} % ({100 * (r['top1'] - src):+.1f} points "
+                       f"against the source model; best {pct(best['top1'])} % at epoch {int(best['epoch'])}); its "
+                       f"pseudo-labels end {pct(c[-1]['pl_accuracy'])} % correct.")
     for lr in sorted({lr for _, lr in final}, reverse=True):
         with_r, without = final.get(("t3ar", lr)), final.get(("t3ar-noretrieval", lr))
         if with_r is not None and without is not None:
@@ -345,10 +352,8 @@ def _drift_reading(res: Mapping[str, Any]) -> list[str]:
 
 
 def write_drift_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.md").write_text(render_drift(res, stem))
-    (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=1, default=str))
-    plt = _pyplot()
+    write_results(res, render_drift(res, stem), out_dir, stem)
+    plt = pyplot()
     if plt is None:
         return
     keys = [("top1", "held-out top-1 (diagnostic)"), ("pl_accuracy", "pseudo-label accuracy"),
@@ -369,4 +374,4 @@ def write_drift_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> N
         ax.set_title(title)
         ax.set_xlabel("epoch")
     axes[0].legend(fontsize=6)
-    _save(plt, fig, out_dir / f"{stem}-curves.png")
+    save_fig(plt, fig, out_dir / f"{stem}-curves.png")

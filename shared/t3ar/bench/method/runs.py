@@ -276,6 +276,21 @@ def _run_in_worker(arm: Mapping[str, Any]) -> dict[str, Any]:
     return run_arm(_WORKER["ctx"], arm)
 
 
+def progress_log(total: int, every: int = 10) -> Callable[[Mapping[str, Any]], None]:
+    """A ``run_all`` progress callback that logs every ``every`` runs and the last: done, elapsed, an estimate of
+    what is left."""
+    done, start = [0], time.perf_counter()
+
+    def progress(rec: Mapping[str, Any]) -> None:
+        done[0] += 1
+        if done[0] % every == 0 or done[0] == total:
+            el = time.perf_counter() - start
+            log.info("[%d/%d] runs, %.0f s elapsed, ~%.0f s left", done[0], total, el,
+                     el / done[0] * (total - done[0]))
+
+    return progress
+
+
 def run_all(ctx: Context, arms: Sequence[Mapping[str, Any]], cache: Path,
             progress: Callable[[Mapping[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Every arm, in order (in ``plan.workers`` processes when > 1; cached arms are read in-process)."""

@@ -11,7 +11,6 @@ seeds: that is where the other plans choose the weight; the evaluation shifts on
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import statistics
 import time
@@ -22,8 +21,8 @@ from typing import Any
 import torch
 
 from t3ar.bench.method.plans import DEFAULT_WEIGHT, BenchPlan, paired
-from t3ar.bench.method.report import _ci, _p, _pyplot, _save
-from t3ar.bench.method.runs import build_context, run_all, source_record
+from t3ar.bench.method.report import ci, pct, pyplot, save_fig, write_results
+from t3ar.bench.method.runs import build_context, progress_log, run_all, source_record
 
 LABELS = {"t3ar-noretrieval": "T3AR without retrieval", "t3ar": "T3AR"}
 
@@ -90,7 +89,8 @@ def run_weights_study(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path
                       device: torch.device) -> dict[str, Any]:
     t0 = time.perf_counter()
     ctx = build_context(plan, work, cache, device)
-    records = run_all(ctx, weight_arms(plan), cache)
+    arms = weight_arms(plan)
+    records = run_all(ctx, arms, cache, progress_log(len(arms), every=5))
     sources = {f"{sh}/{s}": source_record(ctx, sh, s)["top1"] for sh in plan.eval_shifts for s in plan.seeds}
     res = {"plan": plan.as_dict(), "device": str(device), "records": records, "source_top1": sources,
            "minutes": (time.perf_counter() - t0) / 60,
@@ -109,9 +109,9 @@ def _reading(res: Mapping[str, Any]) -> list[str]:
         if w == 0:
             continue
         nr, t = r["t3ar-noretrieval"], r["t3ar"]
-        out.append(f"- Weight {w:g}: the contrastive term moves T3AR without retrieval by {_ci(nr['minus_ce_only'])} "
-                   f"points against the cross-entropy alone, and T3AR by {_ci(t['minus_ce_only'])}; retrieval adds "
-                   f"{_ci(r['retrieval_gain'])} (T3AR − T3AR without retrieval).")
+        out.append(f"- Weight {w:g}: the contrastive term moves T3AR without retrieval by {ci(nr['minus_ce_only'])} "
+                   f"points against the cross-entropy alone, and T3AR by {ci(t['minus_ce_only'])}; retrieval adds "
+                   f"{ci(r['retrieval_gain'])} (T3AR − T3AR without retrieval).")
     best = max(rows, key=lambda w: rows[w]["t3ar-noretrieval"]["validation"])
     out.append(f"- On the validation shift the no-retrieval variant is best at weight {best:g} of "
                f"{sorted(rows)}; the plans that choose the weight choose it there, from their own grid.")
@@ -133,24 +133,24 @@ def render_weights(res: Mapping[str, Any], stem: str) -> str:
              f"{', '.join('google → ' + s for s in p['eval_shifts'])}, seeds {list(p['seeds'])}, "
              f"{100 * p['fractions'][0]:g} % of the adaptation part (~{n} images), "
              f"{p['epochs']} epochs, batch {p['batch_size']}, lr {p['lr_grid'][0]:g}, k = {p['k']}; paired per "
-             f"(shift, seed): same source model, subset, batch order and views. Source only: {_p(src)} % (mean over "
+             f"(shift, seed): same source model, subset, batch order and views. Source only: {pct(src)} % (mean over "
              "the evaluation shifts).", "",
              "## Evaluation shifts (mean over shifts and seeds)", "",
              "| contrastive weight | T3AR without retrieval | T3AR | T3AR − no retrieval [95 % CI] | "
              "no retrieval − CE only | T3AR − CE only |", "|---|---|---|---|---|---|"]
     for r in res["rows"]:
         nr, t = r["t3ar-noretrieval"], r["t3ar"]
-        lines.append(f"| {r['weight']:g} | {_p(nr['mean'])} | {_p(t['mean'])} | {_ci(r['retrieval_gain'])} | "
-                     f"{_ci(nr['minus_ce_only'])} | {_ci(t['minus_ce_only'])} |")
+        lines.append(f"| {r['weight']:g} | {pct(nr['mean'])} | {pct(t['mean'])} | {ci(r['retrieval_gain'])} | "
+                     f"{ci(nr['minus_ce_only'])} | {ci(t['minus_ce_only'])} |")
     lines += ["", "Per shift (mean over seeds; no retrieval / T3AR):", "",
               "| contrastive weight | " + " | ".join(p["eval_shifts"]) + " |", "|---|" + "---|" * len(p["eval_shifts"])]
     for r in res["rows"]:
         lines.append(f"| {r['weight']:g} | " + " | ".join(
-            f"{_p(r['t3ar-noretrieval']['per_shift'][sh])} / {_p(r['t3ar']['per_shift'][sh])}"
+            f"{pct(r['t3ar-noretrieval']['per_shift'][sh])} / {pct(r['t3ar']['per_shift'][sh])}"
             for sh in p["eval_shifts"]) + " |")
     lines += ["", f"## Validation shift (google → {p['validation_shift']}, seeds {list(p['select_seeds'])})", "",
               "| contrastive weight | T3AR without retrieval | T3AR |", "|---|---|---|"]
-    lines += [f"| {r['weight']:g} | {_p(r['t3ar-noretrieval']['validation'])} | {_p(r['t3ar']['validation'])} |"
+    lines += [f"| {r['weight']:g} | {pct(r['t3ar-noretrieval']['validation'])} | {pct(r['t3ar']['validation'])} |"
               for r in res["rows"]]
     lines += ["", "## Reading", "", *_reading(res), "",
               f"Plot: `{stem}.png`. Every run is in `{stem}.json`.", ""]
@@ -158,12 +158,8 @@ def render_weights(res: Mapping[str, Any], stem: str) -> str:
 
 
 def write_weights_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.md").write_text(render_weights(res, stem))
-    tmp = out_dir / f"{stem}.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(out_dir / f"{stem}.json")
-    plt = _pyplot()
+    write_results(res, render_weights(res, stem), out_dir, stem)
+    plt = pyplot()
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -174,4 +170,4 @@ def write_weights_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) ->
     ax.set_xlabel("contrastive weight (0 = cross-entropy only)")
     ax.set_ylabel("top-1 (%), evaluation shifts")
     ax.legend(fontsize=7)
-    _save(plt, fig, out_dir / f"{stem}.png")
+    save_fig(plt, fig, out_dir / f"{stem}.png")
