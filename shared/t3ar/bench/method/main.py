@@ -245,7 +245,8 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
     ctx = build_context(plan, work, cache, device)
     t_ctx = time.perf_counter() - t_start
     sel = select(ctx, cache)
-    log.info("validation choices: lr %s, train lr %s, T3AR options %s", sel["lr"], sel["train_lr"],
+    log.info("validation choices: lr %s, train lr %s, contrastive weight %s, train contrastive weight %s, T3AR "
+             "options %s", sel["lr"], sel["train_lr"], sel["contrastive_weight"], sel["train_contrastive_weight"],
              sel["t3ar_options"])
     arms = main_arms(plan, sel)
     records = run_all(ctx, arms, cache, progress_log(len(arms)))
