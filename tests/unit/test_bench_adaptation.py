@@ -4,6 +4,7 @@ summary and its verdict, the report."""
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -301,93 +302,115 @@ def test_approximations_are_ablation_arms_paired_with_the_frozen_t3ar() -> None:
     assert d["n"] == 2 and math.isclose(d["mean"], -0.005) and d["diffs"] == pytest.approx([-0.01, 0.0])
 
 
-def _fake_top1(arm: dict[str, object]) -> float:
-    """A made-up validation landscape: lr 1e-3 best for all; the contrastive weight best at 0.3 in test mode for
-    the no-retrieval variant, at 3 for T3AR, and at the default 1 in train mode."""
-    w = float(arm.get("options", {}).get("contrastive_weight", 1.0))  # type: ignore[union-attr]
-    best = {"t3ar-noretrieval": 0.3, "t3ar": 3.0, "t3ar-random": 1.0}.get(str(arm["method"]), 1.0)
-    if arm.get("mode") == "train":
-        best = 1.0
-    return 0.5 - abs(float(arm["lr"]) - 1e-3) - 0.01 * abs(w - best) + (0.02 if "redraw_neighbours" in
-                                                                           arm.get("options", {}) else 0.0)  # type: ignore[operator]
+def _fake_top1(arm: dict[str, Any]) -> float:
+    """A made-up validation landscape: lr 1e-3 best for all; in test mode the no-retrieval variant gains most at
+    τ 0.5 (and some at weight 0.3), T3AR at τ 0.2; the random ablation and train mode gain from no change; the
+    redraw option adds on top of anything."""
+    opts = dict(arm.get("options", {}))
+    gains = {("t3ar-noretrieval", "temperature", 0.5): 0.02, ("t3ar-noretrieval", "contrastive_weight", 0.3): 0.01,
+             ("t3ar", "temperature", 0.2): 0.02}
+    gain = 0.0 if arm.get("mode") == "train" else sum(gains.get((arm["method"], k, v), 0.0) for k, v in opts.items())
+    return 0.5 - abs(float(arm["lr"]) - 1e-3) + gain + (0.03 if "redraw_neighbours" in opts else 0.0)
 
 
-def test_selection_chooses_the_contrastive_weight_per_method_and_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_run_all(ran: list[dict[str, Any]]) -> Callable[..., list[dict[str, Any]]]:
+    def run_all(ctx: object, arms: list[dict[str, Any]], cache: object, *a: object) -> list[dict[str, Any]]:
+        ran.extend(arms)
+        return [{**arm, "top1": _fake_top1(arm)} for arm in arms]
+    return run_all
+
+
+def test_selection_chooses_the_contrastive_setting_per_method_and_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
     from types import SimpleNamespace
 
     import t3ar.bench.method.main as bm
-    from t3ar.bench.method.plans import PAPER
+    from t3ar.bench.method.plans import CE_ONLY, PAPER
 
-    plan = dataclasses.replace(PAPER, lr_grid=(2e-4, 1e-3), contrastive_weights=(0.3, 1.0, 3.0))
-    ran: list[dict[str, object]] = []
-
-    def fake_run_all(ctx: object, arms: list[dict[str, object]], cache: object, *a: object) -> list[dict[str, object]]:
-        ran.extend(arms)
-        return [{**arm, "top1": _fake_top1(arm)} for arm in arms]
-
-    monkeypatch.setattr(bm, "run_all", fake_run_all)
+    plan = dataclasses.replace(PAPER, lr_grid=(2e-4, 1e-3))
+    ran: list[dict[str, Any]] = []
+    monkeypatch.setattr(bm, "run_all", _fake_run_all(ran))
     monkeypatch.setattr(bm, "source_record", lambda ctx, shift, seed: {"top1": 0.4})
     sel = bm.select(SimpleNamespace(plan=plan), Path("."))  # type: ignore[arg-type]
     assert sel["lr"]["t3ar"] == 1e-3
-    assert sel["contrastive_weight"] == {"t3ar-noretrieval": 0.3, "t3ar-random": 1.0, "t3ar": 3.0}
-    assert sel["train_contrastive_weight"] == {"t3ar-noretrieval": 1.0, "t3ar-random": 1.0, "t3ar": 1.0}
-    # the default weight is the lr grid's own run: no extra arm for it, and its arms carry no options
-    weight_arms = [a for a in ran if "contrastive_weight" in a.get("options", {}) and a["phase"] != "select-option"]  # type: ignore[operator]
-    assert len(weight_arms) == 2 * 2 * 6 and all(a["options"]["contrastive_weight"] != 1.0 for a in weight_arms)  # type: ignore[index]
-    # T3AR's options are tried on top of its chosen weight, and kept only if they beat that base
+    assert sel["contrastive"] == {"t3ar-noretrieval": {"temperature": 0.5}, "t3ar-random": {},
+                                  "t3ar": {"temperature": 0.2}}
+    assert sel["train_contrastive"] == {"t3ar-noretrieval": {}, "t3ar-random": {}, "t3ar": {}}  # ties keep it
+    # the default is the lr grid's own run (no extra arm); each other setting runs once per method, mode and seed
+    setting_arms = [a for a in ran if a["phase"] in ("select", "select-train") and a.get("options")]
+    assert len(setting_arms) == len(plan.contrastive_settings) * 6 * len(plan.select_seeds)
+    # T3AR's options are tried on top of its chosen setting, and kept only if they beat that base
     opts = [a for a in ran if a["phase"] == "select-option"]
-    assert opts and all(a["options"]["contrastive_weight"] == 3.0 for a in opts)  # type: ignore[index]
+    assert opts and all(a["options"]["temperature"] == 0.2 for a in opts)
     assert sel["t3ar_options"] == {"redraw_neighbours": True}
-    chosen = {(r["method"], r["mode"]): r["contrastive_weight"] for r in sel["weight_table"] if r["chosen"]}
-    assert chosen[("t3ar", "test")] == 3.0 and len(sel["weight_table"]) == 6 * 3
-    # the frozen arms carry the chosen weights; the cross-entropy-only ablation arm is there once per cell
+    chosen = {(r["method"], r["mode"]): r["setting"] for r in sel["contrastive_table"] if r["chosen"]}
+    assert chosen[("t3ar", "test")] == "τ 0.2" and chosen[("t3ar", "train")] == "default"
+    assert len(sel["contrastive_table"]) == 6 * (1 + len(plan.contrastive_settings))
+    # the frozen arms carry the chosen settings; the cross-entropy-only ablation arm is there once per cell
     arms = bm.main_arms(plan, sel)
     main = {a["method"]: a.get("options") for a in arms if a["phase"] == "main" and a["fraction"] == 0.3
             and a["shift"] == "twitter" and a["seed"] == 0}
-    assert main["t3ar"] == {"redraw_neighbours": True, "contrastive_weight": 3.0}
-    assert main["t3ar-noretrieval"] == {"contrastive_weight": 0.3} and main["t3ar-random"] == {
-        "redraw_neighbours": True}
+    assert main["t3ar"] == {"redraw_neighbours": True, "temperature": 0.2}
+    assert main["t3ar-noretrieval"] == {"temperature": 0.5} and main["t3ar-random"] == {"redraw_neighbours": True}
     assert main["shot-im"] is None  # other methods: no options key (their cached runs stay valid)
     train = [a for a in arms if a["phase"] == "train" and a["method"] == "t3ar-noretrieval"]
     assert train and all("options" not in a for a in train)
-    ce = [a for a in arms if a.get("variant") == "contrastive_weight=0 (cross-entropy only)"]
+    ce = [a for a in arms if a.get("variant") == CE_ONLY]
     assert len(ce) == len(plan.eval_shifts) * len(plan.seeds)
     assert all(a["method"] == "t3ar-noretrieval" and a["options"] == {"contrastive_weight": 0.0} for a in ce)
+    assert {a["options"]["temperature"] for a in arms if a.get("variant") in ("k=1", "oracle: no same-class "
+                                                                                      "neighbours")} == {0.2}
 
 
-def test_weights_study_arms_summary_and_report(tmp_path: Path) -> None:
+def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
+    from types import SimpleNamespace
 
-    from t3ar.bench.method.plans import WEIGHTS
-    from t3ar.bench.method.weights import summarise_weights, weight_arms, write_weights_report
+    import t3ar.bench.method.main as bm
+    from t3ar.bench.method.contrastive_study import study_arms, summarise_study, write_contrastive_report
+    from t3ar.bench.method.plans import CONTRASTIVE_STUDY
 
-    plan = dataclasses.replace(WEIGHTS, eval_shifts=("twitter", "openmoji"), seeds=(0, 1, 2), select_seeds=(0,))
-    arms = weight_arms(plan)
-    # T3AR at weight 0 is the no-retrieval run; validation arms look like the selection's (shared run cache)
-    assert not [a for a in arms if a["method"] == "t3ar" and a.get("options") == {"contrastive_weight": 0.0}]
-    val = [a for a in arms if a["shift"] == plan.validation_shift]
-    assert {a["phase"] for a in val} == {"select"} and len(val) == 5
-    assert [a for a in val if a["method"] == "t3ar" and "options" not in a] == [
-        {"phase": "select", "shift": "fluent3d", "seed": 0, "fraction": 0.3, "method": "t3ar", "lr": 2e-4}]
-    assert len(arms) == 5 * (1 + 2 * 3)
-    # made-up accuracies: the term costs 2 points per unit of weight; retrieval adds 1 point at weight 3 only
-    recs = []
-    for a in arms:
-        w = float(a.get("options", {}).get("contrastive_weight", 1.0))  # type: ignore[union-attr]
-        top1 = 0.40 - 0.02 * w + (0.01 if a["method"] == "t3ar" and w == 3.0 else 0.0) + 0.001 * int(a["seed"])  # type: ignore[call-overload]
-        recs.append({**a, "top1": top1})
-    res = summarise_weights(plan, recs)
-    rows = {r["weight"]: r for r in res["rows"]}
-    assert math.isclose(rows[0.0]["t3ar"]["mean"], rows[0.0]["t3ar-noretrieval"]["mean"])
-    assert math.isclose(rows[3.0]["retrieval_gain"]["mean"], 0.01, abs_tol=1e-9)
-    assert math.isclose(rows[1.0]["retrieval_gain"]["mean"], 0.0, abs_tol=1e-9)
-    assert math.isclose(rows[3.0]["t3ar-noretrieval"]["minus_ce_only"]["mean"], -0.06, abs_tol=1e-9)
-    assert math.isclose(rows[1.0]["t3ar"]["validation"], 0.38)
-    full = {"plan": plan.as_dict(), "device": "cpu", "records": recs, "minutes": 1.0, "runs_executed": len(recs),
-            "source_top1": {"twitter/0": 0.3}, "n_adapt": {"twitter": 600, "openmoji": 600}, **res}
-    write_weights_report(full, tmp_path, stem="adaptation-weights")
-    text = (tmp_path / "adaptation-weights.md").read_text()
-    assert "| 3 | 34.1 | 35.1 | +1.0 [+1.0, +1.0] | -6.0 [-6.0, -6.0] | -5.0 [-5.0, -5.0] |" in text
-    assert "best at weight 0 of [0.0, 1.0, 3.0]" in text
-    assert (tmp_path / "adaptation-weights.png").stat().st_size > 1000
+    plan = dataclasses.replace(CONTRASTIVE_STUDY, eval_shifts=("twitter", "openmoji"), seeds=(0, 1, 2),
+                               lr_grid=(1e-3,))
+    ran: list[dict[str, Any]] = []
+    monkeypatch.setattr(bm, "run_all", _fake_run_all(ran))
+    monkeypatch.setattr(bm, "source_record", lambda ctx, shift, seed: {"top1": 0.4})
+    sel = bm.select(SimpleNamespace(plan=plan), Path("."))  # type: ignore[arg-type]
+    # validation arms are the selection's own (one run cache with the other plans); no train-time choices here
+    assert {a["phase"] for a in ran} == {"select"} and sel["train_contrastive"] == {}
+    arms = study_arms(plan, sel)
+    per_cell = [a for a in arms if a["shift"] == "twitter" and a["seed"] == 0]
+    # CE only; both at the default; no retrieval at τ 0.5 (its choice) and at τ 0.2 (T3AR's); T3AR at τ 0.2 once
+    assert sorted((a["method"], tuple(sorted(a.get("options", {}).items()))) for a in per_cell) == [
+        ("t3ar", ()), ("t3ar", (("temperature", 0.2),)), ("t3ar-noretrieval", ()),
+        ("t3ar-noretrieval", (("contrastive_weight", 0.0),)), ("t3ar-noretrieval", (("temperature", 0.2),)),
+        ("t3ar-noretrieval", (("temperature", 0.5),))]
+    assert len(arms) == 6 * 2 * 3 and {a["phase"] for a in arms} == {"contrastive"}
+    # made-up accuracies: CE only 0.40; the default term costs 2 points; τ 0.5 costs 1; τ 0.2 costs 1, and there
+    # retrieval gives 1.5 points back
+    def top1(a: dict[str, Any]) -> float:
+        o = a.get("options", {})
+        if o.get("contrastive_weight") == 0.0:
+            acc = 0.40
+        elif not o:
+            acc = 0.38
+        else:
+            acc = 0.39 + (0.015 if a["method"] == "t3ar" and o.get("temperature") == 0.2 else 0.0)
+        return acc + 0.001 * int(a["seed"])
+    recs = [{**a, "top1": top1(a)} for a in arms]
+    res = summarise_study(plan, sel, recs)
+    assert math.isclose(res["ce_only"]["mean"], 0.401)
+    assert math.isclose(res["default"]["retrieval_gain"]["mean"], 0.0, abs_tol=1e-9)
+    assert math.isclose(res["t3ar_choice"]["retrieval_gain"]["mean"], 0.015, abs_tol=1e-9)
+    assert math.isclose(res["chosen"]["retrieval_gain"]["mean"], 0.015, abs_tol=1e-9)
+    assert math.isclose(res["default"]["t3ar"]["minus_ce_only"]["mean"], -0.02, abs_tol=1e-9)
+    assert res["chosen"]["t3ar-noretrieval"]["setting"] == "τ 0.5" and res["default"]["t3ar"]["setting"] == "default"
+    full = {"plan": plan.as_dict(), "device": "cpu", "selection": sel, "records": recs, "minutes": 1.0,
+            "runs_executed": len(recs), "source_top1": {"twitter/0": 0.3}, "n_adapt": {"twitter": 600}, **res}
+    write_contrastive_report(full, tmp_path, stem="adaptation-contrastive")
+    text = (tmp_path / "adaptation-contrastive.md").read_text()
+    assert "| T3AR's choice for both (τ 0.2 / τ 0.2) | 39.1 | 40.6 | +1.5 [+1.5, +1.5] | -1.0 [-1.0, -1.0] | " \
+           "+0.5 [+0.5, +0.5] |" in text
+    assert "| t3ar | 50.0 | 50.0 | 50.0 | 52.0 | 50.0 | τ 0.2 |" in text  # validation: default first, then each change
+    assert "- T3AR's choice for both: the 95 % CI of what retrieval adds above 0." in text
+    assert (tmp_path / "adaptation-contrastive.png").stat().st_size > 1000

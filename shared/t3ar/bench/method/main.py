@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, CONTRASTIVE, DEFAULT_WEIGHT, BenchPlan, paired
+from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, CONTRASTIVE, BenchPlan, paired
 from t3ar.bench.method.runs import Context, build_context, progress_log, run_all, source_record
 
 log = logging.getLogger(__name__)
@@ -37,19 +37,15 @@ def _mean_top1(records: Sequence[Mapping[str, Any]], **match: Any) -> float:
     return statistics.mean(vals) if vals else math.nan
 
 
-def _weight_options(weight: float) -> dict[str, float]:
-    """An arm's options for a contrastive weight (none for the default, so those runs are the lr grid's)."""
-    return {} if weight == DEFAULT_WEIGHT else {"contrastive_weight": weight}
-
-
-def _candidates(grid: Sequence[float]) -> list[float]:
-    """The weight grid with the default first: a tie keeps the default."""
-    return sorted(set(grid) | {DEFAULT_WEIGHT}, key=lambda w: (w != DEFAULT_WEIGHT, w))
+def setting_label(setting: Mapping[str, float]) -> str:
+    """A contrastive setting as the report names it ("default" for AdaptConfig's own)."""
+    names = {"contrastive_weight": "weight", "temperature": "τ"}
+    return ", ".join(f"{names.get(k, k)} {v:g}" for k, v in setting.items()) or "default"
 
 
 def select(ctx: Context, cache: Path) -> dict[str, Any]:
-    """Learning rates (per method and mode), the T3AR family's contrastive weight (per method and mode, at its
-    chosen lr) and the T3AR options (on top of both), chosen on the validation shift only."""
+    """Learning rates (per method and mode), then the T3AR family's contrastive setting (per method and mode, at its
+    chosen lr), then the T3AR options (on top of both), chosen on the validation shift only."""
     p = ctx.plan
     v, f = p.validation_shift, p.select_fraction
     arms = [_arm("select", v, s, f, m, lr) for m in p.methods if m != "source" for lr in p.lr_grid
@@ -62,35 +58,37 @@ def select(ctx: Context, cache: Path) -> dict[str, Any]:
 
     lrs = {m: best_lr("select", m) for m in p.methods if m != "source"}
     train_lrs = {m: best_lr("select-train", m) for m in p.train_methods}
-    grid = _candidates(p.contrastive_weights)
+    cands: list[dict[str, float]] = [{}, *(dict(c) for c in p.contrastive_settings)]  # the default first: ties
     families: list[tuple[str, str, float, dict[str, str]]] = [
         ("select", m, lrs[m], {}) for m in p.methods if m in CONTRASTIVE]
     families += [("select-train", m, train_lrs[m], {"mode": "train"}) for m in p.train_methods if m in CONTRASTIVE]
-    w_arms = [_arm(phase, v, s, f, m, lr, options={"contrastive_weight": w}, **mode)
-              for phase, m, lr, mode in families for w in grid if w != DEFAULT_WEIGHT for s in p.select_seeds]
-    w_recs = run_all(ctx, w_arms, cache)
+    c_arms = [_arm(phase, v, s, f, m, lr, options=c, **mode)
+              for phase, m, lr, mode in families for c in cands[1:] for s in p.select_seeds]
+    c_recs = run_all(ctx, c_arms, cache)
 
-    def weight_top1(phase: str, method: str, lr: float, w: float) -> float:
-        if w == DEFAULT_WEIGHT:
+    def setting_top1(phase: str, method: str, lr: float, c: Mapping[str, float]) -> float:
+        if not c:  # the default is the lr grid's own run
             return _mean_top1(recs, phase=phase, method=method, lr=lr)
-        return _mean_top1(w_recs, phase=phase, method=method, options={"contrastive_weight": w})
+        return _mean_top1(c_recs, phase=phase, method=method, options=dict(c))
 
-    weights: dict[str, dict[str, float]] = {"select": {}, "select-train": {}}
-    weight_table = []
+    settings: dict[str, dict[str, dict[str, float]]] = {"select": {}, "select-train": {}}
+    setting_table = []
     for phase, m, lr, _ in families:
-        got = {w: weight_top1(phase, m, lr, w) for w in grid}
-        weights[phase][m] = max(grid, key=lambda w: got[w])
-        weight_table += [{"method": m, "mode": "train" if phase == "select-train" else "test", "lr": lr,
-                          "contrastive_weight": w, "top1": got[w], "chosen": w == weights[phase][m]} for w in grid]
-    t3ar_w = weights["select"].get("t3ar", DEFAULT_WEIGHT)
-    base = weight_top1("select", "t3ar", lrs["t3ar"], t3ar_w)
-    opt_arms = [_arm("select-option", v, s, f, "t3ar", lrs["t3ar"], options={name: value, **_weight_options(t3ar_w)})
+        got = [setting_top1(phase, m, lr, c) for c in cands]
+        best = max(range(len(cands)), key=lambda i: got[i])
+        settings[phase][m] = cands[best]
+        setting_table += [{"method": m, "mode": "train" if phase == "select-train" else "test", "lr": lr,
+                           "setting": setting_label(c), "top1": got[i], "chosen": i == best}
+                          for i, c in enumerate(cands)]
+    t3ar_c = settings["select"].get("t3ar", {})
+    base = setting_top1("select", "t3ar", lrs["t3ar"], t3ar_c)
+    opt_arms = [_arm("select-option", v, s, f, "t3ar", lrs["t3ar"], options={name: value, **t3ar_c})
                 for name, value in p.options for s in p.select_seeds]
     opt_recs = run_all(ctx, opt_arms, cache)
     chosen: dict[str, Any] = {}
     option_rows = []
     for name, value in p.options:
-        got_opt = _mean_top1(opt_recs, method="t3ar", options={name: value, **_weight_options(t3ar_w)})
+        got_opt = _mean_top1(opt_recs, method="t3ar", options={name: value, **t3ar_c})
         option_rows.append({"option": name, "value": value, "top1": got_opt, "base_top1": base,
                             "kept": got_opt > base})
         if got_opt > base:
@@ -100,17 +98,16 @@ def select(ctx: Context, cache: Path) -> dict[str, Any]:
     table += [{"method": m, "mode": "train", "lr": lr, "top1": _mean_top1(recs, phase="select-train", method=m, lr=lr)}
               for m in p.train_methods for lr in p.lr_grid]
     src = statistics.mean(source_record(ctx, v, s)["top1"] for s in p.select_seeds)
-    return {"lr": lrs, "train_lr": train_lrs, "contrastive_weight": weights["select"],
-            "train_contrastive_weight": weights["select-train"], "t3ar_options": chosen, "lr_table": table,
-            "weight_table": weight_table, "options_table": option_rows, "source_top1": src, "shift": v,
+    return {"lr": lrs, "train_lr": train_lrs, "contrastive": settings["select"],
+            "train_contrastive": settings["select-train"], "t3ar_options": chosen, "lr_table": table,
+            "contrastive_table": setting_table, "options_table": option_rows, "source_top1": src, "shift": v,
             "fraction": f, "seeds": list(p.select_seeds)}
 
 
 def arm_options(sel: Mapping[str, Any], method: str, mode: str = "test") -> dict[str, Any]:
-    """The frozen options of ``method``'s arms: its contrastive weight (T3AR family), and T3AR's options (T3AR and
+    """The frozen options of ``method``'s arms: its contrastive setting (T3AR family), and T3AR's options (T3AR and
     its random-retrieval ablation)."""
-    weights = sel.get("train_contrastive_weight" if mode == "train" else "contrastive_weight", {})
-    out = _weight_options(weights.get(method, DEFAULT_WEIGHT))
+    out = dict(sel.get("train_contrastive" if mode == "train" else "contrastive", {}).get(method, {}))
     if method in ("t3ar", "t3ar-random"):
         out = {**sel["t3ar_options"], **out}
     return out
@@ -245,8 +242,8 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
     ctx = build_context(plan, work, cache, device)
     t_ctx = time.perf_counter() - t_start
     sel = select(ctx, cache)
-    log.info("validation choices: lr %s, train lr %s, contrastive weight %s, train contrastive weight %s, T3AR "
-             "options %s", sel["lr"], sel["train_lr"], sel["contrastive_weight"], sel["train_contrastive_weight"],
+    log.info("validation choices: lr %s, train lr %s, contrastive setting %s, train contrastive setting %s, T3AR "
+             "options %s", sel["lr"], sel["train_lr"], sel["contrastive"], sel["train_contrastive"],
              sel["t3ar_options"])
     arms = main_arms(plan, sel)
     records = run_all(ctx, arms, cache, progress_log(len(arms)))

@@ -87,19 +87,19 @@ def render(res: Mapping[str, Any], stem: str) -> str:
             row = [r for r in sel["lr_table"] if r["method"] == m and r["mode"] == mode]
             lines.append(f"| {LABELS.get(m, m)} | {mode} | " + " | ".join(pct(r["top1"]) for r in row)
                          + f" | {chosen[m]:g} |")
-    wt = sel.get("weight_table", [])
-    grid = sorted({r["contrastive_weight"] for r in wt})
-    if grid:
-        lines += ["", "Contrastive weight of the T3AR family (cross-entropy weight 1; each method at its chosen lr; "
-                  "the lr grid ran at weight 1):", "",
-                  "| method | mode | " + " | ".join(f"weight {w:g}" for w in grid) + " | chosen |",
-                  "|---|---|" + "---|" * len(grid) + "---|"]
-        for m, mode in dict.fromkeys((r["method"], r["mode"]) for r in wt):
-            by_w = {r["contrastive_weight"]: r for r in wt if r["method"] == m and r["mode"] == mode}
-            chosen_w = next(w for w, r in by_w.items() if r["chosen"])
+    ct = sel.get("contrastive_table", [])
+    labels_c = list(dict.fromkeys(r["setting"] for r in ct))
+    if ct:
+        lines += ["", "Contrastive term of the T3AR family (weight against cross-entropy weight 1, temperature τ; the "
+                  "default and one change at a time, each method at its chosen lr; the lr grid ran at the default):",
+                  "", "| method | mode | " + " | ".join(labels_c) + " | chosen |", "|---|---|" + "---|" * len(labels_c)
+                  + "---|"]
+        for m, mode in dict.fromkeys((r["method"], r["mode"]) for r in ct):
+            by_c = {r["setting"]: r for r in ct if r["method"] == m and r["mode"] == mode}
+            chosen_c = next(c for c, r in by_c.items() if r["chosen"])
             labels = TRAIN_LABELS if mode == "train" else LABELS
-            lines.append(f"| {labels.get(m, m)} | {mode} | " + " | ".join(pct(by_w[w]["top1"]) for w in grid)
-                         + f" | {chosen_w:g} |")
+            lines.append(f"| {labels.get(m, m)} | {mode} | " + " | ".join(pct(by_c[c]["top1"]) for c in labels_c)
+                         + f" | {chosen_c} |")
     lines += ["", "T3AR options (each alone on top of the chosen base; kept only if it beats the base on validation):",
               "", "| option | top-1 with | base | kept |", "|---|---|---|---|"]
     for r in sel["options_table"]:
