@@ -96,8 +96,10 @@ CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.3,), epochs
                        "change has little room to show; the `paper` plan is the 30-epoch schedule at 10/30/100 %",))
 PAPER = BenchPlan(name="paper", workers=12,
                   notes=("the paper's 30-epoch schedule; on one H100 with 12 run processes the low-data cells "
-                         "(--fractions 0.1,0.3) took about 20 minutes, and the whole grid has about 2.5 times as many "
-                         "steps",))
+                         "(--fractions 0.1,0.3) took about 20 minutes before the contrastive term was chosen on "
+                         "validation (48 more validation runs and 15 cross-entropy-only ablation runs, about 13,000 "
+                         "steps: roughly 3 minutes more at that rate, not measured), and the whole grid has about 2.5 "
+                         "times as many steps",))
 #: a diagnostic, not a result: why the contrastive loop drifts on twitter at the paper's 30 epochs (per-epoch
 #: held-out accuracy, pseudo-label accuracy, loss terms, pool share), at the lr the drift was seen with and one
 #: 5x lower; nothing is chosen from it
