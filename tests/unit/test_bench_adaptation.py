@@ -405,6 +405,7 @@ def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: 
     assert math.isclose(res["chosen"]["retrieval_gain"]["mean"], 0.015, abs_tol=1e-9)
     assert math.isclose(res["default"]["t3ar"]["minus_ce_only"]["mean"], -0.02, abs_tol=1e-9)
     assert res["chosen"]["t3ar-noretrieval"]["setting"] == "τ 0.5" and res["default"]["t3ar"]["setting"] == "default"
+    recs = [{**r, "seconds": 60.0} for r in recs]
     full = {"plan": plan.as_dict(), "device": "cpu", "selection": sel, "records": recs, "minutes": 1.0,
             "runs_executed": len(recs), "source_top1": {"twitter/0": 0.3}, "n_adapt": {"twitter": 600}, **res}
     write_contrastive_report(full, tmp_path, stem="adaptation-contrastive")
