@@ -184,6 +184,30 @@ def test_report_renders(tmp_path: Path) -> None:
                     "## Train-time results", "## Ablations", "## Stability"):
         assert heading in text
     assert "**Goal met.**" in text and "| k=1 | 36.0 |" in text and "48 img, 0.5/class" in text
+    assert "retrieval alone" not in text  # no retrieval-off arms in these records: no line
+
+
+def test_retrieval_alone_is_paired_against_t3ars_own_configuration() -> None:
+    from t3ar.bench.method.plans import RETRIEVAL_OFF
+    from t3ar.bench.method.report import retrieval_alone_lines
+
+    plan = QUICK
+    recs = _records(0.04, [0.001, -0.001])  # T3AR 0.391 / 0.389 at every shift and fraction
+    recs += [{"phase": "ablation", "variant": RETRIEVAL_OFF, "shift": sh, "seed": s, "fraction": 0.3,
+              "method": "t3ar-noretrieval", "top1": 0.38} for sh in plan.eval_shifts for s in plan.seeds]
+    summary = summarise(plan, recs)
+    alone = summary["retrieval_alone"]
+    assert alone["fraction"] == 0.3 and alone["n"] == len(plan.seeds)
+    assert alone["diffs"] == pytest.approx([0.011, 0.009]) and math.isclose(alone["mean"], 0.01)
+    # the check still compares the frozen arms: 4 points, not the 1 point retrieval adds alone
+    assert math.isclose(summary["diffs"]["0.3"]["t3ar-noretrieval"]["mean"], 0.04, abs_tol=1e-9)
+    sel = {"lr": {"t3ar": 2e-4, "t3ar-noretrieval": 1e-3}, "contrastive": {"t3ar": {"temperature": 0.5}}}
+    text = "\n".join(retrieval_alone_lines({"selection": sel, **summary}))
+    assert "**retrieval alone** at 30 %" in text and "+1.0 [" in text
+    assert "froze them apart (T3AR: lr 0.0002, τ 0.5; T3AR without retrieval: lr 0.001, the default" in text
+    same = {"lr": {"t3ar": 1e-3, "t3ar-noretrieval": 1e-3}}
+    assert "froze them apart" not in "\n".join(retrieval_alone_lines({"selection": same, **summary}))
+    assert summarise(plan, _records(0.04, [0.0, 0.0]))["retrieval_alone"] is None
 
 
 def test_interleaved_runs_steps_in_lock_step() -> None:
@@ -325,7 +349,7 @@ def test_selection_chooses_the_contrastive_setting_per_method_and_mode(monkeypat
     from types import SimpleNamespace
 
     import t3ar.bench.method.main as bm
-    from t3ar.bench.method.plans import CE_ONLY, PAPER
+    from t3ar.bench.method.plans import CE_ONLY, PAPER, RETRIEVAL_OFF
 
     plan = dataclasses.replace(PAPER, lr_grid=(2e-4, 1e-3))
     ran: list[dict[str, Any]] = []
@@ -360,6 +384,11 @@ def test_selection_chooses_the_contrastive_setting_per_method_and_mode(monkeypat
     assert all(a["method"] == "t3ar-noretrieval" and a["options"] == {"contrastive_weight": 0.0} for a in ce)
     assert {a["options"]["temperature"] for a in arms if a.get("variant") in ("k=1", "oracle: no same-class "
                                                                                       "neighbours")} == {0.2}
+    # retrieval alone: the no-retrieval method at T3AR's lr and contrastive term (not T3AR's pool options)
+    off = [a for a in arms if a.get("variant") == RETRIEVAL_OFF]
+    assert len(off) == len(plan.eval_shifts) * len(plan.seeds)
+    assert all(a["method"] == "t3ar-noretrieval" and a["lr"] == sel["lr"]["t3ar"]
+               and a["options"] == {"temperature": 0.2} and a["fraction"] == plan.ablation_fraction for a in off)
 
 
 def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, CONTRASTIVE, BenchPlan, paired
+from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, CONTRASTIVE, RETRIEVAL_OFF, BenchPlan, paired
 from t3ar.bench.method.runs import Context, build_context, progress_log, run_all, source_record
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,10 @@ def main_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
             # lr, since without the term the pool changes nothing
             arms.append(_arm("ablation", shift, seed, fa, "t3ar-noretrieval", sel["lr"]["t3ar-noretrieval"],
                              options={"contrastive_weight": 0.0}, variant=CE_ONLY))
+            # retrieval alone: T3AR's lr and contrastive term without the pool (its options are about the pool)
+            term = dict(sel.get("contrastive", {}).get("t3ar", {}))
+            arms.append(_arm("ablation", shift, seed, fa, "t3ar-noretrieval", sel["lr"]["t3ar"],
+                             **({"options": term} if term else {}), variant=RETRIEVAL_OFF))
             for f in p.train_fractions:
                 for m in p.train_methods:
                     mo = arm_options(sel, m, "train")
@@ -211,8 +215,15 @@ def summarise(p: BenchPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, A
     t_below = [(sh, f) for f in p.fractions for sh in shifts
                if cells[str(f)]["t3ar"][sh] < cells[str(f)]["source"][sh]]
     checks.append({"check": "T3AR below source-only on no shift", "value": t_below, "met": not t_below})
+    # retrieval alone (not a check of the goal): T3AR minus its own configuration without the pool, paired like
+    # the checks (per seed, the mean over the shifts)
+    fa = p.ablation_fraction
+    off = per_seed_average(records, shifts, seeds, phase="ablation", variant=RETRIEVAL_OFF, fraction=fa)
+    alone = None
+    if off and not any(math.isnan(x) for x in off):
+        alone = {"fraction": fa, **paired(per_seed_average(mains, shifts, seeds, method="t3ar", fraction=fa), off)}
     return {"cells": cells, "diffs": diffs, "train_cells": train_cells, "train_diffs": train_diffs,
-            "verdict": {"met": all(c["met"] for c in checks), "checks": checks}}
+            "retrieval_alone": alone, "verdict": {"met": all(c["met"] for c in checks), "checks": checks}}
 
 
 def run_drift_study(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,

@@ -33,6 +33,10 @@ CONTRASTIVE_SETTINGS: tuple[Setting, ...] = ((("contrastive_weight", 0.3),), (("
 APPROXIMATION = "approximation: "
 #: the ablation arm without the contrastive term: the family's cross-entropy alone
 CE_ONLY = "contrastive_weight=0 (cross-entropy only)"
+#: the ablation arm that isolates retrieval: T3AR's lr and contrastive term, without retrieval. The goal's check
+#: compares T3AR with ``t3ar-noretrieval`` as each was frozen, so a validation choice of another lr or term for
+#: the two moves that difference too; this arm differs from T3AR by the pool alone
+RETRIEVAL_OFF = "retrieval off (T3AR's lr and contrastive term)"
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,14 @@ QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fraction
 CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.3,), epochs=30, max_steps=20,
                 lr_grid=(2e-4, 1e-3), ablation_ks=(1,), workers=2, approximations=(("cpu_bf16_nograd", True),),
                 notes=("the low-data fractions only, steps capped at 20 per run, two single-thread processes: about "
-                       "40 minutes on 2 cores. That is far shorter than the paper's 30 epochs, so a negatives-only "
+                       "30 minutes on 2 cores. That is far shorter than the paper's 30 epochs, so a negatives-only "
                        "change has little room to show; the `paper` plan is the 30-epoch schedule at 10/30/100 %",))
 PAPER = BenchPlan(name="paper", workers=12,
                   notes=("the paper's 30-epoch schedule; on one H100 with 12 run processes the low-data cells "
                          "(--fractions 0.1,0.3) took about 20 minutes before the contrastive term was chosen on "
-                         "validation (48 more validation runs and 15 cross-entropy-only ablation runs, about 13,000 "
-                         "steps: roughly 3 minutes more at that rate, not measured), and the whole grid has about 2.5 "
-                         "times as many steps",))
+                         "validation (48 more validation runs, 15 cross-entropy-only and 15 retrieval-off ablation "
+                         "runs, about 16,000 steps: roughly 4 minutes more at that rate, not measured), and the "
+                         "whole grid has about 2.5 times as many steps",))
 #: a diagnostic, not a result: why the contrastive loop drifts on twitter at the paper's 30 epochs (per-epoch
 #: held-out accuracy, pseudo-label accuracy, loss terms, pool share), at the lr the drift was seen with and one
 #: 5x lower; nothing is chosen from it
