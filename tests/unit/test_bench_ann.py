@@ -69,3 +69,51 @@ def test_a_run_without_a_gpu_keeps_the_last_gpu_figure(tmp_path) -> None:  # typ
     empty = {"device": {"available": False}}
     keep_device_figure(tmp_path / "missing.json", empty)
     assert empty["device"] == {"available": False}
+
+
+def test_a_run_without_cached_embeddings_keeps_the_last_real_structure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from t3ar.bench.retrieval.ann_report import _real_label
+    from t3ar.bench.retrieval.main import keep_real_structure
+
+    real = {"n": 14594, "dim": 1280, "mean_cos_random": 0.27, "cos_nn1": 0.83, "cos_nn50": 0.65,
+            "relative_contrast_50": 1.49, "lid_50": 13.9}
+    prev = tmp_path / "retrieval.json"
+    prev.write_text(json.dumps({"started_at": "2026-11-23 13:03:39", "ann": {"real_structure": real}}))
+    ann: dict[str, object] = {"real_structure": None}
+    keep_real_structure(prev, ann, "2026-11-25 12:00:00")
+    carried = ann["real_structure"]
+    assert carried == {**real, "measured_at": "2026-11-23 13:03:39", "carried_over": True}
+    assert "measured on 2026-11-23 13:03:39, carried over" in _real_label(carried)  # type: ignore[arg-type]
+    prev.write_text(json.dumps({"started_at": "2026-11-25 12:00:00", "ann": ann}))  # carried twice: first date kept
+    again: dict[str, object] = {"real_structure": None}
+    keep_real_structure(prev, again, "2026-11-26 12:00:00")
+    assert again["real_structure"]["measured_at"] == "2026-11-23 13:03:39"  # type: ignore[index]
+    fresh: dict[str, object] = {"real_structure": dict(real)}
+    keep_real_structure(prev, fresh, "2026-11-26 12:00:00")  # a run that measured stamps its own
+    assert fresh["real_structure"] == {**real, "measured_at": "2026-11-26 12:00:00"}
+    assert _real_label(fresh["real_structure"]).endswith("(measured this run)")  # type: ignore[arg-type]
+    none: dict[str, object] = {"real_structure": None}
+    keep_real_structure(tmp_path / "missing.json", none, "x")
+    assert none["real_structure"] is None
+
+
+def test_the_committed_retrieval_report_renders_with_and_without_the_paired_figure() -> None:
+    import json
+    from pathlib import Path
+
+    from t3ar.bench.retrieval.report import render_markdown
+
+    doc = json.loads((Path(__file__).parents[2] / "docs/benchmarks/retrieval.json").read_text())
+    text = render_markdown(doc)
+    assert "## Goals" in text and "single-query overhead p50" in text
+    assert f"+{doc['search']['single_overhead_paired_p50_ms']:.2f} ms" in text
+    old = {k: v for k, v in doc["history"][-1].items() if k != "single_scan_p50_ms"}  # a row from before the column
+    doc["history"] = [{**old, "started_at": "then", "load_average_start": [2.0]},
+                      {**doc["history"][-1], "started_at": "now", "load_average_start": [0.5],
+                       "single_scan_p50_ms": 7.25}]
+    text = render_markdown(doc)
+    assert "| then | 2.0 | – |" in text and "| now | 0.5 | 7.2 ms |" in text
+    doc["search"].pop("single_overhead_paired_p50_ms", None)  # a run from before the figure existed
+    assert "paired differences" not in render_markdown(doc)

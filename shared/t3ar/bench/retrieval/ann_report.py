@@ -20,6 +20,13 @@ def ann_goals(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     ]
 
 
+def _real_label(st: dict[str, Any] | None) -> str:
+    if st and st.get("carried_over"):
+        return (f"real pool-kit embeddings (measured on {st.get('measured_at') or 'an earlier run'}, carried over: "
+                "no cached embeddings this run)")
+    return "real pool-kit embeddings (measured this run)"
+
+
 def _structure_row(name: str, st: dict[str, Any] | None) -> str:
     if not st:
         return f"| {name} | not available | | | | | |"
@@ -55,7 +62,7 @@ def ann_section(r: dict[str, Any]) -> list[str]:
         "| set | sample | mean cos (random pairs) | cos to 1st NN | cos to 50th NN | relative contrast@50 | "
         "LID@50 |",
         "|---|---|---|---|---|---|---|",
-        _structure_row("real pool-kit embeddings (measured this run)", a.get("real_structure")),
+        _structure_row(_real_label(a.get("real_structure")), a.get("real_structure")),
         _structure_row("structured generator", st["structure"]),
         _structure_row("uniform", un["structure"]),
         "",
