@@ -117,3 +117,11 @@ def test_the_committed_retrieval_report_renders_with_and_without_the_paired_figu
     assert "| then | 2.0 | – |" in text and "| now | 0.5 | 7.2 ms |" in text
     doc["search"].pop("single_overhead_paired_p50_ms", None)  # a run from before the figure existed
     assert "paired differences" not in render_markdown(doc)
+
+
+def test_the_hop_diagnostic_times_both_halves_of_the_hop_per_pool_size() -> None:
+    from t3ar.bench.retrieval.hop import measure
+
+    rows = measure(sizes=(100, 400), n_queries=5)
+    assert [r["vectors"] for r in rows] == [100, 400]
+    assert all(r["scan_ms"] > 0 and r["start_us"] > 0 and r["back_us"] > 0 for r in rows)
