@@ -56,7 +56,8 @@ def test_joint_pass_gives_the_separate_passes_results(method: str, mode: str) ->
     b, rb = _run(method, seed=2, mode=mode, joint_pass=True)
     sa, sb = a.state_dict(), b.state_dict()
     assert all(torch.allclose(sa[k].float(), sb[k].float(), atol=1e-5) for k in sa)
-    assert [round(h.loss, 4) for h in ra.history] == [round(h.loss, 4) for h in rb.history]  # type: ignore[attr-defined]
+    # float noise, not rounding: 14.48565 and 14.48564 round apart (a clean-clone CI run saw exactly that)
+    assert [h.loss for h in rb.history] == pytest.approx([h.loss for h in ra.history], rel=1e-5, abs=1e-5)  # type: ignore[attr-defined]
     c, _ = _run(method, seed=3, mode=mode, joint_pass=True)
     assert any(not torch.allclose(sa[k].float(), c.state_dict()[k].float(), atol=1e-5) for k in sa)
 
