@@ -28,8 +28,8 @@ def bench() -> None:
 def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None) -> None:
     """Retriever service vs in-process baselines: search QPS and latency, ingest rate, 1M-vector deletes/memory.
 
-    The full run takes 15-25 minutes (the ``ann`` section trains IVF indexes at 1M vectors) and needs ~5 GB
-    of RAM and ~6 GB of temporary disk.
+    The full run takes 5-25 minutes (5 on a quiet 2-core machine; the ``ann`` section trains IVF indexes at 1M
+    vectors) and needs ~5 GB of RAM and ~6 GB of temporary disk.
     """
     if os.environ.get("OMP_WAIT_POLICY") is None:
         # OpenMP reads its wait policy once, when the runtime loads: the CLI's imports (torch) loaded it already,
