@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,18 +23,13 @@ import pytest
 from PIL import Image, ImageDraw
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.cli.stack_procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------------------------------- retriever
 RETRIEVER_TOKEN = "test-rw-token"
 RETRIEVER_ADMIN_TOKEN = "test-admin-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
