@@ -26,11 +26,11 @@ from typing import Any
 
 import click
 
+from t3ar.ports import free_port
 from t3ar.urls import redact_url
 from t3ar_services.cli.stack_procs import (
     PY,
     Child,
-    free_port,
     load_tokens,
     redis_config,
     redis_server_binary,

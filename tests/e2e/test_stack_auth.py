@@ -73,7 +73,7 @@ def test_worker_routes_need_the_worker_scope(stack: Stack) -> None:
 def test_worker_start_up_checks_redis_and_the_api(stack: Stack, tmp_path: Path) -> None:
     """Issue 12: a worker needs Redis and the API (URL + worker token); each missing or wrong piece stops it at
     start-up with one line naming the variable to fix. With everything right its health check passes."""
-    from t3ar_services.cli.stack_procs import free_port
+    from t3ar.ports import free_port
 
     t = stack.info["tokens"]
     base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),

@@ -23,7 +23,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from t3ar.clients.retriever import RetrieverClient
-from t3ar_services.cli.stack_procs import free_port
+from t3ar.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

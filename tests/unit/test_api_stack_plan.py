@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from t3ar.ports import free_port
 from t3ar_services.cli.stack import plan
-from t3ar_services.cli.stack_procs import free_port, load_tokens, redis_server_binary
+from t3ar_services.cli.stack_procs import load_tokens, redis_server_binary
 
 
 def test_tokens_are_random_private_and_kept(tmp_path: Path) -> None:
@@ -71,22 +72,22 @@ def test_free_port_is_never_one_the_kernel_hands_out_by_itself(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
-    from t3ar_services.cli import stack_procs
+    from t3ar import ports
 
-    lo, _ = stack_procs.ephemeral_range()
-    ports = [free_port() for _ in range(20)]
-    assert len(set(ports)) == 20 and all(1024 <= p < lo for p in ports)  # below the bind(0) range, all distinct
-    for p in ports[:3]:  # free: a child can bind it
+    lo, _ = ports.ephemeral_range()
+    got = [free_port() for _ in range(20)]
+    assert len(set(got)) == 20 and all(1024 <= p < lo for p in got)  # below the bind(0) range, all distinct
+    for p in got[:3]:  # free: a child can bind it
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
     ranges = tmp_path / "ip_local_port_range"
-    monkeypatch.setattr(stack_procs, "EPHEMERAL_FILE", ranges)
+    monkeypatch.setattr(ports, "EPHEMERAL_FILE", ranges)
     ranges.write_text("40000\t50000\n")
-    assert stack_procs.ephemeral_range() == (40000, 50000) and 28000 <= free_port() < 40000
+    assert ports.ephemeral_range() == (40000, 50000) and 28000 <= free_port() < 40000
     ranges.write_text("1100 65000\n")  # no room below the range: the kernel's choice
     assert 1100 <= free_port() <= 65535
     ranges.unlink()  # not Linux: the kernel's default range
-    assert stack_procs.ephemeral_range() == (32768, 60999)
+    assert ports.ephemeral_range() == (32768, 60999)
 
 
 def test_redact_url() -> None:

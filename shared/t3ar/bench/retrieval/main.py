@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import numpy as np
 
 from t3ar.bench.retrieval.ann import bench_ann
 from t3ar.clients.retriever import RetrieverClient
+from t3ar.ports import free_port
 
 log = logging.getLogger(__name__)
 DIM, K, BATCH = 512, 50, 256
@@ -70,9 +70,7 @@ def _rss_bytes(pid: int) -> int | None:
 
 @contextmanager
 def _service(data_dir: Path, env: dict[str, str]) -> Iterator[tuple[RetrieverClient, subprocess.Popen[bytes]]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # not from bind(0): the milvus retriever's lite server binds port 0 before uvicorn binds
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
                 "T3AR_RETRIEVER_DATA_DIR": str(data_dir), "T3AR_RETRIEVER_TOKEN": RW,
                 "T3AR_RETRIEVER_ADMIN_TOKEN": ADMIN, **env}
