@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import faiss
 import numpy as np
 
 SIZES = (500, 2_000, 5_000, 12_500, 25_000, 50_000, 100_000)
@@ -25,8 +26,6 @@ DIM, K = 512, 50
 
 
 def _scan(index: Any, q: np.ndarray) -> tuple[float, float]:
-    import faiss
-
     faiss.omp_set_num_threads(1)  # per calling thread, as in the service
     t = time.perf_counter()
     index.search(q[None], K)
@@ -50,8 +49,6 @@ async def _time_hops(index: Any, queries: np.ndarray, pool: ThreadPoolExecutor) 
 
 def measure(sizes: tuple[int, ...] = SIZES, n_queries: int = 120, seed: int = 0) -> list[dict[str, float]]:
     """Median scan time and hop halves per pool size (seeded Gaussian vectors, ``n_queries`` single queries)."""
-    import faiss
-
     rng = np.random.default_rng(seed)
     base = rng.standard_normal((max(sizes), DIM)).astype(np.float32)
     queries = rng.standard_normal((n_queries, DIM)).astype(np.float32)

@@ -331,25 +331,29 @@ def headline(r: dict[str, Any]) -> dict[str, Any]:
 
 def _history(previous: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
     """Headline figures of the last runs written to the same place (the machine may be shared: show spread)."""
-    runs: list[dict[str, Any]] = []
-    if previous.exists():
-        try:
-            old = json.loads(previous.read_text())
-            runs = old.get("history") or [headline(old)]
-        except (ValueError, KeyError):
-            runs = []
+    old = _previous_run(previous)
+    try:
+        runs = old.get("history") or ([headline(old)] if old else [])
+    except KeyError:
+        runs = []
     return [*runs, headline(current)][-10:]
+
+
+def _previous_run(previous: Path) -> dict[str, Any]:
+    """The ``retrieval.json`` a run is about to replace, or {} when there is none or it cannot be read."""
+    try:
+        old = json.loads(previous.read_text())
+    except (OSError, ValueError):
+        return {}
+    return old if isinstance(old, dict) else {}
 
 
 def keep_device_figure(previous: Path, ann: dict[str, Any]) -> None:
     """A run on a machine without a GPU keeps the last measured GPU exact-search figure of ``previous`` (its
     ``retrieval.json``), marked as carried over, instead of replacing it with 'not measured'."""
-    if ann.get("device", {}).get("available") or not previous.is_file():
+    if ann.get("device", {}).get("available"):
         return
-    try:
-        old = json.loads(previous.read_text()).get("ann", {}).get("device", {})
-    except (OSError, ValueError):
-        return
+    old = (_previous_run(previous).get("ann") or {}).get("device") or {}
     if old.get("available"):
         note = old.get("note") or ""
         carried = "Carried over from an earlier run: this one had no GPU."
@@ -363,12 +367,7 @@ def keep_real_structure(previous: Path, ann: dict[str, Any], started_at: str) ->
     if ann.get("real_structure"):
         ann["real_structure"].setdefault("measured_at", started_at)
         return
-    if not previous.is_file():
-        return
-    try:
-        old = json.loads(previous.read_text())
-    except (OSError, ValueError):
-        return
+    old = _previous_run(previous)
     real = (old.get("ann") or {}).get("real_structure")
     if real:
         ann["real_structure"] = {**real, "measured_at": real.get("measured_at") or old.get("started_at"),
