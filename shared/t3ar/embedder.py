@@ -1,7 +1,8 @@
 """The retriever R: a fixed image embedder ``images -> float32 [N, d]``, L2-normalised.
 
-Backends: the packaged ImageNet EfficientNet-Lite0 (offline default; pooled 1280-d features) or any
-backbone spec (open_clip CLIP image towers by name/tag or local file, timm from a local file).
+Backends: the packaged ImageNet EfficientNet-Lite0 (offline default; pooled 1280-d features; Lite1 and Lite2
+are packaged too, same width) or any backbone spec (open_clip CLIP image towers by name/tag or local file,
+timm from a local file).
 Its ``identity`` (backend, name, weights hash, input size) lets a pool refuse vectors made by another R.
 """
 

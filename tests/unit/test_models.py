@@ -67,14 +67,15 @@ def test_checkpoint_with_tampered_weights_is_refused(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "bad.pt")
 
 
-def test_packaged_efficientnet_classifies_a_real_cat_photo() -> None:
+@pytest.mark.parametrize("preset", ["efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2"])
+def test_packaged_efficientnet_classifies_a_real_cat_photo(preset: str) -> None:
     """The packaged ImageNet weights are real: scikit-image's bundled photo of Chelsea the cat."""
     from skimage import data
 
     from t3ar.data.images import to_tensor_uint8
     from t3ar.models.backbones import packaged_weights_file
 
-    spec = PRESETS["efficientnet_lite0"]
+    spec = PRESETS[preset]
     net = build_backbone(spec).eval()
     fc = torch.load(packaged_weights_file(spec), weights_only=True)
     w, b = fc["_fc.weight"], fc["_fc.bias"]  # the package's own 1000-way ImageNet classifier
@@ -84,6 +85,16 @@ def test_packaged_efficientnet_classifies_a_real_cat_photo() -> None:
         top5 = (net(x[None]) @ w.T + b).topk(5).indices[0].tolist()
     cats = {281, 282, 283, 284, 285, 287}  # tabby, tiger cat, Persian, Siamese, Egyptian cat, lynx
     assert top5[0] in cats and len(cats & set(top5)) >= 3
+
+
+def test_lite2_embedder_gives_unit_norm_1280d_vectors_with_its_own_identity() -> None:
+    emb = Embedder(EmbedderSpec(backbone=PRESETS["efficientnet_lite2"], image_size=96))
+    vecs = emb.embed(torch.randint(0, 256, (3, 3, 96, 96), dtype=torch.uint8))
+    assert emb.dim == 1280 and vecs.shape == (3, 1280) and vecs.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    assert emb.identity.startswith("timm:tf_efficientnet_lite2:") and emb.identity.endswith(":96px")
+    assert emb.identity != Embedder(EmbedderSpec(image_size=96)).identity  # the Lite0 default
+    assert EmbedderSpec.parse("efficientnet_lite1").backbone == PRESETS["efficientnet_lite1"]
 
 
 def test_missing_weight_sources_are_clear_errors(tmp_path: Path) -> None:

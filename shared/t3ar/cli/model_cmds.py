@@ -35,7 +35,8 @@ def _groups(value: str) -> int | None:
               help="Labelled source dataset: ImageFolder dir, .zip/.tar(.gz) of one, or path,label CSV.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Checkpoint file to write.")
 @click.option("--arch", default="efficientnet_lite0", show_default=True,
-              help="efficientnet_lite0 | mobilenetv2_100 (packaged weights) | timm:<arch> | clip:<model>.")
+              help="efficientnet_lite0 | efficientnet_lite1 | efficientnet_lite2 | mobilenetv2_100 (packaged "
+                   "weights) | timm:<arch> | clip:<model>.")
 @click.option("--weights", default=None, help="Local weights file (timm state dict or open_clip checkpoint).")
 @click.option("--pretrained", default=None, help="open_clip pretrained tag (needs the weights cached).")
 @click.option("--image-size", default=96, show_default=True, type=click.IntRange(16, 1024))
@@ -135,7 +136,8 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
               help="How many final backbone stages train ('all' for every one).")
 @click.option("--bank-size", default=_D["bank_size"], show_default=True, type=int)
 @click.option("--retriever", default="efficientnet_lite0", show_default=True,
-              help="Embedder R for the pool: efficientnet_lite0 | clip:<model> | timm:<arch>.")
+              help="Embedder R for the pool: efficientnet_lite0 | efficientnet_lite1 | efficientnet_lite2 "
+                   "(packaged weights) | clip:<model> | timm:<arch>.")
 @click.option("--retriever-weights", default=None, help="Local weights file for R.")
 @click.option("--retriever-tag", default=None, help="open_clip pretrained tag for R.")
 @click.option("--retriever-image-size", default=96, show_default=True, type=int)

