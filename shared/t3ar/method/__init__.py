@@ -9,11 +9,13 @@ configs with it).
 * :mod:`~t3ar.method.base`: the interface a method implements (``MethodStep``), what it is built from
   (``MethodSetup``) and returns per step (``StepOut``); the seeded random streams.
 * :mod:`~t3ar.method.registry`: ``METHOD_STEPS``, each method name and its implementation, declared once.
+* :mod:`~t3ar.method.bn_adapt`: ``bn-adapt`` (AdaBN: the target's BatchNorm statistics, no loss).
 * :mod:`~t3ar.method.tent`: TENT (entropy, BatchNorm affine parameters only).
 * :mod:`~t3ar.method.shot`: SHOT-IM (information maximisation, frozen classifier head).
 * :mod:`~t3ar.method.contrastive`: the T3AR family (``t3ar``, ``t3ar-random``, ``t3ar-noretrieval``): bank,
-  filtered pseudo-labels, InfoNCE with retrieved pool negatives.
+  filtered pseudo-labels, InfoNCE with retrieved pool negatives, retrieved neighbours as data.
 * :mod:`~t3ar.method.adacontrast`: AdaContrast (momentum key encoder, soft-kNN refined pseudo-labels).
+* :mod:`~t3ar.method.pool_data`: retrieved neighbours as data and the false negatives among them.
 * :mod:`~t3ar.method.bank`: the memory bank of the T3AR family.
 * :mod:`~t3ar.method.losses`: the losses (negative mask, InfoNCE, entropy, diversity, information maximisation).
 * :mod:`~t3ar.method.retrieval`: neighbour sampling (dedup, random) and the pool-provider interface.

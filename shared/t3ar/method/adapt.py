@@ -35,6 +35,7 @@ from t3ar.method.ahead import Ahead
 from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.augment import Normalizer
 from t3ar.method.base import MethodSetup, stream
+from t3ar.method.bn_adapt import bn_adapt
 from t3ar.method.config import AdaptConfig
 from t3ar.method.registry import METHOD_STEPS
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
@@ -59,6 +60,9 @@ class StepStats:
     overlapping the step before); ``seconds_forward_backward``: the rest of the step's wall time.
     ``grad_norm_ce`` / ``grad_norm_contrastive`` (T3AR family with ``diagnostics=True``): L2 norm of the
     gradient of each weighted term at the query features (a proxy, not the parameter gradient).
+    ``pool_data_count`` (T3AR with neighbours as data): how many retrieved neighbours served as data in the step;
+    with ``adapt(pool_diagnostic_labels=...)`` also ``pool_data_known``, how many of those have a known label, and
+    ``pool_data_correct``, the share of the known ones whose pseudo-label was right (NaN when none was known).
     """
 
     epoch: int
@@ -76,6 +80,9 @@ class StepStats:
     pool_neg_share: float = math.nan
     grad_norm_ce: float = math.nan
     grad_norm_contrastive: float = math.nan
+    pool_data_count: float = math.nan
+    pool_data_known: float = math.nan
+    pool_data_correct: float = math.nan
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -156,6 +163,9 @@ def adapt(
     candidates: torch.Tensor | None = None,
     diagnostic_labels: torch.Tensor | None = None,
     diagnostics: bool = False,
+    pool_sources: list[str] | None = None,
+    pool_diagnostic_labels: torch.Tensor | None = None,
+    pool_label_oracle: bool = False,
 ) -> AdaptResult:
     """Adapt ``model`` in place on ``target`` (uint8 [N,3,S,S]) with ``config.method``.
 
@@ -166,11 +176,17 @@ def adapt(
     ``neighbours`` is ignored. ``generator`` draws the batch order (default: seeded from ``config.seed``).
     ``diagnostic_labels`` ([N] true labels) are used only to report ``StepStats.pl_accuracy``;
     ``diagnostics`` adds the T3AR family's gradient-norm proxies. Neither changes what is trained.
+    ``pool_sources`` ([P] the source of each pool image) lets ``config.pool_data_sources`` restrict which
+    neighbours may serve as data (required when that is set). ``pool_diagnostic_labels`` ([P] true class per
+    pool image, -1 = unknown) only score the neighbours that served as data, unless ``pool_label_oracle`` (a
+    benchmark diagnostic, never a product option) makes the known ones serve with their true labels.
     Returns timings, the history of steps and the pool indices actually used (drawn).
     """
     device = device or next(model.parameters()).device
     gen = generator or torch.Generator().manual_seed(config.seed)
     result = AdaptResult()
+    if config.method == "bn-adapt":  # no optimiser: the target's BatchNorm statistics
+        return _bn_adapt(model, target, config, mean, std, device, gen, on_step)
     method = METHOD_STEPS[config.method]
     if method is None:  # source: the model as it is
         return result
@@ -190,6 +206,19 @@ def adapt(
         raise ValueError(f"candidates must be [N={n}, m >= k={config.k}], got {list(candidates.shape)}")
     if diagnostic_labels is not None and diagnostic_labels.shape != (n,):
         raise ValueError(f"diagnostic_labels must be [N={n}], got {list(diagnostic_labels.shape)}")
+    n_pool = len(pool_images) if (config.uses_retrieval and pool_images is not None) else 0
+    if pool_sources is not None and len(pool_sources) != n_pool:
+        raise ValueError(f"pool_sources must name the source of each of the {n_pool} pool images")
+    if config.pool_as_data and config.pool_data_sources is not None and pool_sources is None:
+        raise ValueError("pool_data_sources needs the pool images' sources (pool_sources)")
+    if pool_diagnostic_labels is not None and pool_diagnostic_labels.shape != (n_pool,):
+        raise ValueError(f"pool_diagnostic_labels must be [P={n_pool}], got {list(pool_diagnostic_labels.shape)}")
+    if pool_label_oracle and pool_diagnostic_labels is None:
+        raise ValueError("pool_label_oracle needs pool_diagnostic_labels")
+    allowed = None
+    if config.pool_as_data and config.pool_data_sources is not None and pool_sources is not None:
+        keep = set(config.pool_data_sources)
+        allowed = torch.tensor([s in keep for s in pool_sources], dtype=torch.bool)
     budget = _device_budget(device)
     target = place(target, device, budget)
     if config.uses_retrieval and pool_images is not None:
@@ -209,7 +238,8 @@ def adapt(
     views = Views(Normalizer(mean, std, device), stream(config.seed, 1), stream(config.seed, 5))
     setup = MethodSetup(target, config, views, device, labels=labels,
                         pool_images=pool_images if config.uses_retrieval else None, neighbours=nbrs,
-                        candidates=cands, diagnostics=diagnostics)
+                        candidates=cands, diagnostics=diagnostics, pool_allowed=allowed,
+                        pool_labels=pool_diagnostic_labels, pool_oracle=pool_label_oracle)
     with torch.autocast(device.type, enabled=use_amp):
         state = method.create(model, setup)
 
@@ -252,4 +282,26 @@ def adapt(
     result.seconds = time.perf_counter() - t_start
     result.seconds_per_epoch = result.seconds * spe / max(1, step)
     result.pool_used = state.pool_used()
+    return result
+
+
+def _bn_adapt(model: Classifier, target: torch.Tensor, config: AdaptConfig, mean: tuple[float, float, float],
+              std: tuple[float, float, float], device: torch.device, gen: torch.Generator,
+              on_step: Callable[[StepStats], None] | None) -> AdaptResult:
+    """``bn-adapt`` (:mod:`t3ar.method.bn_adapt`) with the loop's result and progress: one pass, each batch
+    reported as a step (no loss)."""
+    t0 = time.perf_counter()
+    result = AdaptResult()
+
+    def on_batch(done: int, total: int) -> None:
+        stats = StepStats(1, done, total, 0.0, 0.0)
+        result.history.append(stats)
+        if on_step is not None:
+            on_step(stats)
+
+    target = place(target, device, _device_budget(device))
+    result.steps = bn_adapt(model, target, train_groups=config.train_groups, batch_size=config.batch_size,
+                            norm=Normalizer(mean, std, device), generator=gen, on_batch=on_batch)
+    result.epochs = 1
+    result.seconds = result.seconds_per_epoch = time.perf_counter() - t0
     return result

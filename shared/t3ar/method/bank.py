@@ -1,8 +1,9 @@
 """The memory bank: a FIFO queue of features (+ logits for target entries) with ids and a pool flag.
 
 Target entries (from T) store g(t'(x)) (L2-normalised), f(t'(x)) and the sample id; pool entries (from
-A) store only the feature and id (A has other labels). Ids: target samples are ``0..N_T-1``; pool
-entries use their own id space, told apart by ``from_pool``.
+A) store the feature, the id and, where the method keeps them (neighbours as data, false-negative control), the
+logits f(t'(a)) too, so pool items get filtered pseudo-labels of their own; otherwise zeros. Ids: target
+samples are ``0..N_T-1``; pool entries use their own id space, told apart by ``from_pool``.
 
 The queue fills from slot 0 and only wraps once full, so the slots written so far are always a prefix:
 :meth:`MemoryBank.live` is that prefix (views, no copy), which is what the losses scan. A bank that is not full
@@ -70,9 +71,11 @@ class MemoryBank:
         return view
 
     @torch.no_grad()
-    def mean_logits(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean of the stored target logits for each id: ([B, C], counts [B]); zeros where none stored."""
-        mask = (self.ids[None, :] == ids[:, None]) & (self.valid & ~self.from_pool)[None, :]
+    def mean_logits(self, ids: torch.Tensor, *, from_pool: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean of the stored logits for each id: ([B, C], counts [B]); zeros where none stored. ``ids`` are
+        target ids, or pool ids with ``from_pool`` (the two id spaces are apart)."""
+        side = self.from_pool if from_pool else ~self.from_pool
+        mask = (self.ids[None, :] == ids[:, None]) & (self.valid & side)[None, :]
         counts = mask.sum(1)
         sums = mask.float() @ self.logits
         return sums / counts.clamp(min=1)[:, None].float(), counts

@@ -7,7 +7,7 @@ per step. The registry of names is :mod:`t3ar.method.registry`.
 
 Random streams (:func:`stream`), one per purpose so that the arms of a comparison share all but what differs:
 1 target views, 2 bank / queue initialisation, 3 per-visit neighbour draws, 4 retrieval (the harness),
-5 pool views.
+5 pool views, 6 pool images' weak views (neighbours as data).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class MethodSetup:
     ``target``: uint8 [N,3,S,S] on the device (or in host memory: indexed per step); ``labels``: [N] in train
     mode, else None; ``pool_images``: uint8 [P,3,S,S] for retrieval methods; ``neighbours`` ([N, k], fixed) or
     ``candidates`` ([N, m >= k], drawn anew per visit with ``config.redraw_neighbours``): local pool indices on
-    the CPU, -1 = missing, at most one of them given; ``diagnostics``: report the costly diagnostics too.
+    the CPU, -1 = missing, at most one of them given; ``diagnostics``: report the costly diagnostics too;
+``pool_allowed``, ``pool_labels``, ``pool_oracle``: see :func:`t3ar.method.adapt.adapt` (neighbours as data).
     """
 
     target: torch.Tensor
@@ -57,6 +58,9 @@ class MethodSetup:
     neighbours: torch.Tensor | None = None
     candidates: torch.Tensor | None = None
     diagnostics: bool = False
+    pool_allowed: torch.Tensor | None = None  # [P] bool: may serve as data (config.pool_data_sources); None = all
+    pool_labels: torch.Tensor | None = None  # [P] true class (-1 unknown): diagnostics (and the oracle arm) only
+    pool_oracle: bool = False  # known pool images serve as data with their true labels (a benchmark diagnostic)
 
 
 class MethodStep(ABC):

@@ -8,11 +8,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: every method's name, declared here once; what adapts with each is :data:`t3ar.method.registry.METHOD_STEPS`
 #: (this module stays free of torch: the services validate configs with it)
-Method = Literal["source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"]
+Method = Literal["source", "bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"]
 METHODS: tuple[Method, ...] = get_args(Method)
 RETRIEVAL_METHODS: tuple[Method, ...] = ("t3ar-random", "t3ar")
 #: methods without a train-time (labelled) mode
-TEST_TIME_ONLY: tuple[Method, ...] = ("adacontrast",)
+TEST_TIME_ONLY: tuple[Method, ...] = ("bn-adapt", "adacontrast")
+#: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
+#: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
+FalseNegatives = Literal["keep", "mask", "positive"]
 #: the loops' switch for views made one step ahead (t3ar.method.ahead), in every training config
 ViewsAhead = Annotated[bool | None, Field(
     description="make the next batch's views on a background thread while the current step runs (the same "
@@ -42,6 +45,27 @@ class AdaptConfig(BaseModel):
     dedup_threshold: float | None = Field(
         default=None, gt=0, le=1, description="drop candidates whose retriever similarity to the query is >= this "
                                               "(near-duplicates) before sampling")
+    false_negatives: FalseNegatives = Field(
+        default="keep", description="a retrieved neighbour whose filtered pseudo-label is the query's (pseudo-)label: "
+                                    "keep it as a negative (the paper), mask it out of the query's negatives, or "
+                                    "make it a positive of the query")
+    # neighbours as data (off when pool_data_weight is 0)
+    pool_data_weight: float = Field(
+        default=0.0, ge=0, le=100, description="neighbours as data: weight of the cross-entropy of confident, "
+                                               "agreeing retrieved neighbours (weak view) against their own filtered "
+                                               "pseudo-labels; 0 = off (the paper)")
+    pool_data_threshold: float = Field(
+        default=0.5, ge=0, le=1, description="neighbours as data: least max-softmax of a neighbour's filtered "
+                                             "prediction")
+    pool_data_norm: Literal["running", "batch"] = Field(
+        default="running", description="neighbours as data: BatchNorm normalises them with the running (target) "
+                                       "statistics, or with their own batch's (a few images of other domains); "
+                                       "neither moves the running statistics")
+    pool_data_cap: int = Field(default=64, ge=1, le=1024,
+                               description="neighbours as data: at most this many neighbours per step (most confident)")
+    pool_data_sources: tuple[str, ...] | None = Field(
+        default=None, max_length=64, description="neighbours as data: pool sources (the part of a pool id before its "
+                                                 "first '/') whose items may serve as data; None = every source")
     # schedule
     epochs: int = Field(default=10, ge=1, le=1000)
     min_steps: int = Field(default=0, ge=0, description="lower bound on optimiser steps (tiny fractions of T)")
@@ -89,6 +113,11 @@ class AdaptConfig(BaseModel):
             raise ValueError(f"{self.method} is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
                              "mode 'train'")
         return self
+
+    @property
+    def pool_as_data(self) -> bool:
+        """Retrieved neighbours serve as pseudo-labelled training data (a retrieval method with a data weight)."""
+        return self.uses_retrieval and self.pool_data_weight > 0
 
     @property
     def uses_retrieval(self) -> bool:

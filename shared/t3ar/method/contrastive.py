@@ -15,6 +15,17 @@ One step, for a batch x of target images with retrieved neighbours N(x):
   another pseudo-label + the bank entries of x's own neighbours, or of every pool image with
   ``pool_negatives='all'``).
 
+Retrieval acting on the model (each off by default, :mod:`t3ar.method.pool_data`): pool entries keep their
+logits in the bank, so every pool image has a filtered pseudo-label of its own; ``false_negatives`` masks (or
+makes positives of) a query's neighbours pseudo-labelled in its class; ``pool_data_weight`` adds
+pool_data_weight · CE(f(t(a)), ȳ(a)) over the confident, agreeing neighbours a of the batch (their weak views,
+one more forward with gradient, normalised as ``pool_data_norm`` says, never counted into the running
+statistics).
+
+The bank is initialised as the steps' keys are computed: the model in training mode, each chunk of a batch's
+size normalised by its own statistics, the running statistics untouched (not with the source statistics of eval
+mode), so the filtered pseudo-labels average logits of one kind.
+
 Reported alongside the loss (tensors, read by the loop in its one device sync): ``pool_neg_share``, the share
 of the InfoNCE denominator that comes from pool negatives (always); with ``diagnostics``, the gradient norms
 of the two weighted loss terms at the query feature (``grad_norm_ce``, ``grad_norm_contrastive``).
@@ -23,6 +34,7 @@ of the two weighted loss terms at the query feature (``grad_norm_ce``, ``grad_no
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -32,10 +44,11 @@ from t3ar.method import losses
 from t3ar.method.bank import MemoryBank
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
 from t3ar.method.config import AdaptConfig
+from t3ar.method.pool_data import PoolData, same_class_pool_entries, select_pool_data
 from t3ar.method.retrieval import dedup_sample
 from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.views import Views
-from t3ar.models.classifier import Classifier
+from t3ar.models.classifier import Classifier, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
 
 __all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "joint_enabled",
            "nograd_precision", "step_views"]
@@ -55,34 +68,50 @@ class ContrastiveState:
     config: AdaptConfig
     shape_bucket: int  # pad the no-grad pass to a multiple of this many rows (CUDA: few distinct shapes)
     joint: bool = False  # the query pass joins the no-grad pass (joint_enabled)
+    pool_pl: torch.Tensor | None = None  # [P] filtered pseudo-label per pool image (-1 = none yet)
+    pool_allowed: torch.Tensor | None = None  # [P] bool: may serve as data (None = all)
+    pool_labels: torch.Tensor | None = None  # [P] true labels (-1 unknown): diagnostics / the oracle arm only
+    pool_oracle: bool = False
 
     @classmethod
     @torch.no_grad()
     def create(cls, model: Classifier, target: torch.Tensor, config: AdaptConfig, labels: torch.Tensor | None,
-               views: Views, gen: torch.Generator, device: torch.device, shape_bucket: int = 1) -> ContrastiveState:
-        """Initialise the bank from min(m_b, N_T) random target samples (strong views, current model, eval)."""
+               views: Views, gen: torch.Generator, device: torch.device, shape_bucket: int = 1,
+               setup: MethodSetup | None = None) -> ContrastiveState:
+        """Initialise the bank from min(m_b, N_T) random target samples: strong views, the current model in
+        training mode with per-chunk batch statistics (chunks of a batch's size, as the steps' keys), running
+        statistics untouched."""
         n = len(target)
         bank = MemoryBank(config.bank_size, model.feature_dim, model.num_classes, device)
         id_pl = torch.full((n,), -1, dtype=torch.long, device=device)
         lab = labels.to(device) if (labels is not None and config.mode == "train") else None
         was_training = model.training
-        model.eval()
+        model.train()
+        freeze_frozen_norms(model)
         init = torch.randperm(n, generator=gen)[: min(config.bank_size, n)]
-        for chunk in init.split(256):
-            ids = chunk.to(device)
-            with nograd_precision(config, device):
-                feats, logits = model.forward_all(views.strong(target[ids]))
-            bank.enqueue(F.normalize(feats.float(), dim=1), ids, logits=logits.float(),
-                         labels=lab[ids] if lab is not None else None)
-            id_pl[ids] = logits.argmax(1)
+        with frozen_norm_stats(model):
+            for chunk in _chunks(init, min(config.batch_size, n)):
+                ids = chunk.to(device)
+                with nograd_precision(config, device):
+                    feats, logits = model.forward_all(views.strong(target[ids]))
+                bank.enqueue(F.normalize(feats.float(), dim=1), ids, logits=logits.float(),
+                             labels=lab[ids] if lab is not None else None)
+                id_pl[ids] = logits.argmax(1)
         model.train(was_training)
-        return cls(bank, id_pl, lab, config, shape_bucket, joint_enabled(config, device))
+        n_pool = len(setup.pool_images) if (setup is not None and setup.pool_images is not None) else 0
+        pool_pl = torch.full((n_pool,), -1, dtype=torch.long, device=device) if n_pool else None
+        return cls(bank, id_pl, lab, config, shape_bucket, joint_enabled(config, device), pool_pl,
+                   setup.pool_allowed if setup is not None else None,
+                   setup.pool_labels.to(device) if (setup is not None and setup.pool_labels is not None) else None,
+                   bool(setup and setup.pool_oracle))
 
     def _forwards(self, model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int, n_pool: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(q_feat, q_logits) of the weak views with gradient; (k, k_logits) of the batch's strong views and p,
-        its neighbours' features (None without), without gradient; k and p normalised. Rows are padded to the
-        shape bucket; each part has its own BatchNorm statistics (:mod:`t3ar.method.segments`)."""
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                             torch.Tensor | None]:
+        """(q_feat, q_logits) of the weak views with gradient; (k, k_logits) of the batch's strong views and
+        (p, p_logits), its neighbours' features and logits (None without), without gradient; k and p normalised.
+        Rows are padded to the shape bucket; each part has its own BatchNorm statistics
+        (:mod:`t3ar.method.segments`)."""
         cfg, dev = self.config, xw.device
         segments = [b] if not n_pool else [b, n_pool]
         if self.joint:
@@ -99,17 +128,19 @@ class ContrastiveState:
             feats_all = feats_all[b:rows].detach()
             with torch.no_grad():
                 k_logits = model.head(feats_all[:b])
+                p_logits = model.head(feats_all[b:b + n_pool]).float() if n_pool else None
         else:
             with torch.no_grad(), segmented_batch_stats(model, segments), nograd_precision(cfg, dev):
                 feats_all = model.features(xs)
                 k_logits = model.head(feats_all[:b])
+                p_logits = model.head(feats_all[b:b + n_pool]).float() if n_pool else None
         with torch.no_grad():
             k = F.normalize(feats_all[:b].float(), dim=1)
             p = F.normalize(feats_all[b:b + n_pool].float(), dim=1) if n_pool else None
         if not self.joint:
             q_feat = model.features(xw)
         q_logits = model.head(q_feat)
-        return q_feat, q_logits, k, k_logits, p
+        return q_feat, q_logits, k, k_logits, p, p_logits
 
     def step(self, model: Classifier, ids: torch.Tensor, sv: StepViews, *, diagnostics: bool = False) -> StepOut:
         """Forward passes, bank update, pseudo-labels and the loss for one batch.
@@ -121,14 +152,16 @@ class ContrastiveState:
         cfg, bank, dev = self.config, self.bank, ids.device
         b, nbr, pool_local = len(ids), sv.nbr, sv.pool_local
         n_pool = 0 if pool_local is None else len(pool_local)
-        q_feat, q_logits, k, k_logits, p = self._forwards(model, sv.weak, sv.strong, b, n_pool)
+        q_feat, q_logits, k, k_logits, p, p_logits = self._forwards(model, sv.weak, sv.strong, b, n_pool)
         q = F.normalize(q_feat.float(), dim=1)
         out: dict[str, torch.Tensor] = {}
+        data = None
         with torch.no_grad():
             lab = self.labels[ids] if self.labels is not None else None
             bank.enqueue(k, ids, logits=k_logits.float(), labels=lab)
-            if p is not None and pool_local is not None:
-                bank.enqueue(p, pool_local.to(dev), from_pool=True)
+            local_dev = pool_local.to(dev) if pool_local is not None else None
+            if p is not None and local_dev is not None:
+                bank.enqueue(p, local_dev, logits=p_logits, from_pool=True)
             live = bank.live()  # the slots written so far: the rest are empty and masked anyway
             if lab is None:
                 mean_logits, _ = live.mean_logits(ids)
@@ -145,9 +178,25 @@ class ContrastiveState:
                 bank_labels = live.labels
             nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
             neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, cfg.pool_negatives)
+            extra_pos = None
+            if self.pool_pl is not None and local_dev is not None and len(local_dev):
+                pool_mean, pool_counts = live.mean_logits(local_dev, from_pool=True)
+                self.pool_pl[local_dev] = torch.where(pool_counts > 0, pool_mean.argmax(1), self.pool_pl[local_dev])
+                if cfg.false_negatives != "keep":
+                    pool_ids = torch.where(live.from_pool & live.valid, live.ids, 0)
+                    bank_pool_labels = torch.where(live.from_pool, self.pool_pl[pool_ids], -1)
+                    fn = same_class_pool_entries(live.from_pool & live.valid, bank_pool_labels, y)
+                    out["false_negatives"] = (neg & fn).sum(1).float().mean()
+                    neg = neg & ~fn
+                    if cfg.false_negatives == "positive" and nbr_dev is not None:
+                        extra_pos = fn & losses.neighbour_entries(live, nbr_dev)
+                if cfg.pool_as_data and nbr_dev is not None:
+                    data = self._pool_data(nbr_dev, y, local_dev, pool_mean, pool_counts, out)
         loss_ce = F.cross_entropy(q_logits.float(), y)
-        nce_logits = losses.info_nce_logits(q, k, live.feats, neg, cfg.temperature)
-        loss_con = losses.info_nce_from_logits(nce_logits)
+        cols = neg if extra_pos is None else neg | extra_pos
+        nce_logits = losses.info_nce_logits(q, k, live.feats, cols, cfg.temperature)
+        loss_con = (losses.info_nce_from_logits(nce_logits) if extra_pos is None
+                    else losses.info_nce_multi(nce_logits, extra_pos))
         out["pool_neg_share"] = losses.denominator_share(nce_logits.detach(), neg & live.from_pool[None, :])
         if diagnostics:
             out.update(_grad_norms_at(q_feat, cfg.ce_weight * loss_ce, cfg.contrastive_weight * loss_con))
@@ -155,8 +204,41 @@ class ContrastiveState:
         diversity_weight = cfg.resolved_diversity_weight
         if diversity_weight > 0:
             loss = loss + diversity_weight * losses.diversity(q_logits.float())
+        if data is not None and sv.pool_weak is not None and len(data.rows) >= 2:
+            # the chosen neighbours' weak views, with gradient, never counted into the running statistics
+            # (evaluation statistics come from target views only): normalised by the running (target) statistics
+            # (``pool_data_norm='running'``) or by their own batch's, a few images of another domain
+            with norms_for_pool_data(model, cfg.pool_data_norm):
+                logits_pool = model(sv.pool_weak[data.rows.to(sv.pool_weak.device)])
+            loss_pool = F.cross_entropy(logits_pool.float(), data.labels)
+            loss = loss + cfg.pool_data_weight * loss_pool
+            out["loss_pool_data"] = loss_pool.detach()
         out["loss_ce"], out["loss_contrastive"] = loss_ce.detach(), loss_con.detach()
         return StepOut(loss, out, y)
+
+    def _pool_data(self, nbr: torch.Tensor, y: torch.Tensor, local: torch.Tensor, pool_mean: torch.Tensor,
+                   pool_counts: torch.Tensor, out: dict[str, torch.Tensor]) -> PoolData:
+        """The step's neighbours that serve as data (:func:`~t3ar.method.pool_data.select_pool_data`); with the
+        oracle diagnostic, known pool images carry their true label at full confidence. Reports how many served
+        and, where true labels are known (diagnostics only), how many were right."""
+        cfg = self.config
+        truth = self.pool_labels[local] if self.pool_labels is not None else None
+        if self.pool_oracle and truth is not None:
+            known = truth >= 0
+            onehot = F.one_hot(truth.clamp(min=0), pool_mean.shape[1]).float() * 100.0
+            pool_mean = torch.where(known[:, None], onehot, pool_mean)
+            pool_counts = torch.where(known, pool_counts.clamp(min=1), pool_counts)
+        allowed = self.pool_allowed[local.cpu()] if self.pool_allowed is not None else None
+        data = select_pool_data(nbr, y, local, pool_mean, pool_counts, threshold=cfg.pool_data_threshold,
+                                cap=cfg.pool_data_cap, allowed=allowed)
+        out["pool_data_count"] = torch.tensor(float(len(data.rows)), device=y.device)
+        if truth is not None:
+            t = truth[data.rows]
+            known_rows = t >= 0
+            out["pool_data_known"] = known_rows.sum().float()
+            out["pool_data_correct"] = ((data.labels == t) & known_rows).sum().float() / known_rows.sum().float() \
+                if bool(known_rows.any()) else torch.tensor(float("nan"), device=y.device)
+        return data
 
 
 @dataclass
@@ -167,15 +249,17 @@ class StepViews:
     strong: torch.Tensor  # [B + P, 3, S, S] strong views of the batch (the keys), then of its P distinct neighbours
     nbr: torch.Tensor | None  # [B, k] the batch's neighbours, local pool indices on the CPU (-1 = none)
     pool_local: torch.Tensor | None  # [P] the distinct neighbours, in the order of ``strong``'s rows after B
+    pool_weak: torch.Tensor | None = None  # [P, 3, S, S] weak views of the distinct neighbours (neighbours as data)
 
 
 @torch.no_grad()
 def step_views(x: torch.Tensor, nbr: torch.Tensor | None, pool_images: torch.Tensor | None,
-               views: Views) -> StepViews:
+               views: Views, *, pool_weak: torch.Generator | None = None) -> StepViews:
     """The views of one T3AR step: x uint8 [B,3,S,S] on the model's device; nbr [B, k] local pool indices on the
     CPU (-1 = none) or None; pool_images uint8 [P,3,S,S] on the device (or the CPU: moved per step). Each
     distinct neighbour is rendered once; draws: the batch's weak views, then its strong views, then the
-    neighbours' (from their own stream)."""
+    neighbours' (from their own stream); with ``pool_weak`` (neighbours as data), the neighbours' weak views
+    too, from that generator (so they change no other view of the run)."""
     xw = views.weak(x)
     pool_local = pool_x = None
     if nbr is not None and pool_images is not None:
@@ -184,7 +268,8 @@ def step_views(x: torch.Tensor, nbr: torch.Tensor | None, pool_images: torch.Ten
             pool_x = pool_images[pool_local.to(pool_images.device)]
     # one call, every image with its own parameters; the pool's from their own stream
     xs = views.strong(x) if pool_x is None else views.strong_with(x, pool_x)
-    return StepViews(xw, xs, nbr, pool_local)
+    pw = views.weak_with(pool_x, pool_weak) if (pool_weak is not None and pool_x is not None) else None
+    return StepViews(xw, xs, nbr, pool_local, pw)
 
 
 class T3AR(MethodStep):
@@ -197,13 +282,14 @@ class T3AR(MethodStep):
         self.pool_images, self.neighbours, self.candidates = setup.pool_images, setup.neighbours, setup.candidates
         self.k, self.diagnostics = setup.config.k, setup.diagnostics
         self.draws = stream(setup.config.seed, 3)
+        self.pool_weak = stream(setup.config.seed, 6) if setup.config.pool_as_data else None
         self.used = torch.zeros(len(self.pool_images) if self.pool_images is not None else 0, dtype=torch.bool)
 
     @classmethod
     def create(cls, model: Classifier, setup: MethodSetup) -> T3AR:
         shape_bucket = CUDA_SHAPE_BUCKET if setup.device.type == "cuda" else 1
         state = ContrastiveState.create(model, setup.target, setup.config, setup.labels, setup.views,
-                                        stream(setup.config.seed, 2), setup.device, shape_bucket)
+                                        stream(setup.config.seed, 2), setup.device, shape_bucket, setup)
         return cls(state, setup)
 
     def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> StepViews:
@@ -211,7 +297,7 @@ class T3AR(MethodStep):
             nbr: torch.Tensor | None = dedup_sample(self.candidates[idx], self.k, self.draws)
         else:
             nbr = self.neighbours[idx] if self.neighbours is not None else None
-        return step_views(x, nbr, self.pool_images, self.views)
+        return step_views(x, nbr, self.pool_images, self.views, pool_weak=self.pool_weak)
 
     def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: StepViews) -> StepOut:
         out = self.state.step(model, ids.to(self.device), prepared, diagnostics=self.diagnostics)
@@ -237,6 +323,34 @@ def nograd_precision(config: AdaptConfig, device: torch.device) -> contextlib.Ab
     if config.cpu_bf16_nograd and device.type == "cpu":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def norms_for_pool_data(model: Classifier, how: str) -> Iterator[None]:
+    """BatchNorm for the neighbours-as-data forward: ``running``, every layer in eval mode (the running
+    statistics, which the target's views keep); ``batch``, the batch's own statistics, running ones untouched."""
+    if how == "batch":
+        with frozen_norm_stats(model):
+            yield
+        return
+    training = [m for m in iter_batchnorms(model) if m.training]
+    for m in training:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in training:
+            m.train()
+
+
+def _chunks(idx: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """``idx`` in chunks of ``size``, a short tail folded in as an epoch's batches are
+    (:func:`t3ar.method.schedule.epoch_batches`)."""
+    out = list(idx.split(size))
+    if len(out) > 1 and (2 * len(out[-1]) < size or len(out[-1]) < 2):
+        tail = out.pop()
+        out[-1] = torch.cat([out[-1], tail])
+    return out
 
 
 def _grad_norms_at(feat: torch.Tensor, loss_ce: torch.Tensor, loss_con: torch.Tensor) -> dict[str, torch.Tensor]:

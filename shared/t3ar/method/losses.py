@@ -33,6 +33,22 @@ def negative_mask(bank: MemoryBank, query_ids: torch.Tensor, query_labels: torch
     return neg_t | (pool[None, :] & is_nbr)
 
 
+def neighbour_entries(bank: MemoryBank, neighbour_ids: torch.Tensor) -> torch.Tensor:
+    """[B, M] bool: the valid pool entries of the bank that are each query's own retrieved neighbours
+    (``neighbour_ids`` [B, k] in the pool id space, -1 = none)."""
+    is_nbr = (bank.ids[None, :, None] == neighbour_ids[:, None, :]).any(-1)
+    return is_nbr & (bank.valid & bank.from_pool)[None, :]
+
+
+def info_nce_multi(logits: torch.Tensor, extra_positives: torch.Tensor) -> torch.Tensor:
+    """InfoNCE with more than one positive per row: mean over rows of
+    -log( Σ_{j ∈ pos(i)} exp(l_ij) / Σ_j exp(l_ij) ), where pos(i) is column 0 (the query's key) and the bank
+    columns ``extra_positives`` [B, M] (their logits must be finite in ``logits`` [B, 1+M])."""
+    pos = torch.cat([torch.ones_like(extra_positives[:, :1]), extra_positives], dim=1)
+    num = torch.logsumexp(logits.masked_fill(~pos, float("-inf")), dim=1)
+    return (torch.logsumexp(logits, dim=1) - num).mean()
+
+
 def info_nce_logits(q: torch.Tensor, k: torch.Tensor, bank_feats: torch.Tensor, neg_mask: torch.Tensor,
                     temperature: float) -> torch.Tensor:
     """[B, 1+M] InfoNCE logits: column 0 = q_i·k_i/τ, column 1+j = q_i·b_j/τ where neg_mask[i, j], else -inf."""

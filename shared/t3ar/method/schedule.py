@@ -23,17 +23,23 @@ def lr_lambda(total_steps: int, warmup_frac: float) -> Callable[[int], float]:
 
 
 def epoch_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """A seeded epoch of index batches; a trailing batch of 1 is dropped (BatchNorm needs 2)."""
+    """A seeded epoch of index batches. A trailing batch of less than half a batch is folded into the batch
+    before it, so no step trains on (and no BatchNorm layer counts into its running statistics) a tiny batch:
+    194 images at batch 32 are 5 batches of 32 and one of 34, not 6 of 32 and one of 2."""
     order = torch.randperm(n, generator=generator)
     out = [order[i:i + batch_size] for i in range(0, n, batch_size)]
-    if len(out) > 1 and len(out[-1]) < 2:
-        out.pop()
+    if len(out) > 1 and (2 * len(out[-1]) < batch_size or len(out[-1]) < 2):
+        tail = out.pop()
+        out[-1] = torch.cat([out[-1], tail])
     return out
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
+    """How many batches :func:`epoch_batches` makes of ``n`` images."""
     full, rest = divmod(n, batch_size)
-    return full + (1 if rest >= 2 or (rest and full == 0) else 0)
+    if full == 0:
+        return 1
+    return full + (1 if 2 * rest >= batch_size and rest >= 2 else 0)
 
 
 class Optimiser:

@@ -55,10 +55,11 @@ class Views:
         self.gen = generator
         self.extra_gen = extra_generator or generator  # draws the views of ``strong_with``'s extra images
 
-    def _make(self, images: torch.Tensor, spec: ViewSpec, extra: torch.Tensor | None = None) -> torch.Tensor:
+    def _make(self, images: torch.Tensor, spec: ViewSpec, extra: torch.Tensor | None = None,
+              gen: torch.Generator | None = None) -> torch.Tensor:
         if len(images) == 0 and extra is None:
             return torch.empty(0, *images.shape[1:], device=self.norm.device)
-        p = sample_params(len(images), images.shape[-1], spec, self.gen)
+        p = sample_params(len(images), images.shape[-1], spec, gen or self.gen)
         if extra is not None:
             p = cat_params(p, sample_params(len(extra), extra.shape[-1], spec, self.extra_gen))
             images = torch.cat([images.to(self.norm.device, non_blocking=True),
@@ -77,6 +78,11 @@ class Views:
         from their own stream, so the views of ``images`` are what ``strong(images)`` would give (paired runs
         with and without extra images see the same target views)."""
         return self._make(images, STRONG, extra)
+
+    def weak_with(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Weak views drawn from ``generator`` (a stream of the caller's: retrieved pool images as data), so
+        making them changes no other view of the run."""
+        return self._make(images, WEAK, gen=generator)
 
     def plain(self, images: torch.Tensor) -> torch.Tensor:
         """No augmentation: the evaluation transform."""

@@ -247,24 +247,26 @@ def run_drift_study(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
 
 def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,
                          device: torch.device) -> dict[str, Any]:
-    from t3ar.bench.method.report import write_report
+    """The grid protocol (:mod:`t3ar.bench.method.grid`): validation choices, the paired grid, the report."""
+    from t3ar.bench.method.grid import grid_arms, select_design, summarise_grid
+    from t3ar.bench.method.grid_report import write_grid_report
 
     t_start, load_start = time.perf_counter(), os.getloadavg()
     ctx = build_context(plan, work, cache, device)
     t_ctx = time.perf_counter() - t_start
-    sel = select(ctx, cache)
-    log.info("validation choices: lr %s, train lr %s, contrastive setting %s, train contrastive setting %s, T3AR "
-             "options %s", sel["lr"], sel["train_lr"], sel["contrastive"], sel["train_contrastive"],
-             sel["t3ar_options"])
-    arms = main_arms(plan, sel)
+    sel = select_design(ctx, cache)
+    log.info("validation choices: lr %s, train lr %s, bn-adapt groups %s, family term %s, R %s, T3AR options %s "
+             "(validated %.4f vs paper-faithful %.4f)", sel["lr"], sel["train_lr"], sel["bn_groups"], sel["term"],
+             sel["retriever"], sel["options"], sel["validated_top1"], sel["paper_top1"])
+    arms = grid_arms(plan, sel)
     records = run_all(ctx, arms, cache, progress_log(len(arms)))
     for shift in plan.eval_shifts:
         for seed in plan.seeds:
             src = source_record(ctx, shift, seed)
             for f in plan.fractions:
-                records.append({"phase": "source", "shift": shift, "seed": seed, "fraction": f, "method": "source",
-                                **src})
-    summary = summarise(plan, records)
+                records.append({"phase": "main", "label": "source", "shift": shift, "seed": seed, "fraction": f,
+                                "method": "source", **src})
+    summary = summarise_grid(plan, sel, records)
     targets = {s: {"adapt": len(t.adapt_idx), "eval": len(t.eval_idx), "classes": len(t.style.classes)}
                for s, t in ctx.targets.items()}
     results = {"plan": plan.as_dict(), "device": str(device),
@@ -274,7 +276,8 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
                            "loadavg_end": os.getloadavg()},
                "targets": targets, "selection": sel, **summary, "records": records,
                "minutes": {"context": t_ctx / 60, "total": (time.perf_counter() - t_start) / 60},
+               "run_seconds_total": sum(float(r.get("seconds") or 0.0) for r in records),
                "runs_cached": sum(1 for r in records if r.get("cached")),
                "runs_executed": sum(1 for r in records if r.get("cached") is False)}
-    write_report(results, out_dir, stem=f"adaptation-{plan.name}")
+    write_grid_report(results, out_dir, stem=f"adaptation-{plan.name}")
     return results

@@ -46,11 +46,25 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.supervised import TrainConfig, train_supervised
+from t3ar.models.backbones import PRESETS
 from t3ar.pipeline import retrieve
 
 log = logging.getLogger(__name__)
 CURVE_FIELDS = ("loss", "loss_ce", "loss_contrastive", "loss_diversity", "pl_accuracy", "pool_neg_share",
-                "grad_norm_ce", "grad_norm_contrastive", "pl_change_rate", "lr")
+                "grad_norm_ce", "grad_norm_contrastive", "pl_change_rate", "lr", "pool_data_count",
+                "pool_data_correct")
+
+
+def pool_data_summary(history: Sequence[StepStats]) -> dict[str, float]:
+    """Neighbours as data over a run: the mean number that served per step, the mean number with a known label
+    (other emoji styles), and the share of those whose pseudo-label was right (side labels: reporting only)."""
+    count = [h.pool_data_count for h in history if not math.isnan(h.pool_data_count)]
+    known = [h.pool_data_known for h in history if not math.isnan(h.pool_data_known)]
+    right = sum(h.pool_data_correct * h.pool_data_known for h in history
+                if not math.isnan(h.pool_data_correct) and not math.isnan(h.pool_data_known))
+    return {"per_step": statistics.mean(count) if count else 0.0,
+            "known_per_step": statistics.mean(known) if known else 0.0,
+            "correct_share": right / sum(known) if sum(known) else math.nan}
 
 
 @dataclass
@@ -95,6 +109,11 @@ class Context:
     code: str
 
 
+def pool_name(shift: str, retriever: str | None, plan: BenchPlan) -> str:
+    """The key of a shift's pool as embedded by ``retriever`` (a backbone preset; None = the plan's default R)."""
+    return f"{shift}|{retriever or plan.retrievers[0]}"
+
+
 def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device) -> Context:
     """Data kits, target splits, per-seed source models and per-shift pools (all cached under ``work``)."""
     kits = build_kits(work, cache)
@@ -112,17 +131,19 @@ def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device
         tc = TrainConfig(epochs=plan.source_epochs, lr=plan.source_lr, batch_size=plan.batch_size,
                          train_groups=plan.train_groups, seed=seed)
         sources[seed] = source_model(work, source_set, tc, plan.image_size, kits.emoji_request, device)
-    embedder = Embedder(EmbedderSpec(image_size=plan.retriever_size), device)
-    store = EmbeddingStore(embedder, embedder.identity, work / "embeddings")
     emoji_pool = [s for s in ALL_STYLES if s != SOURCE_STYLE]
     comps = pool_components(kits, emoji_pool, plan.pool_cap)
     pools = {}
-    for shift, tgt in targets.items():
-        names = list(POOL_SOURCES) + [s for s in emoji_pool if s != shift]
-        pool = BenchPool(embedder, [comps[n] for n in names], [store.component(comps[n]) for n in names],
-                         store.queries(tgt.style, tgt.adapt_idx), {})
-        ids_hash = hashlib.sha256("\n".join(pool.all_ids()).encode()).hexdigest()[:16]
-        pools[shift] = (pool, f"{store.tag}|{'+'.join(names)}|{ids_hash}")
+    images: dict[str, Any] = {}  # decoded pool images, shared by every pool
+    for retriever in plan.retrievers:
+        embedder = Embedder(EmbedderSpec(backbone=PRESETS[retriever], image_size=plan.retriever_size), device)
+        store = EmbeddingStore(embedder, embedder.identity, work / "embeddings")
+        for shift, tgt in targets.items():
+            names = list(POOL_SOURCES) + [s for s in emoji_pool if s != shift]
+            pool = BenchPool(embedder, [comps[n] for n in names], [store.component(comps[n]) for n in names],
+                             store.queries(tgt.style, tgt.adapt_idx), images)
+            ids_hash = hashlib.sha256("\n".join(pool.all_ids()).encode()).hexdigest()[:16]
+            pools[pool_name(shift, retriever, plan)] = (pool, f"{store.tag}|{'+'.join(names)}|{ids_hash}")
     return Context(plan, device, work, targets, sources, pools, side_table(list(comps.values())), code_hash())
 
 
@@ -182,7 +203,11 @@ def arm_key(ctx: Context, arm: Mapping[str, Any]) -> str:
     """Cache key of one run: the code, the arm, its source model and data, and the run-affecting plan fields."""
     tgt = ctx.targets[arm["shift"]]
     plan = ctx.plan.as_dict()
-    blob = {"code": ctx.code, "arm": dict(arm), "source": ctx.sources[arm["seed"]].sha256,
+    # the label only names the arm in a report: one run under two labels (the validated T3AR when validation kept
+    # the paper's behaviour) is run once
+    blob = {"code": ctx.code, "arm": {k: v for k, v in arm.items() if k != "label"},
+            "source": ctx.sources[arm["seed"]].sha256,
+            "retriever": arm.get("retriever") or ctx.plan.retrievers[0],
             "plan": {k: plan[k] for k in RUN_FIELDS},
             "adapt": [tgt.style.items[i] for i in tgt.adapt_idx], "eval": [tgt.style.items[i] for i in tgt.eval_idx]}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -192,38 +217,53 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
     """One paired run (cached): adapt a copy of the seed's source model on the arm's subset, evaluate."""
     path = ctx.work / "method-runs" / f"{arm_key(ctx, arm)}.json"
     if path.is_file():
-        return {**json.loads(path.read_text()), "cached": True}
+        cached = json.loads(path.read_text())
+        if "label" in arm:  # this arm's name (the key ignores it)
+            cached["label"] = arm["label"]
+        return {**cached, "cached": True}
     plan, tgt = ctx.plan, ctx.targets[arm["shift"]]
     src = ctx.sources[arm["seed"]]
     pos = fraction_subset(len(tgt.adapt_idx), arm["fraction"], arm["seed"])
     subset = [tgt.adapt_idx[i] for i in pos]
     x, y = tgt.style.images[subset], tgt.style.labels[subset]
     spe = steps_per_epoch(len(subset), min(plan.batch_size, len(subset)))
-    epochs = plan.epochs if plan.max_steps is None else max(1, min(plan.epochs, plan.max_steps // spe))
+    # an arm may carry its own schedule (the schedule study's candidates); else the plan's
+    max_steps, plan_epochs = arm.get("max_steps", plan.max_steps), arm.get("epochs", plan.epochs)
+    epochs = plan_epochs if max_steps is None else max(1, min(plan_epochs, max_steps // spe))
     model = copy.deepcopy(src.model)
     seed = int(arm["seed"])
     seed_everything(seed)
     b = src.spec.backbone
     t0 = time.perf_counter()
     record: dict[str, Any] = {**arm, "n_adapt": len(subset), "n_eval": len(tgt.eval_idx), "epochs": epochs}
+    options = dict(arm.get("options", {}))
+    train_groups = options.pop("train_groups", plan.train_groups)
     if arm["method"] == "supervised":
-        tc = TrainConfig(epochs=epochs, lr=arm["lr"], batch_size=plan.batch_size, train_groups=plan.train_groups,
+        tc = TrainConfig(epochs=epochs, lr=arm["lr"], batch_size=plan.batch_size, train_groups=train_groups,
                          warmup_frac=plan.warmup_frac, seed=seed)
         res = train_supervised(model, x, y, tc, mean=b.mean, std=b.std, device=ctx.device,
                                generator=torch.Generator().manual_seed(seed))
     else:
-        cfg = AdaptConfig(method=arm["method"], mode=arm.get("mode", "test"), k=arm.get("k", plan.k),
-                          epochs=epochs, min_steps=plan.min_steps, batch_size=plan.batch_size, lr=arm["lr"],
-                          warmup_frac=plan.warmup_frac, train_groups=plan.train_groups, seed=seed,
-                          **dict(arm.get("options", {})))
+        cfg = AdaptConfig(**{"method": arm["method"], "mode": arm.get("mode", "test"), "k": arm.get("k", plan.k),
+                             "epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size,
+                             "lr": arm["lr"], "warmup_frac": plan.warmup_frac, "train_groups": train_groups,
+                             "seed": seed, **options})
         retrieved = None
+        pool_kw: dict[str, Any] = {}
         if cfg.uses_retrieval:
-            pool, pool_key = ctx.pools[arm["shift"]]
+            pool, pool_key = ctx.pools[pool_name(arm["shift"], arm.get("retriever"), ctx.plan)]
             provider: Any = OracleProvider(pool, ctx.side, tgt.style.label_names(subset)) if arm.get("oracle") \
                 else pool
             retrieved = retrieve(provider, x, cfg, src.spec.image_size, stream(seed, 4))
             record["pool"] = pool_key
             record["pool_images_fetched"] = len(retrieved.pool_ids)
+            if cfg.pool_as_data or cfg.false_negatives != "keep":
+                classes = {c: i for i, c in enumerate(src.spec.classes)}
+                pool_kw = {"pool_sources": [pid.split("/", 1)[0] for pid in retrieved.pool_ids],
+                           "pool_diagnostic_labels": torch.tensor(
+                               [classes.get(ctx.side.get(pid, ("", ""))[0], -1) for pid in retrieved.pool_ids],
+                               dtype=torch.long),
+                           "pool_label_oracle": bool(arm.get("oracle_pool_labels"))}
         curves = bool(arm.get("curves"))
         eval_curve: list[dict[str, float]] = []
         norm = Normalizer(b.mean, b.std, ctx.device)
@@ -239,13 +279,15 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                     candidates=getattr(retrieved, "candidates", None) if retrieved else None,
                     device=ctx.device, generator=torch.Generator().manual_seed(seed),
                     diagnostic_labels=y if curves else None, diagnostics=curves,
-                    on_step=on_step if arm.get("eval_curve") else None)
+                    on_step=on_step if arm.get("eval_curve") else None, **pool_kw)
         if eval_curve:
             record["eval_curve"] = eval_curve
         record["steps"] = res.steps
         record["pool_used"] = len(res.pool_used)
         if curves:
             record["curves"] = _curves(res.history)
+        if cfg.pool_as_data:  # how many neighbours served as data per step, and how many had the right label
+            record["pool_data"] = pool_data_summary(res.history)
     rep = evaluate(model, tgt.eval_x, tgt.eval_y, src.spec.classes,
                    Normalizer(b.mean, b.std, ctx.device))
     record.update({"top1": rep["top1"], "mean_class_accuracy": rep["mean_class_accuracy"],

@@ -1,0 +1,268 @@
+"""The method benchmark's protocol: the choices made on the validation shift, the paired evaluation grid, and
+its summary against the goal.
+
+Validation (google → ``plan.validation_shift``, ``select_fraction``, ``select_seeds``; nothing is chosen from the
+evaluation shifts):
+
+1. the retriever R with the best retrieval quality (same-class share of the top 5, from the emoji side labels,
+   which are allowed on validation only; :mod:`t3ar.bench.method.quality`);
+2. each baseline's lr (TENT, SHOT-IM, AdaContrast) and ``bn-adapt``'s layers (``plan.bn_groups``);
+3. the T3AR family's schedule and contrastive term, on T3AR without retrieval: its lr, then the term (AdaptConfig's
+   default or one of ``plan.contrastive_settings``); shared by every arm of the family, so the validated T3AR and
+   T3AR without retrieval differ by retrieval alone (the latter is the former's retrieval-off twin);
+4. the retrieval options of the validated T3AR, greedily on top of the family's setting with R: each of
+   ``plan.retrieval_options`` in turn, kept when it beats the best so far (a tie keeps the paper's behaviour);
+5. train-time lrs (supervised fine-tuning, the family), the rest carried over from test time.
+
+``t3ar-paper`` is T3AR as the paper describes it (the default R, the k = 5 of the top 25 as negatives only) at the
+family's schedule and term; ``t3ar`` is T3AR as validated. The grid runs every arm of a (shift, seed, fraction)
+cell on the same source model, subset, batch order and target views (paired).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from t3ar.bench.method.plans import BenchPlan, paired
+from t3ar.bench.method.quality import choose_retriever, quality_table
+from t3ar.bench.method.runs import Context, run_all, source_record
+
+#: the arms of the test-time grid, in report order (``source`` is the source model, evaluated)
+TEST_ARMS: tuple[str, ...] = ("source", "bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval",
+                              "t3ar-paper", "t3ar")
+#: the arms of the train-time grid (labelled adaptation part)
+TRAIN_ARMS: tuple[str, ...] = ("supervised", "t3ar-noretrieval", "t3ar-paper", "t3ar")
+#: the diagnostic arm: the validated T3AR with neighbours as data whose known (emoji) neighbours carry their true
+#: labels; reported, never a candidate
+ORACLE = "oracle"
+BASELINES: tuple[str, ...] = ("tent", "shot-im", "adacontrast")
+#: the nominal lr of arms that have no optimiser (bn-adapt); AdaptConfig needs one
+NO_LR = 1e-3
+
+
+def _arm(phase: str, shift: str, seed: int, fraction: float, method: str, lr: float, **extra: Any) -> dict[str, Any]:
+    return {"phase": phase, "shift": shift, "seed": seed, "fraction": fraction, "method": method, "lr": lr, **extra}
+
+
+#: what tells the arms of a phase apart (a field an arm lacks matches records that lack it too)
+ARM_FIELDS = ("phase", "shift", "fraction", "method", "lr", "options", "mode", "retriever", "oracle_pool_labels")
+
+
+def _mean(records: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> float:
+    """Mean top-1 of the records of ``arm`` over its seeds (matched on every field of :data:`ARM_FIELDS`)."""
+    vals = [r["top1"] for r in records if all(r.get(k) == arm.get(k) for k in ARM_FIELDS)]
+    return statistics.mean(vals) if vals else math.nan
+
+
+def _seeded(p: BenchPlan, phase: str, method: str, lr: float, **extra: Any) -> list[dict[str, Any]]:
+    return [_arm(phase, p.validation_shift, s, p.select_fraction, method, lr, **extra) for s in p.select_seeds]
+
+
+def _opts(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"options": dict(options)} if options else {}
+
+
+def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
+    """Every choice of the validation shift (see the module docstring), with the tables the report shows."""
+    p = ctx.plan
+    quality = quality_table(ctx)
+    retriever = choose_retriever(quality, p.validation_shift, p.retrievers)
+    fam = "t3ar-noretrieval"
+    arms = [a for m in (*BASELINES, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
+    arms += [a for g in p.bn_groups for a in _seeded(p, "select", "bn-adapt", NO_LR, options={"train_groups": g})]
+    arms += [a for m in ("supervised", fam) for lr in p.lr_grid
+             for a in _seeded(p, "select-train", m, lr, mode="train")]
+    recs = run_all(ctx, arms, cache)
+
+    def top(phase: str, method: str, lr: float, options: Mapping[str, Any] | None = None, **extra: Any) -> float:
+        return _mean(recs, {"phase": phase, "shift": p.validation_shift, "fraction": p.select_fraction,
+                            "method": method, "lr": lr, **_opts(options or {}), **extra})
+
+    lr_table = [{"method": m, "mode": "test", "lr": lr, "top1": top("select", m, lr)}
+                for m in (*BASELINES, fam) for lr in p.lr_grid]
+    lr_table += [{"method": m, "mode": "train", "lr": lr, "top1": top("select-train", m, lr, mode="train")}
+                 for m in ("supervised", fam) for lr in p.lr_grid]
+    def best_lr(phase: str, method: str, **extra: Any) -> float:
+        return max(p.lr_grid, key=lambda lr: top(phase, method, lr, **extra))  # a tie keeps the lower lr
+
+    lrs = {m: best_lr("select", m) for m in (*BASELINES, fam)}
+    train_lrs = {m: best_lr("select-train", m, mode="train") for m in ("supervised", fam)}
+    bn_table = [{"train_groups": g, "top1": top("select", "bn-adapt", NO_LR, {"train_groups": g})} for g in p.bn_groups]
+    bn_groups = max(p.bn_groups, key=lambda g: top("select", "bn-adapt", NO_LR, {"train_groups": g}))
+
+    # the family's contrastive term at its lr: the default (the lr grid's own run) or one change at a time
+    settings: list[dict[str, Any]] = [{}, *(dict(c) for c in p.contrastive_settings)]
+    recs += run_all(ctx, [a for c in settings[1:] for a in _seeded(p, "select", fam, lrs[fam], options=c)], cache)
+    term_top = [top("select", fam, lrs[fam], c) for c in settings]
+    term_table = [{"setting": c, "top1": t} for c, t in zip(settings, term_top, strict=True)]
+    term = settings[max(range(len(settings)), key=lambda i: term_top[i])]  # a tie keeps the default
+
+    # the retrieval options, greedily on top of the family's setting, with the chosen retriever
+    extra_r = {"retriever": retriever} if retriever != p.retrievers[0] else {}
+    paper_arms = _seeded(p, "select", "t3ar", lrs[fam], **_opts(term))
+    recs += run_all(ctx, paper_arms + _seeded(p, "select", "t3ar", lrs[fam], **_opts(term), **extra_r), cache)
+    paper_top = top("select", "t3ar", lrs[fam], term)
+    kept: dict[str, Any] = {}
+    best = top("select", "t3ar", lrs[fam], term, **extra_r)
+    option_table = [{"option": "retriever " + retriever, "top1": best, "base_top1": paper_top, "kept": True}]
+    for name, option in p.retrieval_options:
+        trial = {**term, **kept, **dict(option)}
+        recs += run_all(ctx, _seeded(p, "select", "t3ar", lrs[fam], options=trial, **extra_r), cache)
+        got = top("select", "t3ar", lrs[fam], trial, **extra_r)
+        option_table.append({"option": name, "top1": got, "base_top1": best, "kept": got > best})
+        if got > best:
+            kept.update(dict(option))
+            best = got
+    src = statistics.mean(source_record(ctx, p.validation_shift, s)["top1"] for s in p.select_seeds)
+    return {"shift": p.validation_shift, "fraction": p.select_fraction, "seeds": list(p.select_seeds),
+            "source_top1": src, "quality": quality, "retriever": retriever,
+            "lr": lrs, "train_lr": train_lrs, "lr_table": lr_table, "bn_groups": bn_groups, "bn_table": bn_table,
+            "term": term, "term_table": term_table, "options": kept, "options_table": option_table,
+            "paper_top1": paper_top, "validated_top1": best,
+            "validated_beats_paper": best > paper_top,
+            "validated": {"method": "t3ar", **extra_r, "options": {**term, **kept}}}
+
+
+def _family(sel: Mapping[str, Any], label: str, mode: str = "test") -> tuple[str, float, dict[str, Any]]:
+    """(method, lr, extra arm fields) of a T3AR-family arm as frozen."""
+    lr = sel["train_lr" if mode == "train" else "lr"]["t3ar-noretrieval"]
+    term = dict(sel["term"])
+    if label == "t3ar-noretrieval":
+        return "t3ar-noretrieval", lr, _opts(term)
+    if label == "t3ar-paper":
+        return "t3ar", lr, _opts(term)
+    v = sel["validated"]
+    return "t3ar", lr, {**_opts(v["options"]), **({"retriever": v["retriever"]} if "retriever" in v else {})}
+
+
+def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every arm of the evaluation grid (labelled; identical runs under two labels are run once: the run cache's
+    key ignores the label)."""
+    arms = []
+    for shift in p.eval_shifts:
+        for seed in p.seeds:
+            for f in p.fractions:
+                for label in TEST_ARMS[1:]:
+                    curves = p.curves and seed == p.seeds[0] and math.isclose(f, p.select_fraction) \
+                        and label in ("t3ar-noretrieval", "t3ar-paper", "t3ar")
+                    if label == "bn-adapt":
+                        arms.append(_arm("main", shift, seed, f, "bn-adapt", NO_LR, label=label,
+                                         options={"train_groups": sel["bn_groups"]}))
+                    elif label in BASELINES:
+                        arms.append(_arm("main", shift, seed, f, label, sel["lr"][label], label=label))
+                    else:
+                        method, lr, extra = _family(sel, label)
+                        arms.append(_arm("main", shift, seed, f, method, lr, label=label, curves=curves, **extra))
+            fa = p.ablation_fraction
+            method, lr, extra = _family(sel, "t3ar")
+            options = dict(extra.get("options", {}))
+            options["pool_data_weight"] = options.get("pool_data_weight") or 1.0
+            arms.append(_arm("main", shift, seed, fa, method, lr, label=ORACLE, oracle_pool_labels=True,
+                             **{**extra, "options": options}))
+            for f in p.train_fractions:
+                arms.append(_arm("train", shift, seed, f, "supervised", sel["train_lr"]["supervised"], mode="train",
+                                 label="supervised"))
+                for label in TRAIN_ARMS[1:]:
+                    method, lr, extra = _family(sel, label, "train")
+                    arms.append(_arm("train", shift, seed, f, method, lr, mode="train", label=label, **extra))
+    return arms
+
+
+def per_seed(records: Sequence[Mapping[str, Any]], shifts: Sequence[str], seeds: Sequence[int], fraction: float,
+             label: str, phase: str) -> list[float]:
+    """Per seed, the mean over ``shifts`` of the top-1 of ``label``'s records (NaN where one is missing)."""
+    out = []
+    for s in seeds:
+        vals = [r["top1"] for r in records if r["seed"] == s and r["shift"] in shifts and r.get("label") == label
+                and r["phase"] == phase and math.isclose(r["fraction"], fraction)]
+        out.append(statistics.mean(vals) if len(vals) == len(shifts) else math.nan)
+    return out
+
+
+def _ci(d: Mapping[str, Any]) -> dict[str, float]:
+    return {"mean": d["mean"], "lo": d["lo"], "hi": d["hi"]}
+
+
+def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Cells, paired differences (to bn-adapt, retrieval alone, to the paper-faithful T3AR) and the verdict."""
+    seeds, shifts = list(p.seeds), list(p.eval_shifts)
+    phases = {"test": "main", "train": "train"}
+    arms = {"test": [*TEST_ARMS, ORACLE], "train": list(TRAIN_ARMS)}
+    fractions = {"test": p.fractions, "train": p.train_fractions}
+    cells: dict[str, dict[str, dict[str, Any]]] = {"test": {}, "train": {}}
+    vs_bn: dict[str, dict[str, dict[str, Any]]] = {"test": {}, "train": {}}
+    alone: dict[str, dict[str, Any]] = {"test": {}, "train": {}}
+    vs_paper: dict[str, dict[str, Any]] = {"test": {}, "train": {}}
+    for mode, phase in phases.items():
+        for f in fractions[mode]:
+            row: dict[str, Any] = {}
+            bn = per_seed(records, shifts, seeds, f, "bn-adapt", "main")
+            for label in arms[mode]:
+                per = per_seed(records, shifts, seeds, f, label, "main" if label in ("source", "bn-adapt") else phase)
+                if any(math.isnan(x) for x in per):
+                    continue
+                row[label] = {"mean": statistics.mean(per), "std": statistics.stdev(per) if len(per) > 1 else 0.0,
+                              **{sh: statistics.mean(r["top1"] for r in records if r.get("label") == label
+                                                     and r["shift"] == sh and math.isclose(r["fraction"], f)
+                                                     and r["phase"] == ("main" if label in ("source", "bn-adapt")
+                                                                        else phase))
+                                 for sh in shifts}}
+                if label != "bn-adapt" and not any(math.isnan(x) for x in bn):
+                    vs_bn[mode].setdefault(str(f), {})[label] = paired(per, bn)
+            cells[mode][str(f)] = row
+            t = per_seed(records, shifts, seeds, f, "t3ar", phase)
+            alone[mode][str(f)] = paired(t, per_seed(records, shifts, seeds, f, "t3ar-noretrieval", phase))
+            vs_paper[mode][str(f)] = paired(t, per_seed(records, shifts, seeds, f, "t3ar-paper", phase))
+    checks: list[dict[str, Any]] = []
+    fa = str(p.ablation_fraction)
+    if fa in vs_bn["test"] and "t3ar" in vs_bn["test"][fa]:
+        d = vs_bn["test"][fa]["t3ar"]
+        checks.append({"check": f"test-time {100 * p.ablation_fraction:g} %: validated T3AR − bn-adapt ≥ 3 points",
+                       "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["mean"] >= 0.03)})
+    for f in p.low_fractions:
+        d = alone["test"][str(f)]
+        checks.append({"check": f"test-time {100 * f:g} %: retrieval alone (validated T3AR − its retrieval-off twin) "
+                                "≥ +1.5 points, 95 % CI above 0", "value": d["mean"], "ci": [d["lo"], d["hi"]],
+                       "met": bool(d["mean"] >= 0.015 and d["lo"] > 0)})
+    for f in p.train_fractions:
+        if f in p.low_fractions:
+            d = alone["train"][str(f)]
+            checks.append({"check": f"train-time {100 * f:g} %: retrieval alone > 0, 95 % CI above 0",
+                           "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})
+    for f in p.low_fractions:
+        row = cells["test"][str(f)]
+        others = {m: c["mean"] for m, c in row.items() if m not in ("t3ar", ORACLE)}
+        best = max(others, key=lambda m: others[m])
+        gap = row["t3ar"]["mean"] - others[best]
+        checks.append({"check": f"test-time {100 * f:g} %: validated T3AR ≥ the best other method ({best})",
+                       "value": gap, "met": bool(gap >= 0)})
+    below = [(m, f) for f in p.fractions for m, c in cells["test"][str(f)].items()
+             if m not in ("source", ORACLE) and c["mean"] < cells["test"][str(f)]["source"]["mean"]]
+    checks.append({"check": "no method below source-only on average", "value": below, "met": not below})
+    t_below = [(sh, f) for f in p.fractions for sh in shifts
+               if cells["test"][str(f)]["t3ar"][sh] < cells["test"][str(f)]["source"][sh]]
+    checks.append({"check": "T3AR below source-only on no shift", "value": t_below, "met": not t_below})
+    pool_data = {mode: {str(f): _pool_data(records, phases[mode], f) for f in fractions[mode]} for mode in phases}
+    return {"cells": cells, "vs_bn_adapt_all": vs_bn,
+            "vs_bn_adapt": {m: {f: _ci(d["t3ar"]) for f, d in v.items() if "t3ar" in d} for m, v in vs_bn.items()},
+            "retrieval_alone": {m: {f: _ci(d) for f, d in v.items()} for m, v in alone.items()},
+            "retrieval_alone_paired": alone, "vs_paper": vs_paper, "pool_data": pool_data,
+            "retrieval_quality": {sh: q for sh, q in sel["quality"].items()},
+            "verdict": {"met": all(c["met"] for c in checks), "checks": checks}}
+
+
+def _pool_data(records: Sequence[Mapping[str, Any]], phase: str, f: float) -> dict[str, float]:
+    """Neighbours as data in the validated T3AR's runs of one cell: served per step, of them with a known label
+    per step, and the share of those rightly labelled (side labels: reporting only); NaN when off."""
+    got = [r["pool_data"] for r in records if r.get("label") == "t3ar" and r["phase"] == phase
+           and math.isclose(r["fraction"], f) and r.get("pool_data")]
+    if not got:
+        return {"per_step": math.nan, "known_per_step": math.nan, "correct_share": math.nan}
+    right = [g["correct_share"] for g in got if not math.isnan(g["correct_share"])]
+    return {"per_step": statistics.mean(g["per_step"] for g in got),
+            "known_per_step": statistics.mean(g["known_per_step"] for g in got),
+            "correct_share": statistics.mean(right) if right else math.nan}
