@@ -21,6 +21,7 @@ cell on the same source model, subset, batch order and target views (paired).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -63,7 +64,9 @@ def _seeded(p: BenchPlan, phase: str, method: str, lr: float, **extra: Any) -> l
 
 
 def _opts(options: Mapping[str, Any]) -> dict[str, Any]:
-    return {"options": dict(options)} if options else {}
+    """An arm's ``options`` field (absent when empty), JSON-normalised (tuples become lists), so that arms compare
+    equal to the records read back from the run cache."""
+    return {"options": json.loads(json.dumps(dict(options)))} if options else {}
 
 
 def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
@@ -73,7 +76,7 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     retriever = choose_retriever(quality, p.validation_shift, p.retrievers)
     fam = "t3ar-noretrieval"
     arms = [a for m in (*BASELINES, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
-    arms += [a for g in p.bn_groups for a in _seeded(p, "select", "bn-adapt", NO_LR, options={"train_groups": g})]
+    arms += [a for g in p.bn_groups for a in _seeded(p, "select", "bn-adapt", NO_LR, **_opts({"train_groups": g}))]
     arms += [a for m in ("supervised", fam) for lr in p.lr_grid
              for a in _seeded(p, "select-train", m, lr, mode="train")]
     recs = run_all(ctx, arms, cache)
@@ -96,7 +99,7 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
 
     # the family's contrastive term at its lr: the default (the lr grid's own run) or one change at a time
     settings: list[dict[str, Any]] = [{}, *(dict(c) for c in p.contrastive_settings)]
-    recs += run_all(ctx, [a for c in settings[1:] for a in _seeded(p, "select", fam, lrs[fam], options=c)], cache)
+    recs += run_all(ctx, [a for c in settings[1:] for a in _seeded(p, "select", fam, lrs[fam], **_opts(c))], cache)
     term_top = [top("select", fam, lrs[fam], c) for c in settings]
     term_table = [{"setting": c, "top1": t} for c, t in zip(settings, term_top, strict=True)]
     term = settings[max(range(len(settings)), key=lambda i: term_top[i])]  # a tie keeps the default
@@ -111,7 +114,7 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     option_table = [{"option": "retriever " + retriever, "top1": best, "base_top1": paper_top, "kept": True}]
     for name, option in p.retrieval_options:
         trial = {**term, **kept, **dict(option)}
-        recs += run_all(ctx, _seeded(p, "select", "t3ar", lrs[fam], options=trial, **extra_r), cache)
+        recs += run_all(ctx, _seeded(p, "select", "t3ar", lrs[fam], **_opts(trial), **extra_r), cache)
         got = top("select", "t3ar", lrs[fam], trial, **extra_r)
         option_table.append({"option": name, "top1": got, "base_top1": best, "kept": got > best})
         if got > best:
@@ -124,7 +127,7 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
             "term": term, "term_table": term_table, "options": kept, "options_table": option_table,
             "paper_top1": paper_top, "validated_top1": best,
             "validated_beats_paper": best > paper_top,
-            "validated": {"method": "t3ar", **extra_r, "options": {**term, **kept}}}
+            "validated": {"method": "t3ar", **extra_r, "options": _opts({**term, **kept}).get("options", {})}}
 
 
 def _family(sel: Mapping[str, Any], label: str, mode: str = "test") -> tuple[str, float, dict[str, Any]]:

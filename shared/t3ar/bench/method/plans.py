@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from t3ar.datakit.emoji import ALL_STYLES
+
 VALIDATION_SHIFT = "fluent3d"
 EVAL_SHIFTS: tuple[str, ...] = ("twitter", "openmoji", "openmoji-black")
 TEST_METHODS: tuple[str, ...] = ("source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random",
@@ -30,8 +32,14 @@ Setting = tuple[tuple[str, Any], ...]
 CONTRASTIVE_SETTINGS: tuple[Setting, ...] = ((("contrastive_weight", 0.3),), (("contrastive_weight", 3.0),),
                                              (("temperature", 0.2),), (("temperature", 0.5),))
 #: the retrieval options the validated T3AR may keep (each off by default in AdaptConfig), tried in this order
+#: the pool's emoji styles (every style but the source's; a shift's own style is never in its pool): the sources an
+#: operator knows to be of the target's kind, the only ones that may serve as data in one candidate
+EMOJI_SOURCES: tuple[str, ...] = tuple(s for s in ALL_STYLES if s != "google")
 RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("neighbours as data (weight 1, threshold 0.5)", (("pool_data_weight", 1.0),)),
+    ("neighbours as data from the emoji sources only",
+     (("pool_data_weight", 1.0), ("pool_data_sources", EMOJI_SOURCES))),
+    ("neighbours as data: threshold 0.8", (("pool_data_weight", 1.0), ("pool_data_threshold", 0.8))),
     ("plain top-k (r = 1)", (("r", 1),)),
     ("false negatives masked", (("false_negatives", "mask"),)),
     ("false negatives as positives", (("false_negatives", "positive"),)),
@@ -109,7 +117,7 @@ QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fraction
                   train_fractions=(0.3,), epochs=2, max_steps=8, min_steps=4, lr_grid=(1e-3,),
                   contrastive_settings=((("temperature", 0.5),),), select_seeds=(0,), bn_groups=(2,),
                   retrievers=("efficientnet_lite0", "efficientnet_lite1"),
-                  retrieval_options=RETRIEVAL_OPTIONS[:1] + RETRIEVAL_OPTIONS[2:3],
+                  retrieval_options=(RETRIEVAL_OPTIONS[0], RETRIEVAL_OPTIONS[4]),
                   ablation_ks=(1,), max_adapt=160, max_eval=240, source_epochs=1, pool_cap=150,
                   options=(("pool_negatives", "all"),), approximations=(("cpu_bf16_nograd", True),),
                   notes=("smoke run: shows the pipeline works; not results",))
