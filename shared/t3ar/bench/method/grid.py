@@ -124,7 +124,8 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     return {"shift": p.validation_shift, "fraction": p.select_fraction, "seeds": list(p.select_seeds),
             "source_top1": src, "quality": quality, "retriever": retriever,
             "lr": lrs, "train_lr": train_lrs, "lr_table": lr_table, "bn_groups": bn_groups, "bn_table": bn_table,
-            "term": term, "term_table": term_table, "options": kept, "options_table": option_table,
+            "term": term, "term_table": term_table, "options": _opts(kept).get("options", {}),
+            "options_table": option_table,
             "paper_top1": paper_top, "validated_top1": best,
             "validated_beats_paper": best > paper_top,
             "validated": {"method": "t3ar", **extra_r, "options": _opts({**term, **kept}).get("options", {})}}
