@@ -373,7 +373,7 @@ def test_grid_selection_freezes_each_choice_on_validation(monkeypatch: pytest.Mo
     assert sel["options"] == {"pool_data_weight": 1.0, "pool_data_sources": list(grid_plans.EMOJI_SOURCES),
                               "false_negatives": "mask"}
     kept = [r["option"] for r in sel["options_table"] if r["kept"]]
-    assert kept == ["retriever efficientnet_lite1", "neighbours as data from the emoji sources only",
+    assert kept == ["retriever efficientnet_lite1 (by retrieval quality)", "neighbours as data from the emoji sources only",
                     "false negatives masked"]
     assert sel["validated"] == {"method": "t3ar", "retriever": "efficientnet_lite1",
                                 "options": {"temperature": 0.5, **sel["options"]}}

@@ -107,11 +107,13 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     # the retrieval options, greedily on top of the family's setting, with the chosen retriever
     extra_r = {"retriever": retriever} if retriever != p.retrievers[0] else {}
     paper_arms = _seeded(p, "select", "t3ar", lrs[fam], **_opts(term))
-    recs += run_all(ctx, paper_arms + _seeded(p, "select", "t3ar", lrs[fam], **_opts(term), **extra_r), cache)
+    r_arms = _seeded(p, "select", "t3ar", lrs[fam], **_opts(term), **extra_r) if extra_r else []
+    recs += run_all(ctx, paper_arms + r_arms, cache)
     paper_top = top("select", "t3ar", lrs[fam], term)
     kept: dict[str, Any] = {}
     best = top("select", "t3ar", lrs[fam], term, **extra_r)
-    option_table = [{"option": "retriever " + retriever, "top1": best, "base_top1": paper_top, "kept": True}]
+    option_table = [{"option": f"retriever {retriever} (by retrieval quality)", "top1": best, "base_top1": paper_top,
+                     "kept": True}]
     for name, option in p.retrieval_options:
         trial = {**term, **kept, **dict(option)}
         recs += run_all(ctx, _seeded(p, "select", "t3ar", lrs[fam], **_opts(trial), **extra_r), cache)
