@@ -253,10 +253,15 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
                if cells["test"][str(f)]["t3ar"][sh] < cells["test"][str(f)]["source"][sh]]
     checks.append({"check": "T3AR below source-only on no shift", "value": t_below, "met": not t_below})
     pool_data = {mode: {str(f): _pool_data(records, phases[mode], f) for f in fractions[mode]} for mode in phases}
+    # what right labels on the neighbours would buy: the oracle diagnostic against the validated T3AR
+    oracle = {str(f): paired(per_seed(records, shifts, seeds, f, ORACLE, "main"),
+                             per_seed(records, shifts, seeds, f, "t3ar", "main"))
+              for f in p.fractions if str(f) in cells["test"] and ORACLE in cells["test"][str(f)]}
     return {"cells": cells, "vs_bn_adapt_all": vs_bn,
             "vs_bn_adapt": {m: {f: _ci(d["t3ar"]) for f, d in v.items() if "t3ar" in d} for m, v in vs_bn.items()},
             "retrieval_alone": {m: {f: _ci(d) for f, d in v.items()} for m, v in alone.items()},
-            "retrieval_alone_paired": alone, "vs_paper": vs_paper, "pool_data": pool_data,
+            "retrieval_alone_paired": alone, "vs_paper": vs_paper, "oracle_vs_validated": oracle,
+            "pool_data": pool_data,
             "retrieval_quality": {sh: q for sh, q in sel["quality"].items()},
             "verdict": {"met": all(c["met"] for c in checks), "checks": checks}}
 
