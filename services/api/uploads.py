@@ -60,6 +60,7 @@ def sent_name(filename: str | None, default: str) -> str:
 def parse_config(raw: str) -> tuple[dict[str, Any], Any]:
     """The ``config`` form field (a JSON object of AdaptConfig fields) -> (dict as given, AdaptConfig)."""
     from t3ar.method.config import AdaptConfig
+    from t3ar.method.presets import with_default
 
     try:
         given = json.loads(raw or "{}")
@@ -68,8 +69,8 @@ def parse_config(raw: str) -> tuple[dict[str, Any], Any]:
                                 "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}") from e
     if not isinstance(given, dict):
         raise InvalidInputError("config must be a JSON object of adaptation options")
-    try:
-        cfg = AdaptConfig.model_validate(given)
+    try:  # a T3AR-family job that names no preset gets the default one (t3ar.method.presets)
+        cfg = AdaptConfig.model_validate(with_default(given))
     except ValidationError as e:
         msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors())
         raise InvalidInputError(f"invalid adaptation config: {msgs}") from e

@@ -159,6 +159,10 @@ class CachedRetrieverProvider:
         self.checkpoint()
         return self.remote.search(queries, k)
 
+    def sources(self, ids: Sequence[str]) -> list[str]:
+        self.checkpoint()
+        return self.remote.sources(ids)
+
     def all_ids(self) -> list[str]:
         self.checkpoint()
         return self.remote.all_ids()

@@ -75,5 +75,9 @@ class LocalPool:
     def all_ids(self) -> list[str]:
         return list(self._ids)
 
+    def sources(self, ids: Sequence[str]) -> list[str]:
+        """A local pool's source of an image is the top folder it lies in under the pool's root ('' at the root)."""
+        return [i.split("/", 1)[0] if "/" in i else "" for i in ids]
+
     def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
         return [open_image(self._paths[self._row[i]]) for i in ids]

@@ -217,11 +217,14 @@ def run_adaptation(
         if provider is None:
             raise InvalidInputError(f"method {config.method} needs a pool (retriever)")
         retrieved = retrieve(provider, x, config, spec.image_size, gen)
+    sources = None
+    if retrieved is not None and provider is not None and config.pool_as_data and config.pool_data_sources is not None:
+        sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
     result = adapt(model, x, config, mean=spec.backbone.mean, std=spec.backbone.std, labels=labels,
                    neighbours=retrieved.neighbours if retrieved else None,
                    pool_images=retrieved.pool_images if retrieved else None,
                    candidates=retrieved.candidates if retrieved else None,
-                   device=device, generator=gen, on_step=on_step)
+                   device=device, generator=gen, on_step=on_step, pool_sources=sources)
     after = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None
     used = [retrieved.pool_ids[i] for i in result.pool_used] if retrieved else []
     lineage = Lineage(

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from t3ar.bench.method.main import summarise
+from t3ar.bench.method import plans as grid_plans
+from t3ar.bench.method.grid import ORACLE, grid_arms, summarise_grid
 from t3ar.bench.method.plans import PLANS, QUICK, paired, t_quantile
 from t3ar.bench.method.protocol import (
     cap_indices,
@@ -106,48 +107,82 @@ def test_t_quantiles_and_paired_ci() -> None:
         paired([0.1, 0.2], [0.1])
 
 
-def _records(t3ar_gain: float, noise: list[float]) -> list[dict[str, object]]:
-    """A fake main/train grid on the quick plan: T3AR = no-retrieval + gain (+ per-seed noise)."""
+def _grid_records(gain: float, noise: list[float], *, bn: float = 0.33) -> list[dict[str, object]]:
+    """A fake grid on the quick plan: validated T3AR = T3AR without retrieval + gain (+ per-seed noise)."""
     plan = QUICK
-    base = {"source": 0.30, "tent": 0.31, "shot-im": 0.33, "adacontrast": 0.34, "t3ar-noretrieval": 0.35,
-            "t3ar-random": 0.345, "supervised": 0.36}
+    base = {"source": 0.30, "bn-adapt": bn, "tent": 0.31, "shot-im": 0.33, "adacontrast": 0.34,
+            "t3ar-noretrieval": 0.35, "t3ar-paper": 0.35, ORACLE: 0.37}
+    train = {"supervised": 0.36, "t3ar-noretrieval": 0.35, "t3ar-paper": 0.35}
     recs: list[dict[str, object]] = []
     for shift in plan.eval_shifts:
         for i, seed in enumerate(plan.seeds):
-            for f in set(plan.fractions) | set(plan.train_fractions):
-                for m, acc in base.items():
-                    if m == "supervised":
-                        continue
-                    recs.append({"phase": "source" if m == "source" else "main", "shift": shift, "seed": seed,
-                                 "fraction": f, "method": m, "top1": acc})
-                recs.append({"phase": "main", "shift": shift, "seed": seed, "fraction": f, "method": "t3ar",
-                             "top1": base["t3ar-noretrieval"] + t3ar_gain + noise[i]})
-                for m in plan.train_methods:
-                    acc = base.get(m, 0.35) + (t3ar_gain + noise[i] if m == "t3ar" else 0.0)
-                    recs.append({"phase": "train", "shift": shift, "seed": seed, "fraction": f, "method": m,
-                                 "top1": acc})
+            for f in sorted(set(plan.fractions) | set(plan.train_fractions)):
+                common = {"shift": shift, "seed": seed, "fraction": f, "method": "x"}
+                recs += [{**common, "phase": "main", "label": m, "top1": acc} for m, acc in base.items()]
+                recs.append({**common, "phase": "main", "label": "t3ar", "top1": 0.35 + gain + noise[i],
+                             "pool_data": {"per_step": 6.0, "known_per_step": 3.0, "correct_share": 0.7}})
+                recs += [{**common, "phase": "train", "label": m, "top1": acc} for m, acc in train.items()]
+                recs.append({**common, "phase": "train", "label": "t3ar", "top1": 0.35 + gain + noise[i]})
     return recs
 
 
-def test_summary_verdict_follows_the_paired_effect() -> None:
-    good = summarise(QUICK, _records(0.04, [0.001, -0.001]))
+def _selection() -> dict[str, object]:
+    q = {"same_class_share": 0.1, "same_class_of_emoji": 0.2, "same_emoji_of_emoji": 0.05, "emoji_share": 0.5,
+         "clipart_share": 0.5, "queries_with_same_class": 0.4, "chance_same_class": 0.03, "depth": 5, "queries": 9}
+    return {"shift": "fluent3d", "fraction": 0.3, "seeds": [0], "source_top1": 0.3,
+            "quality": {"twitter": {"efficientnet_lite0": {"5": q, "25": q}}}, "retriever": "efficientnet_lite0",
+            "lr": {"tent": 1e-3, "shot-im": 1e-3, "adacontrast": 1e-3, "t3ar-noretrieval": 1e-3},
+            "train_lr": {"supervised": 1e-3, "t3ar-noretrieval": 1e-3},
+            "lr_table": [{"method": "tent", "mode": "test", "lr": 1e-3, "top1": 0.31}],
+            "bn_groups": 2, "bn_table": [{"train_groups": 2, "top1": 0.33}], "term": {"temperature": 0.5},
+            "term_table": [{"setting": {}, "top1": 0.3}, {"setting": {"temperature": 0.5}, "top1": 0.31}],
+            "options": {"pool_data_weight": 1.0}, "paper_top1": 0.31, "validated_top1": 0.32,
+            "validated_beats_paper": True,
+            "options_table": [{"option": "neighbours as data", "top1": 0.32, "base_top1": 0.31, "kept": True}],
+            "validated": {"method": "t3ar", "options": {"temperature": 0.5, "pool_data_weight": 1.0}}}
+
+
+def test_grid_verdict_follows_the_paired_effects() -> None:
+    good = summarise_grid(QUICK, _selection(), _grid_records(0.04, [0.001, -0.001]))
     assert good["verdict"]["met"] is True
-    assert math.isclose(good["diffs"]["0.3"]["t3ar-noretrieval"]["mean"], 0.04, abs_tol=1e-9)
-    weak = summarise(QUICK, _records(0.01, [0.02, -0.02]))  # a small, noisy effect: CI spans 0, < 3 points
+    assert math.isclose(good["retrieval_alone"]["test"]["0.3"]["mean"], 0.04, abs_tol=1e-9)
+    assert set(good["retrieval_alone"]["train"]["0.3"]) == {"mean", "lo", "hi"}
+    assert math.isclose(good["vs_bn_adapt"]["test"]["0.3"]["mean"], 0.06, abs_tol=1e-9)  # 0.39 - 0.33
+    assert good["pool_data"]["test"]["0.3"]["per_step"] == 6.0
+    weak = summarise_grid(QUICK, _selection(), _grid_records(0.01, [0.02, -0.02], bn=0.34))
     failed = [c["check"] for c in weak["verdict"]["checks"] if not c["met"]]
-    assert weak["verdict"]["met"] is False and any("CI above 0" in c for c in failed)
-    assert any("+ 3 points" in c for c in failed)
+    assert weak["verdict"]["met"] is False and any("retrieval alone" in c for c in failed)
+    assert any("bn-adapt ≥ 3 points" in c for c in failed)  # 0.36 - 0.34: 2 points
+    strong_bn = summarise_grid(QUICK, _selection(), _grid_records(0.04, [0.0, 0.0], bn=0.40))
+    checks = {c["check"]: c for c in strong_bn["verdict"]["checks"]}
+    assert not checks["test-time 30 %: validated T3AR ≥ the best other method (bn-adapt)"]["met"]
 
 
-def test_summary_flags_methods_below_source() -> None:
-    recs = _records(0.04, [0.0, 0.0])
+def test_grid_flags_methods_below_source() -> None:
+    recs = _grid_records(0.04, [0.0, 0.0])
     for r in recs:
-        if r["method"] == "tent":
+        if r["label"] == "tent":
             r["top1"] = 0.1
-    checks = {c["check"]: c for c in summarise(QUICK, recs)["verdict"]["checks"]}
-    below = checks["no adapted method below source-only on average"]
+    checks = {c["check"]: c for c in summarise_grid(QUICK, _selection(), recs)["verdict"]["checks"]}
+    below = checks["no method below source-only on average"]
     assert below["met"] is False and ("tent", 0.3) in below["value"]
     assert checks["T3AR below source-only on no shift"]["met"] is True
+
+
+def test_grid_arms_pair_the_family_and_label_every_arm() -> None:
+    arms = grid_arms(QUICK, _selection())
+    labels = {a["label"] for a in arms}
+    assert labels == {"bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-paper", "t3ar", ORACLE,
+                      "supervised"}
+    cell = [a for a in arms if a["shift"] == "twitter" and a["seed"] == 0 and a["phase"] == "main"
+            and a["label"] != ORACLE]
+    fam = {a["label"]: a for a in cell if a["label"].startswith("t3ar")}
+    # the family shares lr and term: the validated T3AR differs from its twin by retrieval alone
+    assert {a["lr"] for a in fam.values()} == {1e-3}
+    assert fam["t3ar-noretrieval"]["options"] == {"temperature": 0.5} == fam["t3ar-paper"]["options"]
+    assert fam["t3ar"]["options"] == {"temperature": 0.5, "pool_data_weight": 1.0}
+    oracle = [a for a in arms if a["label"] == ORACLE]
+    assert all(a["oracle_pool_labels"] and a["options"]["pool_data_weight"] > 0 for a in oracle)
 
 
 def test_plans_are_consistent() -> None:
@@ -155,59 +190,33 @@ def test_plans_are_consistent() -> None:
         assert set(plan.low_fractions) <= set(plan.fractions)
         assert plan.ablation_fraction in plan.fractions and plan.select_fraction in plan.fractions
         assert plan.validation_shift not in plan.eval_shifts  # choices are never made on evaluation shifts
-        assert set(plan.select_seeds) <= set(plan.seeds) and plan.methods[0] == "source"
+        assert set(plan.select_seeds) <= set(plan.seeds)
     assert len(PLANS["cpu"].seeds) >= 5 and len(PLANS["paper"].seeds) >= 5 and PLANS["paper"].epochs == 30
 
 
-def test_report_renders(tmp_path: Path) -> None:
-    from t3ar.bench.method.report import render
+def test_grid_report_renders(tmp_path: Path) -> None:
+    from t3ar.bench.method.grid_report import render_grid
 
     plan = QUICK
-    recs = _records(0.04, [0.001, -0.001])
-    recs.append({"phase": "ablation", "variant": "k=1", "shift": "twitter", "seed": 0, "fraction": 0.3,
-                 "method": "t3ar", "top1": 0.36})
+    recs = _grid_records(0.04, [0.001, -0.001])
     curve = {"epoch": 1.0, "loss": 1.0, "loss_ce": 0.5, "loss_contrastive": 0.5, "loss_diversity": 0.0,
              "pl_accuracy": 0.4, "pool_neg_share": 0.2, "grad_norm_ce": 0.1, "grad_norm_contrastive": 0.2,
-             "pl_change_rate": 0.0, "lr": 0.001}
-    recs.append({"phase": "main", "shift": "twitter", "seed": 0, "fraction": 0.3, "method": "t3ar", "top1": 0.39,
-                 "curves": [curve, {**curve, "epoch": 2.0}], "curves_only": True})
-    summary = summarise(plan, [r for r in recs if not r.get("curves_only")])
-    sel = {"lr": {m: 1e-3 for m in plan.methods if m != "source"}, "train_lr": {m: 1e-3 for m in plan.train_methods},
-           "t3ar_options": {}, "lr_table": [{"method": "t3ar", "mode": "test", "lr": 1e-3, "top1": 0.4}],
-           "options_table": [{"option": "pool_negatives", "value": "all", "top1": 0.39, "base_top1": 0.4,
-                              "kept": False}], "source_top1": 0.3}
+             "pl_change_rate": 0.0, "lr": 0.001, "pool_data_count": 5.0, "pool_data_correct": 0.7}
+    summary = summarise_grid(plan, _selection(), recs)
+    recs.append({"phase": "main", "label": "t3ar", "shift": "twitter", "seed": 0, "fraction": 0.3, "method": "t3ar",
+                 "top1": 0.39, "curves": [curve, {**curve, "epoch": 2.0}]})
     res = {"plan": plan.as_dict(), "device": "cpu", "device_name": "x86", "minutes": {"total": 1.0},
-           "runs_executed": 3, "runs_cached": 0, "selection": sel, "records": recs,
-           "targets": {"twitter": {"adapt": 160, "eval": 240, "classes": 96}}, **summary}
-    text = render(res, "adaptation-quick")
-    for heading in ("## Verdict", "## Protocol", "## Choices made on the validation shift", "## Test-time results",
-                    "## Train-time results", "## Ablations", "## Stability"):
+           "runs_executed": 3, "runs_cached": 0, "run_seconds_total": 60.0, "selection": _selection(),
+           "records": recs, "targets": {"twitter": {"adapt": 160, "eval": 240, "classes": 96}}, **summary}
+    text = render_grid(res, "adaptation-quick")
+    for heading in ("## Verdict", "## Protocol", "## Choices made on the validation shift", "## Retrieval quality",
+                    "## Test-time results", "## Train-time results", "## Neighbours as data",
+                    "## Per-epoch diagnostics"):
         assert heading in text
-    assert "**Goal met.**" in text and "| k=1 | 36.0 |" in text and "48 img, 0.5/class" in text
-    assert "retrieval alone" not in text  # no retrieval-off arms in these records: no line
-
-
-def test_retrieval_alone_is_paired_against_t3ars_own_configuration() -> None:
-    from t3ar.bench.method.plans import RETRIEVAL_OFF
-    from t3ar.bench.method.report import retrieval_alone_lines
-
-    plan = QUICK
-    recs = _records(0.04, [0.001, -0.001])  # T3AR 0.391 / 0.389 at every shift and fraction
-    recs += [{"phase": "ablation", "variant": RETRIEVAL_OFF, "shift": sh, "seed": s, "fraction": 0.3,
-              "method": "t3ar-noretrieval", "top1": 0.38} for sh in plan.eval_shifts for s in plan.seeds]
-    summary = summarise(plan, recs)
-    alone = summary["retrieval_alone"]
-    assert alone["fraction"] == 0.3 and alone["n"] == len(plan.seeds)
-    assert alone["diffs"] == pytest.approx([0.011, 0.009]) and math.isclose(alone["mean"], 0.01)
-    # the check still compares the frozen arms: 4 points, not the 1 point retrieval adds alone
-    assert math.isclose(summary["diffs"]["0.3"]["t3ar-noretrieval"]["mean"], 0.04, abs_tol=1e-9)
-    sel = {"lr": {"t3ar": 2e-4, "t3ar-noretrieval": 1e-3}, "contrastive": {"t3ar": {"temperature": 0.5}}}
-    text = "\n".join(retrieval_alone_lines({"selection": sel, **summary}))
-    assert "**retrieval alone** at 30 %" in text and "+1.0 [" in text
-    assert "froze them apart (T3AR: lr 0.0002, τ 0.5; T3AR without retrieval: lr 0.001, the default" in text
-    same = {"lr": {"t3ar": 1e-3, "t3ar-noretrieval": 1e-3}}
-    assert "froze them apart" not in "\n".join(retrieval_alone_lines({"selection": same, **summary}))
-    assert summarise(plan, _records(0.04, [0.0, 0.0]))["retrieval_alone"] is None
+    assert "**Goal met.**" in text and "48 img" in text
+    assert "| **retrieval alone**: validated T3AR − T3AR without retrieval (its retrieval-off twin) | +4.0 [" in text
+    assert "| test | 30 % | 6.0 | 3.0 | 70.0 % |" in text
+    assert "it becomes the product's default `t3ar` configuration" in text
 
 
 def test_interleaved_runs_steps_in_lock_step() -> None:
@@ -304,28 +313,6 @@ def test_fractions_option_restricts_a_plan() -> None:
             _only_fractions(PAPER, bad)
 
 
-def test_approximations_are_ablation_arms_paired_with_the_frozen_t3ar() -> None:
-    from t3ar.bench.method.main import main_arms
-    from t3ar.bench.method.plans import APPROXIMATION
-    from t3ar.bench.method.report import approximation_diffs
-
-    plan = QUICK
-    assert ("cpu_bf16_nograd", True) in plan.approximations and not PLANS["paper"].approximations
-    sel = {"lr": {m: 1e-3 for m in plan.methods if m != "source"}, "train_lr": {m: 1e-3 for m in plan.train_methods},
-           "t3ar_options": {"pool_negatives": "all"}}
-    approx = [a for a in main_arms(plan, sel) if str(a.get("variant", "")).startswith(APPROXIMATION)]
-    assert len(approx) == len(plan.eval_shifts) * len(plan.seeds)
-    # on top of the frozen choice, never instead of it; never part of a choice or of the main grid
-    assert all(a["options"] == {"pool_negatives": "all", "cpu_bf16_nograd": True} and a["phase"] == "ablation"
-               and a["fraction"] == plan.ablation_fraction for a in approx)
-    recs = [{"phase": "main", "shift": "twitter", "seed": s, "fraction": 0.3, "method": "t3ar", "top1": t}
-            for s, t in ((0, 0.40), (1, 0.42))]
-    recs += [{"phase": "ablation", "variant": f"{APPROXIMATION}cpu_bf16_nograd", "shift": "twitter", "seed": s,
-              "fraction": 0.3, "method": "t3ar", "top1": t} for s, t in ((0, 0.39), (1, 0.42))]
-    d = approximation_diffs(recs, 0.3)["cpu_bf16_nograd"]
-    assert d["n"] == 2 and math.isclose(d["mean"], -0.005) and d["diffs"] == pytest.approx([-0.01, 0.0])
-
-
 def _fake_top1(arm: dict[str, Any]) -> float:
     """A made-up validation landscape: lr 1e-3 best for all; in test mode the no-retrieval variant gains most at
     τ 0.5 (and some at weight 0.3), T3AR at τ 0.2; the random ablation and train mode gain from no change; the
@@ -344,51 +331,53 @@ def _fake_run_all(ran: list[dict[str, Any]]) -> Callable[..., list[dict[str, Any
     return run_all
 
 
-def test_selection_chooses_the_contrastive_setting_per_method_and_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+def _grid_top1(arm: dict[str, Any]) -> float:
+    """A made-up validation landscape for the grid protocol: lr 1e-3 best everywhere; the family gains at τ 0.5;
+    T3AR gains from neighbours as data only when restricted to the emoji sources, and from masking false negatives;
+    r = 1 costs; bn-adapt is best on every layer; R lite1 is the default's equal (never run differently here)."""
+    opts = dict(arm.get("options", {}))
+    top = 0.5 - abs(float(arm["lr"]) - 1e-3) + (0.02 if opts.get("temperature") == 0.5 else 0.0)
+    if arm["method"] == "t3ar":
+        top += 0.02 if opts.get("pool_data_sources") else 0.0
+        top += {"mask": 0.01, "positive": 0.0}.get(opts.get("false_negatives", ""), 0.0)
+        top -= 0.01 if opts.get("r") == 1 else 0.0
+    if arm["method"] == "bn-adapt":
+        top += 0.01 if opts.get("train_groups") is None else 0.0
+    return top
+
+
+def test_grid_selection_freezes_each_choice_on_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses
     from types import SimpleNamespace
 
-    import t3ar.bench.method.main as bm
-    from t3ar.bench.method.plans import CE_ONLY, PAPER, RETRIEVAL_OFF
+    import t3ar.bench.method.grid as grid
+    from t3ar.bench.method.plans import CPU
 
-    plan = dataclasses.replace(PAPER, lr_grid=(2e-4, 1e-3))
+    plan = dataclasses.replace(CPU, retrievers=("efficientnet_lite0", "efficientnet_lite1"))
     ran: list[dict[str, Any]] = []
-    monkeypatch.setattr(bm, "run_all", _fake_run_all(ran))
-    monkeypatch.setattr(bm, "source_record", lambda ctx, shift, seed: {"top1": 0.4})
-    sel = bm.select(SimpleNamespace(plan=plan), Path("."))  # type: ignore[arg-type]
-    assert sel["lr"]["t3ar"] == 1e-3
-    assert sel["contrastive"] == {"t3ar-noretrieval": {"temperature": 0.5}, "t3ar-random": {},
-                                  "t3ar": {"temperature": 0.2}}
-    assert sel["train_contrastive"] == {"t3ar-noretrieval": {}, "t3ar-random": {}, "t3ar": {}}  # ties keep it
-    # the default is the lr grid's own run (no extra arm); each other setting runs once per method, mode and seed
-    setting_arms = [a for a in ran if a["phase"] in ("select", "select-train") and a.get("options")]
-    assert len(setting_arms) == len(plan.contrastive_settings) * 6 * len(plan.select_seeds)
-    # T3AR's options are tried on top of its chosen setting, and kept only if they beat that base
-    opts = [a for a in ran if a["phase"] == "select-option"]
-    assert opts and all(a["options"]["temperature"] == 0.2 for a in opts)
-    assert sel["t3ar_options"] == {"redraw_neighbours": True}
-    chosen = {(r["method"], r["mode"]): r["setting"] for r in sel["contrastive_table"] if r["chosen"]}
-    assert chosen[("t3ar", "test")] == "τ 0.2" and chosen[("t3ar", "train")] == "default"
-    assert len(sel["contrastive_table"]) == 6 * (1 + len(plan.contrastive_settings))
-    # the frozen arms carry the chosen settings; the cross-entropy-only ablation arm is there once per cell
-    arms = bm.main_arms(plan, sel)
-    main = {a["method"]: a.get("options") for a in arms if a["phase"] == "main" and a["fraction"] == 0.3
-            and a["shift"] == "twitter" and a["seed"] == 0}
-    assert main["t3ar"] == {"redraw_neighbours": True, "temperature": 0.2}
-    assert main["t3ar-noretrieval"] == {"temperature": 0.5} and main["t3ar-random"] == {"redraw_neighbours": True}
-    assert main["shot-im"] is None  # other methods: no options key (their cached runs stay valid)
-    train = [a for a in arms if a["phase"] == "train" and a["method"] == "t3ar-noretrieval"]
-    assert train and all("options" not in a for a in train)
-    ce = [a for a in arms if a.get("variant") == CE_ONLY]
-    assert len(ce) == len(plan.eval_shifts) * len(plan.seeds)
-    assert all(a["method"] == "t3ar-noretrieval" and a["options"] == {"contrastive_weight": 0.0} for a in ce)
-    assert {a["options"]["temperature"] for a in arms if a.get("variant") in ("k=1", "oracle: no same-class "
-                                                                                      "neighbours")} == {0.2}
-    # retrieval alone: the no-retrieval method at T3AR's lr and contrastive term (not T3AR's pool options)
-    off = [a for a in arms if a.get("variant") == RETRIEVAL_OFF]
-    assert len(off) == len(plan.eval_shifts) * len(plan.seeds)
-    assert all(a["method"] == "t3ar-noretrieval" and a["lr"] == sel["lr"]["t3ar"]
-               and a["options"] == {"temperature": 0.2} and a["fraction"] == plan.ablation_fraction for a in off)
+
+    def run_all(ctx: object, arms: list[dict[str, Any]], cache: object, *a: object) -> list[dict[str, Any]]:
+        ran.extend(arms)
+        return [{**arm, "top1": _grid_top1(arm)} for arm in arms]
+
+    q = {"same_class_share": 0.1}
+    better = {**q, "same_class_share": 0.2}
+    table = {plan.validation_shift: {"efficientnet_lite0": {"5": q}, "efficientnet_lite1": {"5": better}}}
+    monkeypatch.setattr(grid, "run_all", run_all)
+    monkeypatch.setattr(grid, "source_record", lambda ctx, shift, seed: {"top1": 0.4})
+    monkeypatch.setattr(grid, "quality_table", lambda ctx: table)
+    sel = grid.select_design(SimpleNamespace(plan=plan), Path("."))  # type: ignore[arg-type]
+    assert all(a["shift"] == plan.validation_shift for a in ran)  # nothing runs on an evaluation shift
+    assert sel["retriever"] == "efficientnet_lite1" and sel["bn_groups"] is None
+    assert set(sel["lr"].values()) == {1e-3} and sel["term"] == {"temperature": 0.5}
+    assert sel["options"] == {"pool_data_weight": 1.0, "pool_data_sources": list(grid_plans.EMOJI_SOURCES),
+                              "false_negatives": "mask"}
+    kept = [r["option"] for r in sel["options_table"] if r["kept"]]
+    assert kept == ["retriever efficientnet_lite1 (by retrieval quality)", "neighbours as data from the emoji sources only",
+                    "false negatives masked"]
+    assert sel["validated"] == {"method": "t3ar", "retriever": "efficientnet_lite1",
+                                "options": {"temperature": 0.5, **sel["options"]}}
+    assert sel["validated_beats_paper"] and sel["validated_top1"] > sel["paper_top1"]
 
 
 def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

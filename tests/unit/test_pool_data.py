@@ -142,3 +142,22 @@ def test_the_oracle_serves_known_neighbours_with_their_true_labels() -> None:
                    pool_label_oracle=True)
     correct = [h.pool_data_correct for h in oracle.history if h.pool_data_known > 0]
     assert correct and all(c == 1.0 for c in correct)
+
+
+def test_sources_restrict_data_only_when_known() -> None:
+    seed_everything(0)
+    model = Classifier(TinyBackbone(), 8, 3, 16)
+    g = torch.Generator().manual_seed(1)
+    target = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=g)
+    pool = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8, generator=g)
+    cfg = AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, pool_data_weight=1.0, pool_data_sources=("a",))
+    with pytest.raises(ValueError, match="pool_sources"):
+        adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 4, (8, 2), generator=g),
+              pool_images=pool, device=torch.device("cpu"))
+
+
+def test_a_local_pools_sources_are_its_top_folders() -> None:
+    from t3ar.local_pool import LocalPool
+
+    assert LocalPool.sources(object.__new__(LocalPool), ["clipart/a.png", "emoji/x/b.png", "c.png"]) == \
+        ["clipart", "emoji", ""]

@@ -18,6 +18,7 @@ from t3ar.cli.common import echo_result, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
 from t3ar.method.config import METHODS
+from t3ar.method.presets import PRESET_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -99,6 +100,9 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
 @click.option("--model", "model", required=True, help="A model id (t3ar models list), or a checkpoint file to upload.")
 @click.option("--method", type=click.Choice(METHODS), default=None, help="Adaptation method (server default: t3ar).")
+@click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
+              help="T3AR family: a named configuration (paper | validated); the server's default is the one the "
+                   "method benchmark chose.")
 @click.option("--mode", type=click.Choice(["test", "train"]), default=None,
               help="Default: train when the target has labels.csv, else test. test + labels.csv = evaluate only.")
 @click.option("--k", type=int, default=None, help="Retrieved neighbours per target image.")
@@ -115,8 +119,9 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
               help="Download the adapted checkpoint here when the job finishes (implies --follow).")
 @click.option("--timeout", type=float, default=None, help="Give up following after this many seconds.")
 @_api_options()
-def submit(target: Path, model: str, method: str | None, mode: str | None, k: int | None, r: int | None,
-           epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None, seed: int | None,
+def submit(target: Path, model: str, method: str | None, preset: str | None, mode: str | None, k: int | None,
+           r: int | None, epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None,
+           seed: int | None,
            config: str, skip_bad_images: bool, follow: bool, out: Path | None, timeout: float | None, url: str,
            token: str | None, as_json: bool) -> None:
     """Adapt a base model to TARGET (a folder, zip or tar of images; labels.csv at its root = labelled).
@@ -125,7 +130,7 @@ def submit(target: Path, model: str, method: str | None, mode: str | None, k: in
     Example:
       t3ar submit data/twitter-subset --model runs/source.pt --k 5 --epochs 2 --out runs/adapted.pt
     """
-    cfg = _config(config, {"method": method, "mode": mode, "k": k, "r": r, "epochs": epochs,
+    cfg = _config(config, {"method": method, "preset": preset, "mode": mode, "k": k, "r": r, "epochs": epochs,
                            "batch_size": batch_size, "lr": lr, "fraction": fraction, "seed": seed})
     with ApiClient(url, token) as client:
         model_id = model

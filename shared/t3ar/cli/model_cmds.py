@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 from pydantic import ValidationError
 
 from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
 from t3ar.cli.json_arg import json_object
 from t3ar.errors import DatasetError
 from t3ar.method.config import METHODS, AdaptConfig
+from t3ar.method.presets import DEFAULT_PRESET, PRESET_NAMES, with_default
 
 if TYPE_CHECKING:
     from t3ar.data.datasets import ImageSet
@@ -28,6 +30,11 @@ _D = {name: f.default for name, f in AdaptConfig.model_fields.items()}  # CLI de
 
 def _groups(value: str) -> int | None:
     return None if value == "all" else int(value)
+
+
+def _defaulted(param: str) -> bool:
+    """The current command's option ``param`` was not given (its value is the default)."""
+    return click.get_current_context().get_parameter_source(param) == ParameterSource.DEFAULT
 
 
 @click.command("train-source")
@@ -122,6 +129,9 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--pool", type=click.Path(exists=True, path_type=Path), default=None,
               help="Auxiliary pool (folder/archive of images) for t3ar / t3ar-random.")
 @click.option("--method", type=click.Choice(METHODS), default="t3ar", show_default=True)
+@click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
+              help=f"T3AR family: a named configuration (paper | validated); default {DEFAULT_PRESET}, the one "
+                   "the method benchmark chose. Options given here win over the preset's.")
 @click.option("--k", default=_D["k"], show_default=True, type=int, help="Retrieved neighbours per target image.")
 @click.option("--r", default=_D["r"], show_default=True, type=int, help="Dedup ratio: sample k of the top r*k.")
 @click.option("--epochs", default=_D["epochs"], show_default=True, type=int)
@@ -148,7 +158,8 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @device_option
 @json_option
 @domain_errors
-def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, method: str, k: int, r: int,
+def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, method: str, preset: str | None,
+              k: int, r: int,
               epochs: int, min_steps: int, batch_size: int, lr: float, fraction: float, use_labels: bool,
               eval_path: Path | None, train_groups: str, bank_size: int, retriever: str,
               retriever_weights: str | None, retriever_tag: str | None, retriever_image_size: int, seed: int,
@@ -168,11 +179,14 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
     from t3ar.pipeline import run_adaptation
 
     extra = json_object(config_json, "--config")
-    fields = {"method": method, "mode": "train" if use_labels else "test", "k": k, "r": r, "epochs": epochs,
-              "min_steps": min_steps, "batch_size": batch_size, "lr": lr, "fraction": fraction,
-              "train_groups": _groups(train_groups), "bank_size": bank_size, "seed": seed, **extra}
+    options = {"k": k, "r": r, "epochs": epochs, "min_steps": min_steps, "batch_size": batch_size, "lr": lr,
+               "fraction": fraction, "train_groups": _groups(train_groups), "bank_size": bank_size, "seed": seed}
+    # options left at their defaults (AdaptConfig's own) are not given, so that a preset's values apply
+    given = {name: v for name, v in options.items() if not _defaulted(name)}
+    fields = {"method": method, "mode": "train" if use_labels else "test", **given,
+              **({"preset": preset} if preset else {}), **extra}
     try:
-        cfg = AdaptConfig.model_validate(fields)
+        cfg = AdaptConfig.model_validate(with_default(fields))
     except ValidationError as e:
         raise click.BadParameter("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
                                            for err in e.errors()), param_hint="--config / options") from e

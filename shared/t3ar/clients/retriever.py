@@ -238,6 +238,11 @@ class RetrieverProvider:
     def all_ids(self) -> list[str]:
         return [item["id"] for item in self.client.iter_items(page_size=1000)]
 
+    def sources(self, ids: Sequence[str]) -> list[str]:
+        """Each item's ``source`` (one metadata read per id, in parallel)."""
+        with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
+            return [str(item.get("source", "")) for item in ex.map(self.client.get_item, ids)]
+
     def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
         """Download and decode (RGB, alpha on white) the pool images, in order."""
         from t3ar.data.images import open_image

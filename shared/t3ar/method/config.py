@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from t3ar.method.presets import Preset, expand
 
 #: every method's name, declared here once; what adapts with each is :data:`t3ar.method.registry.METHOD_STEPS`
 #: (this module stays free of torch: the services validate configs with it)
@@ -32,6 +34,10 @@ class AdaptConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     method: Method = "t3ar"
+    preset: Preset | None = Field(
+        default=None, description="a named configuration of the T3AR family (t3ar.method.presets): 'paper' (these "
+                                  "defaults) or 'validated' (what the method benchmark froze on validation); its "
+                                  "options go under the ones given; None = none")
     mode: Literal["test", "train"] = "test"
     # retrieval
     k: int = Field(default=5, ge=0, le=64, description="retrieved pool neighbours per target image")
@@ -101,6 +107,11 @@ class AdaptConfig(BaseModel):
                                   "statistics: the same results with one forward less per step, at the price of "
                                   "a backward over every row; None = on CUDA only (where a step waits on kernel "
                                   "launches, not arithmetic)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return expand(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _check(self) -> AdaptConfig:

@@ -59,3 +59,7 @@ class NeighbourProvider(Protocol):
     def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
         """The pool images (RGB) for these ids."""
         ...
+
+    def sources(self, ids: Sequence[str]) -> list[str]:
+        """The source of each of these pool ids (what ``AdaptConfig.pool_data_sources`` names)."""
+        ...

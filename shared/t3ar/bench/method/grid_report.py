@@ -127,6 +127,10 @@ def _diffs(res: Mapping[str, Any], mode: str, fractions: Sequence[float]) -> lis
            "| **retrieval alone**: validated T3AR − T3AR without retrieval (its retrieval-off twin) | "
            + " | ".join(ci(res["retrieval_alone_paired"][mode][f]) for f in fs) + " |",
            "| validated T3AR − paper-faithful T3AR | " + " | ".join(ci(res["vs_paper"][mode][f]) for f in fs) + " |"]
+    if mode == "test" and res.get("oracle_vs_validated"):
+        ov = res["oracle_vs_validated"]
+        out.append("| oracle − validated T3AR (what right labels on the emoji neighbours would buy) | "
+                   + " | ".join(ci(ov[f]) if f in ov else "–" for f in fs) + " |")
     bn = res["vs_bn_adapt_all"][mode]
     arms = list(dict.fromkeys(m for f in fs for m in bn.get(f, {})))
     for m in arms:

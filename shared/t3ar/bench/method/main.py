@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from t3ar.bench.method.plans import APPROXIMATION, CE_ONLY, CONTRASTIVE, RETRIEVAL_OFF, BenchPlan, paired
+from t3ar.bench.method.plans import CONTRASTIVE, BenchPlan
 from t3ar.bench.method.runs import Context, build_context, progress_log, run_all, source_record
 
 log = logging.getLogger(__name__)
@@ -102,128 +102,6 @@ def select(ctx: Context, cache: Path) -> dict[str, Any]:
             "train_contrastive": settings["select-train"], "t3ar_options": chosen, "lr_table": table,
             "contrastive_table": setting_table, "options_table": option_rows, "source_top1": src, "shift": v,
             "fraction": f, "seeds": list(p.select_seeds)}
-
-
-def arm_options(sel: Mapping[str, Any], method: str, mode: str = "test") -> dict[str, Any]:
-    """The frozen options of ``method``'s arms: its contrastive setting (T3AR family), and T3AR's options (T3AR and
-    its random-retrieval ablation)."""
-    out = dict(sel.get("train_contrastive" if mode == "train" else "contrastive", {}).get(method, {}))
-    if method in ("t3ar", "t3ar-random"):
-        out = {**sel["t3ar_options"], **out}
-    return out
-
-
-def main_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
-    opts = arm_options(sel, "t3ar")  # T3AR as frozen: its options and its contrastive weight
-    arms = []
-    for shift in p.eval_shifts:
-        for seed in p.seeds:
-            for f in p.fractions:
-                for m in p.methods:
-                    if m == "source":
-                        continue
-                    curves = p.curves and seed == p.seeds[0] and math.isclose(f, p.select_fraction) \
-                        and m in ("t3ar", "t3ar-noretrieval", "adacontrast")
-                    mo = arm_options(sel, m)
-                    arms.append(_arm("main", shift, seed, f, m, sel["lr"][m], curves=curves,
-                                     **({"options": mo} if mo else {})))
-            fa = p.ablation_fraction
-            for name, value in p.options:  # each option flipped relative to the frozen choice
-                flipped = dict(opts)
-                if name in flipped:
-                    flipped.pop(name)
-                else:
-                    flipped[name] = value
-                arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options=flipped,
-                                 variant=f"{name}={'default' if name in opts else value}"))
-            for k in p.ablation_ks:
-                arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], k=k, options=opts,
-                                 variant=f"k={k}"))
-            for name, value in p.approximations:
-                arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options={**opts, name: value},
-                                 variant=f"{APPROXIMATION}{name}"))
-            arms.append(_arm("ablation", shift, seed, fa, "t3ar", sel["lr"]["t3ar"], options=opts, oracle=True,
-                             variant="oracle: no same-class neighbours"))
-            # the family without its contrastive term (the only one retrieval acts through): no-retrieval at its
-            # lr, since without the term the pool changes nothing
-            arms.append(_arm("ablation", shift, seed, fa, "t3ar-noretrieval", sel["lr"]["t3ar-noretrieval"],
-                             options={"contrastive_weight": 0.0}, variant=CE_ONLY))
-            # retrieval alone: T3AR's lr and contrastive term without the pool (its options are about the pool)
-            term = dict(sel.get("contrastive", {}).get("t3ar", {}))
-            arms.append(_arm("ablation", shift, seed, fa, "t3ar-noretrieval", sel["lr"]["t3ar"],
-                             **({"options": term} if term else {}), variant=RETRIEVAL_OFF))
-            for f in p.train_fractions:
-                for m in p.train_methods:
-                    mo = arm_options(sel, m, "train")
-                    arms.append(_arm("train", shift, seed, f, m, sel["train_lr"][m], mode="train",
-                                     **({"options": mo} if mo else {})))
-    return arms
-
-
-def per_seed_average(records: Sequence[Mapping[str, Any]], shifts: Sequence[str], seeds: Sequence[int],
-                     **match: Any) -> list[float]:
-    """For each seed, the mean over ``shifts`` of the matching records' top-1 (NaN where one is missing)."""
-    out = []
-    for s in seeds:
-        vals = [r["top1"] for r in records if r["seed"] == s and r["shift"] in shifts
-                and all(r.get(k) == v for k, v in match.items())]
-        out.append(statistics.mean(vals) if len(vals) == len(shifts) else math.nan)
-    return out
-
-
-def summarise(p: BenchPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Means per cell, paired differences with 95 % CIs, and the goal's verdict."""
-    seeds, shifts = list(p.seeds), list(p.eval_shifts)
-    mains = [r for r in records if r["phase"] in ("main", "source")]
-    cells: dict[str, dict[str, dict[str, float]]] = {}
-    for f in p.fractions:
-        cells[str(f)] = {}
-        for m in p.methods:
-            per = per_seed_average(mains, shifts, seeds, method=m, fraction=f)
-            cells[str(f)][m] = {"mean": statistics.mean(per), "std": statistics.stdev(per) if len(per) > 1 else 0.0,
-                                **{sh: statistics.mean(r["top1"] for r in mains if r["method"] == m
-                                                       and r["shift"] == sh and r["fraction"] == f)
-                                   for sh in shifts}}
-    diffs: dict[str, dict[str, Any]] = {}
-    for f in p.fractions:
-        t = per_seed_average(mains, shifts, seeds, method="t3ar", fraction=f)
-        diffs[str(f)] = {m: paired(t, per_seed_average(mains, shifts, seeds, method=m, fraction=f))
-                         for m in p.methods if m != "t3ar"}
-    trains = [r for r in records if r["phase"] == "train"]
-    train_cells = {str(f): {m: statistics.mean(per_seed_average(trains, shifts, seeds, method=m, fraction=f))
-                            for m in p.train_methods} for f in p.train_fractions}
-    train_diffs = {str(f): {m: paired(per_seed_average(trains, shifts, seeds, method="t3ar", fraction=f),
-                                      per_seed_average(trains, shifts, seeds, method=m, fraction=f))
-                            for m in p.train_methods if m != "t3ar"} for f in p.train_fractions}
-    checks: list[dict[str, Any]] = []
-    for f in p.low_fractions:
-        d = diffs[str(f)]["t3ar-noretrieval"]
-        checks.append({"check": f"test-time {100 * f:g} %: T3AR - t3ar-noretrieval > 0 (95 % CI above 0)",
-                       "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})
-        others = {m: c["mean"] for m, c in cells[str(f)].items() if m != "t3ar"}
-        best = max(others, key=lambda m: others[m])
-        gap = cells[str(f)]["t3ar"]["mean"] - others[best]
-        checks.append({"check": f"test-time {100 * f:g} %: T3AR >= best other ({best}) + 3 points", "value": gap,
-                       "met": bool(gap >= 0.03)})
-        if str(f) in train_diffs:
-            d = train_diffs[str(f)]["t3ar-noretrieval"]
-            checks.append({"check": f"train-time {100 * f:g} %: T3AR - t3ar-noretrieval > 0 (95 % CI above 0)",
-                           "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})
-    below = [(m, f) for f in p.fractions for m in p.methods if m != "source"
-             and cells[str(f)][m]["mean"] < cells[str(f)]["source"]["mean"]]
-    checks.append({"check": "no adapted method below source-only on average", "value": below, "met": not below})
-    t_below = [(sh, f) for f in p.fractions for sh in shifts
-               if cells[str(f)]["t3ar"][sh] < cells[str(f)]["source"][sh]]
-    checks.append({"check": "T3AR below source-only on no shift", "value": t_below, "met": not t_below})
-    # retrieval alone (not a check of the goal): T3AR minus its own configuration without the pool, paired like
-    # the checks (per seed, the mean over the shifts)
-    fa = p.ablation_fraction
-    off = per_seed_average(records, shifts, seeds, phase="ablation", variant=RETRIEVAL_OFF, fraction=fa)
-    alone = None
-    if off and not any(math.isnan(x) for x in off):
-        alone = {"fraction": fa, **paired(per_seed_average(mains, shifts, seeds, method="t3ar", fraction=fa), off)}
-    return {"cells": cells, "diffs": diffs, "train_cells": train_cells, "train_diffs": train_diffs,
-            "retrieval_alone": alone, "verdict": {"met": all(c["met"] for c in checks), "checks": checks}}
 
 
 def run_drift_study(plan: BenchPlan, *, out_dir: Path, work: Path, cache: Path,

@@ -31,10 +31,10 @@ Setting = tuple[tuple[str, Any], ...]
 #: chosen lr, the default on a tie
 CONTRASTIVE_SETTINGS: tuple[Setting, ...] = ((("contrastive_weight", 0.3),), (("contrastive_weight", 3.0),),
                                              (("temperature", 0.2),), (("temperature", 0.5),))
-#: the retrieval options the validated T3AR may keep (each off by default in AdaptConfig), tried in this order
 #: the pool's emoji styles (every style but the source's; a shift's own style is never in its pool): the sources an
 #: operator knows to be of the target's kind, the only ones that may serve as data in one candidate
 EMOJI_SOURCES: tuple[str, ...] = tuple(s for s in ALL_STYLES if s != "google")
+#: the retrieval options the validated T3AR may keep (each off by default in AdaptConfig), tried in this order
 RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("neighbours as data (weight 1, threshold 0.5)", (("pool_data_weight", 1.0),)),
     ("neighbours as data from the emoji sources only",
@@ -48,14 +48,6 @@ RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
 FAMILY_TERMS: tuple[Setting, ...] = ((("temperature", 0.2),), (("temperature", 0.5),), (("diversity_weight", 1.0),))
 #: the retrievers the CPU plan compares (the packaged ImageNet EfficientNet-Lites)
 LITES: tuple[str, ...] = ("efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2")
-#: the variant name's prefix of a speed approximation's ablation arm
-APPROXIMATION = "approximation: "
-#: the ablation arm without the contrastive term: the family's cross-entropy alone
-CE_ONLY = "contrastive_weight=0 (cross-entropy only)"
-#: the ablation arm that isolates retrieval: T3AR's lr and contrastive term, without retrieval. The goal's check
-#: compares T3AR with ``t3ar-noretrieval`` as each was frozen, so a validation choice of another lr or term for
-#: the two moves that difference too; this arm differs from T3AR by the pool alone
-RETRIEVAL_OFF = "retrieval off (T3AR's lr and contrastive term)"
 
 
 @dataclass(frozen=True)
@@ -82,11 +74,7 @@ class BenchPlan:
     select_fraction: float = 0.3
     select_seeds: tuple[int, ...] = (0, 1)
     options: tuple[tuple[str, Any], ...] = (("redraw_neighbours", True), ("pool_negatives", "all"))
-    # speed approximations (never chosen, off in the product by default): each measured as a T3AR ablation arm
-    # at the ablation fraction, paired with the frozen T3AR, so its accuracy cost is on record
-    approximations: tuple[tuple[str, Any], ...] = ()
     ablation_fraction: float = 0.3
-    ablation_ks: tuple[int, ...] = (1, 10)
     k: int = 5
     image_size: int = 64
     eval_share: float = 0.65
@@ -118,12 +106,12 @@ QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fraction
                   contrastive_settings=((("temperature", 0.5),),), select_seeds=(0,), bn_groups=(2,),
                   retrievers=("efficientnet_lite0", "efficientnet_lite1"),
                   retrieval_options=(RETRIEVAL_OPTIONS[0], RETRIEVAL_OPTIONS[4]),
-                  ablation_ks=(1,), max_adapt=160, max_eval=240, source_epochs=1, pool_cap=150,
-                  options=(("pool_negatives", "all"),), approximations=(("cpu_bf16_nograd", True),),
+                  max_adapt=160, max_eval=240, source_epochs=1, pool_cap=150,
+                  options=(("pool_negatives", "all"),),
                   notes=("smoke run: shows the pipeline works; not results",))
 CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.1, 0.3), epochs=30, max_steps=40,
-                lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=LITES, ablation_ks=(1,),
-                workers=2, approximations=(("cpu_bf16_nograd", True),),
+                lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=LITES,
+                workers=2,
                 notes=("the low-data fractions, at most 40 optimiser steps per run (36 at 30 %: 6 epochs; 40 at 10 %: "
                        "20 epochs), two single-thread processes on 2 cores: the step budget is what fits the time. A "
                        "probe on the validation shift before this protocol existed (30 %, seeds 0-1, 60 steps) gave "

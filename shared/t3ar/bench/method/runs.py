@@ -176,6 +176,9 @@ class OracleProvider:
     def fetch(self, ids: Sequence[str]) -> list[Any]:
         return self.base.fetch(ids)
 
+    def sources(self, ids: Sequence[str]) -> list[str]:
+        return self.base.sources(ids)
+
 
 def _curves(history: Sequence[StepStats]) -> list[dict[str, float]]:
     by_epoch: dict[int, list[StepStats]] = {}

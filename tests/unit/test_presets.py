@@ -1,0 +1,50 @@
+"""Named T3AR configurations: expansion, the services' default, and the product following the benchmark."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from t3ar.errors import InvalidInputError
+from t3ar.method.config import AdaptConfig
+from t3ar.method.presets import DEFAULT_PRESET, PRESETS, expand, with_default
+
+REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "adaptation-cpu.json"
+
+
+def test_a_preset_fills_what_the_config_does_not_give() -> None:
+    assert expand({"preset": "paper", "k": 3}) == {"preset": "paper", "k": 3}
+    assert expand({"k": 3}) == {"k": 3}
+    cfg = AdaptConfig(preset="validated")
+    for name, value in PRESETS["validated"].items():
+        assert getattr(cfg, name) == (tuple(value) if isinstance(value, list) else value)
+    assert AdaptConfig(preset="validated", k=7).k == 7  # given wins
+    assert AdaptConfig(preset="paper") == AdaptConfig(preset="paper", **PRESETS["paper"])
+    with pytest.raises(ValueError, match="preset"):
+        AdaptConfig.model_validate({"preset": "best"})
+
+
+def test_the_services_default_preset_applies_to_the_t3ar_family_only() -> None:
+    assert with_default({})["preset"] == DEFAULT_PRESET  # the method defaults to t3ar
+    assert with_default({"method": "t3ar-noretrieval"})["preset"] == DEFAULT_PRESET
+    assert "preset" not in with_default({"method": "shot-im"})
+    assert with_default({"method": "t3ar", "preset": "paper"})["preset"] == "paper"
+
+
+def test_the_api_gives_t3ar_jobs_the_default_preset_and_refuses_an_unknown_one() -> None:
+    from t3ar_services.api.uploads import parse_config
+
+    _, cfg = parse_config('{"method": "t3ar", "k": 3}')
+    assert cfg.preset == DEFAULT_PRESET and cfg.k == 3
+    _, tent = parse_config('{"method": "tent"}')
+    assert tent.preset is None
+    with pytest.raises(InvalidInputError, match="preset"):
+        parse_config('{"preset": "best"}')
+
+
+def test_the_product_follows_the_committed_method_benchmark() -> None:
+    """The validated preset is what the cpu plan froze on validation, and it is the default only where it beat
+    the paper-faithful T3AR there."""
+    sel = json.loads(REPORT.read_text())["selection"]
+    assert PRESETS["validated"] == {k: v for k, v in sel["validated"]["options"].items()}
+    assert DEFAULT_PRESET == ("validated" if sel["validated_beats_paper"] else "paper")
