@@ -373,8 +373,8 @@ def test_grid_selection_freezes_each_choice_on_validation(monkeypatch: pytest.Mo
     assert sel["options"] == {"pool_data_weight": 1.0, "pool_data_sources": list(grid_plans.EMOJI_SOURCES),
                               "false_negatives": "mask"}
     kept = [r["option"] for r in sel["options_table"] if r["kept"]]
-    assert kept == ["retriever efficientnet_lite1 (by retrieval quality)", "neighbours as data from the emoji sources only",
-                    "false negatives masked"]
+    assert kept == ["retriever efficientnet_lite1 (by retrieval quality)",
+                    "neighbours as data from the emoji sources only", "false negatives masked"]
     assert sel["validated"] == {"method": "t3ar", "retriever": "efficientnet_lite1",
                                 "options": {"temperature": 0.5, **sel["options"]}}
     assert sel["validated_beats_paper"] and sel["validated_top1"] > sel["paper_top1"]
@@ -433,3 +433,11 @@ def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: 
     assert "| t3ar | 50.0 | 50.0 | 50.0 | 52.0 | 50.0 | τ 0.2 |" in text  # validation: default first, then each change
     assert "- T3AR's choice for both: the 95 % CI of what retrieval adds above 0." in text
     assert (tmp_path / "adaptation-contrastive.png").stat().st_size > 1000
+
+
+def test_the_emoji_sources_are_the_kits_styles_but_the_sources() -> None:
+    from t3ar.bench.method.plans import EMOJI_SOURCES
+    from t3ar.bench.method.protocol import SOURCE_STYLE
+    from t3ar.datakit.emoji import ALL_STYLES
+
+    assert set(EMOJI_SOURCES) == set(ALL_STYLES) - {SOURCE_STYLE}
