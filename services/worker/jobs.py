@@ -198,6 +198,9 @@ def _brief_eval(ev: dict[str, Any] | None) -> dict[str, Any] | None:
         "per_class": ev.get("per_class", {})}
 
 
+_MAX_STEP_POINTS = 500
+
+
 def _report(spec: JobSpec, config: Any, outcome: Any, metrics: dict[str, Any], sha: str, device: str,
             provider: Any, seconds: float) -> dict[str, Any]:
     res = outcome.result
@@ -217,6 +220,12 @@ def _report(spec: JobSpec, config: Any, outcome: Any, metrics: dict[str, Any], s
         "device": device, "worker_host": socket.gethostname(), "seconds_total": round(seconds, 3),
         "metrics": {k: v for k, v in metrics.items() if k not in ("before", "after")},
         "epochs": epochs, "accuracy": None,
+        # for charts (the web console): per step, thinned to at most _MAX_STEP_POINTS points
+        "step_history": [{"step": s.step, "epoch": s.epoch, "loss": s.loss, "loss_ce": s.loss_ce,
+                   "loss_contrastive": s.loss_contrastive, "pl_change_rate": s.pl_change_rate}
+                  for s in history[::max(1, -(-len(history) // _MAX_STEP_POINTS))]],
+        # what retrieval did: a sample of target images and the pool neighbours drawn for them, with scores
+        "neighbour_sample": outcome.neighbour_sample,
     }
     if provider is not None:
         report["image_cache"] = {"hits": provider.hits, "misses": provider.misses}

@@ -50,6 +50,12 @@ class Retrieved:
     seconds_search: float = 0.0
     seconds_fetch: float = 0.0
     candidates: torch.Tensor | None = None  # [N, m] long, -1 = missing; see above
+    # what retrieval did, for people: the first SAMPLE_TARGETS targets' drawn neighbours as (row, [(id, score)])
+    # (score None for t3ar-random); reports show it next to the target image
+    sample: list[tuple[int, list[tuple[str, float | None]]]] = field(default_factory=list)
+
+
+SAMPLE_TARGETS = 8  # targets whose drawn neighbours a report records (AdaptOutcome.neighbour_sample)
 
 
 def _localise(rows: list[list[str]], width: int, local: dict[str, int]) -> torch.Tensor:
@@ -99,6 +105,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
         rows = random_neighbours(n, len(all_ids), m, generator)  # its first k columns do not depend on m
         cand_rows = [[all_ids[int(i)] for i in row] for row in rows]
         chosen = [row[:k] for row in cand_rows]
+        sample = [(i, [(pid, None) for pid in chosen[i] if pid]) for i in range(min(n, SAMPLE_TARGETS))]
         t1 = t2 = time.perf_counter()
     else:
         queries = provider.embed(target)
@@ -119,6 +126,10 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
         inv = {v: pid for pid, v in vocab.items()}
         chosen = [[inv[int(i)] if i >= 0 else "" for i in row] for row in picked]
         cand_rows = [[inv[int(i)] if i >= 0 else "" for i in row] for row in cand]
+        sample = []
+        for i in range(min(n, SAMPLE_TARGETS)):
+            score_of = {pid: float(sc) for pid, sc in zip(cand_ids[i], np.asarray(scores)[i], strict=False) if pid}
+            sample.append((i, [(pid, score_of.get(pid)) for pid in chosen[i] if pid]))
         t2 = time.perf_counter()
     local: dict[str, int] = {}
     neighbours = _localise(chosen, k, local)  # the drawn ones first: same local order as without redraw
@@ -132,7 +143,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     t3 = time.perf_counter()
     log.info("retrieved %d distinct pool images for %d targets (k=%d, r=%d, %s, redraw=%s, %d near-duplicates "
              "dropped)", len(pool_ids), n, k, config.r, config.method, config.redraw_neighbours, dropped)
-    return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2, candidates)
+    return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2, candidates, sample)
 
 
 def imageset_sha256(imageset: ImageSet) -> str:
@@ -154,6 +165,8 @@ class AdaptOutcome:
     before: dict[str, object] | None = None
     after: dict[str, object] | None = None
     retrieval_seconds: dict[str, float] = field(default_factory=dict)
+    # a sample of what retrieval did: [{"target": target id, "neighbours": [{"id", "score"}]}] (Retrieved.sample)
+    neighbour_sample: list[dict[str, Any]] = field(default_factory=list)
 
     def checkpoint_metrics(self) -> dict[str, Any]:
         """The ``metrics`` an adapted checkpoint stores: the same keys and rounding whoever made it (the CLI's
@@ -234,5 +247,8 @@ def run_adaptation(
     )
     secs = {"embed": retrieved.seconds_embed, "search": retrieved.seconds_search,
             "fetch": retrieved.seconds_fetch} if retrieved else {}
-    return AdaptOutcome(result, lineage, before, after, secs)
+    sample = [{"target": adapt_set.ids[i], "neighbours": [{"id": pid, "score": None if sc is None else round(sc, 4)}
+                                                          for pid, sc in row]}
+              for i, row in (retrieved.sample if retrieved else [])]
+    return AdaptOutcome(result, lineage, before, after, secs, sample)
 

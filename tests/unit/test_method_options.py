@@ -249,6 +249,19 @@ def test_dedup_threshold_drops_near_duplicates() -> None:
     assert sorted(low.pool_ids) == ["c", "d"]
 
 
+def test_retrieve_records_a_sample_of_the_drawn_neighbours_with_their_scores() -> None:
+    from t3ar.pipeline import SAMPLE_TARGETS
+
+    got, _ = _retrieve(dedup_threshold=0.95)
+    assert [i for i, _ in got.sample] == list(range(SAMPLE_TARGETS))
+    score = {"b": 0.6, "c": 0.5, "d": 0.4}
+    for i, row in got.sample:
+        assert [pid for pid, _ in row] == [got.pool_ids[j] for j in got.neighbours[i].tolist()]
+        assert all(sc == pytest.approx(score[pid]) for pid, sc in row)
+    rand, _ = _retrieve("t3ar-random")
+    assert rand.sample and all(sc is None for _, row in rand.sample for _, sc in row)
+
+
 def test_redraw_fetches_every_candidate_and_returns_them() -> None:
     fixed, _ = _retrieve()
     got, provider = _retrieve(redraw_neighbours=True, dedup_threshold=0.95)
