@@ -19,6 +19,8 @@ from redis import Redis
 from starlette.concurrency import run_in_threadpool
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
+from t3ar_services.api.console import install_console
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
@@ -112,7 +114,8 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"),
-        routers=[router, jobs_router, internal_router])
+        routers=[router, jobs_router, internal_router], session_prefixes=[CONSOLE_PREFIX])
     app.state.api = state
+    install_console(app, settings)
     close_form_schemas(app)
     return app

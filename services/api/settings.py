@@ -6,7 +6,7 @@ Every field is documented in ``services/api/README.md``; keep the two in sync.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -49,6 +49,11 @@ class ApiSettings(ServiceSettings):
     max_archive_ratio: int = Field(default=100, ge=1, description="target archive: extracted bytes per archive byte")
     max_image_bytes: int = Field(default=64 * MiB, ge=1, description="one extracted file")
     validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
+
+    # --- the web console (/ui) ---
+    session_secret: SecretStr | None = None  # signs console sessions; unset: random per start (restart = sign-out)
+    session_ttl: int = Field(default=8 * 3600, ge=60, description="seconds a console sign-in lasts")
+    cookie_secure: Literal["auto", "true", "false"] = "auto"  # auto: Secure cookies when the request came over https
 
     log_level: str = "INFO"
 

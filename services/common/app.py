@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import t3ar
 from t3ar_services.common.auth import TokenSettings, worker_token
@@ -23,16 +24,37 @@ from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
 from t3ar_services.common.request_id import RequestIdMiddleware
 
 
+class UnlessUnder:
+    """Middleware ``inner`` (built with ``kwargs``) for every path except those under ``prefixes``, which go
+    straight to the app: the API's web console (``/ui``) signs in with a session cookie, not a bearer token, and
+    checks that cookie itself before it reads any body."""
+
+    def __init__(self, app: ASGIApp, *, inner: Callable[..., ASGIApp], prefixes: Sequence[str], **kwargs: Any) -> None:
+        self.app = app
+        self.wrapped = inner(app, **kwargs)
+        self.prefixes = tuple(prefixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if any(path == p or path.startswith(p + "/") for p in self.prefixes):
+            await self.app(scope, receive, send)
+        else:
+            await self.wrapped(scope, receive, send)
+
+
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
-                       fast: tuple[str, str, Answer] | None = None, **fastapi: Any) -> FastAPI:
+                       fast: tuple[str, str, Answer] | None = None, session_prefixes: Sequence[str] = (),
+                       **fastapi: Any) -> FastAPI:
     """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``fastapi``: the
-    app's title, description, lifespan, form limits."""
+    app's title, description, lifespan, form limits. ``session_prefixes``: paths the credentials-first check
+    leaves to the routes (the API's console, which checks its own session cookie before reading a body)."""
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
     install_errors(app)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
     accepts = token_matcher((settings.token, settings.admin_token, worker_token(settings)))  # settings are frozen
-    app.add_middleware(CredentialsFirstMiddleware, enabled=not settings.auth_disabled, accepts=accepts)
+    app.add_middleware(UnlessUnder, inner=CredentialsFirstMiddleware, prefixes=session_prefixes,
+                       enabled=not settings.auth_disabled, accepts=accepts)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     if fast is not None:  # added last = outermost

@@ -1,0 +1,33 @@
+"""The web console under ``/ui``: server-rendered pages over the JSON API's own functions (no second
+implementation), signed-in with an API token into a session cookie. :func:`install_console` adds it to the app.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from t3ar_services.api.console import pages_auth, pages_jobs, pages_models, pages_pool
+from t3ar_services.api.console.session import Sessions
+from t3ar_services.api.console.web import (
+    PREFIX,
+    STATIC_DIR,
+    NeedSignIn,
+    PageError,
+    SecurityHeadersMiddleware,
+    error_page,
+    sign_in_redirect,
+)
+from t3ar_services.api.settings import ApiSettings
+
+__all__ = ["PREFIX", "install_console"]
+
+
+def install_console(app: FastAPI, settings: ApiSettings) -> None:
+    app.state.console_sessions = Sessions(settings)
+    app.add_exception_handler(PageError, error_page)
+    app.add_exception_handler(NeedSignIn, sign_in_redirect)
+    app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
+    for module in (pages_auth, pages_jobs, pages_pool, pages_models):
+        app.include_router(module.router)
+    app.add_middleware(SecurityHeadersMiddleware)

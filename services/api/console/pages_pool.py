@@ -1,0 +1,137 @@
+"""The pool: a paged thumbnail grid with counts per source, search by an uploaded image, an item's page
+(metadata, near-duplicates, the jobs and checkpoints that used it) and, for admins, withdrawal.
+
+Reads go through the API's own retriever client (the browser never gets a retriever token) for any signed-in
+session; withdrawal calls the JSON route's function (``DELETE /pool/{id}``) and only for an admin session.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from t3ar_services.api import routes, routes_jobs
+from t3ar_services.api.console.web import (
+    PREFIX,
+    PageError,
+    SessionDep,
+    api_state,
+    call,
+    checked_form,
+    png_response,
+    render,
+    require_admin,
+    thumbnail,
+)
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+PAGE = 48
+SEARCH_K = 12
+MAX_QUERY_BYTES = 16 * 1024 * 1024
+NEAR_K = 6
+
+
+@router.get("/pool")
+def pool_page(request: Request, session: SessionDep, source: str | None = None, after: str | None = None) -> Response:
+    state = api_state(request)
+    stats = call(state.retriever.stats)
+    source = source or None
+    page = call(state.retriever.list_items, after=after or None, limit=PAGE, source=source)
+    sources = sorted(dict(stats.get("sources") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    return render(request, "pool.html", session, items=page["items"], next_after=page.get("next_after"),
+                  total=page.get("total", len(page["items"])), count=stats.get("count", 0), sources=sources,
+                  source=source)
+
+
+@router.get("/pool/search")
+def search_page(request: Request, session: SessionDep) -> Response:
+    return render(request, "search.html", session, results=None, query=None)
+
+
+@router.post("/pool/search")
+async def search(request: Request) -> Response:
+    session, form = await checked_form(request, max_files=1, max_part_size=MAX_QUERY_BYTES)
+    upload = form.get("image")
+    if upload is None or isinstance(upload, str):
+        raise PageError(422, "choose an image file to search with")
+    data = await upload.read()
+    state = api_state(request)
+    result = await run_in_threadpool(call, state.retriever.search_images, [(upload.filename or "query", data)],
+                                     SEARCH_K)
+    try:
+        query = base64.b64encode(await run_in_threadpool(thumbnail, data)).decode()
+    except Exception as e:  # the retriever decoded it; PIL here did not (it would have said so first)
+        raise PageError(422, "the uploaded file is not an image this server can read") from e
+    rows = [{"id": i, "score": s} for i, s in zip(result.ids[0], result.scores[0], strict=False) if i]
+    return render(request, "search.html", session, results=rows, query=query, filename=upload.filename or "")
+
+
+def _item(state: Any, pool_id: str) -> dict[str, Any] | None:
+    try:
+        return call(state.retriever.get_item, pool_id)
+    except PageError as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+@router.get("/pool/{pool_id}")
+def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
+    """Also for a withdrawn item: its lineage stays (the jobs and checkpoints that used it)."""
+    state = api_state(request)
+    item = _item(state, pool_id)
+    near: list[dict[str, Any]] = []
+    if item is not None and item.get("size"):
+        image = call(state.retriever.get_image, pool_id)
+        res = call(state.retriever.search_images, [image], NEAR_K, exclude_ids=[pool_id])
+        near = [{"id": i, "score": s} for i, s in zip(res.ids[0], res.scores[0], strict=False) if i]
+    lineage = call(routes.pool_lineage, request, state, pool_id)
+    return render(request, "item.html", session, pool_id=pool_id, item=item, near=near, lineage=lineage)
+
+
+@router.get("/pool/{pool_id}/image")
+def item_image(request: Request, session: SessionDep, pool_id: str) -> Response:
+    data = call(api_state(request).retriever.get_image, pool_id)
+    try:
+        return png_response(thumbnail(data))
+    except Exception as e:
+        raise PageError(404, f"pool item {pool_id!r} has no image this server can read") from e
+
+
+@router.get("/pool/{pool_id}/withdraw")
+def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Response:
+    """What withdrawing would affect, and the confirmation form (admins only)."""
+    require_admin(session)
+    state = api_state(request)
+    item = _item(state, pool_id)
+    if item is None:
+        raise PageError(404, f"no pool item {pool_id!r} (already withdrawn, or never added)")
+    lineage = call(routes.pool_lineage, request, state, pool_id)
+    return render(request, "withdraw.html", session, pool_id=pool_id, item=item, lineage=lineage, done=False)
+
+
+@router.post("/pool/{pool_id}/withdraw")
+async def withdraw(request: Request, pool_id: str) -> Response:
+    session, _ = await checked_form(request)
+    require_admin(session)
+    state = api_state(request)
+    result = await run_in_threadpool(call, routes.delete_pool_item, request, state, pool_id)
+    return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=result, done=True)
+
+
+@router.post("/pool/{pool_id}/readapt")
+async def readapt_affected(request: Request, pool_id: str) -> Response:
+    """Readapt every finished job that used the item (after its withdrawal: against the pool without it)."""
+    session, _ = await checked_form(request)
+    state = api_state(request)
+    lineage = await run_in_threadpool(call, routes.pool_lineage, request, state, pool_id)
+    started = []
+    for job in lineage.jobs:
+        resp = await run_in_threadpool(call, routes_jobs.readapt, request, state, job.job_id)
+        started.append({"parent": job.job_id, "id": json.loads(bytes(resp.body))["id"]})
+    return render(request, "readapted.html", session, pool_id=pool_id, started=started)

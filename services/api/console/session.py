@@ -1,0 +1,126 @@
+"""Console sessions: a signed, expiring cookie that names a token without holding it, and CSRF tokens.
+
+The cookie is ``base64url(JSON payload) . base64url(HMAC-SHA256(secret, payload))``; the payload holds the
+token's *fingerprint* (an HMAC of the token under the same secret, so the cookie cannot be turned back into the
+token), an expiry time and a random nonce. It is checked at every request: signature, expiry, and that the
+fingerprint is still that of a token the settings accept. The scope (user or admin) is decided then, from
+which token it matches, never from the cookie: a revoked or rotated token (the API restarted with other
+tokens) ends its sessions at the next request. The worker token cannot sign in.
+
+CSRF: every form carries ``HMAC(secret, "csrf:" + nonce)`` of the session's nonce (a synchronizer token the
+page can hold without holding the session); the sign-in form, before any session exists, the same of a random
+pre-session nonce kept in its own short-lived cookie. With auth disabled every session is admin.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import SecretStr
+
+from t3ar_services.api.settings import ApiSettings
+
+SESSION_COOKIE = "t3ar_session"
+LOGIN_COOKIE = "t3ar_login"  # the pre-session nonce of the sign-in form's CSRF token
+LOGIN_TTL = 1800
+ConsoleScope = Literal["token", "admin"]
+
+
+@dataclass(frozen=True)
+class Session:
+    scope: ConsoleScope
+    nonce: str
+    expires: float
+    csrf: str
+
+    @property
+    def admin(self) -> bool:
+        return self.scope == "admin"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Sessions:
+    """Signs and checks console cookies for one API process (settings are frozen: the tokens cannot change
+    under it; a restart with other tokens changes what :meth:`scope_of_fingerprint` accepts)."""
+
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
+        secret = settings.session_secret
+        self._key = secret.get_secret_value().encode() if secret is not None else secrets.token_bytes(32)
+        self.ttl = settings.session_ttl
+
+    def _mac(self, purpose: str, value: str) -> str:
+        return _b64(hmac.new(self._key, f"{purpose}:{value}".encode(), hashlib.sha256).digest())
+
+    def fingerprint(self, token: str) -> str:
+        return self._mac("token", token)
+
+    def csrf_for(self, nonce: str) -> str:
+        return self._mac("csrf", nonce)
+
+    def _known(self) -> list[tuple[ConsoleScope, SecretStr | None]]:
+        return [("admin", self.settings.admin_token), ("token", self.settings.token)]
+
+    def scope_of_token(self, token: str) -> ConsoleScope | None:
+        """The scope a sign-in with ``token`` gets, or None (unknown token, or the worker token)."""
+        if self.settings.auth_disabled:
+            return "admin"
+        raw = token.encode()
+        for scope, known in self._known():
+            if known is not None and secrets.compare_digest(raw, known.get_secret_value().encode()):
+                return scope
+        return None
+
+    def scope_of_fingerprint(self, fp: str) -> ConsoleScope | None:
+        if self.settings.auth_disabled:
+            return "admin"
+        for scope, known in self._known():
+            if known is not None and secrets.compare_digest(fp, self.fingerprint(known.get_secret_value())):
+                return scope
+        return None
+
+    def issue(self, token: str, now: float | None = None) -> str:
+        """The cookie value of a new session for ``token`` (which the caller checked with :meth:`scope_of_token`)."""
+        now = time.time() if now is None else now
+        payload = {"f": self.fingerprint(token), "e": int(now + self.ttl), "n": secrets.token_urlsafe(16)}
+        body = _b64(json.dumps(payload, separators=(",", ":")).encode())
+        return f"{body}.{self._mac('session', body)}"
+
+    def read(self, cookie: str | None, now: float | None = None) -> Session | None:
+        """The session a cookie names, or None: missing, forged, expired, or its token no longer accepted."""
+        if not cookie or cookie.count(".") != 1:
+            return None
+        body, mac = cookie.split(".")
+        if not secrets.compare_digest(mac, self._mac("session", body)):
+            return None
+        try:
+            payload = json.loads(_unb64(body))
+            fp, expires, nonce = str(payload["f"]), float(payload["e"]), str(payload["n"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if expires <= (time.time() if now is None else now):
+            return None
+        scope = self.scope_of_fingerprint(fp)
+        if scope is None:
+            return None
+        return Session(scope=scope, nonce=nonce, expires=expires, csrf=self.csrf_for(nonce))
+
+    def csrf_ok(self, nonce: str | None, given: object) -> bool:
+        return bool(nonce) and isinstance(given, str) and secrets.compare_digest(given, self.csrf_for(str(nonce)))
+
+    def new_login_nonce(self) -> str:
+        return secrets.token_urlsafe(16)

@@ -1,0 +1,204 @@
+"""The console's web plumbing: templates (Jinja2, autoescaped), security headers, the session dependency,
+CSRF-checked forms, HTML error pages and image thumbnails.
+
+Every page and action goes through :func:`current_session` (a signed-in session, else a redirect to sign-in);
+every POST through :func:`checked_form`, which checks the session *before* reading the body and the CSRF token
+after. Calls into the JSON API's own functions go through :func:`call`, which turns their domain errors into an
+HTML error page with the status the JSON API would have answered.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import jinja2
+from fastapi import Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.datastructures import FormData
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from t3ar.errors import T3arError
+from t3ar_services.api.console.session import SESSION_COOKIE, Session, Sessions
+from t3ar_services.api.deps import ApiState
+from t3ar_services.api.errors import classify
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+PREFIX = "/ui"
+HERE = Path(__file__).parent
+STATIC_DIR = HERE / "static"
+# No inline script or style anywhere: scripts and styles come from /ui/static only; images from this origin or
+# data: URIs (a searched image, re-encoded by us); forms post only here; no framing.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+       "frame-ancestors 'none'; base-uri 'none'; connect-src 'self'")
+SECURITY_HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
+                    (b"x-frame-options", b"DENY"), (b"referrer-policy", b"same-origin")]
+
+
+def _segment(value: object) -> str:
+    """One URL path segment, whatever the value holds (``/``, ``?``, ``..``)."""
+    return urllib.parse.quote(str(value), safe="")
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["seg"] = _segment
+    return env
+
+
+TEMPLATES = _env()
+
+
+class SecurityHeadersMiddleware:
+    """The console's headers (CSP, nosniff, no framing) on every answer under ``/ui``, errors included; pages
+    are not cached (they show one session's data)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not (path == PREFIX or path.startswith(PREFIX + "/")):
+            await self.app(scope, receive, send)
+            return
+        static = path.startswith(PREFIX + "/static/")
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in dict(SECURITY_HEADERS)]
+                headers += SECURITY_HEADERS
+                if not static and not any(k.lower() == b"cache-control" for k, _ in headers):
+                    headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class NeedSignIn(Exception):
+    def __init__(self, next_path: str) -> None:
+        self.next_path = next_path
+
+
+class PageError(Exception):
+    """Rendered as the error page with this status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def sessions(request: Request) -> Sessions:
+    found: Sessions = request.app.state.console_sessions
+    return found
+
+
+def api_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.api
+    return state
+
+
+def current_session(request: Request) -> Session:
+    """The request's session, or :class:`NeedSignIn` (answered with a redirect to the sign-in page)."""
+    found = sessions(request).read(request.cookies.get(SESSION_COOKIE))
+    if found is None:
+        raise NeedSignIn(request.url.path)
+    return found
+
+
+SessionDep = Annotated[Session, Depends(current_session)]
+
+
+def require_admin(session: Session) -> None:
+    if not session.admin:
+        raise PageError(403, "withdrawing pool items needs the admin token (T3AR_API_ADMIN_TOKEN): sign in with it")
+
+
+def same_origin(request: Request) -> bool:
+    """A browser's ``Origin`` on a POST must be this server (SameSite=Strict already keeps the cookie off
+    cross-site requests; this refuses them before their body is read)."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    return origin == own
+
+
+async def checked_form(request: Request, *, max_files: int = 0, max_part_size: int = 64 * 1024) -> \
+        tuple[Session, FormData]:
+    """A POST's session (checked before the body is read), then its form, whose ``csrf`` field must be the
+    session's CSRF token (403 otherwise)."""
+    session = current_session(request)
+    if not same_origin(request):
+        raise PageError(403, "cross-origin form posts are refused")
+    form = await request.form(max_files=max_files, max_fields=32, max_part_size=max_part_size)
+    if not sessions(request).csrf_ok(session.nonce, form.get("csrf")):
+        raise PageError(403, "missing or wrong CSRF token: reload the page and try again")
+    return session, form
+
+
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one of the JSON API's own functions; its domain errors become an error page with the same status."""
+    try:
+        return fn(*args, **kwargs)
+    except T3arError as e:
+        status, _ = classify(e)
+        raise PageError(status, str(e)) from e
+    except (RedisConnectionError, RedisTimeoutError) as e:
+        raise PageError(503, "the job queue (Redis) is unreachable; retry shortly") from e
+
+
+def render(request: Request, template: str, session: Session | None, status: int = 200, **context: Any) -> \
+        HTMLResponse:
+    body = TEMPLATES.get_template(template).render(session=session, prefix=PREFIX, path=request.url.path,
+                                                   **context)
+    return HTMLResponse(body, status_code=status)
+
+
+def error_page(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, PageError)
+    if exc.status >= 500:
+        log.error("console %s %s: %s", request.method, request.url.path, exc.message)
+    session = sessions(request).read(request.cookies.get(SESSION_COOKIE))
+    return render(request, "error.html", session, status=exc.status, status_code=exc.status, message=exc.message)
+
+
+def sign_in_redirect(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, NeedSignIn)
+    target = exc.next_path if request.method == "GET" else f"{PREFIX}/jobs"
+    return RedirectResponse(f"{PREFIX}/login?next={urllib.parse.quote(target, safe='/')}", status_code=303)
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a console path only (never another site, never a scheme)."""
+    if value and value.startswith(PREFIX + "/") and not value.startswith("//") and "\\" not in value \
+            and ":" not in value.split("?")[0] and not value.startswith(PREFIX + "/login"):
+        return value
+    return f"{PREFIX}/jobs"
+
+
+def thumbnail(data: bytes, size: int = 128) -> bytes:
+    """Any image the pool or a target holds, re-encoded as a small PNG (a browser only ever gets our PNG)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        img.draft("RGB", (size, size))
+        out = img.convert("RGB")
+        out.thumbnail((size, size))
+        buf = io.BytesIO()
+        out.save(buf, "PNG")
+        return buf.getvalue()
+
+
+def png_response(data: bytes) -> Response:
+    return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})
