@@ -37,3 +37,18 @@ fi
 # mypy reads sources, not setuptools' package mapping: it finds services/ under its import name through this link
 mkdir -p .cache/typecheck
 ln -sfn ../../services .cache/typecheck/t3ar_services
+
+# The console's browser tests (tests/e2e/test_console_browser.py) drive Debian's chromium through Playwright,
+# never a browser a tool downloads itself. CI runs as root on a clean machine: install it there; elsewhere say how.
+if ! command -v chromium >/dev/null 2>&1; then
+  apt=""
+  if [ "$(id -u)" = 0 ]; then apt="apt-get"; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then apt="sudo -n apt-get"; fi
+  if [ -n "$apt" ] && command -v apt-get >/dev/null; then
+    echo "setup: installing chromium (apt-get) for the console's browser tests" >&2
+    if ! ($apt update -qq && DEBIAN_FRONTEND=noninteractive $apt install -y -qq chromium) >.venv/apt-chromium.log 2>&1; then
+      echo "setup: could not install chromium (log: .venv/apt-chromium.log); the browser tests will skip" >&2
+    fi
+  else
+    echo "setup: no chromium: the console's browser tests will skip (install it: sudo apt-get install chromium)" >&2
+  fi
+fi

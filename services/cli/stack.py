@@ -85,7 +85,7 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
     children += [Child(f"worker-{i + 1}", [PY, "-m", "t3ar_services.worker"],
                        {**worker_env, "T3AR_WORKER_METRICS_PORT": str(port)}, logs / f"worker-{i + 1}.log")
                  for i, port in enumerate(metrics_ports)]
-    info = {"api_url": api_url, "retriever_url": retriever_url, "redis_url": redis_url,
+    info = {"api_url": api_url, "console_url": f"{api_url}/ui", "retriever_url": retriever_url, "redis_url": redis_url,
             "worker_metrics": [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports],
             "data_dir": str(data_dir.resolve()), "auth": not no_auth,
             "tokens": {} if no_auth else {k: tokens[k] for k in ("api_token", "api_admin_token", "api_worker_token",
@@ -185,12 +185,14 @@ def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> No
     _write_stack(data_dir, info, children)
     t = info["tokens"]
     lines = [f"t3ar stack is up (data dir {info['data_dir']}; logs in {data_dir / 'logs'})",
+             f"  console    {info['console_url']}   (open it in a browser; sign in with a token below)",
              f"  api        {info['api_url']}   (docs: {info['api_url']}/docs)",
              f"  retriever  {info['retriever_url']}",
              f"  redis      {redact_url(info['redis_url'])} (password in stack.json)",
              f"  workers    {sum(c.name.startswith('worker') for c in children)}"]
     if t:
-        lines += [f"  api token        {t['api_token']}", f"  api admin token  {t['api_admin_token']}",
+        lines += [f"  api token        {t['api_token']}   (console and API: jobs, pool, models)",
+                  f"  api admin token  {t['api_admin_token']}   (also withdraws pool items)",
                   f"  retriever token  {t['retriever_token']} (admin {t['retriever_admin_token']})"]
     else:
         lines.append("  AUTH DISABLED (--no-auth): anyone on this machine can use and delete")

@@ -49,6 +49,7 @@ def test_plan_wires_every_process(tmp_path: Path) -> None:
     assert worker["T3AR_WORKER_DATA_DIR"] == str(tmp_path / "worker") != api["T3AR_API_DATA_DIR"]
     assert not any(api["T3AR_API_DATA_DIR"] in v for v in worker.values())
     assert worker["T3AR_WORKER_API_URL"] == info["api_url"] == "http://127.0.0.1:1001"
+    assert info["console_url"] == "http://127.0.0.1:1001/ui"  # issue 27: `t3ar up` prints it
     assert worker["T3AR_WORKER_API_TOKEN"] == t["api_worker_token"] == api["T3AR_API_WORKER_TOKEN"]
     assert len({t["api_worker_token"], t["api_token"], t["api_admin_token"]}) == 3
     assert worker["T3AR_WORKER_RETRIEVER_TOKEN"] == t["retriever_token"]
