@@ -25,13 +25,13 @@ from t3ar_services.common.request_id import RequestIdMiddleware
 
 
 class UnlessUnder:
-    """Middleware ``inner`` (built with ``kwargs``) for every path except those under ``prefixes``, which go
+    """Middleware ``inner`` (built with ``options``) for every path except those under ``prefixes``, which go
     straight to the app: the API's web console (``/ui``) signs in with a session cookie, not a bearer token, and
     checks that cookie itself before it reads any body."""
 
-    def __init__(self, app: ASGIApp, *, inner: Callable[..., ASGIApp], prefixes: Sequence[str], **kwargs: Any) -> None:
+    def __init__(self, app: ASGIApp, *, inner: Any, options: dict[str, Any], prefixes: Sequence[str]) -> None:
         self.app = app
-        self.wrapped = inner(app, **kwargs)
+        self.wrapped = inner(app, **options)
         self.prefixes = tuple(prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -54,7 +54,7 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
     accepts = token_matcher((settings.token, settings.admin_token, worker_token(settings)))  # settings are frozen
     app.add_middleware(UnlessUnder, inner=CredentialsFirstMiddleware, prefixes=session_prefixes,
-                       enabled=not settings.auth_disabled, accepts=accepts)
+                       options={"enabled": not settings.auth_disabled, "accepts": accepts})
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     if fast is not None:  # added last = outermost

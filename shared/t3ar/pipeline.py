@@ -99,6 +99,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
         raise InvalidInputError(f"the pool has {provider.size()} items; k={k} neighbours are needed per image")
     cand_rows: list[list[str]] | None = None
     dropped = 0
+    sample: list[tuple[int, list[tuple[str, float | None]]]]
     if config.method == "t3ar-random":
         all_ids = provider.all_ids()
         m = min(k * config.r, len(all_ids)) if config.redraw_neighbours else k

@@ -30,4 +30,5 @@ def install_console(app: FastAPI, settings: ApiSettings) -> None:
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     for module in (pages_auth, pages_jobs, pages_pool, pages_models):
         app.include_router(module.router)
+    app.include_router(pages_auth.fallback)
     app.add_middleware(SecurityHeadersMiddleware)

@@ -97,3 +97,11 @@ async def logout(request: Request) -> Response:
     response.delete_cookie(SESSION_COOKIE, path=PREFIX, httponly=True, samesite="strict",
                            secure=secure_cookies(request))
     return response
+
+
+fallback = APIRouter(prefix=PREFIX, include_in_schema=False)  # included last: an HTML 404 for any other /ui path
+
+
+@fallback.api_route("/{rest:path}", methods=["GET", "POST"])
+def not_found(rest: str) -> Response:
+    raise PageError(404, f"no console page /ui/{rest}")
