@@ -8,47 +8,18 @@ noticed in seconds.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from stack_helpers import CLASSES, ROOT, Stack, inherited_path, png, target_zip, tiny_checkpoint
+from stack_helpers import CLASSES, Stack, png, running_stack, target_zip, tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    data = tmp_path_factory.mktemp("stack")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
-               T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE="32", T3AR_RETRIEVER_EMBED_BATCH_SIZE="16",
-               T3AR_WORKER_MONITOR_INTERVAL="1", T3AR_WORKER_ABANDON_GRACE="3", T3AR_WORKER_PROGRESS_INTERVAL="0.2",
-               T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="1")
-    out = open(data / "up.log", "wb")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data), "--api-port", "0",
-                             "--retriever-port", "0", "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT,
-                            cwd=ROOT)
-    deadline = time.monotonic() + 300
-    while not (data / "stack.json").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"t3ar up did not start:\n{(data / 'up.log').read_text()[-4000:]}")
-        time.sleep(0.5)
-    info = json.loads((data / "stack.json").read_text())
-    try:
-        yield Stack(data, info, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        out.close()
+    with running_stack(tmp_path_factory.mktemp("stack")) as st:
+        yield st
 
 
 @pytest.fixture(scope="session")

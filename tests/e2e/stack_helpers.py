@@ -6,14 +6,19 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from t3ar.clients.api import ApiClient
@@ -99,3 +104,33 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.3) -
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@contextmanager
+def running_stack(data: Path) -> Iterator[Stack]:
+    """`t3ar up` in ``data`` (one worker, free ports, short heartbeats), stopped with SIGTERM at the end."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
+               T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE="32", T3AR_RETRIEVER_EMBED_BATCH_SIZE="16",
+               T3AR_WORKER_MONITOR_INTERVAL="1", T3AR_WORKER_ABANDON_GRACE="3", T3AR_WORKER_PROGRESS_INTERVAL="0.2",
+               T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="1")
+    out = open(data / "up.log", "wb")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data), "--api-port", "0",
+                             "--retriever-port", "0", "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                            cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while not (data / "stack.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out.close()
+            pytest.fail(f"t3ar up did not start:\n{(data / 'up.log').read_text()[-4000:]}")
+        time.sleep(0.5)
+    info = json.loads((data / "stack.json").read_text())
+    try:
+        yield Stack(data, info, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        out.close()

@@ -1,0 +1,316 @@
+"""The web console in a real headless Chromium (Debian's ``chromium``, driven by Playwright; never a browser a
+tool downloads) against the real embedded stack (`t3ar up`: Redis, retriever, API, one worker).
+
+One stack and one browser for the module; a handful of tests in order: sign in and watch a job submitted from
+the CLI finish, its neighbours; the pool, search and hostile strings; models; a user cannot withdraw; an admin
+withdraws (lineage, then gone from search); no page answers 5xx. Each page is screenshotted by this browser:
+into ``$T3AR_CONSOLE_SCREENSHOTS`` when set (``docs/console`` refreshes the README's pictures), else a tmp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from stack_helpers import (
+    CLASSES,
+    FAST_JOB,
+    ROOT,
+    Stack,
+    inherited_path,
+    png,
+    running_stack,
+    target_zip,
+    tiny_checkpoint,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+JS_URL = "javascript:alert(3)"
+
+if CHROMIUM is None:
+    pytest.skip("no chromium on this machine: scripts/setup.sh installs Debian's package when it runs as root "
+                "(or: sudo apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra: bash scripts/setup.sh")
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = os.environ.get("T3AR_CONSOLE_SCREENSHOTS")
+    path = Path(where) if where else tmp_path_factory.mktemp("console-shots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("console-stack")) as st:
+        yield st
+
+
+@pytest.fixture(scope="module")
+def pool(console_stack: Stack) -> list[str]:
+    """24 pool images; a third under a hostile source with hostile metadata and file names."""
+    rng = np.random.default_rng(7)
+    ids: list[str] = []
+    with console_stack.retriever() as rc:
+        for source, meta, n in (("emoji-google", {"licence": "Apache-2.0"}, 16),
+                                (HOSTILE, {"caption": HOSTILE, "url": JS_URL}, 8)):
+            images = [(f"{HOSTILE if source == HOSTILE else 'img'}-{i}.png", png(CLASSES[i % 3], rng))
+                      for i in range(n)]
+            out = rc.add_images(images, source=source, metadata=meta, duplicate_policy="keep")
+            ids += [it["id"] for it in out["items"] if it["status"] == "added"]
+    assert len(ids) == 24
+    return ids
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
+               T3AR_API_URL=stack.info["api_url"], T3AR_API_TOKEN=stack.info["tokens"]["api_token"])
+    return subprocess.run([sys.executable, "-m", "t3ar.cli.job_cmd", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+
+
+class Console:
+    """One signed-in browser context; records every console answer's status and any dialog (an alert would
+    mean a hostile string ran)."""
+
+    def __init__(self, browser: Any, stack: Stack, token: str) -> None:
+        self.base = stack.info["console_url"]
+        self.token = token
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(30_000)
+        self.statuses: list[tuple[int, str]] = []
+        self.dialogs: list[str] = []
+        self.page.on("response", lambda r: self.statuses.append((r.status, r.url)))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.goto(f"{self.base}/jobs")
+        assert "/ui/login" in self.page.url
+        self.page.fill("#token", token)
+        self.page.click("#sign-in")
+        self.page.wait_for_url("**/ui/jobs")
+
+    def go(self, path: str) -> Any:
+        resp = self.page.goto(self.base + path)
+        assert resp is not None
+        return resp
+
+    def shot(self, shots: Path, name: str) -> None:
+        self.page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+
+    def csrf(self) -> str:
+        return str(self.page.get_attribute("input[name=csrf]", "value"))
+
+    def close(self) -> None:
+        assert not [s for s in self.statuses if s[0] >= 500], self.statuses
+        assert self.dialogs == [], self.dialogs
+        self.context.close()
+
+
+@pytest.fixture(scope="module")
+def admin(browser: Any, console_stack: Stack) -> Iterator[Console]:
+    c = Console(browser, console_stack, console_stack.info["tokens"]["api_admin_token"])
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def user(browser: Any, console_stack: Stack) -> Iterator[Console]:
+    c = Console(browser, console_stack, console_stack.info["tokens"]["api_token"])
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def model_id(console_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> str:
+    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("console-models") / "base.pt")
+    with console_stack.api() as api:
+        return str(api.upload_model(ckpt, "tiny emoji classifier")["id"])
+
+
+@pytest.fixture(scope="module")
+def job_id(console_stack: Stack, pool: list[str], model_id: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small labelled job submitted from the CLI (not followed: the console watches it)."""
+    archive = target_zip(tmp_path_factory.mktemp("console-target") / "target.zip", per_class=4)
+    extra = {k: v for k, v in FAST_JOB.items() if k not in ("k", "epochs", "method")}
+    sub = _cli(console_stack, "submit", str(archive), "--model", model_id, "--method", "t3ar", "--k", "2",
+               "--epochs", "2", "--mode", "test", "--config", json.dumps(extra), "--no-follow", "--json")
+    assert sub.returncode == 0, sub.stderr
+    return str(json.loads(sub.stdout)["id"])
+
+
+def _no_secret_in_browser(c: Console) -> None:
+    page = c.page
+    assert c.token not in page.content() and c.token not in page.url
+    assert page.evaluate("() => JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie") \
+        == "{}{}"  # the session cookie is HttpOnly: invisible to scripts
+    cookie = next(k for k in c.context.cookies() if k["name"] == "t3ar_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+    assert c.token not in cookie["value"]
+
+
+def test_sign_in_and_watch_a_cli_job_finish_with_its_neighbours(admin: Console, job_id: str, shots: Path) -> None:
+    _no_secret_in_browser(admin)
+    page = admin.page
+    admin.go("/jobs")
+    row = f"tr[data-job='{job_id}']"
+    page.wait_for_selector(row)
+    # the page refreshes itself (meta refresh) while jobs run; wait for this one to show finished
+    page.wait_for_selector(f"{row} .status.finished", timeout=240_000)
+    admin.shot(shots, "jobs")
+    page.click(f"{row} a")
+    page.wait_for_selector("#job-status")
+    assert page.text_content("#job-status") == "finished"
+    page.wait_for_selector("#neighbours img.neighbour")
+    page.wait_for_load_state("networkidle")
+    loaded = page.eval_on_selector_all("#neighbours img", "els => els.map(e => e.complete && e.naturalWidth > 0)")
+    assert loaded and all(loaded), loaded  # target and neighbour thumbnails, through the API
+    assert page.locator("#neighbours figcaption").first.text_content()
+    assert page.locator("#charts svg polyline").count() >= 2
+    assert page.locator("#lineage img").count() >= 1
+    admin.shot(shots, "job")
+    with page.expect_download() as dl:
+        page.click("#download-report")
+    assert json.loads(Path(dl.value.path()).read_text())["job_id"] == job_id
+
+
+def test_pool_grid_search_and_hostile_strings_as_text(admin: Console, pool: list[str], shots: Path,
+                                                      tmp_path: Path) -> None:
+    page = admin.page
+    admin.go("/pool")
+    assert page.locator("#pool-grid img").count() == 24
+    assert HOSTILE in page.text_content("#sources")  # shown as text
+    assert page.locator("img[src=x]").count() == 0
+    admin.shot(shots, "pool")
+    admin.go("/pool?source=" + urllib.parse.quote(HOSTILE))
+    assert page.locator("#pool-grid img").count() == 8
+    admin.go(f"/pool/{pool[-1]}")
+    meta = page.text_content("#item-meta") or ""
+    assert HOSTILE in meta and JS_URL in meta and page.locator("a[href^='javascript']").count() == 0
+    admin.shot(shots, "pool-item")
+    query = tmp_path / "query.png"
+    query.write_bytes(_pool_image(admin, pool[0]))
+    admin.go("/pool/search")
+    page.set_input_files("#query-image", str(query))
+    page.click("#search")
+    page.wait_for_selector("#results li")
+    ids = page.eval_on_selector_all("#results li", "els => els.map(e => e.dataset.id)")
+    assert ids[0] == pool[0]  # the image itself is its own nearest neighbour
+    admin.shot(shots, "search")
+
+
+def _pool_image(c: Console, pool_id: str) -> bytes:
+    resp = c.page.request.get(f"{c.base}/pool/{pool_id}/image")
+    assert resp.status == 200 and resp.headers["content-type"] == "image/png"
+    return bytes(resp.body())
+
+
+def test_models_list_and_upload_with_a_hostile_name(admin: Console, model_id: str, shots: Path,
+                                                    tmp_path: Path) -> None:
+    page = admin.page
+    admin.go("/models")
+    assert model_id in (page.text_content("#models") or "")
+    ckpt = tiny_checkpoint(tmp_path / f"{'x' * 3}.pt", ("cat", "dog"))
+    page.set_input_files("#model-file", str(ckpt))
+    page.fill("#model-name", HOSTILE)
+    page.click("#upload-model")
+    page.wait_for_selector("#uploaded")
+    assert HOSTILE in (page.text_content("#uploaded") or "") and HOSTILE in (page.text_content("#models") or "")
+    assert page.locator("img[src=x]").count() == 0
+    admin.shot(shots, "models")
+
+
+def test_a_user_token_cannot_withdraw(user: Console, pool: list[str], job_id: str) -> None:
+    page = user.page
+    _no_secret_in_browser(user)
+    user.go(f"/pool/{pool[0]}")
+    assert page.locator("#withdraw").count() == 0
+    assert user.go(f"/pool/{pool[0]}/withdraw").status == 403
+    user.go("/jobs")
+    csrf = user.csrf()
+    forced = page.request.post(f"{user.base}/pool/{pool[0]}/withdraw", form={"csrf": csrf})
+    assert forced.status == 403 and "admin token" in forced.text()
+    no_csrf = page.request.post(f"{user.base}/jobs/{job_id}/readapt", form={})
+    assert no_csrf.status == 403 and "CSRF" in no_csrf.text()
+    assert user.go(f"/pool/{pool[0]}").status == 200 and page.locator("#item-meta").count() == 1  # still there
+
+
+def test_admin_withdraws_an_item_sees_its_lineage_and_search_no_longer_returns_it(
+        admin: Console, console_stack: Stack, job_id: str, shots: Path, tmp_path: Path) -> None:
+    with console_stack.api() as api:
+        wait_for(lambda: api.job(job_id)["status"] == "finished", 240, "the job")
+    page = admin.page
+    admin.go(f"/jobs/{job_id}")
+    used = urllib.parse.unquote(str(page.get_attribute("#lineage a", "href")).rsplit("/", 1)[1])
+    query = tmp_path / "used.png"
+    query.write_bytes(_pool_image(admin, used))
+    admin.go(f"/pool/{used}")
+    assert job_id[:12] in (page.text_content("#item-lineage") or "")
+    page.click("#withdraw")
+    page.wait_for_selector("#confirm-withdraw")
+    assert job_id[:12] in (page.text_content("#item-lineage") or "")  # what is affected, before confirming
+    admin.shot(shots, "withdraw-confirm")
+    page.click("#confirm-withdraw")
+    page.wait_for_selector("#withdrawn")
+    assert job_id[:12] in (page.text_content("#item-lineage") or "")
+    assert page.locator("#readapt-affected").count() == 1
+    admin.shot(shots, "withdrawn")
+    admin.go("/pool/search")
+    page.set_input_files("#query-image", str(query))
+    page.click("#search")
+    page.wait_for_selector("#results li")
+    assert used not in page.eval_on_selector_all("#results li", "els => els.map(e => e.dataset.id)")
+    admin.go(f"/pool/{used}")
+    assert "withdrawn" in (page.text_content("h1") or "") and job_id[:12] in (page.text_content("#item-lineage") or "")
+
+
+def test_no_console_page_answers_5xx(admin: Console, shots: Path) -> None:
+    """Every console link reachable from the jobs page (downloads and forms aside), and the images they show."""
+    page = admin.page
+    seen: set[str] = set()
+    todo = ["/jobs"]
+    while todo and len(seen) < 80:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        resp = admin.go(path)
+        assert resp.status < 500, (path, resp.status)
+        assert resp.status == 200 or "/withdraw" in path or path.startswith("/pool/"), (path, resp.status)
+        page.wait_for_load_state("networkidle")
+        for href in page.eval_on_selector_all("a[href^='/ui/']", "els => els.map(e => e.getAttribute('href'))"):
+            rel = href.removeprefix("/ui")
+            if not rel.endswith(("/checkpoint", "/report")) and rel not in seen:
+                todo.append(rel)
+    assert len(seen) > 10
+    bad = [s for s in admin.statuses if s[0] >= 500]
+    assert not bad, bad
+    admin.go("/nope")
+    assert page.text_content("#error-message")
+    page.context.clear_cookies()
+    admin.go("/jobs")
+    assert "/ui/login" in page.url
+    admin.shot(shots, "login")
