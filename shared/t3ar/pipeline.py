@@ -50,12 +50,19 @@ class Retrieved:
     seconds_search: float = 0.0
     seconds_fetch: float = 0.0
     candidates: torch.Tensor | None = None  # [N, m] long, -1 = missing; see above
-    # what retrieval did, for people: the first SAMPLE_TARGETS targets' drawn neighbours as (row, [(id, score)])
+    # what retrieval did, for people: SAMPLE_TARGETS targets' drawn neighbours (sample_rows) as (row, [(id, score)])
     # (score None for t3ar-random); reports show it next to the target image
     sample: list[tuple[int, list[tuple[str, float | None]]]] = field(default_factory=list)
 
 
 SAMPLE_TARGETS = 8  # targets whose drawn neighbours a report records (AdaptOutcome.neighbour_sample)
+
+
+def sample_rows(n: int, size: int = SAMPLE_TARGETS) -> list[int]:
+    """``size`` target rows spread evenly over ``n`` (all of them when fewer): first, last and between."""
+    if n <= size:
+        return list(range(n))
+    return sorted({round(j * (n - 1) / (size - 1)) for j in range(size)})
 
 
 def _localise(rows: list[list[str]], width: int, local: dict[str, int]) -> torch.Tensor:
@@ -106,7 +113,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
         rows = random_neighbours(n, len(all_ids), m, generator)  # its first k columns do not depend on m
         cand_rows = [[all_ids[int(i)] for i in row] for row in rows]
         chosen = [row[:k] for row in cand_rows]
-        sample = [(i, [(pid, None) for pid in chosen[i] if pid]) for i in range(min(n, SAMPLE_TARGETS))]
+        sample = [(i, [(pid, None) for pid in chosen[i] if pid]) for i in sample_rows(n)]
         t1 = t2 = time.perf_counter()
     else:
         queries = provider.embed(target)
@@ -128,7 +135,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
         chosen = [[inv[int(i)] if i >= 0 else "" for i in row] for row in picked]
         cand_rows = [[inv[int(i)] if i >= 0 else "" for i in row] for row in cand]
         sample = []
-        for i in range(min(n, SAMPLE_TARGETS)):
+        for i in sample_rows(n):
             score_of = {pid: float(sc) for pid, sc in zip(cand_ids[i], np.asarray(scores)[i], strict=False) if pid}
             sample.append((i, [(pid, score_of.get(pid)) for pid in chosen[i] if pid]))
         t2 = time.perf_counter()

@@ -118,7 +118,13 @@ class Console:
         assert resp is not None
         return resp
 
+    def images_loaded(self) -> list[bool]:
+        """Waits for every image of the page to finish; whether each one loaded."""
+        self.page.wait_for_function("() => Array.from(document.images).every(i => i.complete)")
+        return list(self.page.eval_on_selector_all("img", "els => els.map(e => e.naturalWidth > 0)"))
+
     def shot(self, shots: Path, name: str) -> None:
+        self.images_loaded()
         self.page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
 
     def csrf(self) -> str:
@@ -202,6 +208,7 @@ def test_pool_grid_search_and_hostile_strings_as_text(admin: Console, pool: list
     page = admin.page
     admin.go("/pool")
     assert page.locator("#pool-grid img").count() == 24
+    assert all(admin.images_loaded())  # every thumbnail came through the API
     assert HOSTILE in page.text_content("#sources")  # shown as text
     assert page.locator("img[src=x]").count() == 0
     admin.shot(shots, "pool")

@@ -250,10 +250,11 @@ def test_dedup_threshold_drops_near_duplicates() -> None:
 
 
 def test_retrieve_records_a_sample_of_the_drawn_neighbours_with_their_scores() -> None:
-    from t3ar.pipeline import SAMPLE_TARGETS
+    from t3ar.pipeline import SAMPLE_TARGETS, sample_rows
 
     got, _ = _retrieve(dedup_threshold=0.95)
-    assert [i for i, _ in got.sample] == list(range(SAMPLE_TARGETS))
+    assert [i for i, _ in got.sample] == sample_rows(20) == [0, 3, 5, 8, 11, 14, 16, 19]  # spread over the 20
+    assert len(sample_rows(20)) == SAMPLE_TARGETS and sample_rows(3) == [0, 1, 2]
     score = {"b": 0.6, "c": 0.5, "d": 0.4}
     for i, row in got.sample:
         assert [pid for pid, _ in row] == [got.pool_ids[j] for j in got.neighbours[i].tolist()]
