@@ -163,7 +163,7 @@ def job_id(console_stack: Stack, pool: list[str], model_id: str, tmp_path_factor
     archive = target_zip(tmp_path_factory.mktemp("console-target") / "target.zip", per_class=4)
     extra = {k: v for k, v in FAST_JOB.items() if k not in ("k", "epochs", "method")}
     sub = _cli(console_stack, "submit", str(archive), "--model", model_id, "--method", "t3ar", "--k", "2",
-               "--epochs", "2", "--mode", "test", "--config", json.dumps(extra), "--no-follow", "--json")
+               "--epochs", "20", "--mode", "test", "--config", json.dumps(extra), "--no-follow", "--json")
     assert sub.returncode == 0, sub.stderr
     return str(json.loads(sub.stdout)["id"])
 
@@ -184,9 +184,13 @@ def test_sign_in_and_watch_a_cli_job_finish_with_its_neighbours(admin: Console, 
     admin.go("/jobs")
     row = f"tr[data-job='{job_id}']"
     page.wait_for_selector(row)
-    # the page refreshes itself (meta refresh) while jobs run; wait for this one to show finished
-    page.wait_for_selector(f"{row} .status.finished", timeout=240_000)
+    assert page.text_content(f"{row} .status") in ("queued", "started")  # 20 epochs: still running
+    assert page.locator("meta[http-equiv=refresh]").count() == 1
     admin.shot(shots, "jobs")
+    loads = len(admin.statuses)
+    # no reload from here: the page refreshes itself while jobs run, until this one shows finished
+    page.wait_for_selector(f"{row} .status.finished", timeout=240_000)
+    assert len(admin.statuses) > loads and page.locator("meta[http-equiv=refresh]").count() == 0
     page.click(f"{row} a")
     page.wait_for_selector("#job-status")
     assert page.text_content("#job-status") == "finished"
