@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+from rq.job import JobStatus
 
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.models.backbones import BackboneSpec
@@ -135,6 +136,10 @@ def test_pages_need_a_session_and_redirect_to_sign_in(client: TestClient) -> Non
         resp = client.get(path, follow_redirects=False)
         assert resp.status_code == 303 and resp.headers["location"].startswith("/ui/login?next=/ui/"), path
     assert client.get("/ui/pool/p-1/image", follow_redirects=False).status_code == 303  # images too
+    # a POST without a session is turned away before its body is read (nothing registered, nothing deleted)
+    resp = client.post("/ui/models", files={"file": ("m.pt", b"x" * 100_000)}, follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"] == "/ui/login?next=/ui/jobs"
+    assert client.get("/models", headers={"Authorization": "Bearer user-t"}).json() == {"models": []}
 
 
 def test_sign_in_sets_a_signed_httponly_strict_cookie_and_never_echoes_the_token(client: TestClient) -> None:
@@ -324,8 +329,15 @@ def test_hostile_strings_render_as_text_on_every_page(client: TestClient, tmp_pa
                                         f"/ui/pool/{HOSTILE}")}
     search = client.post("/ui/pool/search", files={"image": (f"{HOSTILE}.png", _png(3))}, data={"csrf": csrf})
     pages["search"] = search
+    failed = client.post(f"/ui/jobs/{job_id}/readapt", data={"csrf": csrf}, follow_redirects=False)
+    failed_id = failed.headers["location"].rsplit("/", 1)[1]
+    rq_job = client.app.state.api.jobs.fetch(failed_id)  # type: ignore[attr-defined]
+    rq_job.meta["error"] = f"{HOSTILE} {JS_URL}"  # what a worker writes when a job fails
+    rq_job.save_meta()
+    rq_job.set_status(JobStatus.FAILED)
+    pages["failed job"] = client.get(f"/ui/jobs/{failed_id}")
     shown = {"/ui/pool", f"/ui/pool?source={HOSTILE}", "/ui/pool/p-1", "/ui/pool/p-1/withdraw", "/ui/models",
-             "search"}
+             "search", "failed job"}
     for path, resp in pages.items():
         assert resp.status_code < 500, path
         assert "<script>alert" not in resp.text and "<img src=x" not in resp.text, path
