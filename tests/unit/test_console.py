@@ -365,6 +365,21 @@ def test_job_page_shows_charts_neighbours_and_lineage(client: TestClient, tmp_pa
     assert rep.status_code == 200 and "attachment" in rep.headers["content-disposition"]
 
 
+def test_after_a_withdrawal_the_affected_jobs_are_readapted_from_the_console(client: TestClient, tmp_path: Path,
+                                                                            pool: dict[str, Any]) -> None:
+    csrf = signed_in(client, "admin-t")
+    job_id = _finished_job(client, tmp_path, csrf)
+    pool["ids"] |= {"p-3", "p-4"}  # k=2 neighbours need 2 items left after the withdrawal
+    done = client.post("/ui/pool/p-2/withdraw", data={"csrf": csrf})
+    assert done.status_code == 200 and pool["deleted"] == ["p-2"] and job_id[:12] in done.text
+    resp = client.post("/ui/pool/p-2/readapt", data={"csrf": csrf})
+    assert resp.status_code == 200 and job_id[:12] in resp.text
+    new_ids = re.findall(r'href="/ui/jobs/([0-9a-f]{32})"', resp.text)
+    assert len(new_ids) == 1 and new_ids[0] != job_id
+    new = client.get(f"/jobs/{new_ids[0]}", headers={"Authorization": "Bearer user-t"}).json()
+    assert new["parent_id"] == job_id and new["status"] == "queued"  # through POST /jobs/{id}/readapt's code
+
+
 def test_no_console_page_answers_5xx(client: TestClient, tmp_path: Path) -> None:
     csrf = signed_in(client, "admin-t")
     job_id = _finished_job(client, tmp_path, csrf)
