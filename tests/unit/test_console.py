@@ -237,8 +237,19 @@ def test_every_post_without_the_csrf_token_is_refused(client: TestClient, pool: 
         "models": []}
 
 
+def test_sign_in_goes_back_only_to_a_console_page() -> None:
+    from t3ar_services.api.console.web import safe_next
+
+    assert safe_next("/ui/pool/p-1?after=x") == "/ui/pool/p-1?after=x"
+    for bad in ("https://evil.example/", "//evil.example/ui/", "/ui//evil.example", "/ui/\\evil", "/ui/a\r\nX: y",
+                "javascript:alert(1)", "/ui/login", "/elsewhere", None, ""):
+        assert safe_next(bad) == "/ui/jobs", bad
+
+
 def test_cross_origin_posts_are_refused(client: TestClient) -> None:
     csrf = signed_in(client)
+    same = client.post("/ui/jobs/nope/cancel", data={"csrf": csrf}, headers={"Origin": "https://testserver"})
+    assert same.status_code == 404  # the host matches (a TLS proxy in front): on to the route
     resp = client.post("/ui/logout", data={"csrf": csrf}, headers={"Origin": "https://evil.example"},
                        follow_redirects=False)
     assert resp.status_code == 403

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -125,13 +126,13 @@ def require_admin(session: Session) -> None:
 
 
 def same_origin(request: Request) -> bool:
-    """A browser's ``Origin`` on a POST must be this server (SameSite=Strict already keeps the cookie off
-    cross-site requests; this refuses them before their body is read)."""
+    """A browser's ``Origin`` on a POST must name this server's host (SameSite=Strict already keeps the cookie
+    off cross-site requests; this refuses them before their body is read). The host only, not the scheme: behind
+    a TLS proxy the browser says https while the request reaching us is http."""
     origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        return origin is None
-    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-    return origin == own
+    if origin is None:
+        return True  # not a browser's cross-origin form (those always send Origin); the CSRF token still applies
+    return urllib.parse.urlsplit(origin).netloc == request.headers.get("host", "") != ""
 
 
 async def checked_form(request: Request, *, max_files: int = 0, max_part_size: int = 64 * 1024) -> \
@@ -179,10 +180,12 @@ def sign_in_redirect(request: Request, exc: Exception) -> Response:
     return RedirectResponse(f"{PREFIX}/login?next={urllib.parse.quote(target, safe='/')}", status_code=303)
 
 
+_NEXT = re.compile(r"/ui/[A-Za-z0-9._~!$&'()*+,;=@%/?-]*")  # printable URL characters: no scheme, no host
+
+
 def safe_next(value: str | None) -> str:
-    """Where to go after signing in: a console path only (never another site, never a scheme)."""
-    if value and value.startswith(PREFIX + "/") and not value.startswith("//") and "\\" not in value \
-            and ":" not in value.split("?")[0] and not value.startswith(PREFIX + "/login"):
+    """Where to go after signing in: a console path only (never another site, a scheme or a header break)."""
+    if value and _NEXT.fullmatch(value) and "//" not in value and not value.startswith(PREFIX + "/login"):
         return value
     return f"{PREFIX}/jobs"
 
