@@ -254,6 +254,17 @@ def test_models_list_and_upload_with_a_hostile_name(admin: Console, model_id: st
     admin.shot(shots, "models")
 
 
+def test_a_link_from_another_site_opens_the_page_signed_in(user: Console, job_id: str) -> None:
+    """The session cookie is SameSite=Strict, so a link from another site arrives without it; the console reloads
+    the page from its own origin once, and the user lands on it signed in (not on the sign-in page)."""
+    page = user.page
+    link = f"{user.base}/jobs/{job_id}"
+    page.goto("data:text/html,<a id=go href='" + link + "'>a link in a chat</a>")
+    page.click("#go")
+    page.wait_for_selector("#job-status")
+    assert page.url == link
+
+
 def test_a_user_token_cannot_withdraw(user: Console, pool: list[str], job_id: str) -> None:
     page = user.page
     _no_secret_in_browser(user)

@@ -142,6 +142,14 @@ def test_pages_need_a_session_and_redirect_to_sign_in(client: TestClient) -> Non
     assert client.get("/models", headers={"Authorization": "Bearer user-t"}).json() == {"models": []}
 
 
+def test_a_link_from_another_site_reloads_once_from_this_origin(client: TestClient) -> None:
+    """SameSite=Strict: the cookie is not sent on a cross-site navigation; the reload from our own page sends it."""
+    resp = client.get("/ui/jobs/x", headers={"Sec-Fetch-Site": "cross-site"}, follow_redirects=False)
+    assert resp.status_code == 200 and '<meta http-equiv="refresh" content="0">' in resp.text
+    again = client.get("/ui/jobs/x", headers={"Sec-Fetch-Site": "same-origin"}, follow_redirects=False)
+    assert again.status_code == 303 and again.headers["location"] == "/ui/login?next=/ui/jobs/x"
+
+
 def test_sign_in_sets_a_signed_httponly_strict_cookie_and_never_echoes_the_token(client: TestClient) -> None:
     resp = sign_in(client, "user-t")
     assert resp.status_code == 303

@@ -174,8 +174,17 @@ def error_page(request: Request, exc: Exception) -> Response:
     return render(request, "error.html", session, status=exc.status, status_code=exc.status, message=exc.message)
 
 
+# SameSite=Strict keeps the cookie off a navigation that came from another site (a link in a chat or a ticket),
+# so such a visit looks signed out. This page reloads the same URL from our own origin, which sends the cookie;
+# signed out for real, the reload is same-origin and goes on to the sign-in page.
+_RELOAD = ('<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0">'
+           '<title>t3ar</title><p>Loading…</p>')
+
+
 def sign_in_redirect(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, NeedSignIn)
+    if request.method == "GET" and request.headers.get("sec-fetch-site") == "cross-site":
+        return HTMLResponse(_RELOAD)
     target = exc.next_path if request.method == "GET" else f"{PREFIX}/jobs"
     return RedirectResponse(f"{PREFIX}/login?next={urllib.parse.quote(target, safe='/')}", status_code=303)
 
