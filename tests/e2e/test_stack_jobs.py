@@ -31,6 +31,14 @@ def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids
         report = api.report(accepted["id"])
         assert report["accuracy"]["before"]["n"] == 9 and not report["accuracy"]["labels_used_for_training"]
         assert report["pool_ids_used"] == len(info.lineage.pool_ids)
+        # issue 27: what retrieval did (8 of the 9 targets, k=2 pool neighbours each, with scores) and every step
+        sample = report["neighbour_sample"]
+        assert len(sample) == 8 and all(len(s["neighbours"]) == 2 for s in sample)
+        assert {n["id"] for s in sample for n in s["neighbours"]} <= set(pool_ids)
+        assert all(-1.01 <= n["score"] <= 1.01 for s in sample for n in s["neighbours"])
+        assert all((stack.data_dir / "api" / "jobs" / accepted["id"] / "target" / s["target"]).is_file()
+                   for s in sample)  # the ids name the API's copy of the target images
+        assert len(report["step_history"]) == job["progress"]["total_steps"]
         listed = api.jobs()["jobs"]
         assert accepted["id"] in [j["id"] for j in listed]
     # one request id follows the submission: the API's access log, the worker's lines, the retriever's calls
