@@ -65,6 +65,13 @@ class ApiSettings(ServiceSettings):
             raise ValueError("T3AR_API_WORKER_TOKEN must differ from T3AR_API_TOKEN and T3AR_API_ADMIN_TOKEN")
         return self
 
+    @model_validator(mode="after")
+    def _session_secret_is_a_key(self) -> Self:
+        if self.session_secret is not None and len(self.session_secret.get_secret_value()) < 16:
+            raise ValueError("T3AR_API_SESSION_SECRET must be at least 16 characters (e.g. the output of "
+                             "`openssl rand -hex 32`), or unset for a random key per start")
+        return self
+
     @property
     def max_body_bytes(self) -> int:
         return max(self.max_upload_bytes, self.max_model_bytes) + MiB  # + multipart overhead

@@ -31,7 +31,7 @@ from t3ar_services.common.job_contract import LINEAGE_FILE, REPORT_FILE, artifac
 
 HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
 JS_URL = "javascript:alert(3)"
-SECRET = "console-test-secret"
+SECRET = "console-test-secret-0123456789"
 
 
 def _png(seed: int) -> bytes:
@@ -200,7 +200,7 @@ def test_sessions_expire_and_forged_cookies_are_refused(tmp_path: Path) -> None:
     body, mac = cookie.split(".")
     assert s.read(f"{body}.{mac[:-2]}AA", now=1001.0) is None
     assert s.read(cookie.replace(body, body[:-2] + "AA"), now=1001.0) is None
-    assert Sessions(_settings(tmp_path, session_secret="other")).read(cookie, now=1001.0) is None
+    assert Sessions(_settings(tmp_path, session_secret="another-secret-0123")).read(cookie, now=1001.0) is None
 
 
 def test_a_rotated_token_ends_its_sessions_at_the_next_request(tmp_path: Path, pool: dict[str, Any]) -> None:
@@ -436,6 +436,13 @@ def test_the_json_api_is_unchanged(client: TestClient) -> None:
     resp = client.post("/adapt", files={"archive": ("t.zip", b"x")})
     assert resp.status_code == 401 and resp.json()["error"]["code"] == "unauthorized"  # credentials first
     assert "content-security-policy" not in client.get("/health").headers
+
+
+def test_a_short_session_secret_is_refused_at_start_up(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="T3AR_API_SESSION_SECRET must be at least 16"):
+        _settings(tmp_path, session_secret="")
+    assert Sessions(_settings(tmp_path, session_secret=None)).read(Sessions(_settings(tmp_path)).issue("user-t")) \
+        is None  # unset: a random key, so another process' cookie is not valid here
 
 
 def test_session_ttl_is_a_setting(tmp_path: Path) -> None:
