@@ -374,6 +374,8 @@ def test_job_page_shows_charts_neighbours_and_lineage(client: TestClient, tmp_pa
     assert page.text.count("<polyline") == 4 and "accuracy on the target" in page.text and "60.0 %" in page.text
     assert f"/ui/jobs/{job_id}/target/imgs/a0.png" in page.text and "0.910" in page.text
     assert page.text.count('/ui/pool/p-1/image') >= 2  # neighbour and lineage thumbnails
+    gone = client.get("/ui/pool/withdrawn-id/image")  # a withdrawn item's lineage thumbnail: a placeholder picture
+    assert gone.status_code == 404 and gone.headers["content-type"] == "image/png"
     thumb = client.get(f"/ui/jobs/{job_id}/target/imgs/a0.png")
     assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/png"
     assert client.get(f"/ui/jobs/{job_id}/target/../../../api.sqlite3").status_code == 404

@@ -8,7 +8,9 @@ session; withdrawal calls the JSON route's function (``DELETE /pool/{id}``) and 
 from __future__ import annotations
 
 import base64
+import io
 import json
+from functools import lru_cache
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -94,9 +96,28 @@ def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
     return render(request, "item.html", session, pool_id=pool_id, item=item, near=near, lineage=lineage)
 
 
+@lru_cache(maxsize=1)
+def _gone_png() -> bytes:
+    """A grey square with a cross: the picture of a withdrawn item (its lineage thumbnails stay on job pages)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (64, 64), (226, 232, 240))
+    draw = ImageDraw.Draw(img)
+    draw.line((16, 16, 48, 48), fill=(148, 163, 184), width=4)
+    draw.line((16, 48, 48, 16), fill=(148, 163, 184), width=4)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
 @router.get("/pool/{pool_id}/image")
 def item_image(request: Request, session: SessionDep, pool_id: str) -> Response:
-    data = call(api_state(request).retriever.get_image, pool_id)
+    try:
+        data = call(api_state(request).retriever.get_image, pool_id)
+    except PageError as e:
+        if e.status != 404:
+            raise
+        return Response(_gone_png(), status_code=404, media_type="image/png")  # withdrawn, or never added
     try:
         return png_response(thumbnail(data))
     except Exception as e:
