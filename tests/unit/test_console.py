@@ -299,8 +299,11 @@ def test_an_admin_withdraws_after_confirming_and_is_offered_readapt(client: Test
     assert 'id="withdraw"' in client.get("/ui/pool/p-1").text
     confirm = client.get("/ui/pool/p-1/withdraw")
     assert confirm.status_code == 200 and job_id[:12] in confirm.text and pool["deleted"] == []
-    done = client.post("/ui/pool/p-1/withdraw", data={"csrf": csrf})
-    assert done.status_code == 200 and pool["deleted"] == ["p-1"]
+    posted = client.post("/ui/pool/p-1/withdraw", data={"csrf": csrf}, follow_redirects=False)
+    assert posted.status_code == 303 and posted.headers["location"] == "/ui/pool/p-1/withdrawn"  # reload-safe
+    assert pool["deleted"] == ["p-1"]
+    done = client.get("/ui/pool/p-1/withdrawn")
+    assert done.status_code == 200
     assert 'id="readapt-affected"' in done.text and job_id[:12] in done.text
     gone = client.get("/ui/pool/p-1")
     assert gone.status_code == 200 and "withdrawn" in gone.text and job_id[:12] in gone.text  # lineage stays
@@ -311,8 +314,11 @@ def test_an_admin_withdraws_after_confirming_and_is_offered_readapt(client: Test
 def _finished_job(client: TestClient, tmp_path: Path, csrf: str) -> str:
     """A job submitted through the JSON API, finished the way a worker finishes it (artifacts on disk)."""
     model = _model_file(tmp_path)
-    resp = client.post("/ui/models", files={"file": (f"{HOSTILE}.pt", model)}, data={"name": HOSTILE, "csrf": csrf})
-    assert resp.status_code == 200 and 'id="uploaded"' in resp.text, resp.text
+    resp = client.post("/ui/models", files={"file": (f"{HOSTILE}.pt", model)}, data={"name": HOSTILE, "csrf": csrf},
+                       follow_redirects=False)
+    assert resp.status_code == 303 and resp.headers["location"].startswith("/ui/models?uploaded=")  # reload-safe
+    resp = client.get(resp.headers["location"])
+    assert resp.status_code == 200 and 'id="uploaded">Uploaded:' in resp.text, resp.text
     model_id = client.get("/models", headers={"Authorization": "Bearer user-t"}).json()["models"][0]["id"]
     buf = io.BytesIO()
     import zipfile
@@ -393,7 +399,9 @@ def test_after_a_withdrawal_the_affected_jobs_are_readapted_from_the_console(cli
     pool["ids"] |= {"p-3", "p-4"}  # k=2 neighbours need 2 items left after the withdrawal
     done = client.post("/ui/pool/p-2/withdraw", data={"csrf": csrf})
     assert done.status_code == 200 and pool["deleted"] == ["p-2"] and job_id[:12] in done.text
-    resp = client.post("/ui/pool/p-2/readapt", data={"csrf": csrf})
+    posted = client.post("/ui/pool/p-2/readapt", data={"csrf": csrf}, follow_redirects=False)
+    assert posted.status_code == 303 and posted.headers["location"].startswith("/ui/pool/p-2/readapted?jobs=")
+    resp = client.get(posted.headers["location"])
     assert resp.status_code == 200 and job_id[:12] in resp.text
     new_ids = re.findall(r'href="/ui/jobs/([0-9a-f]{32})"', resp.text)
     assert len(new_ids) == 1 and new_ids[0] != job_id

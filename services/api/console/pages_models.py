@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api import routes
@@ -15,9 +16,11 @@ router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
 
 @router.get("/models")
-def models_page(request: Request, session: SessionDep) -> Response:
+def models_page(request: Request, session: SessionDep, uploaded: str | None = None, created: bool = False) -> \
+        Response:
     models = call(routes.list_models, api_state(request)).models
-    return render(request, "models.html", session, models=models, uploaded=None)
+    just = next((m for m in models if m.id == uploaded), None)
+    return render(request, "models.html", session, models=models, uploaded=just, created=created)
 
 
 @router.post("/models")
@@ -32,7 +35,6 @@ async def upload(request: Request) -> Response:
     if len(name) > 200:
         raise PageError(422, "a model name is at most 200 characters")
     resp = await run_in_threadpool(call, routes.upload_model, state, file, name)
-    uploaded = json.loads(bytes(resp.body))
-    models = (await run_in_threadpool(call, routes.list_models, state)).models
-    return render(request, "models.html", session, models=models, uploaded=uploaded,
-                  created=resp.status_code == 201)
+    query = urllib.parse.urlencode({"uploaded": json.loads(bytes(resp.body))["id"],
+                                    "created": "true" if resp.status_code == 201 else "false"})
+    return RedirectResponse(f"{PREFIX}/models?{query}", status_code=303)  # a reload re-posts nothing

@@ -10,11 +10,12 @@ from __future__ import annotations
 import base64
 import io
 import json
+import urllib.parse
 from functools import lru_cache
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api import routes, routes_jobs
@@ -36,6 +37,7 @@ PAGE = 48
 SEARCH_K = 12
 MAX_QUERY_BYTES = 16 * 1024 * 1024
 NEAR_K = 6
+MAX_READAPTED = 200
 
 
 @router.get("/pool")
@@ -140,19 +142,41 @@ def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Respon
 async def withdraw(request: Request, pool_id: str) -> Response:
     session, _ = await checked_form(request)
     require_admin(session)
+    await run_in_threadpool(call, routes.delete_pool_item, request, api_state(request), pool_id)
+    return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/withdrawn", status_code=303)  # a reload re-posts nothing
+
+
+@router.get("/pool/{pool_id}/withdrawn")
+def withdrawn_page(request: Request, session: SessionDep, pool_id: str) -> Response:
+    """After a withdrawal: the jobs that used the item, and the offer to readapt them."""
     state = api_state(request)
-    result = await run_in_threadpool(call, routes.delete_pool_item, request, state, pool_id)
-    return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=result, done=True)
+    if _item(state, pool_id) is not None:
+        return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}", status_code=303)
+    lineage = call(routes.pool_lineage, request, state, pool_id)
+    return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=lineage, done=True)
 
 
 @router.post("/pool/{pool_id}/readapt")
 async def readapt_affected(request: Request, pool_id: str) -> Response:
     """Readapt every finished job that used the item (after its withdrawal: against the pool without it)."""
-    session, _ = await checked_form(request)
+    await checked_form(request)
     state = api_state(request)
     lineage = await run_in_threadpool(call, routes.pool_lineage, request, state, pool_id)
     started = []
     for job in lineage.jobs:
         resp = await run_in_threadpool(call, routes_jobs.readapt, request, state, job.job_id)
-        started.append({"parent": job.job_id, "id": json.loads(bytes(resp.body))["id"]})
+        started.append(str(json.loads(bytes(resp.body))["id"]))
+    query = urllib.parse.urlencode({"jobs": ",".join(started)})
+    return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/readapted?{query}", status_code=303)
+
+
+@router.get("/pool/{pool_id}/readapted")
+def readapted_page(request: Request, session: SessionDep, pool_id: str, jobs: str = "") -> Response:
+    state = api_state(request)
+    rows = [state.store.get_job(j) for j in jobs.split(",")[:MAX_READAPTED] if j]
+    started = [{"id": r.id, "parent": r.parent_id or ""} for r in rows if r is not None]
     return render(request, "readapted.html", session, pool_id=pool_id, started=started)
+
+
+def _seg(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
