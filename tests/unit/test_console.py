@@ -390,6 +390,10 @@ def test_job_page_shows_charts_neighbours_and_lineage(client: TestClient, tmp_pa
     assert ck.status_code == 200 and ck.content == (tmp_path / "m.pt").read_bytes()
     rep = client.get(f"/ui/jobs/{job_id}/report")
     assert rep.status_code == 200 and "attachment" in rep.headers["content-disposition"]
+    (tmp_path / "data" / "artifacts" / job_id / REPORT_FILE).unlink()  # lost: the page shows the rest
+    page = client.get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200 and 'id="lineage"' in page.text and "<polyline" not in page.text
+    assert client.get(f"/ui/jobs/{job_id}/report").status_code == 404
 
 
 def test_after_a_withdrawal_the_affected_jobs_are_readapted_from_the_console(client: TestClient, tmp_path: Path,

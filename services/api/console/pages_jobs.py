@@ -73,7 +73,13 @@ def jobs_page(request: Request, session: SessionDep, before: str | None = None) 
 
 
 def _report(state: Any, job_id: str) -> dict[str, Any] | None:
-    resp = call(routes_jobs.get_report, state, job_id)
+    """The finished job's report, or None when it is missing (the page still shows the rest)."""
+    try:
+        resp = call(routes_jobs.get_report, state, job_id)
+    except PageError as e:
+        if e.status in (404, 409):
+            return None
+        raise
     data = json.loads(bytes(resp.body))
     return data if isinstance(data, dict) else None
 
