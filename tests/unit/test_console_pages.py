@@ -132,6 +132,15 @@ def test_after_a_withdrawal_the_affected_jobs_are_readapted_from_the_console(cli
     assert new["parent_id"] == job_id and new["status"] == "queued"  # through POST /jobs/{id}/readapt's code
 
 
+def test_a_search_image_is_bounded(client: TestClient) -> None:
+    from t3ar_services.api.console.pages_pool import MAX_QUERY_BYTES
+
+    csrf = signed_in(client)
+    resp = client.post("/ui/pool/search", files={"image": ("big.png", b"x" * (MAX_QUERY_BYTES + 1))},
+                       data={"csrf": csrf})
+    assert resp.status_code == 413 and "at most 16 MiB" in resp.text
+
+
 def test_no_console_page_answers_5xx(client: TestClient, tmp_path: Path) -> None:
     csrf = signed_in(client, "admin-t")
     job_id = finished_job(client, tmp_path, csrf)

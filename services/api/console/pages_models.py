@@ -26,7 +26,7 @@ def models_page(request: Request, session: SessionDep, uploaded: str | None = No
 @router.post("/models")
 async def upload(request: Request) -> Response:
     state = api_state(request)
-    session, form = await checked_form(request, max_files=1, max_part_size=state.settings.max_model_bytes)
+    session, form = await checked_form(request, max_files=1)
     file = form.get("file")
     if file is None or isinstance(file, str):
         raise PageError(422, "choose a checkpoint file (t3ar train-source writes one)")

@@ -59,11 +59,13 @@ def search_page(request: Request, session: SessionDep) -> Response:
 
 @router.post("/pool/search")
 async def search(request: Request) -> Response:
-    session, form = await checked_form(request, max_files=1, max_part_size=MAX_QUERY_BYTES)
+    session, form = await checked_form(request, max_files=1)
     upload = form.get("image")
     if upload is None or isinstance(upload, str):
         raise PageError(422, "choose an image file to search with")
-    data = await upload.read()
+    data = await upload.read(MAX_QUERY_BYTES + 1)
+    if len(data) > MAX_QUERY_BYTES:
+        raise PageError(413, f"search with an image of at most {MAX_QUERY_BYTES >> 20} MiB")
     state = api_state(request)
     result = await run_in_threadpool(call, state.retriever.search_images, [(upload.filename or "query", data)],
                                      SEARCH_K)

@@ -135,14 +135,14 @@ def same_origin(request: Request) -> bool:
     return urllib.parse.urlsplit(origin).netloc == request.headers.get("host", "") != ""
 
 
-async def checked_form(request: Request, *, max_files: int = 0, max_part_size: int = 64 * 1024) -> \
-        tuple[Session, FormData]:
-    """A POST's session (checked before the body is read), then its form, whose ``csrf`` field must be the
-    session's CSRF token (403 otherwise)."""
+async def checked_form(request: Request, *, max_files: int = 0) -> tuple[Session, FormData]:
+    """A POST's session (checked before the body is read), then its form (fields up to 64 KiB each; files are
+    bounded by the API's body limit and by what reads them), whose ``csrf`` field must be the session's CSRF token
+    (403 otherwise)."""
     session = current_session(request)
     if not same_origin(request):
         raise PageError(403, "cross-origin form posts are refused")
-    form = await request.form(max_files=max_files, max_fields=32, max_part_size=max_part_size)
+    form = await request.form(max_files=max_files, max_fields=32, max_part_size=64 * 1024)
     if not sessions(request).csrf_ok(session.nonce, form.get("csrf")):
         raise PageError(403, "missing or wrong CSRF token: reload the page and try again")
     return session, form
