@@ -50,8 +50,11 @@ def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
             return httpx.Response(200, json={"count": len(pool["ids"]), "identity": "fake",
                                              "sources": {HOSTILE: len(pool["ids"])}})
         if path == "/pool" and req.method == "GET":
-            return httpx.Response(200, json={"items": [item_json(p) for p in sorted(pool["ids"])], "next_after": None,
-                                             "total": len(pool["ids"])})
+            pool.setdefault("listed", []).append(dict(req.url.params))
+            items = [item_json(p) for p in sorted(pool["ids"])]
+            if "source" in req.url.params:
+                items = [it for it in items if it["source"] == req.url.params["source"]]
+            return httpx.Response(200, json={"items": items, "next_after": None, "total": len(items)})
         if path == "/search":
             ids = sorted(pool["ids"])
             return httpx.Response(200, json={"results": [{"ids": ids, "scores": [0.9] * len(ids)}],

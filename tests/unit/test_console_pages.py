@@ -132,6 +132,16 @@ def test_after_a_withdrawal_the_affected_jobs_are_readapted_from_the_console(cli
     assert new["parent_id"] == job_id and new["status"] == "queued"  # through POST /jobs/{id}/readapt's code
 
 
+def test_the_pool_grid_filters_by_source_including_no_source(client: TestClient, pool: dict[str, Any]) -> None:
+    signed_in(client)
+    count = lambda resp: resp.text.count('<li><a href="/ui/pool/')  # noqa: E731
+    assert count(client.get("/ui/pool")) == count(client.get("/ui/pool?source=")) == 2  # all sources
+    assert count(client.get("/ui/pool", params={"source": HOSTILE, "exact": "true"})) == 2
+    none = client.get("/ui/pool?source=&exact=true")
+    assert count(none) == 0 and "from no source" in none.text
+    assert [p.get("source") for p in pool["listed"]] == [None, None, HOSTILE, ""]
+
+
 def test_a_search_image_is_bounded(client: TestClient) -> None:
     from t3ar_services.api.console.pages_pool import MAX_QUERY_BYTES
 

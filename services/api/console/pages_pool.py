@@ -41,10 +41,12 @@ MAX_READAPTED = 200
 
 
 @router.get("/pool")
-def pool_page(request: Request, session: SessionDep, source: str | None = None, after: str | None = None) -> Response:
+def pool_page(request: Request, session: SessionDep, source: str | None = None, after: str | None = None,
+              exact: bool = False) -> Response:
+    """``source``: one source's items; an empty one means all sources unless ``exact`` (items without a source)."""
     state = api_state(request)
     stats = call(state.retriever.stats)
-    source = source or None
+    source = source if (source or exact) else None
     page = call(state.retriever.list_items, after=after or None, limit=PAGE, source=source)
     sources = sorted(dict(stats.get("sources") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     return render(request, "pool.html", session, items=page["items"], next_after=page.get("next_after"),
