@@ -2,7 +2,8 @@
 
 Middleware, outermost first: request id + access log (every answer carries the id and is logged), metrics
 (times everything below), credentials first (a client without a known token gets 401 before any byte of its
-body is read), the body limit (413), innermost. Outside them all, ``fast`` (a method, a path and an answer
+body is read; not under ``session_prefixes``, the API's web console, whose routes check their session cookie
+before reading a body), the body limit (413), innermost. Outside them all, ``fast`` (a method, a path and an answer
 function, e.g. the retriever's lean search path): that one route answered by
 :class:`~t3ar_services.common.fastlane.FastLane`, which does what the four layers do inline.
 """
