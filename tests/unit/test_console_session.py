@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from console_kit import (
     app_for,
@@ -24,7 +25,7 @@ from console_kit import (
 )
 from fastapi.testclient import TestClient
 
-from t3ar_services.api.console.session import SESSION_COOKIE, Sessions
+from t3ar_services.api.console.session import LOGIN_COOKIE, SESSION_COOKIE, Sessions
 
 
 @pytest.fixture()
@@ -68,11 +69,20 @@ def test_sign_in_sets_a_signed_httponly_strict_cookie_and_never_echoes_the_token
     assert page.status_code == 200 and "user-t" not in page.text and 'id="scope">user<' in page.text
 
 
-def test_cookie_is_secure_over_https(tmp_path: Path, pool: dict[str, Any]) -> None:
-    with TestClient(app_for(settings_for(tmp_path), pool), base_url="https://testserver") as c:
-        resp = sign_in(c, "admin-t")
-        cookie = next(v for k, v in resp.headers.multi_items() if k == "set-cookie" and v.startswith(SESSION_COOKIE))
-        assert "secure" in [a.strip().lower() for a in cookie.split(";")]
+@pytest.mark.parametrize(("mode", "base", "secure"), [("auto", "https://testserver", True),
+                                                      ("auto", "http://testserver", False),
+                                                      ("true", "http://testserver", True),  # TLS ends at a proxy
+                                                      ("false", "https://testserver", False)])
+def test_cookie_is_secure_over_https_or_when_told(tmp_path: Path, pool: dict[str, Any], mode: str, base: str,
+                                                  secure: bool) -> None:
+    def flag(resp: httpx.Response, name: str) -> bool:
+        cookie = next(v for k, v in resp.headers.multi_items() if k == "set-cookie" and v.startswith(name))
+        return "secure" in [a.strip().lower() for a in cookie.split(";")]
+
+    with TestClient(app_for(settings_for(tmp_path, cookie_secure=mode), pool), base_url=base) as c:
+        assert flag(c.get("/ui/login"), LOGIN_COOKIE) is secure
+        if base.startswith("https") or not secure:  # (a test client on http does not send a Secure cookie back)
+            assert flag(sign_in(c, "admin-t"), SESSION_COOKIE) is secure
 
 
 def test_unknown_and_worker_tokens_cannot_sign_in(client: TestClient) -> None:
