@@ -9,7 +9,6 @@ after removing everything it wrote.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -20,6 +19,7 @@ from pydantic import ValidationError
 from t3ar.errors import DatasetError, InvalidInputError
 from t3ar_services.api.errors import PayloadTooLargeError
 from t3ar_services.api.settings import ApiSettings
+from t3ar_services.common.text import parse_json_object
 
 _CHUNK = 1 << 20
 
@@ -62,13 +62,8 @@ def parse_config(raw: str) -> tuple[dict[str, Any], Any]:
     from t3ar.method.config import AdaptConfig
     from t3ar.method.presets import with_default
 
-    try:
-        given = json.loads(raw or "{}")
-    except json.JSONDecodeError as e:
-        raise InvalidInputError(f"config is not valid JSON ({e}); send an object like "
-                                "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}") from e
-    if not isinstance(given, dict):
-        raise InvalidInputError("config must be a JSON object of adaptation options")
+    # strict JSON: Infinity, NaN, 1e999, 5,000-digit integers, lone surrogates and 100,000-deep nesting are 422s
+    given = parse_json_object(raw, "config", '{"method": "t3ar", "k": 5, "epochs": 2}')
     try:  # a T3AR-family job that names no preset gets the default one (t3ar.method.presets)
         cfg = AdaptConfig.model_validate(with_default(given))
     except ValidationError as e:

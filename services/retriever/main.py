@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import Scope
 
 from t3ar_services.common.app import create_service_app
 from t3ar_services.retriever.backend import (
@@ -64,6 +65,16 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, t
     except Exception as e:
         state.load_error = f"{type(e).__name__}: {e}"
         log.exception("the pool failed to load; the service stays not-ready")
+
+
+def _search_limit(state: RetrieverState, scope: Scope) -> tuple[int, str] | None:
+    """``POST /search``'s own body limit: what a search of this pool can use (refused before it is read)."""
+    if scope.get("path") != "/search" or scope.get("method") != "POST":
+        return None
+    return state.search_body_limit(), (
+        ": the most a search of this pool can use (T3AR_RETRIEVER_MAX_QUERIES vectors of the pool's dimension, "
+        "T3AR_RETRIEVER_MAX_SEARCH_IMAGE_BYTES of query images, 100,000 exclude_ids); send fewer queries per "
+        "request")
 
 
 def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
@@ -151,7 +162,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_upload_bytes,
         body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request", routers=[router],
-        fast=("POST", "/search", SearchAnswer(state)))
+        fast=("POST", "/search", SearchAnswer(state)), limit_for=lambda scope: _search_limit(state, scope))
     app.state.retriever = state
     install_pool_openapi(app, lambda: None if state.pool is None else {
         "tag": state.pool.info.tag, "dim": state.pool.info.dim, "max_k": settings.max_k,

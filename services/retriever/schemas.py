@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from t3ar_services.common.text import Utf8Str
+
 MAX_SAFE_INTEGER = 2**53 - 1  # larger JSON integers lose precision in double-based parsers and schema validators
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
@@ -81,7 +83,7 @@ class ExistsResponse(BaseModel):
 
 
 class DeleteRequest(_Strict):
-    ids: list[str] = Field(min_length=1, max_length=100_000)
+    ids: list[Utf8Str] = Field(min_length=1, max_length=100_000)
     missing_ok: bool = Field(default=False, description="delete the known ids even if some are unknown")
 
 
@@ -113,10 +115,10 @@ class SearchRequest(_Strict):
     seed: int = Field(default=0, ge=0, le=MAX_SAFE_INTEGER,
                       description="seed of the r > 1 sampling, 0..2^53-1 (an integer every JSON client can send "
                                   "exactly): the same seed, queries and pool give the same sample")
-    exclude_ids: list[str] = Field(default_factory=list, max_length=100_000,
+    exclude_ids: list[Utf8Str] = Field(default_factory=list, max_length=100_000,
                                    description="never return these ids (unknown ids are ignored)")
-    source: str | None = Field(default=None, description="only items with this source tag")
-    identity: str | None = Field(default=None, description="embedder identity the vectors were made with; checked")
+    source: Utf8Str | None = Field(default=None, description="only items with this source tag")
+    identity: Utf8Str | None = Field(default=None, description="embedder identity the vectors were made with; checked")
 
     @model_validator(mode="after")
     def _one_kind(self) -> SearchRequest:
