@@ -56,7 +56,8 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
 
 
 def sweep_once(state: ApiState) -> None:
-    """Abandoned jobs -> failed; newly finished jobs -> lineage index. Errors are logged, never raised."""
+    """Abandoned jobs -> failed; newly finished jobs -> lineage index; what canceled and failed jobs uploaded ->
+    removed. Errors are logged, never raised."""
     try:
         state.jobs.sweep_abandoned()
     except Exception as e:
@@ -66,6 +67,10 @@ def sweep_once(state: ApiState) -> None:
             log.info("indexed the lineage of %d finished job(s)", n)
     except Exception:
         log.exception("lineage sync failed")
+    try:
+        state.jobs.clean_unfinished()
+    except Exception as e:
+        log.warning("cleaning canceled/failed jobs' artifacts failed (Redis down?): %s", e)
     state.metrics.abandoned_sweeps.inc()
 
 

@@ -21,6 +21,7 @@ from t3ar_services.api.errors import ConflictError
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.registry import model_path, require_model
 from t3ar_services.api.transfer import target_tar
+from t3ar_services.api.verify import check_checkpoint, check_result
 from t3ar_services.common.job_contract import SHA256_PATTERN
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
@@ -64,15 +65,18 @@ def _check_running(state: ApiState, job_id: str) -> None:
 
 @router.put("/jobs/{job_id}/checkpoint", response_model=s.CheckpointStored, openapi_extra=_OCTET)
 async def put_checkpoint(request: Request, state: StateDep, job_id: str, sha256: Sha256) -> s.CheckpointStored:
-    """Store the adapted checkpoint (the raw body, streamed) if it hashes to ``sha256``: 422 and nothing stored
-    otherwise. Idempotent: the same checkpoint again is 200; a finished job's is never replaced (409)."""
+    """Store the adapted checkpoint (the raw body, streamed) if it hashes to ``sha256`` and is a t3ar checkpoint
+    of this job (its base model, target images and config: 422 ``bad_checkpoint`` otherwise); nothing is stored
+    on any 4xx. Idempotent: the same checkpoint again is 200; a finished job's is never replaced (409)."""
     from starlette.concurrency import run_in_threadpool
 
-    await run_in_threadpool(require_job, state.store, job_id)
+    row = await run_in_threadpool(require_job, state.store, job_id)
     if await run_in_threadpool(state.artifacts.refuse_if_finished, job_id, sha256, "checkpoint"):
         return s.CheckpointStored(job_id=job_id, sha256=sha256, size=0, stored=False)
     await run_in_threadpool(_check_running, state, job_id)
-    size = await state.artifacts.put_checkpoint(job_id, sha256, request.stream())
+    model = await run_in_threadpool(require_model, state.store, state.settings, row.model_id)
+    size = await state.artifacts.put_checkpoint(
+        job_id, sha256, request.stream(), verify=lambda path: check_checkpoint(path, state.settings, row, model))
     return s.CheckpointStored(job_id=job_id, sha256=sha256, size=size, stored=True)
 
 
@@ -80,13 +84,15 @@ async def put_checkpoint(request: Request, state: StateDep, job_id: str, sha256:
             responses={400: {"model": s.ErrorBody, "description": "unparsable JSON body"}})
 def put_result(state: StateDep, job_id: str, body: s.WorkerResult) -> s.ResultStored:
     """Finish the job: its report and lineage, naming the checkpoint uploaded before (409 when that is missing or
-    differs). The lineage is indexed at once (``GET /pool/{id}/lineage``)."""
-    require_job(state.store, job_id)
+    differs; 422, with nothing written, when the lineage is not the one inside that checkpoint or the report
+    holds what JSON cannot answer with). The lineage is indexed at once (``GET /pool/{id}/lineage``)."""
+    row = require_job(state.store, job_id)
     sha = body.lineage.checkpoint_sha256
     if not state.artifacts.refuse_if_finished(job_id, sha, "result"):
         _check_running(state, job_id)
     lineage = {**body.lineage.model_dump(mode="json"), "job_id": job_id}
-    stored = state.artifacts.put_result(job_id, body.report, lineage)
+    stored = state.artifacts.put_result(job_id, body.report, lineage,
+                                        verify=lambda path: check_result(path, row, lineage, body.report))
     if stored:
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
                                   checkpoint_sha256=sha)

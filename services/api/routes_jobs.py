@@ -24,6 +24,7 @@ from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
 from t3ar_services.common.forms import only_fields
 from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE
+from t3ar_services.common.text import readable
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
 # What JSON Schema cannot state about the upload, named in the document: the archive part is one of these
@@ -172,7 +173,7 @@ def get_checkpoint(state: StateDep, job_id: str) -> FileResponse:
 def get_report(state: StateDep, job_id: str) -> JSONResponse:
     """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given."""
     path = _finished_artifact(state, job_id, REPORT_FILE)
-    return JSONResponse(json.loads(path.read_text()))
+    return JSONResponse(readable(json.loads(path.read_text())))  # a report stored before issue 29 may hold NaN
 
 
 @router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted)

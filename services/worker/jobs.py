@@ -34,6 +34,7 @@ from t3ar_services.common.job_contract import (
     JobSpec,
     old_spec_message,
 )
+from t3ar_services.common.text import readable
 from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     report["transfer"] = transfer
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
-    api.put_result(spec.job_id, json.loads(json.dumps(report, default=str)), lineage)  # finishes it on the API
+    # readable(): a diverged run's NaN loss is reported as null (the API refuses what JSON answers cannot hold)
+    api.put_result(spec.job_id, readable(json.loads(json.dumps(report, default=str))), lineage)  # finishes the job
     summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
                "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
     if "after" in metrics:

@@ -69,3 +69,119 @@ def test_f9_the_403_names_the_scope(env: Any) -> None:  # noqa: F811
     expect_error(resp, 403, "forbidden", "worker token opens only the worker routes")
     resp = client.put(f"/internal/jobs/{'a' * 32}/result", headers=USER, content=json.dumps({}))
     expect_error(resp, 403, "forbidden", "T3AR_API_WORKER_TOKEN")
+
+
+def _started(client: Any, redis: Any, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    from test_api_worker_routes import _job
+
+    return _job(client, redis, tmp_path)
+
+
+def test_f3_a_bad_worker_upload_is_refused_whole_and_poisons_nothing(env: Any, tmp_path: Path,  # noqa: F811
+                                                                     caplog: Any) -> None:
+    import hashlib
+
+    from test_api_routes import ADMIN, _retriever
+    from test_api_worker_routes import adapted
+
+    from t3ar.clients.retriever import RetrieverClient
+
+    client, redis, data = env
+    pool: dict[str, Any] = {"count": 50, "ids": {"p-1", "p-2", "p-3"}}
+    client.app.state.api.retriever_admin = RetrieverClient("http://r", "r-admin", transport=_retriever(pool),
+                                                           retries=0)
+    job_id, spec = _started(client, redis, tmp_path)
+    out = data / "artifacts" / job_id
+    url = f"/internal/jobs/{job_id}/checkpoint"
+
+    def put(body: bytes) -> Any:
+        return client.put(url, params={"sha256": hashlib.sha256(body).hexdigest()}, content=body, headers=WORKER)
+
+    # random bytes with their correct sha256 are not a checkpoint; nor is one of another base, target or config
+    expect_error(put(b"random bytes" * 100), 422, "bad_checkpoint", "not a t3ar checkpoint")
+    expect_error(put(adapted(data, tmp_path, job_id, spec, target_sha256="0" * 64)[0]), 422, "bad_checkpoint",
+                 "target")
+    expect_error(put(adapted(data, tmp_path, job_id, spec, base_model_sha256="1" * 64)[0]), 422, "bad_checkpoint",
+                 "base model")
+    other = {**spec, "config": {**spec["config"], "lr": spec["config"]["lr"] * 2}}
+    expect_error(put(adapted(data, tmp_path, job_id, other)[0]), 422, "bad_checkpoint", "lr")
+    assert not (out / "model.pt").exists() and not list(out.glob(".incoming-*"))
+
+    ckpt, sha, lineage = adapted(data, tmp_path, job_id, spec)
+    assert put(ckpt).status_code == 200
+    result_url = f"/internal/jobs/{job_id}/result"
+    for bad in ({**lineage, "created_at": {"an": "object"}}, {**lineage, "pool_ids": ["p-1", "p-2"]},
+                {**lineage, "target_size": 999}, {**lineage, "model_id": "another"}):
+        resp = client.put(result_url, json={"report": {}, "lineage": bad}, headers=WORKER)
+        assert resp.status_code == 422, resp.text
+    raw = json.dumps({"report": {"x": "SURROGATE"}, "lineage": lineage}).replace("SURROGATE", "\\ud800")
+    resp = client.put(result_url, content=raw.encode(), headers={**WORKER, "Content-Type": "application/json"})
+    expect_error(resp, 422, "invalid_input", "surrogate")
+    resp = client.put(result_url, content=b'{"report": {"loss": NaN}, "lineage": ' + json.dumps(lineage).encode()
+                      + b"}", headers={**WORKER, "Content-Type": "application/json"})
+    expect_error(resp, 422, "invalid_input", "finite")
+    assert sorted(p.name for p in out.iterdir()) == ["model.pt"]  # nothing else was written
+    for pid in ("p-1", "p-9"):
+        assert client.get(f"/pool/{pid}/lineage", headers=USER).status_code == 200
+
+    # a record an older API wrote unchecked is skipped (and logged once): lineage and withdrawals keep working
+    poisoned = data / "artifacts" / "old-job"
+    poisoned.mkdir()
+    (poisoned / "lineage.json").write_text(json.dumps({"checkpoint_sha256": "2" * 64, "pool_ids": ["p-1"],
+                                                       "created_at": {"an": "object"}}))
+    with caplog.at_level("WARNING"):
+        for pid in ("p-1", "p-2", "anything"):
+            assert client.get(f"/pool/{pid}/lineage", headers=USER).status_code == 200
+    assert sum("old-job" in r.getMessage() for r in caplog.records) == 1
+    gone = client.delete("/pool/p-2", headers=ADMIN)
+    assert gone.status_code == 200 and gone.json()["deleted"] is True, gone.text
+
+    done = client.put(result_url, json={"report": {"x": 1}, "lineage": lineage}, headers=WORKER)
+    assert done.status_code == 200, done.text
+    assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == job_id
+
+
+def test_f3_a_delete_done_at_the_retriever_answers_2xx_whatever_fails_after(env: Any, monkeypatch: Any) -> None:  # noqa: F811
+    from redis.exceptions import ConnectionError as RedisDown
+    from test_api_routes import ADMIN, _retriever
+
+    from t3ar.clients.retriever import RetrieverClient
+
+    client, _, _ = env
+    state = client.app.state.api
+    pool: dict[str, Any] = {"count": 50, "ids": {"p-1"}}
+    state.retriever_admin = RetrieverClient("http://r", "r-admin", transport=_retriever(pool), retries=0)
+
+    def down(*_: Any) -> Any:
+        raise RedisDown("redis is down")
+
+    monkeypatch.setattr(state.jobs, "started_ids", down)
+    monkeypatch.setattr(state.store, "jobs_using", down)
+    resp = client.delete("/pool/p-1", headers=ADMIN)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["deleted"] is True and "could not be read" in body["lineage_error"] and pool["ids"] == set()
+
+
+def test_f3_a_canceled_jobs_upload_is_cleaned(env: Any, tmp_path: Path) -> None:  # noqa: F811
+    import hashlib
+
+    from rq.job import Job
+    from test_api_worker_routes import adapted
+
+    from t3ar_services.api.main import sweep_once
+    from t3ar_services.common.job_contract import SERIALIZER
+
+    client, redis, data = env
+    job_id, spec = _started(client, redis, tmp_path)
+    ckpt, sha, _ = adapted(data, tmp_path, job_id, spec)
+    assert client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": sha}, content=ckpt,
+                      headers=WORKER).status_code == 200
+    assert client.post(f"/jobs/{job_id}/cancel", headers=USER).json()["status"] == "canceling"
+    job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)  # what the worker does when it sees the cancel
+    job.meta["canceled"] = True
+    job.save_meta()
+    job.set_status("failed")
+    sweep_once(client.app.state.api)
+    assert not (data / "artifacts" / job_id).exists()
+    assert hashlib.sha256(ckpt).hexdigest() == sha
