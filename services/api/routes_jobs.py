@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import uuid
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from t3ar.errors import InvalidInputError, T3arError
+from t3ar.jobsize import kept_images
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import USER, ApiState, StateDep
 from t3ar_services.api.errors import ConflictError, NotFoundError, classify
@@ -21,7 +23,7 @@ from t3ar_services.api.jobs import JobState, artifact, require_job
 from t3ar_services.api.registry import require_model
 from t3ar_services.api.store import JobRow
 from t3ar_services.api.transfer import target_tar
-from t3ar_services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
+from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
 from t3ar_services.common.forms import only_fields
 from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE
 from t3ar_services.common.text import readable
@@ -47,6 +49,15 @@ def _check_pool(state: ApiState, config: Any) -> None:
     if count < config.k:
         raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves k={config.k} per "
                                 "image: ingest more (t3ar pool ingest) or lower k")
+
+
+def _check_size(state: ApiState, config: Any, n_kept: int, model_id: str) -> None:
+    """The operator's per-job caps (steps, memory), with the base model's input size and head (its bottleneck
+    width is in its architecture signature, ``...|bottleneck=256|...``)."""
+    model = require_model(state.store, state.settings, model_id)
+    found = re.search(r"\|bottleneck=(\d+)\|", model.arch)
+    check_job_size(state.settings, config, n_kept, model.image_size, int(found.group(1)) if found else None,
+                   len(model.classes))
 
 
 def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str]) -> JSONResponse:
@@ -90,6 +101,7 @@ def adapt(
         prepared, cfg = prepare_target(upload, job_dir, settings, model.classes, given, cfg,
                                        skip_bad_images=skip_bad_images, sent=sent_name(archive.filename, "archive"))
         upload.unlink()
+        _check_size(state, cfg, prepared.n_kept, model.id)
         _check_pool(state, cfg)
         row = JobRow(id=job_id, model_id=model.id, parent_id=None, created_at=_now(), config=cfg.model_dump(),
                      target_dir=prepared.target_dir.relative_to(settings.data_dir).as_posix(),
@@ -187,6 +199,7 @@ def readapt(request: Request, state: StateDep, job_id: str) -> JSONResponse:
     if not (state.settings.data_dir / orig.target_dir).is_dir():
         raise ConflictError(f"the target images of job {job_id} are no longer stored; submit them again")
     cfg = AdaptConfig.model_validate(orig.config)
+    _check_size(state, cfg, kept_images(orig.n_images, cfg.fraction), orig.model_id)  # the caps may have changed
     _check_pool(state, cfg)
     row = JobRow(id=uuid.uuid4().hex, model_id=orig.model_id, parent_id=orig.id, created_at=_now(),
                  config=orig.config, target_dir=orig.target_dir, n_images=orig.n_images, labelled=orig.labelled,

@@ -148,6 +148,11 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
 
     model, info = load_checkpoint(model_file, device=device)
     target = read_target(target_dir, strict=True)
+    from t3ar.data.datasets import stratified_subsample
+    from t3ar_services.worker.memory import check_job_memory
+
+    kept = len(stratified_subsample(target.labels, len(target), config.fraction, config.seed))
+    check_job_memory(config, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
 
     provider = None
     client = None

@@ -185,3 +185,61 @@ def test_f3_a_canceled_jobs_upload_is_cleaned(env: Any, tmp_path: Path) -> None:
     sweep_once(client.app.state.api)
     assert not (data / "artifacts" / job_id).exists()
     assert hashlib.sha256(ckpt).hexdigest() == sha
+
+
+def test_f5_every_open_config_field_has_a_bound_named_in_the_422(env: Any, tmp_path: Path) -> None:  # noqa: F811
+    client, _, data = env
+    model_id = _model(client, tmp_path)
+    for field, value, bound in (("min_steps", 10**12, "1000000"), ("min_steps", 1e30, "1000000"),
+                                ("bank_size", 10**12, "262144"), ("seed", 2**70, "4294967295"),
+                                ("refine_neighbors", 10**9, "1024"), ("train_groups", 10**9, "64"),
+                                ("temperature", 1e300, "100"), ("weight_decay", 1e300, "1"), ("seed", -1, "0")):
+        resp = _adapt(client, model_id, _archive(), {"method": "t3ar", "k": 1, field: value})
+        err = expect_error(resp, 422, "invalid_input", field)
+        assert bound in err["message"], (field, err)
+    assert not list((data / "jobs").iterdir())
+
+
+def test_f5_every_numeric_config_field_is_bounded_above() -> None:
+    from pydantic.fields import FieldInfo
+
+    from t3ar.method.config import AdaptConfig
+
+    def upper(info: FieldInfo) -> bool:
+        return any(getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None for m in info.metadata)
+
+    for name, info in AdaptConfig.model_fields.items():
+        kinds = str(info.annotation)
+        if ("int" in kinds or "float" in kinds) and "bool" not in kinds:
+            assert upper(info), f"AdaptConfig.{name} has no upper bound"
+
+
+def test_f5_operator_caps_on_steps_and_memory(env: Any, tmp_path: Path) -> None:  # noqa: F811
+    client, _, data = env
+    state = client.app.state.api
+    model_id = _model(client, tmp_path)
+    state.settings = state.settings.model_copy(update={"max_job_steps": 20})
+    resp = _adapt(client, model_id, _archive(), {"method": "tent", "epochs": 30, "batch_size": 2})
+    expect_error(resp, 422, "invalid_input", "T3AR_API_MAX_JOB_STEPS")
+    assert _adapt(client, model_id, _archive(), {"method": "tent", "epochs": 5, "batch_size": 2}).status_code == 202
+    state.settings = state.settings.model_copy(update={"max_job_memory_bytes": 10_000_000})
+    resp = _adapt(client, model_id, _archive(), {"method": "t3ar", "k": 1, "epochs": 1, "bank_size": 100_000})
+    expect_error(resp, 422, "invalid_input", "T3AR_API_MAX_JOB_MEMORY_BYTES")
+    assert _adapt(client, model_id, _archive(), {"method": "t3ar", "k": 1, "epochs": 1,
+                                                 "bank_size": 1000}).status_code == 202
+
+
+def test_f5_the_worker_checks_memory_before_it_adapts() -> None:
+    import pytest
+
+    from t3ar.jobsize import steps_per_epoch
+    from t3ar.method.config import AdaptConfig
+    from t3ar.method.schedule import steps_per_epoch as schedule_steps
+    from t3ar_services.worker.memory import JobTooLargeError, check_job_memory
+
+    cfg = AdaptConfig(method="t3ar", k=5, bank_size=262_144)
+    need = check_job_memory(cfg, 1000, 96, 256, 10, "cpu", available=10**12)
+    assert need > 262_144 * 266 * 4
+    with pytest.raises(JobTooLargeError, match="bank_size=262144.*lower bank_size or k"):
+        check_job_memory(cfg, 1000, 96, 256, 10, "cpu", available=need - 1)
+    assert all(steps_per_epoch(n, b) == schedule_steps(n, b) for n in range(1, 60) for b in range(1, 20))
