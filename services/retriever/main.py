@@ -1,6 +1,7 @@
 """The retriever app: ``create_app()`` (a factory: ``uvicorn --factory t3ar_services.retriever.main:create_app``).
 
-Start-up (lifespan): settings -> embedder (unless vectors-only) -> open the pool and check its embedder
+Start-up (lifespan): the data directory's lock (another live process serving it: refuse, naming its pid) ->
+settings -> embedder (unless vectors-only) -> open the pool and check its embedder
 identity (refuse a mismatch: the process exits with the reason) -> serve; the index is loaded or rebuilt in a
 background thread, ``/ready`` answers 503 and pool routes 503 ``not_ready`` until it is done.
 Shutdown: stop compaction, save the index with its DB-state marker, close the store.
@@ -17,6 +18,7 @@ from fastapi import FastAPI
 from starlette.types import Scope
 
 from t3ar_services.common.app import create_service_app
+from t3ar_services.common.dirlock import DataDirBusyError, DataDirLock
 from t3ar_services.retriever.backend import (
     MilvusIndex,
     connect,
@@ -83,6 +85,19 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:  # one serving process per pool directory: a second one would not see the first's deletes
+            lock = DataDirLock(settings.data_dir, "this retriever (T3AR_RETRIEVER_DATA_DIR)").acquire()
+        except DataDirBusyError as e:
+            log.error("retriever cannot start: %s", e)
+            raise
+        try:
+            async with _serving(app):
+                yield
+        finally:
+            lock.release()
+
+    @asynccontextmanager
+    async def _serving(app: FastAPI) -> AsyncIterator[None]:
         if settings.auth_disabled:
             log.warning("AUTH IS DISABLED (T3AR_RETRIEVER_AUTH_DISABLED=true): anyone who can reach this port "
                         "can add, search and delete; use only on a trusted local machine")
