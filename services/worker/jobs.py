@@ -44,7 +44,7 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     """Adapt the base model to the target with the job's AdaptConfig; upload the checkpoint and report."""
     from rq import get_current_job
 
-    from t3ar_services.worker.progress import Progress
+    from t3ar_services.worker.progress import JobNoLongerStartedError, Progress
 
     settings = WorkerSettings()
     job = get_current_job()
@@ -65,6 +65,9 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         return _run(job_spec, settings, progress, connection)
     except JobCanceledError:
         log.info("job %s canceled", job_spec.job_id)
+        raise
+    except JobNoLongerStartedError:
+        log.warning("job %s ended elsewhere while it ran here; stopped", job_spec.job_id)
         raise
     except Exception as e:
         progress.meta["error"] = _message(e)
