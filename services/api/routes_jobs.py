@@ -25,7 +25,7 @@ from t3ar_services.api.store import JobRow
 from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
 from t3ar_services.common.forms import only_fields
-from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE
+from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE, new_job_secret
 from t3ar_services.common.text import readable
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
@@ -60,9 +60,9 @@ def _check_size(state: ApiState, config: Any, n_kept: int, model_id: str) -> Non
                    len(model.classes))
 
 
-def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str]) -> JSONResponse:
+def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str], secret: str) -> JSONResponse:
     model = require_model(state.store, state.settings, row.model_id)
-    state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir))
+    state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir), secret)
     kind = "readapt" if row.parent_id else "adapt"
     state.metrics.jobs_submitted.labels(str(row.config.get("method")), kind).inc()
     url = str(request.url_for("get_job", job_id=row.id))
@@ -103,13 +103,15 @@ def adapt(
         upload.unlink()
         _check_size(state, cfg, prepared.n_kept, model.id)
         _check_pool(state, cfg)
+        secret, digest = new_job_secret()
         row = JobRow(id=job_id, model_id=model.id, parent_id=None, created_at=_now(), config=cfg.model_dump(),
                      target_dir=prepared.target_dir.relative_to(settings.data_dir).as_posix(),
-                     n_images=prepared.n_images, labelled=prepared.labelled, skipped=len(prepared.skipped))
+                     n_images=prepared.n_images, labelled=prepared.labelled, skipped=len(prepared.skipped),
+                     secret_sha256=digest)
         state.store.add_job(row)
         try:
             warnings = [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]]
-            return _accepted(request, state, row, warnings)
+            return _accepted(request, state, row, warnings, secret)
         except BaseException:
             state.store.delete_job(job_id)
             raise
@@ -201,12 +203,13 @@ def readapt(request: Request, state: StateDep, job_id: str) -> JSONResponse:
     cfg = AdaptConfig.model_validate(orig.config)
     _check_size(state, cfg, kept_images(orig.n_images, cfg.fraction), orig.model_id)  # the caps may have changed
     _check_pool(state, cfg)
+    secret, digest = new_job_secret()
     row = JobRow(id=uuid.uuid4().hex, model_id=orig.model_id, parent_id=orig.id, created_at=_now(),
                  config=orig.config, target_dir=orig.target_dir, n_images=orig.n_images, labelled=orig.labelled,
-                 skipped=orig.skipped)
+                 skipped=orig.skipped, secret_sha256=digest)
     state.store.add_job(row)
     try:
-        return _accepted(request, state, row, [])
+        return _accepted(request, state, row, [], secret)
     except BaseException:
         state.store.delete_job(row.id)
         raise

@@ -105,6 +105,7 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     from t3ar_services.worker.transfer import WorkerApiClient
 
     api = WorkerApiClient(settings.api_url, token, timeout=settings.api_timeout, retries=settings.api_retries)
+    api.bind_job(spec.job_secret)
     try:
         model_file, target_dir, transfer = _fetch_inputs(spec, settings, api, work)
         progress.check_cancel(force=True)

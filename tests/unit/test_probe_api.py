@@ -10,7 +10,7 @@ from typing import Any
 
 from error_envelope import expect_error
 from test_api_routes import USER, _adapt, _archive, _model
-from test_api_worker_routes import WORKER, env  # noqa: F401 - the fixture
+from test_api_worker_routes import WORKER, as_worker, env  # noqa: F401 - the fixture
 
 from t3ar_services.api.main import create_app
 from t3ar_services.api.settings import ApiSettings
@@ -93,9 +93,10 @@ def test_f3_a_bad_worker_upload_is_refused_whole_and_poisons_nothing(env: Any, t
     job_id, spec = _started(client, redis, tmp_path)
     out = data / "artifacts" / job_id
     url = f"/internal/jobs/{job_id}/checkpoint"
+    W = as_worker(spec)
 
     def put(body: bytes) -> Any:
-        return client.put(url, params={"sha256": hashlib.sha256(body).hexdigest()}, content=body, headers=WORKER)
+        return client.put(url, params={"sha256": hashlib.sha256(body).hexdigest()}, content=body, headers=W)
 
     # random bytes with their correct sha256 are not a checkpoint; nor is one of another base, target or config
     expect_error(put(b"random bytes" * 100), 422, "bad_checkpoint", "not a t3ar checkpoint")
@@ -112,13 +113,13 @@ def test_f3_a_bad_worker_upload_is_refused_whole_and_poisons_nothing(env: Any, t
     result_url = f"/internal/jobs/{job_id}/result"
     for bad in ({**lineage, "created_at": {"an": "object"}}, {**lineage, "pool_ids": ["p-1", "p-2"]},
                 {**lineage, "target_size": 999}, {**lineage, "model_id": "another"}):
-        resp = client.put(result_url, json={"report": {}, "lineage": bad}, headers=WORKER)
+        resp = client.put(result_url, json={"report": {}, "lineage": bad}, headers=W)
         assert resp.status_code == 422, resp.text
     raw = json.dumps({"report": {"x": "SURROGATE"}, "lineage": lineage}).replace("SURROGATE", "\\ud800")
-    resp = client.put(result_url, content=raw.encode(), headers={**WORKER, "Content-Type": "application/json"})
+    resp = client.put(result_url, content=raw.encode(), headers={**W, "Content-Type": "application/json"})
     expect_error(resp, 422, "invalid_input", "surrogate")
     resp = client.put(result_url, content=b'{"report": {"loss": NaN}, "lineage": ' + json.dumps(lineage).encode()
-                      + b"}", headers={**WORKER, "Content-Type": "application/json"})
+                      + b"}", headers={**W, "Content-Type": "application/json"})
     expect_error(resp, 422, "invalid_input", "finite")
     assert sorted(p.name for p in out.iterdir()) == ["model.pt"]  # nothing else was written
     for pid in ("p-1", "p-9"):
@@ -136,7 +137,7 @@ def test_f3_a_bad_worker_upload_is_refused_whole_and_poisons_nothing(env: Any, t
     gone = client.delete("/pool/p-2", headers=ADMIN)
     assert gone.status_code == 200 and gone.json()["deleted"] is True, gone.text
 
-    done = client.put(result_url, json={"report": {"x": 1}, "lineage": lineage}, headers=WORKER)
+    done = client.put(result_url, json={"report": {"x": 1}, "lineage": lineage}, headers=W)
     assert done.status_code == 200, done.text
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == job_id
 
@@ -176,7 +177,7 @@ def test_f3_a_canceled_jobs_upload_is_cleaned(env: Any, tmp_path: Path) -> None:
     job_id, spec = _started(client, redis, tmp_path)
     ckpt, sha, _ = adapted(data, tmp_path, job_id, spec)
     assert client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": sha}, content=ckpt,
-                      headers=WORKER).status_code == 200
+                      headers=as_worker(spec)).status_code == 200
     assert client.post(f"/jobs/{job_id}/cancel", headers=USER).json()["status"] == "canceling"
     job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)  # what the worker does when it sees the cancel
     job.meta["canceled"] = True
@@ -243,3 +244,26 @@ def test_f5_the_worker_checks_memory_before_it_adapts() -> None:
     with pytest.raises(JobTooLargeError, match="bank_size=262144.*lower bank_size or k"):
         check_job_memory(cfg, 1000, 96, 256, 10, "cpu", available=need - 1)
     assert all(steps_per_epoch(n, b) == schedule_steps(n, b) for n in range(1, 60) for b in range(1, 20))
+
+
+def test_the_worker_token_alone_opens_no_job(env: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Issue 29's scope note: a job's worker routes need the job's own secret (in its payload only), so a leaked
+    worker token can neither read another job's inputs nor replace its checkpoint or result."""
+    from test_api_worker_routes import adapted
+
+    client, redis, data = env
+    job_id, spec = _started(client, redis, tmp_path)
+    other_id, other = _started(client, redis, tmp_path)
+    ckpt, sha, lineage = adapted(data, tmp_path, job_id, spec)
+    routes = (("GET", f"/internal/jobs/{job_id}/target", {}), ("GET", f"/internal/jobs/{job_id}/base-model", {}),
+              ("PUT", f"/internal/jobs/{job_id}/checkpoint", {"params": {"sha256": sha}, "content": ckpt}),
+              ("PUT", f"/internal/jobs/{job_id}/result", {"json": {"report": {}, "lineage": lineage}}))
+    for headers in (WORKER, {**WORKER, "X-T3AR-Job-Secret": "x" * 43}, as_worker(other)):
+        for method, path, kwargs in routes:
+            resp = client.request(method, path, headers=headers, **kwargs)  # type: ignore[arg-type]
+            expect_error(resp, 403, "forbidden", "X-T3AR-Job-Secret")
+    assert not (data / "artifacts" / job_id / "model.pt").exists()
+    assert client.get(f"/internal/jobs/{job_id}/target", headers=as_worker(spec)).status_code == 200
+    assert client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": sha}, content=ckpt,
+                      headers=as_worker(spec)).status_code == 200
+    assert other_id != job_id and len(spec["job_secret"]) >= 32 and spec["job_secret"] != other["job_secret"]
