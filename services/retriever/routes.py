@@ -274,6 +274,11 @@ def search_queries(pool: PoolDep, state: StateDep, settings: SettingsDep, body: 
             raise InvalidInputError(f"each vector must have {pool.info.dim} numbers; got lengths {sorted(dims)}")
         queries = np.asarray(body.vectors, dtype=np.float32)
     _check_n(len(queries), settings.max_queries)
+    # a score is at most the query's norm (pool vectors are unit vectors): bounded numbers keep every score finite
+    # (float32 rounding may lift a number at the bound a little above it: that one is still accepted)
+    if not np.isfinite(queries).all() or float(np.abs(queries).max()) > s.MAX_QUERY_NUMBER * (1 + 1e-6):
+        raise InvalidInputError(f"query vectors must be finite numbers of at most {s.MAX_QUERY_NUMBER:g} in magnitude "
+                                "(send unit vectors)")
     return queries
 
 

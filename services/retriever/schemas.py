@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from t3ar_services.common.text import Utf8Str
 
+#: the largest magnitude of a query vector's number: scores (at most a query's norm, pool vectors being unit
+#: vectors) stay finite in float32 for any dimension up to 65,536
+MAX_QUERY_NUMBER = 1e14
+QueryNumber = Annotated[float, Field(ge=-MAX_QUERY_NUMBER, le=MAX_QUERY_NUMBER, allow_inf_nan=False)]
 MAX_SAFE_INTEGER = 2**53 - 1  # larger JSON integers lose precision in double-based parsers and schema validators
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
@@ -107,7 +111,7 @@ class SearchRequest(_Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
         {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in _QUERY_KINDS]})
 
-    vectors: list[list[float]] | None = Field(default=None, description="query vectors [n, dim] (unit norm)")
+    vectors: list[list[QueryNumber]] | None = Field(default=None, description="query vectors [n, dim] (unit norm)")
     vectors_b64: str | None = Field(default=None, description="float32 little-endian row-major [n, dim], base64")
     images_b64: list[str] | None = Field(default=None, description="query images (file bytes, base64)")
     k: int = Field(default=10, description="neighbours per query (1..T3AR_RETRIEVER_MAX_K)")

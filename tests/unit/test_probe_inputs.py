@@ -116,3 +116,16 @@ def test_f2_a_stored_item_with_bad_text_is_still_readable(pool: tuple[TestClient
     assert item.json()["metadata"] == {"a": "\ufffd", "n": None}
     page = client.get("/pool", headers=ADMIN, params={"limit": 1000})
     assert page.status_code == 200 and bad_id in [i["id"] for i in page.json()["items"]]
+
+
+def test_query_vectors_whose_scores_overflow_are_422(pool: tuple[TestClient, list[str]]) -> None:
+    """Found by the OpenAPI fuzzing while fixing issue 29: JSON numbers beyond float32 (or NaN bytes in
+    vectors_b64) gave a 200 whose scores were null."""
+    client, _ = pool
+    for body in ({"vectors": [[1e300] + [0.0] * (DIM - 1)]}, {"vectors": [[3e38] * DIM]}):
+        expect_error(client.post("/search", headers=ADMIN, json={**body, "k": 2}), 422, "invalid_request",
+                     "less than or equal to 100000000000000")
+    for raw in ('{"vectors": [[NaN, 0, 0, 0, 0, 0, 0, 0]]}', '{"vectors": [[Infinity, 0, 0, 0, 0, 0, 0, 0]]}'):
+        assert _raw(client, "/search", raw).status_code == 422
+    for body in ({"vectors_b64": _b64(np.full((1, DIM), np.nan))}, {"vectors_b64": _b64(np.full((1, DIM), 3e38))}):
+        expect_error(client.post("/search", headers=ADMIN, json={**body, "k": 2}), 422, "invalid_input", "finite")
