@@ -129,3 +129,13 @@ def test_query_vectors_whose_scores_overflow_are_422(pool: tuple[TestClient, lis
         assert _raw(client, "/search", raw).status_code == 422
     for body in ({"vectors_b64": _b64(np.full((1, DIM), np.nan))}, {"vectors_b64": _b64(np.full((1, DIM), 3e38))}):
         expect_error(client.post("/search", headers=ADMIN, json={**body, "k": 2}), 422, "invalid_input", "finite")
+
+
+def test_f9_the_retriever_refuses_a_token_without_the_routes_scope_before_the_body(
+        pool: tuple[TestClient, list[str]]) -> None:
+    client, _ = pool
+    for path, kwargs in (("/pool/vectors?identity=synthetic", {"content": b"\0" * 64}),
+                         ("/pool/delete", {"json": {"ids": ["x"]}})):
+        resp = client.post(path, headers={"Authorization": "Bearer rw-t"}, **kwargs)  # type: ignore[arg-type]
+        expect_error(resp, 403, "forbidden", "T3AR_RETRIEVER_ADMIN_TOKEN")
+        assert resp.headers["connection"] == "close"  # answered by the early check, before the body was read
