@@ -17,14 +17,17 @@ UNKNOWN_FEATURE_DIM = 2048
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
-    """As :func:`t3ar.method.schedule.steps_per_epoch` (a last batch of one image is dropped)."""
+    """As :func:`t3ar.method.schedule.steps_per_epoch` (a last batch under half a batch is folded into the one
+    before it; a unit test keeps the two equal)."""
     full, rest = divmod(n, batch_size)
-    return full + (1 if rest >= 2 or (rest and full == 0) else 0)
+    if full == 0:
+        return 1
+    return full + (1 if 2 * rest >= batch_size and rest >= 2 else 0)
 
 
 def planned_steps(config: Any, n: int) -> int:
     """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``."""
-    if config.method == "source":
+    if config.method in ("source", "bn-adapt"):  # no optimiser (bn-adapt: one no-gradient pass)
         return 0
     batch = max(1, min(config.batch_size, n))
     return int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
@@ -37,7 +40,7 @@ def kept_images(n_images: int, fraction: float) -> int:
 
 def memory_bytes(config: Any, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
     """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px."""
-    if config.method in ("source", "tent", "shot-im"):
+    if config.method in ("source", "bn-adapt", "tent", "shot-im"):
         bank = 0
     else:
         bank = config.bank_size * ((feature_dim or UNKNOWN_FEATURE_DIM) + num_classes) * 4 + config.bank_size * 18
