@@ -9,11 +9,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
-from conftest import REPO, RetrieverProcess
 
 from t3ar.ports import free_port
+
+if TYPE_CHECKING:  # (conftest is imported by name only under TYPE_CHECKING: the e2e folder has one too)
+    from conftest import RetrieverProcess
+
+REPO = Path(__file__).resolve().parents[2]
 
 VECTORS = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": "8",
            "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
