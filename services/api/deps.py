@@ -24,7 +24,7 @@ from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
-from t3ar_services.common.auth import require
+from t3ar_services.common.auth import require, route_scope
 
 
 @dataclass
@@ -58,17 +58,24 @@ _bearer = HTTPBearer(auto_error=False, description="T3AR_API_TOKEN (user), T3AR_
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
+_ADMIN_WORDS = "withdrawing pool items needs the admin token (T3AR_API_ADMIN_TOKEN)"
+_WORKER_WORDS = ("the worker routes need the worker token (T3AR_API_WORKER_TOKEN, given to workers as "
+                 "T3AR_WORKER_API_TOKEN)")
+
+
+@route_scope("token")
 def require_user(settings: SettingsDep, creds: BearerDep) -> None:
     require(settings, creds)
 
 
+@route_scope("admin", _ADMIN_WORDS)
 def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
-    require(settings, creds, admin="withdrawing pool items needs the admin token (T3AR_API_ADMIN_TOKEN)")
+    require(settings, creds, admin=_ADMIN_WORDS)
 
 
+@route_scope("worker", _WORKER_WORDS)
 def require_worker(settings: SettingsDep, creds: BearerDep) -> None:
-    require(settings, creds, worker="the worker routes need the worker token (T3AR_API_WORKER_TOKEN, given to "
-                                    "workers as T3AR_WORKER_API_TOKEN)")
+    require(settings, creds, worker=_WORKER_WORDS)
 
 
 USER = [Depends(require_user)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from t3ar_services.common.job_contract import (
     artifacts_dir,
 )
 from t3ar_services.common.registries import clean_registries
+from t3ar_services.common.text import check_text
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +86,15 @@ class JobService:
         self.store = store
         self.connection = connection
         self.queue = Queue(settings.queue, connection=connection, serializer=SERIALIZER)
+        self._unreadable: set[str] = set()  # jobs whose lineage.json could not be indexed (logged once)
 
     # --- submit ------------------------------------------------------------------------------------------
-    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar) -> None:
-        """Queue the job; the worker fetches the base model and ``target`` by these digests over HTTP."""
+    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str) -> None:
+        """Queue the job; the worker fetches the base model and ``target`` by these digests over HTTP, showing the
+        job's ``secret`` (whose sha256 the row keeps)."""
         spec = JobSpec(job_id=row.id, model_id=row.model_id, model_sha256=model_sha256, target_sha256=target.sha256,
                        target_bytes=target.size, config=row.config, parent_id=row.parent_id,
-                       request_id=REQUEST_ID.get())
+                       request_id=REQUEST_ID.get(), job_secret=secret)
         self.queue.enqueue_call(
             JOB_FUNCTION, args=(spec.model_dump(),), job_id=row.id, timeout=self.settings.job_timeout,
             result_ttl=self.settings.result_ttl, failure_ttl=self.settings.failure_ttl,
@@ -159,24 +163,50 @@ class JobService:
         return clean_registries(self.queue)
 
     def sync_lineage(self) -> int:
-        """Index the lineage of every finished job not indexed yet (artifacts/<id>/lineage.json)."""
+        """Index the lineage of every finished job not indexed yet (artifacts/<id>/lineage.json). A record that
+        cannot be read or indexed is logged once and skipped: it never stops the others, nor a lineage answer."""
         root = self.settings.data_dir / "artifacts"
         if not root.is_dir():
             return 0
         known = self.store.indexed_jobs()
         n = 0
         for d in root.iterdir():
-            if d.name in known or not (d / LINEAGE_FILE).is_file():
+            if d.name in known or d.name in self._unreadable or not (d / LINEAGE_FILE).is_file():
                 continue
             try:
                 data = json.loads((d / LINEAGE_FILE).read_text())
-            except (OSError, ValueError) as e:
-                log.warning("unreadable lineage file %s: %s", d / LINEAGE_FILE, e)
+                pool_ids = data.get("pool_ids") or []
+                finished_at, sha = data.get("created_at"), data.get("checkpoint_sha256")
+                if not isinstance(pool_ids, list) or not all(isinstance(p, str) for p in pool_ids) \
+                        or not isinstance(finished_at, str | None) or not isinstance(sha, str | None):
+                    raise ValueError("pool_ids, created_at or checkpoint_sha256 has the wrong type")
+                check_text([pool_ids, finished_at, sha], "lineage")
+                self.store.index_lineage(d.name, pool_ids, finished_at=finished_at, checkpoint_sha256=sha)
+            except Exception as e:
+                self._unreadable.add(d.name)
+                log.warning("lineage of job %s cannot be indexed (skipped until the API restarts): %s: %s", d.name,
+                            type(e).__name__, e)
                 continue
-            self.store.index_lineage(d.name, list(data.get("pool_ids") or []), finished_at=data.get("created_at"),
-                                     checkpoint_sha256=data.get("checkpoint_sha256"))
             n += 1
         return n
+
+    def clean_unfinished(self) -> list[str]:
+        """Remove what canceled and failed jobs left in ``artifacts/`` (a checkpoint uploaded before the end, no
+        lineage.json); the ids cleaned."""
+        root = self.settings.data_dir / "artifacts"
+        if not root.is_dir():
+            return []
+        cleaned = []
+        for d in root.iterdir():
+            if not d.is_dir() or (d / LINEAGE_FILE).exists():
+                continue
+            row = self.store.get_job(d.name)
+            if row is None or self.state(row).status not in ("canceled", "failed"):
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            cleaned.append(d.name)
+            log.info("removed the artifacts job %s left unfinished", d.name)
+        return cleaned
 
     def started_ids(self) -> list[str]:
         return list(StartedJobRegistry(queue=self.queue).get_job_ids(cleanup=False))  # cleanup: sweep_abandoned

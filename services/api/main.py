@@ -1,9 +1,11 @@
 """The adaptation API: ``create_app()`` (a factory: ``uvicorn --factory t3ar_services.api.main:create_app``).
 
-Start-up (lifespan): settings -> data dir + SQLite store -> Redis connection and queue -> retriever clients ->
-a background sweeper that, every ``sweep_interval`` seconds, fails jobs whose worker stopped heart-beating
-(never stuck in "started") and indexes the lineage of newly finished jobs. Redis or the retriever being down
-does not stop start-up: ``/ready`` says what is missing and routes answer 503 until it is back.
+Start-up: ``create_app`` builds settings -> data dir + SQLite store -> Redis connection and queue -> retriever
+clients; the lifespan takes the data directory's lock (another live API serving it: refuse to start, naming its
+pid) and starts a background sweeper that, every ``sweep_interval`` seconds, fails jobs whose worker stopped
+heart-beating (never stuck in "started"), indexes the lineage of newly finished jobs and removes what canceled
+and failed jobs uploaded. Redis or the retriever being down does not stop start-up: ``/ready`` says what is
+missing and routes answer 503 until it is back.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
 from t3ar_services.common.app import create_service_app
+from t3ar_services.common.dirlock import DataDirBusyError, DataDirLock
 from t3ar_services.common.forms import close_form_schemas
 
 log = logging.getLogger(__name__)
@@ -58,7 +61,8 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
 
 
 def sweep_once(state: ApiState) -> None:
-    """Abandoned jobs -> failed; newly finished jobs -> lineage index. Errors are logged, never raised."""
+    """Abandoned jobs -> failed; newly finished jobs -> lineage index; what canceled and failed jobs uploaded ->
+    removed. Errors are logged, never raised."""
     try:
         state.jobs.sweep_abandoned()
     except Exception as e:
@@ -68,6 +72,10 @@ def sweep_once(state: ApiState) -> None:
             log.info("indexed the lineage of %d finished job(s)", n)
     except Exception:
         log.exception("lineage sync failed")
+    try:
+        state.jobs.clean_unfinished()
+    except Exception as e:
+        log.warning("cleaning canceled/failed jobs' artifacts failed (Redis down?): %s", e)
     state.metrics.abandoned_sweeps.inc()
 
 
@@ -83,6 +91,19 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:  # one serving API per data directory (jobs, artifacts, the SQLite records)
+            lock = DataDirLock(settings.data_dir, "this API (T3AR_API_DATA_DIR)").acquire()
+        except DataDirBusyError as e:
+            log.error("API cannot start: %s", e)
+            raise
+        try:
+            async with _serving(app):
+                yield
+        finally:
+            lock.release()
+
+    @asynccontextmanager
+    async def _serving(app: FastAPI) -> AsyncIterator[None]:
         if settings.auth_disabled:
             log.warning("AUTH IS DISABLED (T3AR_API_AUTH_DISABLED=true): anyone who can reach this port can submit "
                         "jobs, download checkpoints and withdraw pool items; use only on a trusted local machine")

@@ -101,8 +101,11 @@ def get_model(state: StateDep, model_id: str) -> s.ModelOut:
     return _model_out(row)
 
 
-def _lineage(request: Request, state: ApiState, pool_id: str) -> s.LineageResponse:
-    state.jobs.sync_lineage()
+def _lineage_jobs(request: Request, state: ApiState, pool_id: str) -> list[s.LineageJob]:
+    try:
+        state.jobs.sync_lineage()  # skips (and logs once) a record it cannot index: never a 500 here
+    except Exception as e:
+        log.warning("lineage sync failed: %s", e)
     jobs = []
     for job_id, finished_at in state.store.jobs_using(pool_id):
         row = state.store.get_job(job_id)
@@ -110,7 +113,12 @@ def _lineage(request: Request, state: ApiState, pool_id: str) -> s.LineageRespon
                                  checkpoint_url=str(request.url_for("get_checkpoint", job_id=job_id)),
                                  readapt_url=str(request.url_for("readapt", job_id=job_id)),
                                  model_id=row.model_id if row else None, finished_at=finished_at))
-    return s.LineageResponse(pool_id=pool_id, jobs=jobs, in_flight=state.jobs.started_ids())
+    return jobs
+
+
+def _lineage(request: Request, state: ApiState, pool_id: str) -> s.LineageResponse:
+    return s.LineageResponse(pool_id=pool_id, jobs=_lineage_jobs(request, state, pool_id),
+                             in_flight=state.jobs.started_ids())
 
 
 @router.get("/pool/{pool_id}/lineage", response_model=s.LineageResponse, dependencies=USER, tags=["pool"])
@@ -134,5 +142,20 @@ def delete_pool_item(request: Request, state: StateDep, pool_id: str) -> s.Delet
         state.redis.sadd(WITHDRAWN_KEY, pool_id)  # workers drop it from their image caches
     except Exception as e:  # the withdrawal itself succeeded; caches are also bounded and trimmed
         log.warning("could not record withdrawn id %s for worker caches: %s", pool_id, e)
-    lineage = _lineage(request, state, pool_id)
-    return s.DeleteResponse(**lineage.model_dump(), deleted=True)
+    # the item is gone at the retriever: from here on the answer is a 2xx with whatever lineage is readable
+    jobs: list[s.LineageJob] = []
+    problems = []
+    try:
+        jobs = _lineage_jobs(request, state, pool_id)
+    except Exception as e:
+        log.exception("pool item %s withdrawn, but its lineage could not be read", pool_id)
+        problems.append(f"its lineage could not be read ({type(e).__name__})")
+    in_flight: list[str] = []
+    try:
+        in_flight = state.jobs.started_ids()
+    except Exception as e:
+        log.warning("pool item %s withdrawn; the running jobs could not be listed: %s", pool_id, e)
+        problems.append(f"the running jobs could not be listed ({type(e).__name__})")
+    error = f"the item was withdrawn, but {' and '.join(problems)}: GET /pool/{pool_id}/lineage later" \
+        if problems else None
+    return s.DeleteResponse(pool_id=pool_id, jobs=jobs, in_flight=in_flight, deleted=True, lineage_error=error)

@@ -2,7 +2,8 @@
 up. The contract (paths, digests, ordering) is :mod:`t3ar_services.common.job_contract`; storage and
 verification are :mod:`t3ar_services.api.transfer`.
 
-Uploads are accepted while the job is ``started`` (a worker is running it). A finished job keeps its
+Every job route needs the job's own secret besides the worker token (:func:`require_job_secret`). Uploads are
+accepted while the job is ``started`` (a worker is running it). A finished job keeps its
 artifacts: the same checkpoint or result again answers 200 with ``stored: false`` (a worker's retry), anything
 else 409; a canceled or failed job (e.g. failed as abandoned while a partitioned worker went on) refuses with
 409, so a late upload never resurrects it.
@@ -10,6 +11,7 @@ else 409; a canceled or failed job (e.g. failed as abandoned while a partitioned
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -20,8 +22,11 @@ from t3ar_services.api.deps import WORKER, ApiState, StateDep
 from t3ar_services.api.errors import ConflictError
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.registry import model_path, require_model
+from t3ar_services.api.store import JobRow
 from t3ar_services.api.transfer import target_tar
-from t3ar_services.common.job_contract import SHA256_PATTERN
+from t3ar_services.api.verify import check_checkpoint, check_result
+from t3ar_services.common.errors import AuthError
+from t3ar_services.common.job_contract import JOB_SECRET_HEADER, SHA256_PATTERN, secret_digest
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
 router = APIRouter(prefix="/internal", responses=_ERRORS, dependencies=WORKER, tags=["workers"])
@@ -38,22 +43,36 @@ def ping(state: StateDep) -> s.WorkerPing:
 
 @router.get("/jobs/{job_id}/target", response_class=FileResponse,
             responses={200: {"content": {"application/x-tar": {}}, "description": "the target as one tar"}})
-def get_target(state: StateDep, job_id: str) -> FileResponse:
+def get_target(request: Request, state: StateDep, job_id: str) -> FileResponse:
     """The job's validated target (images + labels.csv) as one uncompressed tar; its sha256 is the job's
     ``target_sha256`` (also in ``X-Checksum-Sha256``)."""
-    row = require_job(state.store, job_id)
+    row = require_job_secret(request, state, job_id)
     tar = target_tar(state.settings.data_dir, row.target_dir)
     return FileResponse(tar.path, media_type="application/x-tar", headers={"X-Checksum-Sha256": tar.sha256})
 
 
 @router.get("/jobs/{job_id}/base-model", response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "the base checkpoint"}})
-def get_base_model(state: StateDep, job_id: str) -> FileResponse:
+def get_base_model(request: Request, state: StateDep, job_id: str) -> FileResponse:
     """The job's base checkpoint; its sha256 is the job's ``model_sha256`` (also in ``X-Checksum-Sha256``)."""
-    row = require_job(state.store, job_id)
+    row = require_job_secret(request, state, job_id)
     model = require_model(state.store, state.settings, row.model_id)
     return FileResponse(model_path(state.settings.data_dir, model.id), media_type="application/octet-stream",
                         headers={"X-Checksum-Sha256": model.sha256})
+
+
+def require_job_secret(request: Request, state: ApiState, job_id: str) -> JobRow:
+    """The job, if the request shows its own secret (:data:`JOB_SECRET_HEADER`; 403 otherwise): the worker
+    token opens the worker routes, the secret (only in the job's payload) binds them to the job a worker
+    dequeued. A job queued before issue 29 has none, and needs none."""
+    row = require_job(state.store, job_id)
+    if row.secret_sha256 is None or state.settings.auth_disabled:
+        return row
+    given = request.headers.getlist(JOB_SECRET_HEADER)
+    if len(given) != 1 or not hmac.compare_digest(secret_digest(given[0]), row.secret_sha256):
+        raise AuthError(f"job {job_id}'s worker routes need its own secret ({JOB_SECRET_HEADER}), which only the "
+                        "worker that dequeued it has: the worker token alone opens no job", status=403)
+    return row
 
 
 def _check_running(state: ApiState, job_id: str) -> None:
@@ -64,29 +83,34 @@ def _check_running(state: ApiState, job_id: str) -> None:
 
 @router.put("/jobs/{job_id}/checkpoint", response_model=s.CheckpointStored, openapi_extra=_OCTET)
 async def put_checkpoint(request: Request, state: StateDep, job_id: str, sha256: Sha256) -> s.CheckpointStored:
-    """Store the adapted checkpoint (the raw body, streamed) if it hashes to ``sha256``: 422 and nothing stored
-    otherwise. Idempotent: the same checkpoint again is 200; a finished job's is never replaced (409)."""
+    """Store the adapted checkpoint (the raw body, streamed) if it hashes to ``sha256`` and is a t3ar checkpoint
+    of this job (its base model, target images and config: 422 ``bad_checkpoint`` otherwise); nothing is stored
+    on any 4xx. Idempotent: the same checkpoint again is 200; a finished job's is never replaced (409)."""
     from starlette.concurrency import run_in_threadpool
 
-    await run_in_threadpool(require_job, state.store, job_id)
+    row = await run_in_threadpool(require_job_secret, request, state, job_id)
     if await run_in_threadpool(state.artifacts.refuse_if_finished, job_id, sha256, "checkpoint"):
         return s.CheckpointStored(job_id=job_id, sha256=sha256, size=0, stored=False)
     await run_in_threadpool(_check_running, state, job_id)
-    size = await state.artifacts.put_checkpoint(job_id, sha256, request.stream())
+    model = await run_in_threadpool(require_model, state.store, state.settings, row.model_id)
+    size = await state.artifacts.put_checkpoint(
+        job_id, sha256, request.stream(), verify=lambda path: check_checkpoint(path, state.settings, row, model))
     return s.CheckpointStored(job_id=job_id, sha256=sha256, size=size, stored=True)
 
 
 @router.put("/jobs/{job_id}/result", response_model=s.ResultStored,
             responses={400: {"model": s.ErrorBody, "description": "unparsable JSON body"}})
-def put_result(state: StateDep, job_id: str, body: s.WorkerResult) -> s.ResultStored:
+def put_result(request: Request, state: StateDep, job_id: str, body: s.WorkerResult) -> s.ResultStored:
     """Finish the job: its report and lineage, naming the checkpoint uploaded before (409 when that is missing or
-    differs). The lineage is indexed at once (``GET /pool/{id}/lineage``)."""
-    require_job(state.store, job_id)
+    differs; 422, with nothing written, when the lineage is not the one inside that checkpoint or the report
+    holds what JSON cannot answer with). The lineage is indexed at once (``GET /pool/{id}/lineage``)."""
+    row = require_job_secret(request, state, job_id)
     sha = body.lineage.checkpoint_sha256
     if not state.artifacts.refuse_if_finished(job_id, sha, "result"):
         _check_running(state, job_id)
     lineage = {**body.lineage.model_dump(mode="json"), "job_id": job_id}
-    stored = state.artifacts.put_result(job_id, body.report, lineage)
+    stored = state.artifacts.put_result(job_id, body.report, lineage,
+                                        verify=lambda path: check_result(path, row, lineage, body.report))
     if stored:
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
                                   checkpoint_sha256=sha)

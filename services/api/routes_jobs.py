@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import uuid
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from t3ar.errors import InvalidInputError, T3arError
+from t3ar.jobsize import kept_images
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import USER, ApiState, StateDep
 from t3ar_services.api.errors import ConflictError, NotFoundError, classify
@@ -21,9 +23,10 @@ from t3ar_services.api.jobs import JobState, artifact, require_job
 from t3ar_services.api.registry import require_model
 from t3ar_services.api.store import JobRow
 from t3ar_services.api.transfer import target_tar
-from t3ar_services.api.uploads import discard, parse_config, prepare_target, save_upload, sent_name
+from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
 from t3ar_services.common.forms import only_fields
-from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE
+from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE, new_job_secret
+from t3ar_services.common.text import readable
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
 # What JSON Schema cannot state about the upload, named in the document: the archive part is one of these
@@ -48,9 +51,18 @@ def _check_pool(state: ApiState, config: Any) -> None:
                                 "image: ingest more (t3ar pool ingest) or lower k")
 
 
-def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str]) -> JSONResponse:
+def _check_size(state: ApiState, config: Any, n_kept: int, model_id: str) -> None:
+    """The operator's per-job caps (steps, memory), with the base model's input size and head (its bottleneck
+    width is in its architecture signature, ``...|bottleneck=256|...``)."""
+    model = require_model(state.store, state.settings, model_id)
+    found = re.search(r"\|bottleneck=(\d+)\|", model.arch)
+    check_job_size(state.settings, config, n_kept, model.image_size, int(found.group(1)) if found else None,
+                   len(model.classes))
+
+
+def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str], secret: str) -> JSONResponse:
     model = require_model(state.store, state.settings, row.model_id)
-    state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir))
+    state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir), secret)
     kind = "readapt" if row.parent_id else "adapt"
     state.metrics.jobs_submitted.labels(str(row.config.get("method")), kind).inc()
     url = str(request.url_for("get_job", job_id=row.id))
@@ -89,14 +101,17 @@ def adapt(
         prepared, cfg = prepare_target(upload, job_dir, settings, model.classes, given, cfg,
                                        skip_bad_images=skip_bad_images, sent=sent_name(archive.filename, "archive"))
         upload.unlink()
+        _check_size(state, cfg, prepared.n_kept, model.id)
         _check_pool(state, cfg)
+        secret, digest = new_job_secret()
         row = JobRow(id=job_id, model_id=model.id, parent_id=None, created_at=_now(), config=cfg.model_dump(),
                      target_dir=prepared.target_dir.relative_to(settings.data_dir).as_posix(),
-                     n_images=prepared.n_images, labelled=prepared.labelled, skipped=len(prepared.skipped))
+                     n_images=prepared.n_images, labelled=prepared.labelled, skipped=len(prepared.skipped),
+                     secret_sha256=digest)
         state.store.add_job(row)
         try:
             warnings = [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]]
-            return _accepted(request, state, row, warnings)
+            return _accepted(request, state, row, warnings, secret)
         except BaseException:
             state.store.delete_job(job_id)
             raise
@@ -172,7 +187,7 @@ def get_checkpoint(state: StateDep, job_id: str) -> FileResponse:
 def get_report(state: StateDep, job_id: str) -> JSONResponse:
     """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given."""
     path = _finished_artifact(state, job_id, REPORT_FILE)
-    return JSONResponse(json.loads(path.read_text()))
+    return JSONResponse(readable(json.loads(path.read_text())))  # a report stored before issue 29 may hold NaN
 
 
 @router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted)
@@ -186,13 +201,15 @@ def readapt(request: Request, state: StateDep, job_id: str) -> JSONResponse:
     if not (state.settings.data_dir / orig.target_dir).is_dir():
         raise ConflictError(f"the target images of job {job_id} are no longer stored; submit them again")
     cfg = AdaptConfig.model_validate(orig.config)
+    _check_size(state, cfg, kept_images(orig.n_images, cfg.fraction), orig.model_id)  # the caps may have changed
     _check_pool(state, cfg)
+    secret, digest = new_job_secret()
     row = JobRow(id=uuid.uuid4().hex, model_id=orig.model_id, parent_id=orig.id, created_at=_now(),
                  config=orig.config, target_dir=orig.target_dir, n_images=orig.n_images, labelled=orig.labelled,
-                 skipped=orig.skipped)
+                 skipped=orig.skipped, secret_sha256=digest)
     state.store.add_job(row)
     try:
-        return _accepted(request, state, row, [])
+        return _accepted(request, state, row, [], secret)
     except BaseException:
         state.store.delete_job(row.id)
         raise

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from t3ar_services.common.text import Utf8Str
+
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
 
 
@@ -131,6 +133,8 @@ class LineageResponse(BaseModel):
 
 class DeleteResponse(LineageResponse):
     deleted: bool = True
+    lineage_error: str | None = Field(default=None, description="set when the item was withdrawn but its lineage "
+                                                                "could not be read (then ``jobs`` may be incomplete)")
 
 
 # --- worker routes (/internal/...; the worker token) ---------------------------------------------------------
@@ -150,13 +154,23 @@ class CheckpointStored(BaseModel):
 
 
 class WorkerLineage(BaseModel):
-    """lineage.json: the checkpoint the job made and the pool ids it retrieved (plus the Lineage fields); its
-    ``job_id`` is the one in the path, whatever the body says."""
+    """lineage.json: the checkpoint the job made and the pool ids it retrieved (plus the Lineage fields, which
+    must be the ones inside the uploaded checkpoint); its ``job_id`` is the one in the path, whatever the body
+    says."""
 
     model_config = ConfigDict(extra="allow")
 
     checkpoint_sha256: str = Field(pattern=SHA256)
-    pool_ids: list[str] = Field(default_factory=list)
+    pool_ids: list[Utf8Str] = Field(default_factory=list)
+    job_id: Utf8Str | None = None
+    model_id: Utf8Str | None = None
+    parent_id: Utf8Str | None = None
+    base_model_sha256: str | None = Field(default=None, pattern=SHA256)
+    target_sha256: str | None = Field(default=None, pattern=SHA256)
+    target_size: int | None = Field(default=None, ge=0, le=2**53)
+    retriever: Utf8Str | None = None
+    method: Utf8Str | None = None
+    created_at: Utf8Str | None = Field(default=None, max_length=64, description="ISO 8601 time")
 
 
 class WorkerResult(BaseModel):

@@ -36,7 +36,11 @@ class ApiSettings(ServiceSettings):
     retriever_timeout: float = Field(default=30.0, gt=0)
 
     # --- jobs ---
-    job_timeout: int = Field(default=6 * 3600, ge=10, description="seconds a job may run before it is killed")
+    job_timeout: int = Field(default=6 * 3600, ge=10, description="seconds a job may run before it is killed (the "
+                                                                   "per-job wall-time cap)")
+    max_job_steps: int = Field(default=200_000, ge=1, description="optimiser steps one job may plan (422 above)")
+    max_job_memory_bytes: int = Field(default=16 * 1024 * MiB, ge=1,
+                                      description="memory of one job's bank, target and pool images (422 above)")
     result_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a finished job's record")
     failure_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a failed job's record")
     sweep_interval: float = Field(default=5.0, gt=0, description="seconds between abandoned-job / lineage sweeps")

@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS models (
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, model_id TEXT NOT NULL, parent_id TEXT, created_at TEXT NOT NULL,
     config TEXT NOT NULL, target_dir TEXT NOT NULL, n_images INTEGER NOT NULL, labelled INTEGER NOT NULL,
-    skipped INTEGER NOT NULL DEFAULT 0
+    skipped INTEGER NOT NULL DEFAULT 0, secret_sha256 TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
 CREATE TABLE IF NOT EXISTS lineage_jobs (
@@ -60,6 +60,7 @@ class JobRow:
     n_images: int
     labelled: bool
     skipped: int
+    secret_sha256: str | None = None  # the sha256 of the job's own secret (None: queued before issue 29)
 
 
 class Store:
@@ -71,6 +72,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        if "secret_sha256" not in columns:  # a data dir from before issue 29
+            self._db.execute("ALTER TABLE jobs ADD COLUMN secret_sha256 TEXT")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -111,9 +115,10 @@ class Store:
     # --- jobs --------------------------------------------------------------------------------------------
     def add_job(self, j: JobRow) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?)",
+            db.execute("INSERT INTO jobs (id, model_id, parent_id, created_at, config, target_dir, n_images, labelled, "
+                       "skipped, secret_sha256) VALUES (?,?,?,?,?,?,?,?,?,?)",
                        (j.id, j.model_id, j.parent_id, j.created_at, json.dumps(j.config), j.target_dir,
-                        j.n_images, int(j.labelled), j.skipped))
+                        j.n_images, int(j.labelled), j.skipped, j.secret_sha256))
 
     def delete_job(self, job_id: str) -> None:
         with self._tx() as db:
@@ -162,4 +167,5 @@ def _model(r: tuple[Any, ...]) -> ModelRow:
 
 
 def _job(r: tuple[Any, ...]) -> JobRow:
-    return JobRow(r[0], r[1], r[2], r[3], dict(json.loads(r[4])), r[5], int(r[6]), bool(r[7]), int(r[8]))
+    return JobRow(r[0], r[1], r[2], r[3], dict(json.loads(r[4])), r[5], int(r[6]), bool(r[7]), int(r[8]),
+                  r[9] if len(r) > 9 else None)

@@ -20,7 +20,7 @@ import os
 import tarfile
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,9 +122,11 @@ class Artifacts:
         raise ConflictError(f"job {job_id} is finished with another checkpoint; its {what} cannot be replaced "
                             "(a stale or duplicate upload)")
 
-    async def put_checkpoint(self, job_id: str, sha256: str, body: AsyncIterator[bytes]) -> int:
-        """Stream ``body`` to ``artifacts/<id>/model.pt`` if it hashes to ``sha256``; its size. 413 past the limit,
-        422 on a digest mismatch (nothing is kept either way)."""
+    async def put_checkpoint(self, job_id: str, sha256: str, body: AsyncIterator[bytes],
+                             verify: Callable[[Path], None] | None = None) -> int:
+        """Stream ``body`` to ``artifacts/<id>/model.pt`` if it hashes to ``sha256`` and ``verify(file)`` (run in
+        the thread pool) accepts it; its size. 413 past the limit, 422 on a digest mismatch or a refused file
+        (nothing is kept either way)."""
         from starlette.concurrency import run_in_threadpool
 
         out = artifacts_dir(self.data_dir, job_id)
@@ -145,6 +147,8 @@ class Artifacts:
             if got != sha256:
                 raise InvalidInputError(f"checksum mismatch: the body ({size} bytes) has sha256 {got}, the upload "
                                         f"declared {sha256}; nothing was stored, send it again")
+            if verify is not None:
+                await run_in_threadpool(verify, tmp)
             with self._lock:
                 if self.refuse_if_finished(job_id, sha256, "checkpoint"):
                     return size
@@ -154,9 +158,11 @@ class Artifacts:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def put_result(self, job_id: str, report: dict[str, Any], lineage: dict[str, Any]) -> bool:
+    def put_result(self, job_id: str, report: dict[str, Any], lineage: dict[str, Any],
+                   verify: Callable[[Path], None] | None = None) -> bool:
         """Write report.json then lineage.json (the job is finished); False when it already was with this
-        checkpoint (a retry). 409 when model.pt is missing or is not the checkpoint ``lineage`` names."""
+        checkpoint (a retry). 409 when model.pt is missing or is not the checkpoint ``lineage`` names; whatever
+        ``verify(model.pt)`` raises (a 422) before anything is written."""
         sha = str(lineage["checkpoint_sha256"])
         with self._lock:
             if self.refuse_if_finished(job_id, sha, "result"):
@@ -169,6 +175,8 @@ class Artifacts:
             if stored != sha:
                 raise ConflictError(f"job {job_id}'s uploaded checkpoint has sha256 {stored}, not the {sha} this "
                                     "result names: upload the checkpoint again")
+            if verify is not None:
+                verify(model)
             write_json_atomic(out / REPORT_FILE, report)
             write_json_atomic(out / LINEAGE_FILE, lineage)  # last: its presence marks the job finished
             return True

@@ -9,7 +9,6 @@ after removing everything it wrote.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -20,6 +19,7 @@ from pydantic import ValidationError
 from t3ar.errors import DatasetError, InvalidInputError
 from t3ar_services.api.errors import PayloadTooLargeError
 from t3ar_services.api.settings import ApiSettings
+from t3ar_services.common.text import parse_json_object
 
 _CHUNK = 1 << 20
 
@@ -57,22 +57,28 @@ def sent_name(filename: str | None, default: str) -> str:
     return PurePosixPath((filename or "").replace("\\", "/")).name[-200:] or default
 
 
+def _bounds(model: Any, loc: tuple[Any, ...]) -> str:
+    """`` (allowed: 0 <= x <= 1000000)`` for a bounded field of ``model`` named by an error's ``loc``."""
+    info = model.model_fields.get(loc[0]) if len(loc) == 1 else None
+    if info is None:
+        return ""
+    parts = [f"{sym} {getattr(m, attr)}" for m in info.metadata for attr, sym in
+             (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if getattr(m, attr, None) is not None]
+    return f" (allowed: {loc[0]} {' and '.join(parts)})" if parts else ""
+
+
 def parse_config(raw: str) -> tuple[dict[str, Any], Any]:
     """The ``config`` form field (a JSON object of AdaptConfig fields) -> (dict as given, AdaptConfig)."""
     from t3ar.method.config import AdaptConfig
     from t3ar.method.presets import with_default
 
-    try:
-        given = json.loads(raw or "{}")
-    except json.JSONDecodeError as e:
-        raise InvalidInputError(f"config is not valid JSON ({e}); send an object like "
-                                "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}") from e
-    if not isinstance(given, dict):
-        raise InvalidInputError("config must be a JSON object of adaptation options")
+    # strict JSON: Infinity, NaN, 1e999, 5,000-digit integers, lone surrogates and 100,000-deep nesting are 422s
+    given = parse_json_object(raw, "config", '{"method": "t3ar", "k": 5, "epochs": 2}')
     try:  # a T3AR-family job that names no preset gets the default one (t3ar.method.presets)
         cfg = AdaptConfig.model_validate(with_default(given))
     except ValidationError as e:
-        msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors())
+        msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
+                         f"{_bounds(AdaptConfig, err['loc'])}" for err in e.errors())
         raise InvalidInputError(f"invalid adaptation config: {msgs}") from e
     return given, cfg
 
@@ -85,6 +91,7 @@ class PreparedTarget:
     mode: str
     classes: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    n_kept: int = 0  # images the job adapts to (after ``fraction``)
 
 
 def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_classes: list[str],
@@ -140,8 +147,29 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
         raise DatasetError(f"fraction={config.fraction} of {len(images)} images leaves {len(kept)}; "
                            "adaptation needs at least 2: raise fraction or send more images")
     prepared = PreparedTarget(target_dir, len(images), images.labelled, mode, list(images.classes or []),
-                              [(rel, as_sent(why, target_dir, sent)) for rel, why in images.skipped])
+                              [(rel, as_sent(why, target_dir, sent)) for rel, why in images.skipped], len(kept))
     return prepared, config
+
+
+def check_job_size(settings: ApiSettings, config: Any, n_kept: int, image_size: int, feature_dim: int | None,
+                   num_classes: int) -> None:
+    """Refuse (422) a job over the operator's per-job caps: planned optimiser steps
+    (``T3AR_API_MAX_JOB_STEPS``) and the memory of its bank, target and pool images
+    (``T3AR_API_MAX_JOB_MEMORY_BYTES``); wall time is ``T3AR_API_JOB_TIMEOUT``."""
+    from t3ar.jobsize import gib, memory_bytes, planned_steps
+
+    steps = planned_steps(config, n_kept)
+    if steps > settings.max_job_steps:
+        raise InvalidInputError(f"this job would run {steps} optimiser steps ({n_kept} images, epochs={config.epochs}, "
+                                f"batch_size={config.batch_size}, min_steps={config.min_steps}); this API allows "
+                                f"{settings.max_job_steps} per job (T3AR_API_MAX_JOB_STEPS): lower epochs or "
+                                "min_steps")
+    need = memory_bytes(config, n_kept, image_size, feature_dim, num_classes)
+    if need > settings.max_job_memory_bytes:
+        raise InvalidInputError(f"this job would hold {gib(need)} in its memory bank, target and pool images "
+                                f"(bank_size={config.bank_size}, k={config.k}, {n_kept} images of {image_size} px); "
+                                f"this API allows {gib(settings.max_job_memory_bytes)} per job "
+                                "(T3AR_API_MAX_JOB_MEMORY_BYTES): lower bank_size or k, or send fewer images")
 
 
 def discard(path: Path) -> None:

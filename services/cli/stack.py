@@ -10,7 +10,9 @@
 
 It waits until everything is healthy, prints URLs and tokens, restarts a worker that dies, and on Ctrl-C or
 SIGTERM stops workers (letting a running job end or abort), then the API, the retriever (which saves its
-index) and Redis.
+index) and Redis. If `up` itself dies (kill -9), its children die with it (a parent-death signal: SIGTERM
+for Redis and the services, SIGKILL for workers), and `up` refuses a directory whose earlier stack still
+runs (a service holding its data directory's lock, or a process stack.json recorded).
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from t3ar.urls import redact_url
 from t3ar_services.cli.stack_procs import (
     PY,
     Child,
+    earlier_stack,
     load_tokens,
     redis_config,
     redis_server_binary,
+    start_time,
     wait_http,
     wait_redis,
     write_private,
@@ -83,7 +87,8 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
     ]
     metrics_ports = [free_port() for _ in range(workers)]  # each worker serves its Prometheus /metrics
     children += [Child(f"worker-{i + 1}", [PY, "-m", "t3ar_services.worker"],
-                       {**worker_env, "T3AR_WORKER_METRICS_PORT": str(port)}, logs / f"worker-{i + 1}.log")
+                       {**worker_env, "T3AR_WORKER_METRICS_PORT": str(port)}, logs / f"worker-{i + 1}.log",
+                       death_signal=signal.SIGKILL)
                  for i, port in enumerate(metrics_ports)]
     info = {"api_url": api_url, "console_url": f"{api_url}/ui", "retriever_url": retriever_url, "redis_url": redis_url,
             "worker_metrics": [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports],
@@ -118,6 +123,9 @@ def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, work
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         raise click.ClickException(f"another `t3ar up` is using {data_dir}; stop it or pick another --data-dir") from e
+    if (running := earlier_stack(data_dir)) is not None:
+        raise click.ClickException(f"{running}: stop it (or wait for it to exit) before starting a stack on "
+                                   f"{data_dir}, or pick another --data-dir")
     ports = {"api": api_port or free_port(), "retriever": retriever_port or free_port(),
              "redis": redis_port or free_port()}
     children, info = plan(data_dir, ports, workers, no_auth)
@@ -170,6 +178,7 @@ def _supervise(data_dir: Path, info: dict[str, Any], children: list[Child]) -> N
 
 def _write_stack(data_dir: Path, info: dict[str, Any], children: list[Child]) -> None:
     payload = {**info, "exports": _exports(info), "pids": {c.name: c.pid for c in children},
+               "processes": {c.name: {"pid": c.pid, "start_time": start_time(c.pid)} for c in children if c.pid},
                "logs": {c.name: str(c.log_path) for c in children}}
     write_private(data_dir / "stack.json", payload)
 

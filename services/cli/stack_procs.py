@@ -18,6 +18,9 @@ from typing import IO, Any
 import click
 import httpx
 
+from t3ar_services.common.dirlock import holder
+from t3ar_services.common.lifeline import child_preexec
+
 PY = sys.executable
 
 
@@ -73,6 +76,9 @@ def _children(pid: int) -> list[int]:
 
 @dataclass
 class Child:
+    """A part of the stack. It gets ``death_signal`` when `t3ar up` dies, however it dies (kill -9 included):
+    SIGTERM lets a service shut down cleanly; a worker gets SIGKILL (SIGTERM would let it finish its job)."""
+
     name: str
     argv: list[str]
     env: dict[str, str]
@@ -80,11 +86,13 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
     _log: IO[bytes] | None = None
+    death_signal: int = signal.SIGTERM
 
     def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=child_preexec(self.death_signal))
 
     @property
     def pid(self) -> int:
@@ -129,6 +137,34 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def start_time(pid: int) -> int | None:
+    """The process' start time (clock ticks since boot, ``/proc/<pid>/stat`` field 22), None when it is gone (or
+    a zombie): a pid and its start time name one process, even after the pid is reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie runs nothing: gone
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def earlier_stack(data_dir: Path) -> str | None:
+    """Why ``data_dir`` still has a running stack (a service holding its data directory, or a process that the
+    last `t3ar up` recorded in stack.json, same pid and start time), or None."""
+    for part in ("retriever", "api"):
+        pid = holder(data_dir / part)
+        if pid is not None:
+            return f"the {part} of an earlier stack (pid {pid or '?'}) still serves {data_dir / part}"
+    try:
+        recorded = json.loads((data_dir / "stack.json").read_text()).get("processes") or {}
+    except (OSError, ValueError):
+        return None
+    for name, proc in recorded.items():
+        pid, started = proc.get("pid"), proc.get("start_time")
+        if isinstance(pid, int) and pid > 0 and started is not None and start_time(pid) == started:
+            return f"the {name} of an earlier stack (pid {pid}) is still running"
+    return None
 
 
 def wait_http(url: str, child: Child, deadline: float, stop: threading.Event) -> None:

@@ -17,8 +17,8 @@ from fastapi import APIRouter, FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import t3ar
-from t3ar_services.common.auth import TokenSettings, worker_token
-from t3ar_services.common.body_limit import BodyLimitMiddleware
+from t3ar_services.common.auth import RouteScopes, TokenSettings, token_scopes, worker_token
+from t3ar_services.common.body_limit import BodyLimitMiddleware, LimitFor
 from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matcher
 from t3ar_services.common.fastlane import Answer, FastLane
 from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
@@ -45,23 +45,27 @@ class UnlessUnder:
 
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
-                       fast: tuple[str, str, Answer] | None = None, session_prefixes: Sequence[str] = (),
-                       **fastapi: Any) -> FastAPI:
-    """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``fastapi``: the
-    app's title, description, lifespan, form limits. ``session_prefixes``: paths the credentials-first check
-    leaves to the routes (the API's console, which checks its own session cookie before reading a body)."""
+                       fast: tuple[str, str, Answer] | None = None, limit_for: LimitFor | None = None,
+                       session_prefixes: Sequence[str] = (), **fastapi: Any) -> FastAPI:
+    """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``limit_for``: a
+    route's tighter (limit, hint) of its own; ``fastapi``: the app's title, description, lifespan, form limits.
+    ``session_prefixes``: paths the credentials-first check leaves to the routes (the API's console, which checks
+    its own session cookie before reading a body)."""
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
     install_errors(app)
-    app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint)
+    app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint, limit_for=limit_for)
     accepts = token_matcher((settings.token, settings.admin_token, worker_token(settings)))  # settings are frozen
+    routes = RouteScopes()  # filled below, once the routers are in (the middleware stack is built on first use)
     app.add_middleware(UnlessUnder, inner=CredentialsFirstMiddleware, prefixes=session_prefixes,
-                       options={"enabled": not settings.auth_disabled, "accepts": accepts})
+                       options={"enabled": not settings.auth_disabled, "accepts": accepts,
+                                "scope_of": token_scopes(settings), "needs": routes.needs})
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     if fast is not None:  # added last = outermost
         method, path, answer = fast
         app.add_middleware(FastLane, method=method, path=path, answer=answer, metrics=metrics, body_limit=body_limit,
-                           accepts=accepts, auth_enabled=not settings.auth_disabled)
+                           accepts=accepts, auth_enabled=not settings.auth_disabled, limit_for=limit_for)
     for router in routers:
         app.include_router(router)
+    routes.fill(routers)
     return app

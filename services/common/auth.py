@@ -9,10 +9,16 @@ credentials-first middleware uses too).
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import SecretStr
+from starlette.routing import Match
+from starlette.types import Scope as AsgiScope
 
 from t3ar_services.common.credentials import token_matches
 from t3ar_services.common.errors import AuthError
@@ -52,6 +58,21 @@ def scope_of(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None
     raise AuthError("invalid bearer token", status=401)
 
 
+WORKER_ELSEWHERE = ("the worker token opens only the worker routes (/internal/...); use the user or admin token")
+
+
+def scope_refusal(have: Scope, need: Scope, message: str = "") -> str | None:
+    """The one scope rule (routes and the credentials-first middleware): why a token of scope ``have`` may not
+    use a route that needs ``need`` (``message``: the route's words for a missing admin/worker scope), or None."""
+    if need == "worker":
+        return None if have == "worker" else message or "this route needs the worker token"
+    if have == "worker":
+        return WORKER_ELSEWHERE
+    if need == "admin" and have != "admin":
+        return message or "this route needs the admin token"
+    return None
+
+
 def require(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None, *, admin: str = "",
             worker: str = "") -> None:
     """Any known token but the worker's; with ``admin`` (the 403 message, naming the admin token's setting) the
@@ -59,12 +80,63 @@ def require(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None,
     scope = scope_of(settings, creds)
     if settings.auth_disabled:
         return
-    if worker:
-        if scope != "worker":
-            raise AuthError(worker, status=403)
-        return
-    if scope == "worker":
-        raise AuthError("the worker token opens only the worker routes (/internal/...); use the user or admin "
-                        "token", status=403)
-    if scope != "admin" and admin:
-        raise AuthError(admin, status=403)
+    need: Scope = "worker" if worker else "admin" if admin else "token"
+    why = scope_refusal(scope, need, worker or admin)
+    if why is not None:
+        raise AuthError(why, status=403)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def route_scope(need: Scope, message: str = "") -> Callable[[F], F]:
+    """Mark a route's auth dependency with the scope it requires (and its 403 words), so that the
+    credentials-first middleware can refuse a token without that scope before the body is read."""
+    def mark(fn: F) -> F:
+        fn.t3ar_scope = (need, message)  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+def token_scopes(settings: TokenSettings) -> Callable[[str], str | None]:
+    """``scope(token)``: the scope of a known token (constant-time compares), else None."""
+    known = [(t.get_secret_value().encode(), name) for t, name in (
+        (settings.admin_token, "admin"), (settings.token, "token"), (worker_token(settings), "worker"))
+        if t is not None]
+
+    def scope(given: str) -> str | None:
+        raw = given.encode()
+        found = None
+        for k, name in known:
+            if secrets.compare_digest(raw, k) and found is None:
+                found = name
+        return found
+
+    return scope
+
+
+class RouteScopes:
+    """``needs(asgi_scope)``: the ``(scope, message)`` that the route matching a request requires (from its
+    :func:`route_scope`-marked dependency), or None. Filled from the service's routers (their routes carry the
+    routers' own dependencies and prefixes)."""
+
+    def __init__(self) -> None:
+        self.table: list[tuple[APIRoute, tuple[str, str]]] = []
+
+    def fill(self, routers: Sequence[APIRouter]) -> None:
+        for route in (r for router in routers for r in router.routes):
+            if isinstance(route, APIRoute):
+                stack = list(route.dependant.dependencies)
+                while stack:
+                    dep = stack.pop()
+                    tag = getattr(dep.call, "t3ar_scope", None)
+                    if tag is not None:
+                        self.table.append((route, tag))
+                        break
+                    stack.extend(dep.dependencies)
+
+    def needs(self, scope: AsgiScope) -> tuple[str, str] | None:
+        for route, tag in self.table:
+            if route.matches(scope)[0] == Match.FULL:
+                return tag
+        return None

@@ -3,8 +3,13 @@
 FastAPI reads and parses a request's body (a multipart upload, a JSON document) before the route's
 dependencies run, so a route's bearer check alone lets a client without a token make the server read a
 200 MiB upload, or answer 422 for malformed JSON, before it is told 401. This ASGI middleware answers 401
-first, for every request that carries a body without a known token, before anything reads the body. The
-routes' own dependencies still decide the scope (a read/write token on an admin route -> 403).
+first, for every request that carries a body without a known token, before anything reads the body, and
+403 for a known token without the scope the route needs (``needs``: the route's scope, from its auth
+dependency; e.g. the worker token on ``POST /adapt``), with the rule and words of
+:func:`t3ar_services.common.auth.scope_refusal`. The routes' own dependencies check again.
+
+One rule for a repeated ``Authorization`` header, on every path but the open ones: 400, whatever the values
+(a parser that takes the first and one that takes the last would otherwise disagree).
 """
 
 from __future__ import annotations
@@ -46,6 +51,20 @@ def bearer_problem(header: bytes | None, accepts: Callable[[str], bool]) -> str 
     return None if accepts(token.strip()) else "invalid bearer token"
 
 
+DUPLICATE_AUTH = "more than one Authorization header: send exactly one ('Authorization: Bearer <token>')"
+
+
+def authorization(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, bool]:
+    """The request's ``Authorization`` value and whether it came more than once."""
+    found: bytes | None = None
+    for name, value in headers:
+        if name == b"authorization":
+            if found is not None:
+                return found, True
+            found = value
+    return found, False
+
+
 def _carries_body(scope: Scope) -> bool:
     if scope.get("method") in BODY_METHODS:
         return True
@@ -56,31 +75,56 @@ def _carries_body(scope: Scope) -> bool:
 
 class CredentialsFirstMiddleware:
     """401 (JSON error body, ``WWW-Authenticate: Bearer``) for a request with a body and no known bearer token,
-    sent before the body is read. ``accepts(token)`` says whether a token is known; ``enabled=False`` (auth
+    sent before the body is read; 403 for one whose token lacks the route's scope (``scope_of(token)`` names a
+    known token's scope, ``needs(scope)`` the route's ``(scope, message)`` or None); 400 for a repeated
+    ``Authorization`` header. ``accepts(token)`` says whether a token is known; ``enabled=False`` (auth
     disabled) passes everything; ``open_paths`` (health, readiness, metrics) are never checked."""
 
     def __init__(self, app: ASGIApp, *, accepts: Callable[[str], bool], enabled: bool,
-                 open_paths: Iterable[str] = ("/health", "/ready", "/metrics")) -> None:
+                 open_paths: Iterable[str] = ("/health", "/ready", "/metrics"),
+                 scope_of: Callable[[str], str | None] | None = None,
+                 needs: Callable[[Scope], tuple[str, str] | None] | None = None) -> None:
         self.app = app
         self.accepts = accepts
         self.enabled = enabled
         self.open_paths = frozenset(open_paths)
+        self.scope_of = scope_of
+        self.needs = needs
 
-    def _known(self, scope: Scope) -> str | None:
-        """None when the request may go on, else why not."""
-        return bearer_problem(dict(scope.get("headers") or []).get(b"authorization"), self.accepts)
+    def _refusal(self, scope: Scope, header: bytes | None) -> tuple[int, str, str] | None:
+        """(status, code, message) of the answer to send now, or None when the request may go on."""
+        problem = bearer_problem(header, self.accepts)
+        if problem is not None:
+            return 401, "unauthorized", problem
+        if self.scope_of is None or self.needs is None or header is None:
+            return None
+        need = self.needs(scope)
+        if need is None:
+            return None
+        from t3ar_services.common.auth import scope_refusal
+
+        have = self.scope_of(header.decode("latin-1").strip().partition(" ")[2].strip())
+        why = scope_refusal(have or "token", need[0], need[1])  # type: ignore[arg-type]
+        return None if why is None else (403, "forbidden", why)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.enabled or scope["path"] in self.open_paths \
-                or not _carries_body(scope):
+        if scope["type"] != "http" or not self.enabled or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
-        problem = self._known(scope)
-        if problem is None:
+        header, repeated = authorization(scope.get("headers") or [])
+        refusal: tuple[int, str, str] | None = None
+        if repeated:
+            refusal = 400, "bad_request", DUPLICATE_AUTH
+        elif _carries_body(scope):
+            refusal = self._refusal(scope, header)
+        if refusal is None:
             await self.app(scope, receive, send)
             return
-        body = json.dumps({"error": {"code": "unauthorized", "message": problem}}).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", b"Bearer"), (b"connection", b"close")]})
+        status, code, message = refusal
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -6,7 +6,8 @@ the one route a service is judged on per call (the retriever's ``POST /search``)
 search of a small pool, so this layer, the outermost of the stack, takes a request for that method and path
 whose headers it fully understands and does the same things once, inline:
 
-- credentials: a known bearer token (or auth disabled), else the request goes down the stack (401 there);
+- credentials: one known bearer token (or auth disabled), else the request goes down the stack (401 there;
+  400 for a repeated ``Authorization`` header);
 - body limit: a declared ``Content-Length`` within the limit, else down the stack (413 there; chunked too);
 - request id: the client's sane ``X-Request-ID`` or a new one, current while the answer is made
   (:data:`t3ar.logs.REQUEST_ID`), returned in the response header and ending the access-log line;
@@ -25,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from t3ar.logs import REQUEST_ID, request_id_from
+from t3ar_services.common.body_limit import LimitFor
 from t3ar_services.common.credentials import bearer_problem
 from t3ar_services.common.metrics import ServiceMetrics
 from t3ar_services.common.request_id import HEADER_NAME, log_access
@@ -36,8 +38,10 @@ class FastLane:
     """``method path`` (an exact path, also the metrics label) answered by ``answer``; see the module."""
 
     def __init__(self, app: ASGIApp, *, method: str, path: str, answer: Answer, metrics: ServiceMetrics,
-                 body_limit: int, accepts: Callable[[str], bool], auth_enabled: bool) -> None:
+                 body_limit: int, accepts: Callable[[str], bool], auth_enabled: bool,
+                 limit_for: LimitFor | None = None) -> None:
         self.app = app
+        self.limit_for = limit_for
         self.method, self.path, self.answer = method, path, answer
         self.metrics = metrics
         self.body_limit = body_limit
@@ -51,21 +55,26 @@ class FastLane:
             return
         t0 = time.perf_counter()
         ctype = length = auth = given = None
+        repeated = False
         for name, value in scope["headers"]:  # the last of repeated headers wins, as in the stack's dict()s
             if name == b"content-type":
                 ctype = value
             elif name == b"content-length":
                 length = value
             elif name == b"authorization":
+                repeated = auth is not None  # one rule for both paths: the stack refuses a repeated header
                 auth = value
             elif name == HEADER_NAME:
                 given = value
             elif name == b"transfer-encoding":
                 length = None
                 break
+        limit = self.body_limit
+        if self.limit_for is not None and (own := self.limit_for(scope)) is not None:
+            limit = own[0]
         if ctype is None or ctype.split(b";", 1)[0].strip().lower() != b"application/json" or length is None \
-                or not length.isdigit() or int(length) > self.body_limit \
-                or (self.auth_enabled and bearer_problem(auth, self.accepts) is not None):
+                or not length.isdigit() or int(length) > limit \
+                or (self.auth_enabled and (repeated or bearer_problem(auth, self.accepts) is not None)):
             await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []

@@ -13,6 +13,10 @@ inputs by sha256 and the worker moves bytes over HTTP with the API's worker toke
   them last, which finishes the job. A finished job's artifacts are never replaced: the same upload again
   answers 200 (a retry), a different one 409.
 
+Each of a job's routes also needs the job's own secret (:data:`JOB_SECRET_HEADER`), which travels only in the
+job's payload (``JobSpec.job_secret``; the API keeps its sha256): the worker token opens the worker routes,
+the secret binds them to the job the worker dequeued.
+
 The API's data directory::
 
     <data_dir>/models/<model_id>.pt         base checkpoints (uploaded through the API)
@@ -25,7 +29,9 @@ The API's data directory::
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,8 @@ BASE_MODEL_ROUTE = "/internal/jobs/{job_id}/base-model"
 CHECKPOINT_ROUTE = "/internal/jobs/{job_id}/checkpoint"
 RESULT_ROUTE = "/internal/jobs/{job_id}/result"
 PING_ROUTE = "/internal/ping"
+#: the header carrying a job's own secret on its worker routes (see :class:`JobSpec`)
+JOB_SECRET_HEADER = "X-T3AR-Job-Secret"
 
 MODEL_FILE = "model.pt"
 REPORT_FILE = "report.json"
@@ -79,6 +87,21 @@ class JobSpec(BaseModel):
     request_id: str | None = Field(default=None, max_length=128,
                                    description="the API request that made the job: in the worker's log lines and "
                                                "its calls to the retriever")
+    job_secret: str | None = Field(default=None, min_length=32, max_length=128,
+                                   description="the job's own secret: its worker routes need it (header "
+                                               "X-T3AR-Job-Secret) besides the worker token, so a worker token alone "
+                                               "cannot read another job's inputs or replace its result; None: a job "
+                                               "queued by an API from before issue 29")
+
+
+def new_job_secret() -> tuple[str, str]:
+    """A fresh job secret and its sha256 (the API keeps only the digest)."""
+    secret = secrets.token_urlsafe(32)
+    return secret, secret_digest(secret)
+
+
+def secret_digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest()
 
 
 class JobCanceledError(Exception):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from t3ar_services.common.auth import require
+from t3ar_services.common.auth import require, route_scope
 from t3ar_services.retriever.errors import NotReadyError, PoolConflictError
 from t3ar_services.retriever.metrics import RetrieverMetrics
 from t3ar_services.retriever.pool import Pool
@@ -46,6 +46,20 @@ class RetrieverState:
     @property
     def ready(self) -> bool:
         return self.pool is not None and self.pool.index is not None
+
+    def search_body_limit(self) -> int:
+        """The largest ``POST /search`` body a search of this pool can use: ``max_queries`` vectors of the pool's
+        dimension as JSON numbers (26 bytes each, more than a float's shortest form needs), or the query images
+        (``max_search_image_bytes``, base64) when the pool embeds images, plus ``exclude_ids`` (100,000 ids of
+        this pool) and 64 KiB for the other fields; never more than ``max_upload_bytes``."""
+        s = self.settings
+        if self.pool is None:
+            return s.max_upload_bytes
+        queries = s.max_queries * self.pool.info.dim * 26
+        if self.ingestor is not None:
+            queries = max(queries, (s.max_search_image_bytes + 2) // 3 * 4 + s.max_queries * 4)
+        excluded = 100_000 * (len(self.pool.info.tag) + 25)
+        return min(s.max_upload_bytes, queries + excluded + 64 * 1024)
 
 
 async def get_state(request: Request) -> RetrieverState:
@@ -83,9 +97,14 @@ _bearer = HTTPBearer(auto_error=False, description="T3AR_RETRIEVER_TOKEN (read/w
 BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
+_ADMIN_WORDS = "this operation needs the admin token (T3AR_RETRIEVER_ADMIN_TOKEN)"
+
+
+@route_scope("token")
 async def require_token(settings: SettingsDep, creds: BearerDep) -> None:
     require(settings, creds)
 
 
+@route_scope("admin", _ADMIN_WORDS)
 async def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
-    require(settings, creds, admin="this operation needs the admin token (T3AR_RETRIEVER_ADMIN_TOKEN)")
+    require(settings, creds, admin=_ADMIN_WORDS)

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from starlette.concurrency import run_in_threadpool
 
+from t3ar_services.common.offloop import OFFLOOP_BYTES
 from t3ar_services.retriever import schemas as s
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.index import IndexBusy
@@ -63,7 +64,8 @@ class SearchAnswer:
         pool = state.pool
         if pool is None or pool.index is None or state.load_error:
             return None
-        body = _parse(raw)
+        # a large body is parsed in the thread pool: never seconds of parsing on the event loop
+        body = _parse(raw) if len(raw) <= OFFLOOP_BYTES else await run_in_threadpool(_parse, raw)
         if body is None:
             return None
         try:

@@ -1,6 +1,7 @@
 """The retriever app: ``create_app()`` (a factory: ``uvicorn --factory t3ar_services.retriever.main:create_app``).
 
-Start-up (lifespan): settings -> embedder (unless vectors-only) -> open the pool and check its embedder
+Start-up (lifespan): the data directory's lock (another live process serving it: refuse, naming its pid) ->
+settings -> embedder (unless vectors-only) -> open the pool and check its embedder
 identity (refuse a mismatch: the process exits with the reason) -> serve; the index is loaded or rebuilt in a
 background thread, ``/ready`` answers 503 and pool routes 503 ``not_ready`` until it is done.
 Shutdown: stop compaction, save the index with its DB-state marker, close the store.
@@ -14,8 +15,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import Scope
 
 from t3ar_services.common.app import create_service_app
+from t3ar_services.common.dirlock import DataDirBusyError, DataDirLock
 from t3ar_services.retriever.backend import (
     MilvusIndex,
     connect,
@@ -66,12 +69,35 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, t
         log.exception("the pool failed to load; the service stays not-ready")
 
 
+def _search_limit(state: RetrieverState, scope: Scope) -> tuple[int, str] | None:
+    """``POST /search``'s own body limit: what a search of this pool can use (refused before it is read)."""
+    if scope.get("path") != "/search" or scope.get("method") != "POST":
+        return None
+    return state.search_body_limit(), (
+        ": the most a search of this pool can use (T3AR_RETRIEVER_MAX_QUERIES vectors of the pool's dimension, "
+        "T3AR_RETRIEVER_MAX_SEARCH_IMAGE_BYTES of query images, 100,000 exclude_ids); send fewer queries per "
+        "request")
+
+
 def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
     settings = settings if settings is not None else RetrieverSettings()
     state = RetrieverState(settings=settings, metrics=RetrieverMetrics())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:  # one serving process per pool directory: a second one would not see the first's deletes
+            lock = DataDirLock(settings.data_dir, "this retriever (T3AR_RETRIEVER_DATA_DIR)").acquire()
+        except DataDirBusyError as e:
+            log.error("retriever cannot start: %s", e)
+            raise
+        try:
+            async with _serving(app):
+                yield
+        finally:
+            lock.release()
+
+    @asynccontextmanager
+    async def _serving(app: FastAPI) -> AsyncIterator[None]:
         if settings.auth_disabled:
             log.warning("AUTH IS DISABLED (T3AR_RETRIEVER_AUTH_DISABLED=true): anyone who can reach this port "
                         "can add, search and delete; use only on a trusted local machine")
@@ -151,7 +177,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_upload_bytes,
         body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request", routers=[router],
-        fast=("POST", "/search", SearchAnswer(state)))
+        fast=("POST", "/search", SearchAnswer(state)), limit_for=lambda scope: _search_limit(state, scope))
     app.state.retriever = state
     install_pool_openapi(app, lambda: None if state.pool is None else {
         "tag": state.pool.info.tag, "dim": state.pool.info.dim, "max_k": settings.max_k,

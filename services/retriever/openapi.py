@@ -8,7 +8,8 @@ request valid by the published document is one the server accepts, and the other
 What JSON Schema cannot state is named instead, each by a format or extension documented here:
 
 - ``format: t3ar-float32-rows-base64`` (``vectors_b64``): base64 of float32 little-endian rows, row-major,
-  ``x-t3ar-dim`` numbers per row, 1..``x-t3ar-max-rows`` rows.
+  ``x-t3ar-dim`` numbers per row, 1..``x-t3ar-max-rows`` rows, every number finite and at most
+  :data:`~t3ar_services.retriever.schemas.MAX_QUERY_NUMBER` in magnitude (as the JSON ``vectors``).
 - ``format: t3ar-image-base64`` (``images_b64`` items): base64 of an image file the server can decode.
 - ``x-t3ar-float32-rows`` (POST /pool/vectors body): ``dim``, ``max_rows``; every row finite and non-zero.
 """
@@ -19,14 +20,13 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI
 
 from t3ar_services.retriever.pool import MAX_SEQ
+from t3ar_services.retriever.schemas import MAX_QUERY_NUMBER
 
 F32_ROWS_B64 = "t3ar-float32-rows-base64"
 IMAGE_B64 = "t3ar-image-base64"
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def positive_int_regex(limit: int) -> str:
@@ -71,7 +71,8 @@ def specialise(doc: dict[str, Any], *, tag: str, dim: int, max_k: int, max_queri
     rows = _branch(search["vectors"], "array")
     rows.update(minItems=1, maxItems=max_queries)
     rows["items"].update(minItems=dim, maxItems=dim)
-    rows["items"]["items"].update(minimum=-FLOAT32_MAX, maximum=FLOAT32_MAX)  # finite once stored as float32
+    # |x| <= MAX_QUERY_NUMBER: finite as float32, and so is every score
+    rows["items"]["items"].update(minimum=-MAX_QUERY_NUMBER, maximum=MAX_QUERY_NUMBER)
     packed = _branch(search["vectors_b64"], "string")
     packed.update({"format": F32_ROWS_B64, "x-t3ar-dim": dim, "x-t3ar-max-rows": max_queries})
     images = _branch(search["images_b64"], "array")

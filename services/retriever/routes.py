@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -14,6 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from t3ar.errors import InvalidInputError
+from t3ar_services.common.offloop import OffLoopJsonRoute
+from t3ar_services.common.text import check_text, parse_json_object, readable
 from t3ar_services.retriever import schemas as s
 from t3ar_services.retriever.answer import search_answer
 from t3ar_services.retriever.deps import (
@@ -31,7 +32,7 @@ from t3ar_services.retriever.uploads import expand_uploads
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
 # routes with a multipart or JSON body: one that cannot be parsed at all (broken multipart, non-UTF-8 JSON) is a 400
 _UNPARSABLE: dict[int | str, dict[str, Any]] = {400: {"model": s.ErrorBody, "description": "unparsable body"}}
-router = APIRouter(responses=_ERRORS)
+router = APIRouter(responses=_ERRORS, route_class=OffLoopJsonRoute)  # large JSON bodies: parsed off the loop
 RW = [Depends(require_token)]
 ADMIN = [Depends(require_admin)]
 
@@ -43,24 +44,22 @@ SOURCE_SCHEMA = {"maxLength": 200, "pattern": "^[^\\x00-\\x1f]*$"}
 def _check_source(source: str) -> str:
     if len(source) > 200 or any(ord(ch) < 32 for ch in source):
         raise InvalidInputError("source must be at most 200 printable characters")
+    check_text(source, "source")
     return source
 
 
 def _parse_metadata(raw: str) -> dict[str, Any]:
     if len(raw) > 65536:
         raise InvalidInputError("metadata is larger than 64 KiB of JSON; keep per-item metadata small")
-    try:
-        value = json.loads(raw or "{}")
-    except json.JSONDecodeError as e:
-        raise InvalidInputError(f"metadata is not valid JSON ({e}); send a JSON object, e.g. {{\"k\": \"v\"}}") from e
-    if not isinstance(value, dict):
-        raise InvalidInputError("metadata must be a JSON object, e.g. {\"license\": \"cc0\"}")
-    return value
+    # strict: what is stored must always be readable (no lone surrogates, no NaN, no 5,000-digit integers)
+    return parse_json_object(raw, "metadata", '{"license": "cc0"}')
 
 
 def _item_out(pool: PoolDep, row: Any) -> s.ItemOut:
-    return s.ItemOut(id=pool.format_id(row.seq), sha256=row.sha256, source=row.source, metadata=row.metadata,
-                     filename=row.filename, media_type=row.media_type, size=row.size, width=row.width,
+    # readable(): a row stored before the door refused lone surrogates is still answered (issue 29, F2)
+    return s.ItemOut(id=pool.format_id(row.seq), sha256=row.sha256, source=readable(row.source),
+                     metadata=readable(row.metadata), filename=readable(row.filename), media_type=row.media_type,
+                     size=row.size, width=row.width,
                      height=row.height, added_at=row.added_at)
 
 
@@ -275,6 +274,11 @@ def search_queries(pool: PoolDep, state: StateDep, settings: SettingsDep, body: 
             raise InvalidInputError(f"each vector must have {pool.info.dim} numbers; got lengths {sorted(dims)}")
         queries = np.asarray(body.vectors, dtype=np.float32)
     _check_n(len(queries), settings.max_queries)
+    # a score is at most the query's norm (pool vectors are unit vectors): bounded numbers keep every score finite
+    # (float32 rounding may lift a number at the bound a little above it: that one is still accepted)
+    if not np.isfinite(queries).all() or float(np.abs(queries).max()) > s.MAX_QUERY_NUMBER * (1 + 1e-6):
+        raise InvalidInputError(f"query vectors must be finite numbers of at most {s.MAX_QUERY_NUMBER:g} in magnitude "
+                                "(send unit vectors)")
     return queries
 
 

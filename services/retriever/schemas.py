@@ -6,6 +6,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from t3ar_services.common.text import Utf8Str
+
+#: the largest magnitude of a query vector's number: scores (at most a query's norm, pool vectors being unit
+#: vectors) stay finite in float32 for any dimension up to 65,536
+MAX_QUERY_NUMBER = 1e14
+QueryNumber = Annotated[float, Field(ge=-MAX_QUERY_NUMBER, le=MAX_QUERY_NUMBER, allow_inf_nan=False)]
 MAX_SAFE_INTEGER = 2**53 - 1  # larger JSON integers lose precision in double-based parsers and schema validators
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
@@ -81,7 +87,7 @@ class ExistsResponse(BaseModel):
 
 
 class DeleteRequest(_Strict):
-    ids: list[str] = Field(min_length=1, max_length=100_000)
+    ids: list[Utf8Str] = Field(min_length=1, max_length=100_000)
     missing_ok: bool = Field(default=False, description="delete the known ids even if some are unknown")
 
 
@@ -105,7 +111,7 @@ class SearchRequest(_Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
         {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in _QUERY_KINDS]})
 
-    vectors: list[list[float]] | None = Field(default=None, description="query vectors [n, dim] (unit norm)")
+    vectors: list[list[QueryNumber]] | None = Field(default=None, description="query vectors [n, dim] (unit norm)")
     vectors_b64: str | None = Field(default=None, description="float32 little-endian row-major [n, dim], base64")
     images_b64: list[str] | None = Field(default=None, description="query images (file bytes, base64)")
     k: int = Field(default=10, description="neighbours per query (1..T3AR_RETRIEVER_MAX_K)")
@@ -113,10 +119,10 @@ class SearchRequest(_Strict):
     seed: int = Field(default=0, ge=0, le=MAX_SAFE_INTEGER,
                       description="seed of the r > 1 sampling, 0..2^53-1 (an integer every JSON client can send "
                                   "exactly): the same seed, queries and pool give the same sample")
-    exclude_ids: list[str] = Field(default_factory=list, max_length=100_000,
+    exclude_ids: list[Utf8Str] = Field(default_factory=list, max_length=100_000,
                                    description="never return these ids (unknown ids are ignored)")
-    source: str | None = Field(default=None, description="only items with this source tag")
-    identity: str | None = Field(default=None, description="embedder identity the vectors were made with; checked")
+    source: Utf8Str | None = Field(default=None, description="only items with this source tag")
+    identity: Utf8Str | None = Field(default=None, description="embedder identity the vectors were made with; checked")
 
     @model_validator(mode="after")
     def _one_kind(self) -> SearchRequest:

@@ -66,6 +66,7 @@ class RetrieverSettings(ServiceSettings):
     max_archive_ratio: int = Field(default=100, ge=1)  # unpacked bytes per archive byte
     max_k: int = Field(default=1000, ge=1)
     max_queries: int = Field(default=4096, ge=1)
+    max_search_image_bytes: int = Field(default=64 * MiB, ge=1)  # query images of one POST /search, in all
     max_vectors_per_request: int = Field(default=200_000, ge=1)
 
     @field_validator("token", "admin_token", "embedder_weights", "embedder_pretrained_tag", "vector_identity",

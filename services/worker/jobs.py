@@ -34,6 +34,7 @@ from t3ar_services.common.job_contract import (
     JobSpec,
     old_spec_message,
 )
+from t3ar_services.common.text import readable
 from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     """Adapt the base model to the target with the job's AdaptConfig; upload the checkpoint and report."""
     from rq import get_current_job
 
-    from t3ar_services.worker.progress import Progress
+    from t3ar_services.worker.progress import JobNoLongerStartedError, Progress
 
     settings = WorkerSettings()
     job = get_current_job()
@@ -64,6 +65,9 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         return _run(job_spec, settings, progress, connection)
     except JobCanceledError:
         log.info("job %s canceled", job_spec.job_id)
+        raise
+    except JobNoLongerStartedError:
+        log.warning("job %s ended elsewhere while it ran here; stopped", job_spec.job_id)
         raise
     except Exception as e:
         progress.meta["error"] = _message(e)
@@ -101,6 +105,7 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     from t3ar_services.worker.transfer import WorkerApiClient
 
     api = WorkerApiClient(settings.api_url, token, timeout=settings.api_timeout, retries=settings.api_retries)
+    api.bind_job(spec.job_secret)
     try:
         model_file, target_dir, transfer = _fetch_inputs(spec, settings, api, work)
         progress.check_cancel(force=True)
@@ -147,6 +152,11 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
 
     model, info = load_checkpoint(model_file, device=device)
     target = read_target(target_dir, strict=True)
+    from t3ar.data.datasets import stratified_subsample
+    from t3ar_services.worker.memory import check_job_memory
+
+    kept = len(stratified_subsample(target.labels, len(target), config.fraction, config.seed))
+    check_job_memory(config, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
 
     provider = None
     client = None
@@ -181,7 +191,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     report["transfer"] = transfer
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
-    api.put_result(spec.job_id, json.loads(json.dumps(report, default=str)), lineage)  # finishes it on the API
+    # readable(): a diverged run's NaN loss is reported as null (the API refuses what JSON answers cannot hold)
+    api.put_result(spec.job_id, readable(json.loads(json.dumps(report, default=str))), lineage)  # finishes the job
     summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
                "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
     if "after" in metrics:

@@ -5,7 +5,9 @@ torch (this module and rq only; the job imports torch), which avoids the fork-af
 every job a clean process whose memory is returned when it ends. A crashed work-horse is failed by the
 parent at once; a dead parent (machine loss, SIGKILL) stops heart-beating and the job is failed as abandoned
 ``monitor_interval + abandon_grace`` seconds later by whoever cleans the started-job registry (the API does
-so every few seconds). Run it with ``python -m t3ar_services.worker`` (or ``t3ar worker``).
+so every few seconds). A work horse dies with its parent (a parent-death signal), so a killed worker never
+leaves its job running, writing progress or holding the metrics port. Run it with
+``python -m t3ar_services.worker`` (or ``t3ar worker``).
 
 Start-up checks (:func:`preflight`): Redis answers, and the API answers its worker route with this worker's
 token (the job's inputs and checkpoint travel through it); otherwise the worker exits with status 2 and one
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from typing import Any
@@ -28,6 +31,7 @@ from rq.utils import now
 from t3ar.logs import configure_logging
 from t3ar.urls import redact_url
 from t3ar_services.common.job_contract import JOB_FUNCTION, SERIALIZER
+from t3ar_services.common.lifeline import die_with_parent
 from t3ar_services.common.registries import clean_registries
 from t3ar_services.worker.metrics import WorkerMetrics
 from t3ar_services.worker.metrics import serve as serve_metrics
@@ -92,6 +96,24 @@ class AdaptWorker(Worker):
 
     abandon_grace: int = 60
     metrics: WorkerMetrics | None = None
+    metrics_server: Any = None  # the parent's /metrics HTTP server (its socket is inherited by work horses)
+    _supervisor: int = 0  # the pid of the process forking work horses
+
+    def fork_work_horse(self, job: Job, queue: Queue) -> None:
+        self._supervisor = os.getpid()
+        super().fork_work_horse(job, queue)
+
+    def main_work_horse(self, job: Job, queue: Queue) -> None:
+        """In the forked work horse, first: die with the worker (SIGKILL when the parent dies, however it dies:
+        an orphaned horse would run a job the API already failed, and hold the worker's metrics port), and close
+        the inherited metrics socket (the port is the parent's)."""
+        die_with_parent(signal.SIGKILL, self._supervisor)
+        if self.metrics_server is not None:
+            try:
+                self.metrics_server.socket.close()
+            except OSError:
+                pass
+        super().main_work_horse(job, queue)
 
     def execute_job(self, job: Job, queue: Queue) -> Any:
         """Refused jobs go through rq's normal failure path (failed registry, error recorded) without importing
@@ -161,7 +183,7 @@ def run(settings: WorkerSettings, *, burst: bool = False) -> bool:
     conn = preflight(settings)
     worker = build_worker(settings, conn)
     if settings.metrics_port and worker.metrics is not None:
-        serve_metrics(worker.metrics, settings.metrics_port, settings.metrics_host)
+        worker.metrics_server = serve_metrics(worker.metrics, settings.metrics_port, settings.metrics_host)
     log.info("worker %s on queue %s (redis %s, api %s, retriever %s, data dir %s, device %s)", worker.name,
              settings.queue, redact_url(settings.redis_url), settings.api_url, settings.retriever_url,
              settings.data_dir.resolve(), settings.device)

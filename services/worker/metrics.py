@@ -69,14 +69,15 @@ class WorkerMetrics:
         return outcome
 
 
-def serve(metrics: WorkerMetrics, port: int, host: str) -> bool:
-    """Serve ``/metrics`` (Prometheus text format) from a daemon thread of the worker's parent. A port that
-    cannot be bound (e.g. still held by the work horse of a killed predecessor, which inherited the socket)
-    turns metrics off with an error line instead of stopping the worker: jobs matter more than metrics."""
+def serve(metrics: WorkerMetrics, port: int, host: str) -> Any:
+    """Serve ``/metrics`` (Prometheus text format) from a daemon thread of the worker's parent; the HTTP server,
+    or None. A port that cannot be bound (e.g. held by a process that inherited the socket) turns metrics off
+    with an error line instead of stopping the worker: jobs matter more than metrics. (Work horses close their
+    inherited copy of the socket and die with their worker, so a restarted worker finds its port free.)"""
     try:
-        start_http_server(port, addr=host, registry=metrics.registry)
+        server, _ = start_http_server(port, addr=host, registry=metrics.registry)
     except OSError as e:
         log.error("worker metrics NOT served: cannot listen on %s:%d (%s)", host, port, e)
-        return False
+        return None
     log.info("worker metrics on http://%s:%d/metrics", host, port)
-    return True
+    return server

@@ -13,6 +13,8 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from rq.job import JobStatus
+
 from t3ar_services.common.job_contract import CANCEL_KEY, JobCanceledError
 
 if TYPE_CHECKING:
@@ -22,6 +24,13 @@ if TYPE_CHECKING:
     from t3ar.method.adapt import StepStats
 
 log = logging.getLogger(__name__)
+
+
+_ENDED = (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED, JobStatus.FINISHED)
+
+
+class JobNoLongerStartedError(Exception):
+    """The job was ended (failed as abandoned, canceled) by someone else while this work horse ran it."""
 
 
 def _now() -> str:
@@ -48,12 +57,27 @@ class Progress:
         self._last_write = time.monotonic()
         if self.job is None:
             return
+        self._still_running()
         self.meta["updated_at"] = _now()
         self.job.meta.update(self.meta)
         try:
             self.job.save_meta()
         except Exception as e:  # progress is best effort: a Redis hiccup must not fail the adaptation
             log.warning("could not save progress of job %s: %s", self.job_id, e)
+
+    def _still_running(self) -> None:
+        """Raise :class:`JobNoLongerStartedError` when the job's record says it is not running any more (failed as
+        abandoned, e.g. while this horse's worker was cut off): it takes no more progress, and its uploads are
+        refused by the API anyway. A record that cannot be read does not stop the job (best effort)."""
+        assert self.job is not None
+        try:
+            status = self.job.get_status(refresh=True)
+        except Exception:
+            return
+        if status in _ENDED:
+            raise JobNoLongerStartedError(
+                f"job {self.job_id} is {getattr(status, 'value', status)} while this work horse still ran it (an "
+                "AbandonedJobError: its worker stopped heart-beating); the horse stops without writing anything")
 
     def phase(self, name: str, **fields: Any) -> None:
         """Enter a phase (loading, retrieving, adapting, saving...): written at once."""

@@ -19,6 +19,7 @@ from t3ar.errors import T3arError
 from t3ar.urls import path_segment
 from t3ar_services.common.job_contract import (
     CHECKPOINT_ROUTE,
+    JOB_SECRET_HEADER,
     PING_ROUTE,
     RESULT_ROUTE,
 )
@@ -34,6 +35,12 @@ class WorkerApiClient(ApiClient):
     """The API's worker routes, with the worker token."""
 
     start_hint = "is the API running and T3AR_WORKER_API_URL right?"
+
+    def bind_job(self, secret: str | None) -> None:
+        """Show the job's own secret (from its payload) on every request from now on: the API's job routes need
+        it besides the worker token."""
+        if secret:
+            self._http.headers[JOB_SECRET_HEADER] = secret
 
     def ping(self) -> dict[str, Any]:
         return self._json("GET", PING_ROUTE)

@@ -183,3 +183,23 @@ def test_vectors_only_pool_rejects_images(tmp_path: Path, retriever_factory: Cal
         _expect(httpx.post(rp.url + "/pool/vectors", headers=ADMIN, params={"identity": "synthetic"}, content=body),
                 422, "invalid_input")
     assert _count(rp) == 0
+
+
+def test_bad_text_is_refused_at_the_door_and_reads_keep_working(server: RetrieverProcess,
+                                                                  make_png: Callable[..., bytes]) -> None:
+    """Issue 29 F1/F2: lone surrogates (valid JSON, not text) in metadata, a search's source or a delete's ids
+    are 422 and store nothing; every page of the pool stays readable."""
+    before = _count(server)
+    for meta in ('{"a": "\\ud800"}', '{"\\udc00": 1}', '{"n": NaN}', '{"n": 1e999}', '{"k": ' + "9" * 5000 + "}",
+                 "[" * 100_000 + "]" * 100_000):
+        resp = httpx.post(server.url + "/pool", headers=ADMIN, files=[("files", ("a.png", make_png(40)))],
+                          data={"metadata": meta}, timeout=60)
+        _expect(resp, 422, "invalid_input", "metadata")
+    assert _count(server) == before
+    raw = {"Content-Type": "application/json", **ADMIN}
+    for path, doc in (("/search", '{"vectors_b64": "AAAA", "source": "\\ud800"}'),
+                      ("/pool/delete", '{"ids": ["\\ud800"], "missing_ok": true}')):
+        _expect(httpx.post(server.url + path, content=doc.encode(), headers=raw, timeout=60), 422,
+                "invalid_request", "surrogate")
+    page = httpx.get(server.url + "/pool", headers=ADMIN, params={"limit": 1000}, timeout=60)
+    assert page.status_code == 200, page.text

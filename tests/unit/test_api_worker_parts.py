@@ -154,3 +154,21 @@ def test_worker_error_message_names_no_server_path(tmp_path: Path) -> None:
     except OSError as e:
         message = _message(e)
     assert str(tmp_path) not in message and message.endswith("'model.pt'") and message.startswith("FileNotFound")
+
+
+def test_a_job_ended_elsewhere_takes_no_more_progress() -> None:
+    """Issue 29 F6: a job failed as abandoned while its horse still runs (the horse of a killed worker, or one cut
+    off from Redis) gets no more progress: the horse stops without writing."""
+    from rq.job import JobStatus
+
+    from t3ar_services.worker.progress import JobNoLongerStartedError
+
+    redis = fakeredis.FakeRedis()
+    job = _job(redis)
+    job.set_status(JobStatus.STARTED)
+    p = Progress(job, redis, "j1", interval=0.0)
+    p.step(StepStats(epoch=1, step=549, total_steps=1000, lr=0.1, loss=1.0))
+    Job.fetch("j1", connection=redis, serializer=SERIALIZER).set_status(JobStatus.FAILED)  # the API's sweep
+    with pytest.raises(JobNoLongerStartedError, match="AbandonedJobError"):
+        p.step(StepStats(epoch=1, step=930, total_steps=1000, lr=0.1, loss=1.0))
+    assert Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta["step"] == 549

@@ -27,6 +27,11 @@ from t3ar_services.common.job_contract import SERIALIZER
 WORKER = {"Authorization": "Bearer worker-t"}
 
 
+def as_worker(spec: dict[str, Any]) -> dict[str, str]:
+    """The headers of the worker that dequeued the job: the worker token and the job's own secret."""
+    return {**WORKER, "X-T3AR-Job-Secret": spec["job_secret"]}
+
+
 @pytest.fixture()
 def env(tmp_path: Path) -> Iterator[tuple[TestClient, Any, Path]]:
     settings = ApiSettings(data_dir=tmp_path / "data", token="user-t", admin_token="admin-t",  # type: ignore[arg-type]
@@ -48,9 +53,31 @@ def _job(client: TestClient, redis: Any, tmp_path: Path, *, start: bool = True) 
     return job_id, dict(job.args[0])
 
 
-def _result(job_id: str, sha: str) -> dict[str, Any]:
-    return {"report": {"job_id": job_id, "accuracy": None},
-            "lineage": {"job_id": job_id, "checkpoint_sha256": sha, "pool_ids": ["p-1"], "created_at": "now"}}
+def adapted(data: Path, tmp_path: Path, job_id: str, spec: dict[str, Any],
+            **lineage: Any) -> tuple[bytes, str, dict[str, Any]]:
+    """What a worker uploads for the job: a t3ar checkpoint of the base model (``tmp_path/m.pt``, made by
+    ``_model``) carrying the job's config and a lineage of its base model and target images (``lineage``
+    overrides fields); (file bytes, sha256, the result's lineage)."""
+    from t3ar.data.datasets import stratified_subsample
+    from t3ar.data.target import read_target
+    from t3ar.models.checkpoint import Lineage, load_checkpoint, save_checkpoint
+    from t3ar.pipeline import imageset_sha256
+
+    model, info = load_checkpoint(tmp_path / "m.pt")
+    cfg = spec["config"]
+    images = read_target(data / "jobs" / job_id / "target")
+    used = images.subset(stratified_subsample(images.labels, len(images), cfg["fraction"], cfg["seed"]))
+    fields = {"base_model_sha256": spec["model_sha256"], "target_sha256": imageset_sha256(used),
+              "target_size": len(used), "pool_ids": ("p-1",), "method": cfg["method"], **lineage}
+    out = tmp_path / f"adapted-{job_id}.pt"
+    sha = save_checkpoint(out, model, info.spec, adapt_config=cfg, lineage=Lineage(**fields))
+    result_lineage = {"job_id": job_id, "model_id": spec["model_id"], "parent_id": spec.get("parent_id"),
+                      "checkpoint_sha256": sha, **Lineage(**fields).model_dump(mode="json")}
+    return out.read_bytes(), sha, result_lineage
+
+
+def _result(job_id: str, lineage: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {"report": {"job_id": job_id, "accuracy": None}, "lineage": {**lineage, **changes}}
 
 
 def test_scopes(env: Any, tmp_path: Path) -> None:
@@ -75,14 +102,15 @@ def test_scopes(env: Any, tmp_path: Path) -> None:
 def test_inputs_match_the_job_digests(env: Any, tmp_path: Path) -> None:
     client, redis, data = env
     job_id, spec = _job(client, redis, tmp_path)
-    target = client.get(f"/internal/jobs/{job_id}/target", headers=WORKER)
+    W = as_worker(spec)
+    target = client.get(f"/internal/jobs/{job_id}/target", headers=W)
     assert target.status_code == 200 and target.headers["content-type"] == "application/x-tar"
     assert hashlib.sha256(target.content).hexdigest() == spec["target_sha256"] == target.headers["x-checksum-sha256"]
     with tarfile.open(fileobj=io.BytesIO(target.content)) as tf:
         assert "labels.csv" in tf.getnames() and all(m.mtime == 0 and m.uid == 0 for m in tf.getmembers())
-    model = client.get(f"/internal/jobs/{job_id}/base-model", headers=WORKER)
+    model = client.get(f"/internal/jobs/{job_id}/base-model", headers=W)
     assert hashlib.sha256(model.content).hexdigest() == spec["model_sha256"]
-    assert client.get("/internal/jobs/nope/target", headers=WORKER).status_code == 404
+    assert client.get("/internal/jobs/nope/target", headers=W).status_code == 404
     # the tar is deterministic: made again from the same folder, it has the same digest
     (data / "jobs" / job_id / "target.tar").unlink()
     assert target_tar(data, f"jobs/{job_id}/target").sha256 == spec["target_sha256"]
@@ -90,24 +118,25 @@ def test_inputs_match_the_job_digests(env: Any, tmp_path: Path) -> None:
 
 def test_upload_is_verified_atomic_idempotent_and_final(env: Any, tmp_path: Path) -> None:
     client, redis, data = env
-    job_id, _ = _job(client, redis, tmp_path)
+    job_id, spec = _job(client, redis, tmp_path)
+    W = as_worker(spec)
     out = data / "artifacts" / job_id
-    ckpt = b"adapted weights " * 1000
-    sha = hashlib.sha256(ckpt).hexdigest()
+    ckpt, sha, lineage = adapted(data, tmp_path, job_id, spec)
     url = f"/internal/jobs/{job_id}/checkpoint"
 
-    bad = client.put(url, params={"sha256": "0" * 64}, content=ckpt, headers=WORKER)  # corrupted on the way
+    bad = client.put(url, params={"sha256": "0" * 64}, content=ckpt, headers=W)  # corrupted on the way
     assert bad.status_code == 422 and "checksum mismatch" in bad.json()["error"]["message"]
     assert not (out / "model.pt").exists() and not list(out.glob(".incoming-*"))
-    early = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, sha), headers=WORKER)
+    early = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, lineage), headers=W)
     assert early.status_code == 409 and "checkpoint first" in early.json()["error"]["message"]
 
-    ok = client.put(url, params={"sha256": sha}, content=ckpt, headers=WORKER)
+    ok = client.put(url, params={"sha256": sha}, content=ckpt, headers=W)
     assert ok.status_code == 200 and ok.json() == {"job_id": job_id, "sha256": sha, "size": len(ckpt), "stored": True}
     assert (out / "model.pt").read_bytes() == ckpt
-    mismatch = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, "1" * 64), headers=WORKER)
+    mismatch = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, lineage, checkpoint_sha256="1" * 64),
+                          headers=W)
     assert mismatch.status_code == 409
-    done = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, sha), headers=WORKER)
+    done = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, lineage), headers=W)
     assert done.status_code == 200 and done.json() == {"job_id": job_id, "status": "finished", "stored": True}
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == job_id
     Job.fetch(job_id, connection=redis, serializer=SERIALIZER).set_status("finished")
@@ -116,36 +145,38 @@ def test_upload_is_verified_atomic_idempotent_and_final(env: Any, tmp_path: Path
     assert json.loads((out / "lineage.json").read_text())["checkpoint_sha256"] == sha
 
     # a worker's retry of the same upload: 200, nothing rewritten; a stale or different one: 409, nothing changed
-    again = client.put(url, params={"sha256": sha}, content=ckpt, headers=WORKER)
+    again = client.put(url, params={"sha256": sha}, content=ckpt, headers=W)
     assert again.status_code == 200 and again.json()["stored"] is False
-    assert client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, sha),
-                      headers=WORKER).json()["stored"] is False
+    assert client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, lineage),
+                      headers=W).json()["stored"] is False
     other = b"another run's weights"
-    stale = client.put(url, params={"sha256": hashlib.sha256(other).hexdigest()}, content=other, headers=WORKER)
+    stale = client.put(url, params={"sha256": hashlib.sha256(other).hexdigest()}, content=other, headers=W)
     assert stale.status_code == 409 and "cannot be replaced" in stale.json()["error"]["message"]
     assert (out / "model.pt").read_bytes() == ckpt
 
 
 def test_uploads_only_for_a_running_job(env: Any, tmp_path: Path) -> None:
     client, redis, data = env
-    job_id, _ = _job(client, redis, tmp_path, start=False)  # still queued
+    job_id, spec = _job(client, redis, tmp_path, start=False)  # still queued
+    W = as_worker(spec)
     body = b"weights"
     resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(body).hexdigest()},
-                      content=body, headers=WORKER)
+                      content=body, headers=W)
     assert resp.status_code == 409 and "queued" in resp.json()["error"]["message"]
     client.post(f"/jobs/{job_id}/cancel", headers=USER)
     resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(body).hexdigest()},
-                      content=body, headers=WORKER)
+                      content=body, headers=W)
     assert resp.status_code == 409 and "canceled" in resp.json()["error"]["message"]
     assert not (data / "artifacts" / job_id / "model.pt").exists()
 
 
 def test_checkpoint_over_the_limit_is_413(env: Any, tmp_path: Path) -> None:
     client, redis, data = env
-    job_id, _ = _job(client, redis, tmp_path)
+    job_id, spec = _job(client, redis, tmp_path)
+    W = as_worker(spec)
     big = bytes(10_000_001)
     resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(big).hexdigest()},
-                      content=big, headers=WORKER)
+                      content=big, headers=W)
     assert resp.status_code == 413 and "T3AR_API_MAX_MODEL_BYTES" in resp.json()["error"]["message"]
     assert not list((data / "artifacts" / job_id).iterdir())
 

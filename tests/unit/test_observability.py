@@ -78,4 +78,4 @@ def test_a_busy_metrics_port_does_not_stop_the_worker(caplog: object) -> None:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        assert serve(WorkerMetrics(), port, "127.0.0.1") is False
+        assert serve(WorkerMetrics(), port, "127.0.0.1") is None

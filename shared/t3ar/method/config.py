@@ -18,6 +18,12 @@ TEST_TIME_ONLY: tuple[Method, ...] = ("bn-adapt", "adacontrast")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]
+#: upper bounds of the config's open-ended fields (issue 29): what a job may ask for at all; operators cap steps,
+#: wall time and memory per job lower in the API's settings
+MAX_STEPS = 1_000_000
+MAX_BANK_SIZE = 262_144
+MAX_SEED = 2**32 - 1
+MAX_WEIGHT = 1000.0
 #: the loops' switch for views made one step ahead (t3ar.method.ahead), in every training config
 ViewsAhead = Annotated[bool | None, Field(
     description="make the next batch's views on a background thread while the current step runs (the same "
@@ -74,27 +80,30 @@ class AdaptConfig(BaseModel):
                                                  "first '/') whose items may serve as data; None = every source")
     # schedule
     epochs: int = Field(default=10, ge=1, le=1000)
-    min_steps: int = Field(default=0, ge=0, description="lower bound on optimiser steps (tiny fractions of T)")
+    min_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
+                           description="lower bound on optimiser steps (tiny fractions of T)")
     batch_size: int = Field(default=32, ge=2, le=4096)
     lr: float = Field(default=0.001, gt=0, le=10)
     momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=1e-4, ge=0)
+    weight_decay: float = Field(default=1e-4, ge=0, le=1)
     warmup_frac: float = Field(default=0.1, ge=0, lt=1, description="fraction of steps of linear warm-up")
     # losses
-    temperature: float = Field(default=0.07, gt=0)
-    ce_weight: float = Field(default=1.0, ge=0)
-    contrastive_weight: float = Field(default=1.0, ge=0)
+    temperature: float = Field(default=0.07, gt=0, le=100)
+    ce_weight: float = Field(default=1.0, ge=0, le=MAX_WEIGHT)
+    contrastive_weight: float = Field(default=1.0, ge=0, le=MAX_WEIGHT)
     diversity_weight: float | None = Field(
-        default=None, ge=0, description="diversity term weight; None = the method's own (AdaContrast 1, else 0)")
-    bank_size: int = Field(default=16384, ge=8, description="memory bank / MoCo queue entries")
+        default=None, ge=0, le=MAX_WEIGHT,
+        description="diversity term weight; None = the method's own (AdaContrast 1, else 0)")
+    bank_size: int = Field(default=16384, ge=8, le=MAX_BANK_SIZE, description="memory bank / MoCo queue entries")
     # AdaContrast (its published defaults)
     ema: float = Field(default=0.999, ge=0, lt=1, description="AdaContrast: key-encoder momentum")
-    refine_neighbors: int = Field(default=10, ge=1, description="AdaContrast: soft-voting neighbours")
+    refine_neighbors: int = Field(default=10, ge=1, le=1024, description="AdaContrast: soft-voting neighbours")
     # what trains
-    train_groups: int | None = Field(default=2, ge=0, description="last N backbone groups that train; None=all")
+    train_groups: int | None = Field(default=2, ge=0, le=64,
+                                     description="last N backbone groups that train; None=all")
     # data
     fraction: float = Field(default=1.0, gt=0, le=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
     views_ahead: ViewsAhead = None
     cpu_bf16_nograd: bool = Field(

@@ -1,0 +1,55 @@
+"""How big an adaptation job is before it runs: its optimiser steps and the memory its fixed tensors take.
+
+The API refuses a job over the operator's caps at submission (``T3AR_API_MAX_JOB_STEPS``,
+``T3AR_API_MAX_JOB_MEMORY_BYTES``); the worker checks the memory against what its device has free before it
+starts (issue 29, F5). The memory counted is what a job holds for its whole run and grows with its config: the
+memory bank (features, logits, ids, labels, flags), the target images and the retrieved pool images (uint8, on
+the device), not the model or a batch's activations. No torch here: the API imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: the bank's feature width when the model has no bottleneck and the backbone's is not known here
+UNKNOWN_FEATURE_DIM = 2048
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    """As :func:`t3ar.method.schedule.steps_per_epoch` (a last batch under half a batch is folded into the one
+    before it; a unit test keeps the two equal)."""
+    full, rest = divmod(n, batch_size)
+    if full == 0:
+        return 1
+    return full + (1 if 2 * rest >= batch_size and rest >= 2 else 0)
+
+
+def planned_steps(config: Any, n: int) -> int:
+    """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``."""
+    if config.method in ("source", "bn-adapt"):  # no optimiser (bn-adapt: one no-gradient pass)
+        return 0
+    batch = max(1, min(config.batch_size, n))
+    return int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
+
+
+def kept_images(n_images: int, fraction: float) -> int:
+    """About how many of ``n_images`` a job adapts to (the stratified subsample keeps ``fraction``, at least 2)."""
+    return max(2, min(n_images, math.ceil(n_images * fraction)))
+
+
+def memory_bytes(config: Any, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
+    """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px."""
+    if config.method in ("source", "bn-adapt", "tent", "shot-im"):
+        bank = 0
+    else:
+        bank = config.bank_size * ((feature_dim or UNKNOWN_FEATURE_DIM) + num_classes) * 4 + config.bank_size * 18
+    image = 3 * image_size * image_size
+    pool = 0
+    if config.uses_retrieval:
+        pool = n * config.k * (config.r if config.redraw_neighbours else 1) * image
+    return bank + n * image + pool
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
