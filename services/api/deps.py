@@ -19,6 +19,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.compaction import Compactor
+from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
@@ -37,6 +39,8 @@ class ApiState:
     retriever_admin: RetrieverClient  # admin token: forwarded deletes
     metrics: ApiMetrics
     artifacts: Artifacts  # what workers upload, verified and committed
+    contributor: Contributor  # targets that join the pool, and their withdrawal
+    compactor: Compactor  # pool compaction: dry-run plans, applied exactly
 
 
 def get_state(request: Request) -> ApiState:

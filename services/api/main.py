@@ -23,6 +23,8 @@ from starlette.concurrency import run_in_threadpool
 from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
 from t3ar_services.api.console import install_console
+from t3ar_services.api.compaction import Compactor
+from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
@@ -30,6 +32,7 @@ from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import router
 from t3ar_services.api.routes_internal import router as internal_router
 from t3ar_services.api.routes_jobs import router as jobs_router
+from t3ar_services.api.routes_pool import router as pool_router
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
@@ -55,9 +58,20 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
                                 timeout=settings.retriever_timeout, retries=1)
     admin = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
                             timeout=settings.retriever_timeout, retries=2)
-    return ApiState(settings=settings, store=store, redis=conn, jobs=JobService(settings, store, conn),
+    jobs = JobService(settings, store, conn)
+    contributor = Contributor(store, data, retriever, admin, conn,
+                              job_status=lambda job_id: _job_status(jobs, store, job_id))
+    scanner = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
+                              timeout=settings.compact_timeout, retries=0)
+    return ApiState(settings=settings, store=store, redis=conn, jobs=jobs,
                     retriever=retriever, retriever_admin=admin, metrics=ApiMetrics(),
-                    artifacts=Artifacts(data, settings.max_model_bytes))
+                    artifacts=Artifacts(data, settings.max_model_bytes), contributor=contributor,
+                    compactor=Compactor(contributor, admin, scanner))
+
+
+def _job_status(jobs: JobService, store: Store, job_id: str) -> str:
+    row = store.get_job(job_id)
+    return "failed" if row is None else jobs.state(row).status
 
 
 def sweep_once(state: ApiState) -> None:
@@ -114,12 +128,15 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         log.info("api: data dir %s, queue %s, retriever %s", settings.data_dir.resolve(), settings.queue,
                  settings.retriever_url)
         sweeper = asyncio.create_task(_sweeper(state), name="t3ar-api-sweeper")
+        state.contributor.start(settings.sweep_interval)
         try:
             yield
         finally:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            await run_in_threadpool(state.contributor.stop)
+            state.compactor.scanner.close()
             state.retriever.close()
             state.retriever_admin.close()
             state.redis.close()
@@ -135,7 +152,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"),
-        routers=[router, jobs_router, internal_router], session_prefixes=[CONSOLE_PREFIX])
+        routers=[router, jobs_router, internal_router, pool_router], session_prefixes=[CONSOLE_PREFIX])
     app.state.api = state
     install_console(app, settings)
     close_form_schemas(app)

@@ -114,4 +114,5 @@ def put_result(request: Request, state: StateDep, job_id: str, body: s.WorkerRes
     if stored:
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
                                   checkpoint_sha256=sha)
+        state.contributor.wake()  # a requested contribution is made now, in the background
     return s.ResultStored(job_id=job_id, stored=stored)

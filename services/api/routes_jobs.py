@@ -60,7 +60,8 @@ def _check_size(state: ApiState, config: Any, n_kept: int, model_id: str) -> Non
                    len(model.classes))
 
 
-def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str], secret: str) -> JSONResponse:
+def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str], secret: str, *,
+              contribute: bool = False) -> JSONResponse:
     model = require_model(state.store, state.settings, row.model_id)
     state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir), secret)
     kind = "readapt" if row.parent_id else "adapt"
@@ -68,12 +69,12 @@ def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str
     url = str(request.url_for("get_job", job_id=row.id))
     body = s.JobAccepted(id=row.id, url=url, parent_id=row.parent_id, config=row.config,
                          target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
-                         warnings=warnings)
+                         contribute=contribute, warnings=warnings)
     return JSONResponse(body.model_dump(), status_code=202, headers={"Location": url})
 
 
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
-              dependencies=[only_fields("archive", "model_id", "config", "skip_bad_images")],
+              dependencies=[only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
@@ -86,9 +87,14 @@ def adapt(
                                             "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}",
                                 json_schema_extra={"format": ADAPT_CONFIG_FORMAT})] = "{}",
     skip_bad_images: Annotated[bool, Form(description="drop unreadable files instead of refusing it")] = False,
+    contribute: Annotated[bool, Form(description="once the job finished successfully, add its target images to "
+                                                 "the pool (source target:<job id>; exact and near-duplicates of "
+                                                 "pool items skipped); off by default")] = False,
 ) -> JSONResponse:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
-    pool large enough) and enqueue an adaptation job. Nothing is enqueued when any check fails (4xx)."""
+    pool large enough) and enqueue an adaptation job. Nothing is enqueued when any check fails (4xx).
+    With ``contribute=true`` the target joins the pool once the job finished (never when it fails or is
+    canceled); withdraw it as one unit with ``DELETE /jobs/{id}/contribution`` (admin)."""
     settings = state.settings
     job_id = uuid.uuid4().hex
     job_dir = settings.data_dir / "jobs" / job_id
@@ -109,10 +115,13 @@ def adapt(
                      n_images=prepared.n_images, labelled=prepared.labelled, skipped=len(prepared.skipped),
                      secret_sha256=digest)
         state.store.add_job(row)
+        if contribute:
+            state.contributor.records.request(job_id)  # before enqueueing: a quick job finds it
         try:
             warnings = [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]]
-            return _accepted(request, state, row, warnings, secret)
+            return _accepted(request, state, row, warnings, secret, contribute=contribute)
         except BaseException:
+            state.contributor.records.forget(job_id)
             state.store.delete_job(job_id)
             raise
     except T3arError as e:
@@ -136,6 +145,9 @@ def job_out(request: Request, state: ApiState, row: JobRow, st: JobState) -> s.J
         progress=s.Progress.model_validate(st.progress) if st.progress else None, error=st.error, result=st.result,
         checkpoint_url=str(request.url_for("get_checkpoint", job_id=row.id)) if finished else None,
         report_url=str(request.url_for("get_report", job_id=row.id)) if finished else None,
+        contribution=s.Contribution(**state.contributor.describe(row.id, st.status)),
+        neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
+        if finished else [],
     )
 
 
@@ -185,9 +197,14 @@ def get_checkpoint(state: StateDep, job_id: str) -> FileResponse:
 
 @router.get("/jobs/{job_id}/report")
 def get_report(state: StateDep, job_id: str) -> JSONResponse:
-    """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given."""
+    """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given;
+    ``contribution`` (whether its target joined the pool: added / skipped counts) and
+    ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from)."""
     path = _finished_artifact(state, job_id, REPORT_FILE)
-    return JSONResponse(readable(json.loads(path.read_text())))  # a report stored before issue 29 may hold NaN
+    report = readable(json.loads(path.read_text()))  # a report stored before issue 29 may hold NaN
+    report["contribution"] = state.contributor.describe(job_id, "finished")  # the state now, not at finishing
+    report["neighbours_from_contributions"] = state.contributor.neighbours(job_id)
+    return JSONResponse(report)
 
 
 @router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted)

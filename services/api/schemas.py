@@ -73,6 +73,32 @@ class TargetInfo(BaseModel):
     skipped: int = Field(description="unreadable files dropped (only with skip_bad_images=true)")
 
 
+class Contribution(BaseModel):
+    """A job's contribution of its target images to the pool (``contribute=true`` on POST /adapt)."""
+
+    requested: bool
+    status: Literal["not_requested", "waiting", "pending", "done", "none", "withdrawing", "withdrawn"] = Field(
+        description="not_requested; waiting (the job has not finished); pending (finished, being added); done; "
+                    "none (the job failed or was canceled: nothing contributed); withdrawing; withdrawn")
+    source: str | None = Field(default=None, description="the pool source of its items: target:<job id>")
+    images: int | None = Field(default=None, description="target images offered")
+    added: int | None = Field(default=None, description="images that joined the pool")
+    skipped_exact: int | None = Field(default=None, description="skipped: the same file (sha256) was in the pool")
+    skipped_near: int | None = Field(default=None, description="skipped: R's near-duplicate of a pool item (cosine "
+                                                               ">= the pool's duplicate_threshold)")
+    rejected: int | None = None
+    attempts: int | None = Field(default=None, description="failed attempts so far (retried)")
+    error: str | None = None
+    withdrawn_at: str | None = None
+    withdrawn_items: int | None = None
+
+
+class NeighbourSource(BaseModel):
+    job_id: str = Field(description="the job whose contribution it is")
+    source: str
+    items_used: int = Field(description="of its items, how many this job retrieved and used")
+
+
 class JobOut(BaseModel):
     id: str
     url: str
@@ -92,6 +118,10 @@ class JobOut(BaseModel):
     result: dict[str, Any] | None = None
     checkpoint_url: str | None = None
     report_url: str | None = None
+    contribution: Contribution = Field(description="whether this job's target joins the pool, and how it went")
+    neighbours_from_contributions: list[NeighbourSource] = Field(
+        default_factory=list, description="earlier jobs' contributions that this job's retrieved neighbours came "
+                                          "from (finished jobs; from its lineage)")
 
 
 class JobAccepted(BaseModel):
@@ -101,6 +131,7 @@ class JobAccepted(BaseModel):
     parent_id: str | None = None
     config: dict[str, Any]
     target: TargetInfo
+    contribute: bool = Field(default=False, description="the target joins the pool once the job finished")
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -182,3 +213,51 @@ class ResultStored(BaseModel):
     job_id: str
     status: Literal["finished"] = "finished"
     stored: bool = Field(description="false: the job was already finished with this result's checkpoint (a retry)")
+
+
+# --- contributions and compaction (admin) ----------------------------------------------------------------------
+class ContributionWithdrawn(BaseModel):
+    job_id: str
+    source: str
+    withdrawn: list[str] = Field(description="the pool ids of the contribution, deleted (or already gone)")
+    jobs: list[LineageJob] = Field(description="finished jobs that retrieved any of them: readapt them")
+    in_flight: list[str] = Field(default_factory=list, description="jobs running now; they may have used them")
+
+
+class CompactRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dry_run: bool = Field(default=True, description="true: list what would be removed (a plan), change nothing; "
+                                                    "false: apply plan_id, removing exactly what it listed")
+    threshold: float | None = Field(default=None, gt=0, le=1, description="dry-run: cosine (R) at or above which "
+                                                                          "two items are near-duplicates, (0, 1]")
+    sources: list[str] | None = Field(default=None, min_length=1, max_length=100,
+                                      description="dry-run: sources whose items may be removed (a trailing * "
+                                                  "matches a prefix: target:*)")
+    nprobe: int = Field(default=8, ge=1, le=1024, description="IVF cells probed per item above 20k items")
+    plan_id: str | None = Field(default=None, max_length=64, description="real run: the dry-run's plan_id")
+
+
+class CompactRemoval(BaseModel):
+    id: str
+    source: str
+    size: int
+    duplicate_of: str
+    score: float
+
+
+class CompactResponse(BaseModel):
+    dry_run: bool
+    plan_id: str
+    threshold: float
+    sources: list[str]
+    remove: list[CompactRemoval] = Field(description="dry-run: what the plan removes; real run: what it removed")
+    bytes_freed: int = Field(description="image bytes the removals free (dry-run: would free)")
+    clusters: int | None = None
+    scanned: int | None = None
+    items: int | None = None
+    method: str | None = None
+    seconds: dict[str, float] = Field(default_factory=dict)
+    jobs: list[LineageJob] = Field(default_factory=list, description="real run: finished jobs that used a removed "
+                                                                     "item")
+    in_flight: list[str] = Field(default_factory=list)

@@ -34,6 +34,8 @@ class ApiSettings(ServiceSettings):
     retriever_token: SecretStr | None = None  # read/write token: pool size checks before enqueueing
     retriever_admin_token: SecretStr | None = None  # admin token: forwarded deletes
     retriever_timeout: float = Field(default=30.0, gt=0)
+    compact_timeout: float = Field(default=3600.0, gt=0, description="seconds a compaction dry-run's scan of the "
+                                                                     "pool may take (the retriever's answer)")
 
     # --- jobs ---
     job_timeout: int = Field(default=6 * 3600, ge=10, description="seconds a job may run before it is killed (the "

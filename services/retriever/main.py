@@ -34,6 +34,7 @@ from t3ar_services.retriever.index import VectorIndex
 from t3ar_services.retriever.metrics import RetrieverMetrics
 from t3ar_services.retriever.openapi import install as install_pool_openapi
 from t3ar_services.retriever.routes import router
+from t3ar_services.retriever.routes_curation import router as curation_router
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
 from t3ar_services.retriever.training import IndexTrainer
@@ -176,7 +177,8 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         form_limits={"max_files": settings.max_items_per_request, "max_fields": 64, "max_part_size": 1 << 20},
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_upload_bytes,
-        body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request", routers=[router],
+        body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request",
+        routers=[router, curation_router],
         fast=("POST", "/search", SearchAnswer(state)), limit_for=lambda scope: _search_limit(state, scope))
     app.state.retriever = state
     install_pool_openapi(app, lambda: None if state.pool is None else {

@@ -115,8 +115,9 @@ class ApiClient(HttpClient):
 
     # --- jobs --------------------------------------------------------------------------------------------
     def adapt(self, target: Path, model_id: str, config: dict[str, Any] | None = None, *,
-              skip_bad_images: bool = False) -> dict[str, Any]:
-        """Submit a target (a zip/tar archive, or a folder that is zipped on the fly); returns the accepted job."""
+              skip_bad_images: bool = False, contribute: bool = False) -> dict[str, Any]:
+        """Submit a target (a zip/tar archive, or a folder that is zipped on the fly); returns the accepted job.
+        ``contribute``: once the job finished, its target images join the pool (source ``target:<job id>``)."""
         target = Path(target)
         tmp: tempfile.TemporaryDirectory[str] | None = None
         try:
@@ -127,7 +128,8 @@ class ApiClient(HttpClient):
                 return self._json("POST", "/adapt", safe=False,
                                   files=[("archive", (target.name, fh, "application/octet-stream"))],
                                   data={"model_id": model_id, "config": json.dumps(config or {}),
-                                        "skip_bad_images": "true" if skip_bad_images else "false"})
+                                        "skip_bad_images": "true" if skip_bad_images else "false",
+                                        **({"contribute": "true"} if contribute else {})})
         finally:
             if tmp is not None:
                 tmp.cleanup()
@@ -179,3 +181,18 @@ class ApiClient(HttpClient):
 
     def lineage(self, pool_id: str) -> dict[str, Any]:
         return self._json("GET", f"/pool/{_seg(pool_id)}/lineage")
+
+    def withdraw_contribution(self, job_id: str) -> dict[str, Any]:
+        """Withdraw the pool images a job contributed, as one unit (admin token); returns the ids and lineage."""
+        return self._json("DELETE", f"/jobs/{_seg(job_id)}/contribution", safe=False)
+
+    def compact(self, *, threshold: float | None = None, sources: list[str] | None = None, nprobe: int = 8,
+                plan_id: str | None = None) -> dict[str, Any]:
+        """Pool compaction (admin token). Without ``plan_id``: a dry-run that lists what would be removed and
+        returns its ``plan_id``; with it: remove exactly what that dry-run listed."""
+        body: dict[str, Any] = {"dry_run": plan_id is None, "nprobe": nprobe}
+        if plan_id is None:
+            body.update(threshold=threshold, sources=sources)
+        else:
+            body["plan_id"] = plan_id
+        return self._json("POST", "/pool/compact", safe=False, json=body)

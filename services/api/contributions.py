@@ -1,0 +1,214 @@
+"""Targets that join the pool, and their withdrawal as one unit.
+
+A job submitted with ``contribute=true`` adds its target images to the pool once it *finished* (a failed or
+canceled job contributes nothing): under the source ``target:<job id>``, with ``{"job_id", "model_id"}`` as
+metadata, through the retriever's ordinary add (``POST /pool``, near-duplicate policy ``skip``), so an exact
+duplicate (same sha256) of what the pool holds is skipped as ``exists`` and R's near-duplicate (cosine >= the
+pool's ``T3AR_RETRIEVER_DUPLICATE_THRESHOLD``, default 0.98) as ``duplicate``; both are counted.
+
+The contributor runs in a background thread of the API (woken when a worker's result arrives, and every
+``T3AR_API_SWEEP_INTERVAL`` seconds), so a worker never waits for it and a retriever outage only delays it: a
+failed attempt stays ``pending`` and is retried, also after a restart. A retry adds nothing twice: the pool
+stores a sha256 once, and what the contribution holds is read back from the pool by its source, so the counts
+are those of the first complete attempt. One lock serialises contributing and withdrawing.
+
+Withdrawal (admin) deletes every item of the source ``target:<job id>`` through the retriever's delete (the
+same guarantee as ``DELETE /pool/{id}``: never retrieved again, bytes gone, survives restarts), records the
+withdrawal, tells workers to drop the ids from their image caches, and answers which later jobs used any of
+them. A crash half-way leaves the status ``withdrawing``, which the contributor finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+
+from t3ar.clients.retriever import RetrieverClient
+from t3ar.errors import without_paths
+from t3ar_services.api.contrib_store import ContributionRow, ContributionStore, now
+from t3ar_services.api.errors import ConflictError, NotFoundError
+from t3ar_services.api.store import Store
+from t3ar_services.common.job_contract import LINEAGE_FILE, WITHDRAWN_KEY, artifacts_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE_PREFIX = "target:"
+BATCH = 64  # images per POST /pool
+DELETE_CHUNK = 10_000
+NOT_A_TARGET_IMAGE = ("labels.csv",)
+
+
+def source_of(job_id: str) -> str:
+    return SOURCE_PREFIX + job_id
+
+
+def target_files(folder: Path) -> list[Path]:
+    """The images of a validated target folder (everything but labels.csv), in a stable order."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()
+                  and p.relative_to(folder).as_posix() not in NOT_A_TARGET_IMAGE)
+
+
+class Contributor:
+    """Makes and withdraws contributions (see the module docstring)."""
+
+    def __init__(self, store: Store, data_dir: Path, retriever: RetrieverClient, retriever_admin: RetrieverClient,
+                 redis: Redis, job_status: Callable[[str], str]) -> None:
+        self.records = ContributionStore(store)
+        self.store = store
+        self.data_dir = data_dir
+        self.retriever = retriever
+        self.admin = retriever_admin
+        self.redis = redis
+        self.job_status = job_status  # job id -> queued | started | finished | failed | canceled
+        self.lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- the background thread ---------------------------------------------------------------------------
+    def start(self, interval: float) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                self._wake.wait(interval)
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                try:
+                    self.run_pending()
+                except Exception:
+                    log.exception("contribution sweep failed; retried at the next one")
+
+        self._thread = threading.Thread(target=loop, name="t3ar-api-contributor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # --- contributing ------------------------------------------------------------------------------------
+    def run_pending(self) -> int:
+        """Promote requests of finished jobs, end those of failed/canceled ones, make pending contributions and
+        finish interrupted withdrawals. Returns how many contributions were made."""
+        made = 0
+        for row in self.records.with_status("requested"):
+            if (artifacts_dir(self.data_dir, row.job_id) / LINEAGE_FILE).is_file():
+                self.records.set_status(row.job_id, "pending", only_from=("requested",))
+            else:
+                status = self.job_status(row.job_id)
+                if status in ("failed", "canceled"):
+                    self.records.set_status(row.job_id, "none", only_from=("requested",),
+                                            error=f"the job {status}: nothing was contributed")
+        for row in self.records.with_status("pending", "withdrawing"):
+            with self.lock:
+                current = self.records.get(row.job_id)
+                if current is None:
+                    continue
+                try:
+                    if current.status == "pending":
+                        self._contribute(current)
+                        made += 1
+                    elif current.status == "withdrawing":
+                        self._finish_withdrawal(row.job_id)
+                except Exception as e:
+                    log.warning("contribution of job %s: %s (retried later)", row.job_id, e)
+                    self.records.failed_attempt(row.job_id, without_paths(f"{type(e).__name__}: {e}"))
+        return made
+
+    def _contribute(self, row: ContributionRow) -> None:
+        job = self.store.get_job(row.job_id)
+        if job is None:
+            self.records.set_status(row.job_id, "none", error="the job's record is gone")
+            return
+        folder = self.data_dir / job.target_dir
+        files = target_files(folder) if folder.is_dir() else []
+        if not files:
+            self.records.set_status(row.job_id, "none", error="the job's target images are no longer stored")
+            return
+        source = source_of(row.job_id)
+        meta = {"job_id": row.job_id, "model_id": job.model_id}
+        near = rejected = 0
+        for start in range(0, len(files), BATCH):
+            batch = [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in files[start:start + BATCH]]
+            out = self.retriever.add_images(batch, source=source, metadata=meta, duplicate_policy="skip")
+            near += int(out["duplicates"])
+            rejected += int(out["rejected"])
+        ours = [it["id"] for it in self.admin.iter_items(source=source)]
+        self.records.record_items(row.job_id, ours)
+        self.records.set_status(row.job_id, "done", only_from=("pending",), images=len(files), added=len(ours),
+                                skipped_near=near, rejected=rejected,
+                                skipped_exact=len(files) - len(ours) - near - rejected, error=None)
+        log.info("job %s contributed %d of %d target images to the pool (%d exact, %d near-duplicates skipped)",
+                 row.job_id, len(ours), len(files), len(files) - len(ours) - near - rejected, near)
+
+    # --- withdrawing -------------------------------------------------------------------------------------
+    def withdraw(self, job_id: str) -> list[str]:
+        """Withdraw job ``job_id``'s contribution as one unit; the pool ids it deleted (see the module docstring).
+        404 when already withdrawn; 409 when the job has made no contribution (not asked, not finished yet,
+        failed or canceled)."""
+        with self.lock:
+            row = self.records.get(job_id)
+            if row is None:
+                raise ConflictError(f"job {job_id} was not submitted with contribute=true: it has no contribution "
+                                    "to withdraw (withdraw single pool items with DELETE /pool/{id})")
+            if row.status == "withdrawn":
+                raise NotFoundError(f"the contribution of job {job_id} was already withdrawn at {row.withdrawn_at}")
+            if row.status in ("requested", "none"):
+                status = self.job_status(job_id)
+                if row.status == "none" or status in ("failed", "canceled"):
+                    raise ConflictError(f"job {job_id} is {status}: it contributed nothing, so there is nothing "
+                                        "to withdraw")
+                raise ConflictError(f"job {job_id} is {status}: it contributes to the pool once it finishes; "
+                                    "withdraw the contribution then, or cancel the job (POST /jobs/{id}/cancel)"
+                                    .replace("{id}", job_id))
+            self.records.set_status(job_id, "withdrawing")
+            return self._finish_withdrawal(job_id)
+
+    def _finish_withdrawal(self, job_id: str) -> list[str]:
+        ids = list(dict.fromkeys(self.records.items_of(job_id)
+                                 + [it["id"] for it in self.admin.iter_items(source=source_of(job_id))]))
+        deleted: list[str] = []
+        for start in range(0, len(ids), DELETE_CHUNK):
+            out = self.admin.delete_many(ids[start:start + DELETE_CHUNK], missing_ok=True)
+            deleted += list(out["deleted"])
+        self.records.record_withdrawals(ids, f"contribution:{job_id}")
+        self.forget_in_caches(ids)
+        self.records.set_status(job_id, "withdrawn", withdrawn_at=now(), withdrawn_ids=len(ids))
+        log.info("withdrew the contribution of job %s: %d pool item(s) deleted (%d listed)", job_id, len(deleted),
+                 len(ids))
+        return ids
+
+    def forget_in_caches(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        try:
+            self.redis.sadd(WITHDRAWN_KEY, *ids)  # workers drop them from their image caches
+        except Exception as e:  # the withdrawal itself succeeded; caches are also bounded and trimmed
+            log.warning("could not record %d withdrawn id(s) for worker caches: %s", len(ids), e)
+
+    # --- what the job view says --------------------------------------------------------------------------
+    def describe(self, job_id: str, job_status: str) -> dict[str, Any]:
+        row = self.records.get(job_id)
+        if row is None:
+            return {"requested": False, "status": "not_requested"}
+        status = row.status
+        if status == "requested":
+            status = "none" if job_status in ("failed", "canceled") else \
+                "pending" if job_status == "finished" else "waiting"
+        return {"requested": True, "status": status, "source": source_of(job_id), "images": row.images,
+                "added": row.added, "skipped_exact": row.skipped_exact, "skipped_near": row.skipped_near,
+                "rejected": row.rejected, "attempts": row.attempts, "error": row.error,
+                "withdrawn_at": row.withdrawn_at, "withdrawn_items": row.withdrawn_ids}
+
+    def neighbours(self, job_id: str) -> list[dict[str, Any]]:
+        return [{"job_id": j, "source": source_of(j), "items_used": n}
+                for j, n in self.records.neighbour_sources(job_id)]
