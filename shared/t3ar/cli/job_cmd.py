@@ -40,6 +40,14 @@ def _summary(job: dict[str, Any]) -> str:
         line += f"  readapt of {job['parent_id']}"
     if job.get("error"):
         line += f"\n    error: {job['error']}"
+    c = job.get("contribution") or {}
+    if c.get("requested"):
+        line += f"\n    contribution to the pool ({c.get('source')}): {c['status']}"
+        if c.get("added") is not None:
+            line += (f", {c['added']} of {c['images']} images added, {c['skipped_exact']} exact and "
+                     f"{c['skipped_near']} near-duplicates skipped")
+    for n in job.get("neighbours_from_contributions") or []:
+        line += f"\n    used {n['items_used']} pool image(s) contributed by job {n['job_id']}"
     return line
 
 
@@ -114,6 +122,9 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--seed", type=int, default=None)
 @click.option("--config", default="{}", help="JSON object of any other AdaptConfig fields.")
 @click.option("--skip-bad-images", is_flag=True, help="Drop unreadable files instead of refusing the upload.")
+@click.option("--contribute", is_flag=True,
+              help="Once the job finished, add the target images to the pool (source target:<job id>; exact and "
+                   "near-duplicates of pool items are skipped). Undo with `t3ar withdraw --contribution JOB_ID`.")
 @click.option("--follow/--no-follow", default=True, show_default=True, help="Wait for the job with a progress bar.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Download the adapted checkpoint here when the job finishes (implies --follow).")
@@ -121,9 +132,8 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @_api_options()
 def submit(target: Path, model: str, method: str | None, preset: str | None, mode: str | None, k: int | None,
            r: int | None, epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None,
-           seed: int | None,
-           config: str, skip_bad_images: bool, follow: bool, out: Path | None, timeout: float | None, url: str,
-           token: str | None, as_json: bool) -> None:
+           seed: int | None, config: str, skip_bad_images: bool, contribute: bool, follow: bool, out: Path | None,
+           timeout: float | None, url: str, token: str | None, as_json: bool) -> None:
     """Adapt a base model to TARGET (a folder, zip or tar of images; labels.csv at its root = labelled).
 
     \b
@@ -137,7 +147,7 @@ def submit(target: Path, model: str, method: str | None, preset: str | None, mod
         if Path(model).is_file():
             model_id = client.upload_model(Path(model))["id"]
             click.echo(f"model {model} uploaded as {model_id}", err=True)
-        accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images)
+        accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images, contribute=contribute)
         for w in accepted.get("warnings", []):
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):
@@ -261,18 +271,36 @@ def _model_line(m: dict[str, Any]) -> str:
 
 
 @click.command("withdraw")
-@click.argument("pool_ids", nargs=-1, required=True)
+@click.argument("pool_ids", nargs=-1)
+@click.option("--contribution", "contributions", multiple=True, metavar="JOB_ID",
+              help="Withdraw every pool image this job contributed (submitted with --contribute), as one unit.")
 @click.option("--readapt", is_flag=True, help="Re-run every job that used a withdrawn item.")
 @_api_options(admin=True)
-def withdraw(pool_ids: tuple[str, ...], readapt: bool, url: str, token: str | None, as_json: bool) -> None:
+def withdraw(pool_ids: tuple[str, ...], contributions: tuple[str, ...], readapt: bool, url: str, token: str | None,
+             as_json: bool) -> None:
     """Withdraw pool items through the API (admin token) and list the checkpoints that used them.
 
+    \b
+    Examples:
+      t3ar withdraw POOL_ID...                 # single pool images
+      t3ar withdraw --contribution JOB_ID      # all the images a job's target contributed
     With --readapt, every affected job is re-run against the pool without them.
     """
+    if not pool_ids and not contributions:
+        raise click.UsageError("name pool ids to withdraw, or --contribution JOB_ID")
     results: list[dict[str, Any]] = []
     lines: list[str] = []
     with ApiClient(url, token) as client:
         affected: dict[str, None] = {}
+        for job_id in contributions:
+            out = client.withdraw_contribution(job_id)
+            results.append(out)
+            lines.append(f"withdrew the contribution of job {job_id} ({len(out['withdrawn'])} pool image(s), "
+                         f"source {out['source']}): used by {len(out['jobs'])} later finished job(s)"
+                         + "".join(f"\n  {j['job_id']}  {j['checkpoint_url']}" for j in out["jobs"])
+                         + (f"\n  running now (may have used them): {', '.join(out['in_flight'])}"
+                            if out["in_flight"] else ""))
+            affected.update({j["job_id"]: None for j in out["jobs"]})
         for pid in pool_ids:
             out = client.delete_pool_item(pid)
             results.append(out)

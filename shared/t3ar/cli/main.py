@@ -14,6 +14,7 @@ import click
 
 from t3ar import __version__
 from t3ar.cli.bench_cmd import bench
+from t3ar.cli.compact_cmd import compact
 from t3ar.cli.data_cmd import data
 from t3ar.cli.job_cmd import jobs, models, submit, withdraw
 from t3ar.cli.model_cmds import adapt_cmd, evaluate_cmd, train_source
@@ -67,6 +68,7 @@ def add_plugins(group: click.Group, entry_point_group: str = PLUGIN_GROUP) -> No
 
 for _command in (train_source, adapt_cmd, evaluate_cmd, data, pool, bench, submit, jobs, models, withdraw):
     cli.add_command(_command)
+pool.add_command(compact)
 add_plugins(cli)
 add_plugins(pool, "t3ar.pool_commands")  # `t3ar pool migrate` (the services' pool commands)
 

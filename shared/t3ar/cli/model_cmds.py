@@ -155,6 +155,12 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--config", "config_json", default="{}", show_default=True,
               help='JSON object of any other AdaptConfig fields, e.g. \'{"redraw_neighbours": true, '
                    '"pool_negatives": "all"}\'.')
+@click.option("--contribute", is_flag=True,
+              help="After a successful run, copy the target images into the --pool folder as target-<run id>/ "
+                   "(exact and R's near-duplicates of pool images skipped); delete that folder to withdraw them.")
+@click.option("--run-id", default=None, help="Id of this run's contribution (default: the checkpoint's sha256[:16]).")
+@click.option("--contribute-threshold", default=0.98, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Cosine (R) at or above which a target image is a near-duplicate of a pool image.")
 @device_option
 @json_option
 @domain_errors
@@ -163,7 +169,8 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
               epochs: int, min_steps: int, batch_size: int, lr: float, fraction: float, use_labels: bool,
               eval_path: Path | None, train_groups: str, bank_size: int, retriever: str,
               retriever_weights: str | None, retriever_tag: str | None, retriever_image_size: int, seed: int,
-              config_json: str, device: str, as_json: bool) -> None:
+              config_json: str, contribute: bool, run_id: str | None, contribute_threshold: float, device: str,
+              as_json: bool) -> None:
     """Adapt a base model to target data (in-process; the pool is indexed in memory with faiss).
 
     \b
@@ -190,25 +197,34 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
     except ValidationError as e:
         raise click.BadParameter("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
                                            for err in e.errors()), param_hint="--config / options") from e
+    if contribute and (pool is None or not pool.is_dir()):
+        raise click.UsageError("--contribute adds the target to the pool folder: pass --pool DIR (a folder)")
     dev = resolve_device(device)
     model, info = load_checkpoint(model_path, device=dev)
     tgt = _read_target(target, use_labels)
     ev = read_labelled(eval_path) if eval_path else None
     provider = None
-    if cfg.uses_retrieval:
+    if cfg.uses_retrieval or contribute:
         if pool is None:
             raise click.UsageError(f"--method {method} retrieves from a pool: pass --pool DIR")
         emb = Embedder(EmbedderSpec.parse(retriever, weights_path=retriever_weights, pretrained_tag=retriever_tag,
                                           image_size=retriever_image_size), device=dev)
         provider = LocalPool.from_imageset(read_unlabelled(pool), emb)
     bar = StepBar(f"adapt:{method}", enabled=not as_json)
-    outcome = run_adaptation(model, info, tgt, cfg, provider=provider, device=dev, eval_set=ev, on_step=bar)
+    outcome = run_adaptation(model, info, tgt, cfg, provider=provider if cfg.uses_retrieval else None, device=dev,
+                             eval_set=ev, on_step=bar)
     bar.close()
     metrics = outcome.checkpoint_metrics()
     sha = save_checkpoint(out, model, info.spec, adapt_config=cfg.model_dump(), lineage=outcome.lineage,
                           metrics=metrics)
     payload = {"checkpoint": str(out), "sha256": sha, "method": method, "adapted_on": outcome.lineage.target_size,
                "pool_ids_used": len(outcome.lineage.pool_ids), **metrics}
+    if contribute:
+        from t3ar.local_contribute import contribute_local
+
+        assert pool is not None and provider is not None
+        payload["contribution"] = contribute_local(pool, list(tgt.paths), run_id or sha[:16], provider,
+                                                   threshold=contribute_threshold)
     emit(payload, as_json, _adapt_summary)
 
 
@@ -217,6 +233,10 @@ def _adapt_summary(p: dict[str, Any]) -> str:
             f"{p['seconds_per_epoch']} s/epoch, {p['pool_ids_used']} pool images used)")
     if "before" in p:
         line += f"\naccuracy {pct(p['before']['top1'])} -> {pct(p['after']['top1'])} on {p['after']['n']} images"
+    if c := p.get("contribution"):
+        line += (f"\n{'already contributed' if c['repeated'] else 'contributed'} {c['added']} of {c['images']} "
+                 f"target images to the pool as {c['source']} ({c['skipped_exact']} exact and {c['skipped_near']} "
+                 "near-duplicates skipped)")
     return line
 
 
