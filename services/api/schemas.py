@@ -234,7 +234,7 @@ class CompactRequest(BaseModel):
     sources: list[str] | None = Field(default=None, min_length=1, max_length=100,
                                       description="dry-run: sources whose items may be removed (a trailing * "
                                                   "matches a prefix: target:*)")
-    nprobe: int = Field(default=8, ge=1, le=1024, description="IVF cells probed per item above 20k items")
+    nprobe: int = Field(default=2, ge=1, le=1024, description="IVF cells probed per item above 20k items")
     plan_id: str | None = Field(default=None, max_length=64, description="real run: the dry-run's plan_id")
 
 

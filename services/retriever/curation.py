@@ -32,7 +32,7 @@ class NearDuplicatesRequest(BaseModel):
     sources: list[str] = Field(min_length=1, max_length=MAX_SOURCES,
                                description="sources whose items may be removed: exact tags, or a prefix ending "
                                            "in * (target:* = every contributed target)")
-    nprobe: int = Field(default=8, ge=1, le=1024, description="IVF cells probed per item (pools above 20k items)")
+    nprobe: int = Field(default=2, ge=1, le=1024, description="IVF cells probed per item (pools above 20k items)")
 
 
 class NearDuplicate(BaseModel):

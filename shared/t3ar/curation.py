@@ -10,7 +10,9 @@ other.
 
 Neighbours come from an index, never from an all-pairs scan: up to ``exact_max`` items an exact
 ``IndexFlatIP`` range search (cheap there); above that an IVF index (``nlist`` ~ sqrt(N) cells, trained on a
-sample) searched with ``nprobe`` cells per query, which at 1 M items scans ~1 % of the vectors per query.
+sample) searched with ``nprobe`` cells per query (2 by default: near-duplicates almost always share their
+nearest cell; on a 200k-item synthetic pool nprobe 2 and 8 found the same 3,959 of 4,000 planted duplicates,
+8 in 3x the time), which at 1 M items scans ~0.2 % of the vectors per query.
 IVF is approximate: a duplicate pair that falls into cells not probed is missed (kept), never wrongly removed.
 """
 
@@ -63,7 +65,7 @@ def _index(vectors: np.ndarray, exact_max: int, nlist: int | None, nprobe: int,
 
 
 def plan_removals(vectors: np.ndarray, removable: np.ndarray, threshold: float, *, exact_max: int = EXACT_MAX,
-                  nlist: int | None = None, nprobe: int = 8, batch: int = 8192, seed: int = 0) -> CurationPlan:
+                  nlist: int | None = None, nprobe: int = 2, batch: int = 8192, seed: int = 0) -> CurationPlan:
     """See the module docstring. ``vectors``: float32 [N, d], unit rows, oldest first; ``removable``: bool [N]."""
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must be in (0, 1]; got {threshold}")

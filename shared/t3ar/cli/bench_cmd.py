@@ -113,4 +113,29 @@ def speed(device_name: str, rounds: int, images: int, batch_size: int, k: int, o
         click.echo(f"wrote {out_dir / 'speed.md'} and {out_dir / 'speed.json'}")
 
 
+@bench.command("compaction")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("docs/benchmarks"),
+              show_default=True, help="Where compaction.md/.json are written.")
+@click.option("--items", type=click.IntRange(1000), default=1_000_000, show_default=True,
+              help="Synthetic pool size (vectors-only retriever, 512-d).")
+@click.option("--share", type=click.FloatRange(0, 0.5), default=0.02, show_default=True,
+              help="Share of the pool that are planted near-duplicates.")
+@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True), default=0.98, show_default=True)
+@click.option("--nprobe", type=click.IntRange(1, 1024), default=2, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def compaction(out_dir: Path, items: int, share: float, threshold: float, nprobe: int, as_json: bool) -> None:
+    """Time pool compaction's near-duplicate scan on a large synthetic pool, over HTTP (a few minutes at 1M).
+
+    \b
+    Example:
+      t3ar bench compaction --items 1000000
+    """
+    from t3ar.bench.curation.main import run_compaction_benchmark
+
+    res = run_compaction_benchmark(out_dir, items=items, share=share, threshold=threshold, nprobe=nprobe)
+    click.echo(json.dumps(res, indent=2) if as_json else
+               f"{res['items']:,} items: scan {res['http_seconds']} s over HTTP, recall {res['recall']}, "
+               f"{res['false_removals']} false removals; written to {out_dir / 'compaction.md'}")
+
+
 bench.add_command(adapt_bench, "adapt")

@@ -40,7 +40,7 @@ def _human(out: dict[str, Any]) -> str:
 @click.option("--source", "sources", multiple=True,
               help="A source whose items may be removed (repeatable; a trailing * matches a prefix, e.g. "
                    "'target:*' = every contributed target). Items of other sources always stay.")
-@click.option("--nprobe", type=click.IntRange(1, 1024), default=8, show_default=True,
+@click.option("--nprobe", type=click.IntRange(1, 1024), default=2, show_default=True,
               help="IVF cells probed per item (pools above 20k items are scanned through an IVF index).")
 @click.option("--apply", "plan_id", default=None, metavar="PLAN_ID",
               help="Remove exactly what this dry-run listed (nothing else; refused if the pool changed since).")

@@ -186,7 +186,7 @@ class ApiClient(HttpClient):
         """Withdraw the pool images a job contributed, as one unit (admin token); returns the ids and lineage."""
         return self._json("DELETE", f"/jobs/{_seg(job_id)}/contribution", safe=False)
 
-    def compact(self, *, threshold: float | None = None, sources: list[str] | None = None, nprobe: int = 8,
+    def compact(self, *, threshold: float | None = None, sources: list[str] | None = None, nprobe: int = 2,
                 plan_id: str | None = None) -> dict[str, Any]:
         """Pool compaction (admin token). Without ``plan_id``: a dry-run that lists what would be removed and
         returns its ``plan_id``; with it: remove exactly what that dry-run listed."""

@@ -162,7 +162,7 @@ class RetrieverClient(HttpClient):
         """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``."""
         return dict(self._json("POST", "/pool/delete", json={"ids": list(ids), "missing_ok": missing_ok}))
 
-    def near_duplicates(self, *, threshold: float, sources: Sequence[str], nprobe: int = 8) -> dict[str, Any]:
+    def near_duplicates(self, *, threshold: float, sources: Sequence[str], nprobe: int = 2) -> dict[str, Any]:
         """Admin: the items of ``sources`` a compaction would remove (near-duplicates of items that stay); read-only."""
         return dict(self._json("POST", "/pool/near-duplicates", safe=True,
                                json={"threshold": threshold, "sources": list(sources), "nprobe": nprobe}))
