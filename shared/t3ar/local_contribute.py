@@ -2,7 +2,7 @@
 contribution, for the in-process pool of :mod:`t3ar.local_pool`.
 
 After a successful adaptation the target's images are copied into ``DIR/target-<run id>/`` (the run id is the
-adapted checkpoint's sha256 prefix unless given), with ``contribution.json`` beside them (source
+adapted checkpoint's sha256 prefix unless given), with ``.contribution.json`` beside them (source
 ``target:<run id>``, the run id, the images added and skipped). An exact duplicate (same sha256 as a file of the
 pool, or an earlier image of this target) and R's near-duplicate (cosine >= ``threshold`` with a pool image or
 an image added before it) are skipped and counted. The folder appears in one rename, so an interrupted run
@@ -28,7 +28,7 @@ from t3ar.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "contribution.json"
+MANIFEST = ".contribution.json"  # hidden: pool readers skip it
 SOURCE_PREFIX = "target:"
 
 

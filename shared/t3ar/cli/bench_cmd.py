@@ -138,4 +138,42 @@ def compaction(out_dir: Path, items: int, share: float, threshold: float, nprobe
                f"{res['false_removals']} false removals; written to {out_dir / 'compaction.md'}")
 
 
+@bench.command("continual")
+@click.option("--plan", "plan_name", type=click.Choice(["smoke", "cpu"]), default="smoke", show_default=True,
+              help="smoke: synthetic styles and a tiny model (about a minute; plumbing only); cpu: the emoji styles.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where continual-<plan>.md/.json/.png go (default: docs/benchmarks for cpu, the work dir for "
+                   "smoke).")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-continual"),
+              show_default=True)
+@click.option("--frozen", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The method benchmark's results JSON (docs/benchmarks/adaptation-<plan>.json): its frozen lr and "
+                   "options are used, never tuned here.")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="cpu: the emoji styles (t3ar data emoji --out DIR).")
+@click.option("--pool", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="cpu: the clipart base pool (t3ar data pool --out DIR).")
+@click.option("--model", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="cpu: the source model (t3ar train-source on the google style).")
+@click.option("--device", default="cpu", show_default=True)
+def continual(plan_name: str, out_dir: Path | None, work_dir: Path, frozen: Path | None, data: Path | None,
+              pool: Path | None, model: Path | None, device: str) -> None:
+    """A stream of target styles adapted one after the other from the same base model, under four pool arms:
+    static, growing (earlier targets contributed by the real mechanism), growing + compaction, no retrieval.
+
+    \b
+    Example (smoke):   t3ar bench continual --plan smoke
+    Example (full):    t3ar bench continual --plan cpu --data data/emoji --pool data/pool \\
+                           --model runs/source.pt --frozen docs/benchmarks/adaptation-cpu.json
+    """
+    from t3ar.bench.continual.main import run_continual
+
+    out = out_dir or (Path("docs/benchmarks") if plan_name == "cpu" else work_dir)
+    res = run_continual(plan_name, out_dir=out, work=work_dir, frozen=frozen, data=data, pool=pool, model=model,
+                        device=device, progress=lambda line: click.echo(line, err=True))
+    from t3ar.bench.continual.report import verdict
+
+    click.echo(f"{verdict(res['summary'])}\nwritten to {out}/continual-{plan_name}.md ({res['minutes']:.1f} min)")
+
+
 bench.add_command(adapt_bench, "adapt")

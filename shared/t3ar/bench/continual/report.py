@@ -1,0 +1,119 @@
+"""The continual benchmark's summary (accuracy per arm and step, paired differences to the static pool with 95 %
+CIs over seeds, pool size, share of past-target neighbours), written as markdown + JSON + a plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from t3ar.bench.continual.plan import ARMS
+from t3ar.bench.method.plans import paired
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def summarise(records: Sequence[Mapping[str, Any]], seeds: Sequence[int], n_steps: int) -> dict[str, Any]:
+    arms = [a for a in ARMS if any(r["arm"] == a for r in records)]
+
+    def top1(arm: str, step: int) -> list[float]:
+        by_seed = {r["seed"]: r["top1"] for r in records if r["arm"] == arm and r["step"] == step}
+        return [by_seed[s] for s in seeds]
+
+    def over_steps(arm: str, steps: range) -> list[float]:  # per seed: the mean over those steps
+        return [_mean([next(r["top1"] for r in records if r["arm"] == arm and r["seed"] == s and r["step"] == t)
+                       for t in steps]) for s in seeds]
+
+    table = {a: [{"step": t, "top1": _mean(top1(a, t)),
+                  "pool_size": _mean([r["pool_size"] for r in records if r["arm"] == a and r["step"] == t]),
+                  "past_target_share": _mean([r["past_target_share"] for r in records
+                                              if r["arm"] == a and r["step"] == t])} for t in range(n_steps)]
+             for a in arms}
+    diffs: dict[str, Any] = {}
+    later = range(1, n_steps)  # step 0 has no earlier target: every pool arm is the static pool there
+    for a in arms:
+        if a == "static" or "static" not in arms:
+            continue
+        diffs[a] = {"per_step": [paired(top1(a, t), top1("static", t)) for t in range(n_steps)],
+                    "later_steps": paired(over_steps(a, later), over_steps("static", later)) if n_steps > 1 else None}
+    return {"arms": arms, "table": table, "diffs": diffs}
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def _ci(d: Mapping[str, Any] | None) -> str:
+    if not d:
+        return "–"
+    if math.isnan(d.get("lo", math.nan)):
+        return f"{100 * d['mean']:+.1f} (n={d['n']}, no CI)"
+    return f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
+def verdict(summary: Mapping[str, Any]) -> str:
+    g = summary["diffs"].get("growing", {}).get("later_steps")
+    if not g or g["n"] < 2:
+        return "Too few seeds or steps to say whether a growing pool helps."
+    if g["lo"] > 0:
+        word = "helps"
+    elif g["hi"] < 0:
+        word = "hurts"
+    else:
+        word = "makes no difference we can tell from noise"
+    return (f"A growing pool {word}: {_ci(g)} top-1 points against the static pool, averaged over the steps that "
+            f"have earlier targets (paired over {g['n']} seeds, 95 % CI).")
+
+
+def render(res: Mapping[str, Any]) -> str:
+    s, plan = res["summary"], res["plan"]
+    lines = [f"# Continual adaptation: {plan['name']} plan", "",
+             f"Stream {' → '.join(res['stream'])}, seeds {list(plan['seeds'])}, every step from the base model; "
+             f"frozen configuration from `{res['frozen_from'] or 'AdaptConfig defaults (no selection given)'}`; "
+             f"device {res['device']}, {res['minutes']:.1f} min.", "", f"**{verdict(s)}**", "",
+             "| arm | " + " | ".join(f"step {t}: {st}" for t, st in enumerate(res["stream"])) + " |",
+             "|---|" + "---|" * len(res["stream"])]
+    for a in s["arms"]:
+        lines.append(f"| {a} top-1 % | " + " | ".join(_pct(c["top1"]) for c in s["table"][a]) + " |")
+    for a, d in s["diffs"].items():
+        lines.append(f"| {a} − static | " + " | ".join(_ci(x) for x in d["per_step"]) + " |")
+    for a in s["arms"]:
+        if a == "none":
+            continue
+        lines.append(f"| {a}: pool size / past-target neighbours | "
+                     + " | ".join(f"{c['pool_size']:.0f} / {_pct(c['past_target_share'])} %" for c in s["table"][a])
+                     + " |")
+    lines += ["", "Arms: `static` (the clipart pool), `growing` (plus every earlier target, contributed by "
+              "`t3ar.local_contribute`: exact and R's near-duplicates skipped), `curated` (growing, then a "
+              "compaction of the contributed targets after each step), `none` (no retrieval). Differences are "
+              "paired per seed (the same source model, subsets and random streams in every arm).", ""]
+    return "\n".join(lines)
+
+
+def write(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=2, default=float) + "\n")
+    (out_dir / f"{stem}.md").write_text(render(res))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = res["summary"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for a in s["arms"]:
+        ax1.plot(range(len(res["stream"])), [100 * c["top1"] for c in s["table"][a]], marker="o", label=a)
+        if a != "none":
+            ax2.plot(range(len(res["stream"])), [100 * c["past_target_share"] for c in s["table"][a]], marker="o",
+                     label=a)
+    for ax, title in ((ax1, "top-1 % after each step"), (ax2, "neighbours from past targets %")):
+        ax.set_xticks(range(len(res["stream"])), res["stream"], rotation=20)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{stem}.png", dpi=110)
+    plt.close(fig)
