@@ -23,16 +23,20 @@ log = logging.getLogger(__name__)
 
 
 class Compactor:
-    def __init__(self, contributor: Contributor, retriever_admin: RetrieverClient, scanner: RetrieverClient) -> None:
+    def __init__(self, contributor: Contributor, scan_timeout: float) -> None:
         self.contributor = contributor
         self.records: ContributionStore = contributor.records
-        self.admin = retriever_admin
-        self.scanner = scanner  # the admin token with T3AR_API_COMPACT_TIMEOUT: a scan of a large pool takes minutes
+        self.scan_timeout = scan_timeout  # T3AR_API_COMPACT_TIMEOUT: a scan of a large pool takes minutes
+
+    @property
+    def admin(self) -> RetrieverClient:
+        return self.contributor.clients()[1]
 
     def plan(self, threshold: float, sources: list[str], nprobe: int) -> tuple[str, dict[str, Any]]:
         """Dry-run: ask the retriever for the near-duplicates, store the list as a plan; nothing changes."""
         params = {"threshold": threshold, "sources": sources, "nprobe": nprobe}
-        found = self.scanner.near_duplicates(threshold=threshold, sources=sources, nprobe=nprobe)
+        found = self.admin.near_duplicates(threshold=threshold, sources=sources, nprobe=nprobe,
+                                           timeout=self.scan_timeout)
         plan_id = uuid.uuid4().hex
         self.records.add_plan(plan_id, params, found)
         return plan_id, found

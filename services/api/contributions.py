@@ -56,13 +56,12 @@ def target_files(folder: Path) -> list[Path]:
 class Contributor:
     """Makes and withdraws contributions (see the module docstring)."""
 
-    def __init__(self, store: Store, data_dir: Path, retriever: RetrieverClient, retriever_admin: RetrieverClient,
+    def __init__(self, store: Store, data_dir: Path, clients: Callable[[], tuple[RetrieverClient, RetrieverClient]],
                  redis: Redis, job_status: Callable[[str], str]) -> None:
         self.records = ContributionStore(store)
         self.store = store
         self.data_dir = data_dir
-        self.retriever = retriever
-        self.admin = retriever_admin
+        self.clients = clients  # the API's retriever clients (read/write, admin), looked up at each use
         self.redis = redis
         self.job_status = job_status  # job id -> queued | started | finished | failed | canceled
         self.lock = threading.Lock()
@@ -139,10 +138,10 @@ class Contributor:
         near = rejected = 0
         for start in range(0, len(files), BATCH):
             batch = [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in files[start:start + BATCH]]
-            out = self.retriever.add_images(batch, source=source, metadata=meta, duplicate_policy="skip")
+            out = self.clients()[0].add_images(batch, source=source, metadata=meta, duplicate_policy="skip")
             near += int(out["duplicates"])
             rejected += int(out["rejected"])
-        ours = [it["id"] for it in self.admin.iter_items(source=source)]
+        ours = [it["id"] for it in self.clients()[1].iter_items(source=source)]
         self.records.record_items(row.job_id, ours)
         self.records.set_status(row.job_id, "done", only_from=("pending",), images=len(files), added=len(ours),
                                 skipped_near=near, rejected=rejected,
@@ -174,11 +173,12 @@ class Contributor:
             return self._finish_withdrawal(job_id)
 
     def _finish_withdrawal(self, job_id: str) -> list[str]:
+        admin = self.clients()[1]
         ids = list(dict.fromkeys(self.records.items_of(job_id)
-                                 + [it["id"] for it in self.admin.iter_items(source=source_of(job_id))]))
+                                 + [it["id"] for it in admin.iter_items(source=source_of(job_id))]))
         deleted: list[str] = []
         for start in range(0, len(ids), DELETE_CHUNK):
-            out = self.admin.delete_many(ids[start:start + DELETE_CHUNK], missing_ok=True)
+            out = admin.delete_many(ids[start:start + DELETE_CHUNK], missing_ok=True)
             deleted += list(out["deleted"])
         self.records.record_withdrawals(ids, f"contribution:{job_id}")
         self.forget_in_caches(ids)

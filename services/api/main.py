@@ -59,14 +59,13 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
     admin = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
                             timeout=settings.retriever_timeout, retries=2)
     jobs = JobService(settings, store, conn)
-    contributor = Contributor(store, data, retriever, admin, conn,
+    contributor = Contributor(store, data, lambda: (state.retriever, state.retriever_admin), conn,
                               job_status=lambda job_id: _job_status(jobs, store, job_id))
-    scanner = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
-                              timeout=settings.compact_timeout, retries=0)
-    return ApiState(settings=settings, store=store, redis=conn, jobs=jobs,
-                    retriever=retriever, retriever_admin=admin, metrics=ApiMetrics(),
-                    artifacts=Artifacts(data, settings.max_model_bytes), contributor=contributor,
-                    compactor=Compactor(contributor, admin, scanner))
+    state = ApiState(settings=settings, store=store, redis=conn, jobs=jobs,
+                     retriever=retriever, retriever_admin=admin, metrics=ApiMetrics(),
+                     artifacts=Artifacts(data, settings.max_model_bytes), contributor=contributor,
+                     compactor=Compactor(contributor, settings.compact_timeout))
+    return state
 
 
 def _job_status(jobs: JobService, store: Store, job_id: str) -> str:
@@ -136,7 +135,6 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             await run_in_threadpool(state.contributor.stop)
-            state.compactor.scanner.close()
             state.retriever.close()
             state.retriever_admin.close()
             state.redis.close()

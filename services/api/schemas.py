@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -224,14 +224,26 @@ class ContributionWithdrawn(BaseModel):
     in_flight: list[str] = Field(default_factory=list, description="jobs running now; they may have used them")
 
 
+SourcePattern = Annotated[str, Field(min_length=1, max_length=201, pattern=r"^[^\x00-\x1f]+$")]
+
+
 class CompactRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A dry-run (``threshold`` and ``sources``; ``dry_run`` true or absent) or a real run (``dry_run`` false and
+    the dry-run's ``plan_id``, nothing else to choose)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": ["threshold", "sources"],
+         "properties": {"dry_run": {"const": True}, "plan_id": {"type": "null"},
+                        "threshold": {"type": "number"}, "sources": {"type": "array"}}},
+        {"required": ["dry_run", "plan_id"],
+         "properties": {"dry_run": {"const": False}, "plan_id": {"type": "string"},
+                        "threshold": {"type": "null"}, "sources": {"type": "null"}}}]})
 
     dry_run: bool = Field(default=True, description="true: list what would be removed (a plan), change nothing; "
                                                     "false: apply plan_id, removing exactly what it listed")
     threshold: float | None = Field(default=None, gt=0, le=1, description="dry-run: cosine (R) at or above which "
                                                                           "two items are near-duplicates, (0, 1]")
-    sources: list[str] | None = Field(default=None, min_length=1, max_length=100,
+    sources: list[SourcePattern] | None = Field(default=None, min_length=1, max_length=100,
                                       description="dry-run: sources whose items may be removed (a trailing * "
                                                   "matches a prefix: target:*)")
     nprobe: int = Field(default=2, ge=1, le=1024, description="IVF cells probed per item above 20k items")

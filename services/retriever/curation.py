@@ -13,15 +13,16 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from t3ar.curation import plan_removals
-from t3ar.errors import InvalidInputError
 
 MAX_SOURCES = 100
+#: a source tag (at most 200 printable characters) or a prefix of one followed by *
+SourcePattern = Annotated[str, Field(min_length=1, max_length=201, pattern=r"^[^\x00-\x1f]+$")]
 
 
 class NearDuplicatesRequest(BaseModel):
@@ -29,9 +30,9 @@ class NearDuplicatesRequest(BaseModel):
 
     threshold: float = Field(gt=0, le=1, description="cosine (R's embedding) at or above which two items are "
                                                      "near-duplicates; (0, 1]")
-    sources: list[str] = Field(min_length=1, max_length=MAX_SOURCES,
-                               description="sources whose items may be removed: exact tags, or a prefix ending "
-                                           "in * (target:* = every contributed target)")
+    sources: list[SourcePattern] = Field(min_length=1, max_length=MAX_SOURCES,
+                                         description="sources whose items may be removed: exact tags, or a prefix "
+                                                     "ending in * (target:* = every contributed target; * = all)")
     nprobe: int = Field(default=2, ge=1, le=1024, description="IVF cells probed per item (pools above 20k items)")
 
 
@@ -85,10 +86,6 @@ def snapshot(db_path: Path, dim: int) -> tuple[np.ndarray, list[str], np.ndarray
 
 def near_duplicates(db_path: Path, dim: int, format_id: Any, req: NearDuplicatesRequest) -> NearDuplicatesResponse:
     """Scan the pool for near-duplicates the sources ``req.sources`` may lose (see the module docstring)."""
-    for p in req.sources:
-        if not p or p == "*" or len(p) > 201 or any(ord(ch) < 32 for ch in p):
-            raise InvalidInputError(f"source {p!r}: give a source tag or a prefix ending in * (not a bare *: name "
-                                    "what may be touched)")
     t0 = time.perf_counter()
     seqs, sources, sizes, vecs = snapshot(db_path, dim)
     t_read = time.perf_counter() - t0

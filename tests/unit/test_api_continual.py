@@ -88,10 +88,8 @@ def env(tmp_path: Path) -> Iterator[tuple[TestClient, Any, FakePool, Any]]:
     pool = FakePool()
     app = create_app(settings, redis=redis)
     state = app.state.api
-    for name in ("retriever", "retriever_admin"):
-        client = RetrieverClient("http://r", "r", transport=httpx.MockTransport(pool.handle), retries=0)
-        setattr(state, name, client)
-        setattr(state.contributor, {"retriever": "retriever", "retriever_admin": "admin"}[name], client)
+    for name in ("retriever", "retriever_admin"):  # the contributor looks them up here
+        setattr(state, name, RetrieverClient("http://r", "r", transport=httpx.MockTransport(pool.handle), retries=0))
     with TestClient(app) as client:
         yield client, redis, pool, state
 

@@ -162,10 +162,13 @@ class RetrieverClient(HttpClient):
         """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``."""
         return dict(self._json("POST", "/pool/delete", json={"ids": list(ids), "missing_ok": missing_ok}))
 
-    def near_duplicates(self, *, threshold: float, sources: Sequence[str], nprobe: int = 2) -> dict[str, Any]:
-        """Admin: the items of ``sources`` a compaction would remove (near-duplicates of items that stay); read-only."""
+    def near_duplicates(self, *, threshold: float, sources: Sequence[str], nprobe: int = 2,
+                        timeout: float | None = None) -> dict[str, Any]:
+        """Admin: the items of ``sources`` a compaction would remove (near-duplicates of items that stay); read-only.
+        ``timeout``: seconds for this call (a scan of a large pool takes minutes)."""
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=10.0)}
         return dict(self._json("POST", "/pool/near-duplicates", safe=True,
-                               json={"threshold": threshold, "sources": list(sources), "nprobe": nprobe}))
+                               json={"threshold": threshold, "sources": list(sources), "nprobe": nprobe}, **extra))
 
     # --- search ------------------------------------------------------------------------------------------
     def embed(self, images: Sequence[ImageInput]) -> np.ndarray:
