@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from t3ar.bench.continual.plan import PLANS, arm_config
+from t3ar.bench.continual.plan import PLANS, arm_config, frozen_retriever
 from t3ar.bench.continual.report import summarise, verdict
 
 
@@ -25,6 +25,13 @@ def test_arm_configs_take_the_frozen_choices_and_cap_steps() -> None:
     n = arm_config(plan, sel, "none", seed=3, n_adapt=320)
     assert (n["method"], n["lr"], n["temperature"]) == ("t3ar-noretrieval", 1e-3, 0.2) and "redraw_neighbours" not in n
     assert arm_config(plan, {}, "static", seed=0, n_adapt=5)["batch_size"] == 5
+    grid = {"lr": {"t3ar-noretrieval": 3e-3}, "term": {"temperature": 0.2},
+            "validated": {"method": "t3ar", "retriever": "efficientnet_lite1",
+                          "options": {"temperature": 0.2, "neighbours_as_data": True}}}  # the grid protocol's form
+    g = arm_config(plan, grid, "curated", seed=0, n_adapt=320)
+    assert (g["lr"], g["temperature"], g["neighbours_as_data"]) == (3e-3, 0.2, True)
+    assert arm_config(plan, grid, "none", seed=0, n_adapt=320) == {**n, "lr": 3e-3, "temperature": 0.2, "seed": 0}
+    assert frozen_retriever(grid) == "efficientnet_lite1" and frozen_retriever({}) == "efficientnet_lite0"
 
 
 def test_summary_pairs_over_seeds() -> None:

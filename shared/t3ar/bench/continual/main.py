@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from t3ar.bench.continual.plan import PLANS, ContinualPlan, load_selection
+from t3ar.bench.continual.plan import PLANS, ContinualPlan, frozen_retriever, load_selection
 from t3ar.bench.continual.report import summarise, write
 from t3ar.bench.continual.run import Step, run_stream
 from t3ar.bench.method.protocol import cap_indices, split_adapt_eval
@@ -52,8 +52,8 @@ def run_continual(plan_name: str | ContinualPlan, *, out_dir: Path, work: Path, 
                          "(t3ar train-source on the google style)")
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    embedder = Embedder(EmbedderSpec.parse("efficientnet_lite0", image_size=plan.image_size), device=dev)
     selection = load_selection(frozen)
+    embedder = Embedder(EmbedderSpec.parse(frozen_retriever(selection), image_size=plan.image_size), device=dev)
     steps = _steps(data, plan.stream, plan.eval_share, plan.adapt_cap)
     records = run_stream(plan, steps, model, pool, selection, work / "runs", embedder, dev, progress=progress)
     res: dict[str, Any] = {"plan": plan.describe(), "stream": list(plan.stream), "device": str(dev),

@@ -75,9 +75,18 @@ def arm_config(plan: ContinualPlan, sel: Mapping[str, Any], arm: str, seed: int,
     epochs = plan.epochs if plan.max_steps is None else max(1, min(plan.epochs, plan.max_steps // per_epoch))
     out: dict[str, Any] = {"method": method, "mode": "test", "seed": seed, "epochs": epochs, "batch_size": batch,
                            "k": plan.k}
-    if method in sel.get("lr", {}):
+    if "validated" in sel:  # the grid protocol (issue 26): the family's lr and term, T3AR's validated options
+        out["lr"] = sel["lr"]["t3ar-noretrieval"]
+        out.update(sel.get("term", {}) if method == "t3ar-noretrieval" else sel["validated"].get("options", {}))
+        return out
+    if method in sel.get("lr", {}):  # the earlier protocol: per-method lr, contrastive setting, T3AR options
         out["lr"] = sel["lr"][method]
     out.update(sel.get("contrastive", {}).get(method, {}))
     if method == "t3ar":
         out.update(sel.get("t3ar_options", {}))
     return out
+
+
+def frozen_retriever(sel: Mapping[str, Any]) -> str:
+    """R as the method benchmark froze it (the grid protocol chooses it on validation), else the default."""
+    return str(sel.get("validated", {}).get("retriever") or sel.get("retriever") or "efficientnet_lite0")
