@@ -12,7 +12,7 @@ Neighbours come from an index, never from an all-pairs scan: up to ``exact_max``
 ``IndexFlatIP`` range search (cheap there); above that an IVF index (``nlist`` ~ sqrt(N) cells, trained on a
 sample) searched with ``nprobe`` cells per query (2 by default: near-duplicates almost always share their
 nearest cell; on a 200k-item synthetic pool nprobe 2 and 8 found the same 3,959 of 4,000 planted duplicates,
-8 in 3x the time), which at 1 M items scans ~0.2 % of the vectors per query.
+8 for 3x the CPU time), which at 1 M items scans ~0.2 % of the vectors per query.
 IVF is approximate: a duplicate pair that falls into cells not probed is missed (kept), never wrongly removed.
 """
 
