@@ -21,9 +21,9 @@ from redis import Redis
 from starlette.concurrency import run_in_threadpool
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
 from t3ar_services.api.console import install_console
-from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
