@@ -127,7 +127,7 @@ def test_bad_searches_and_embeds(server: RetrieverProcess, make_png: Callable[..
     _expect(search(nan_json, headers={"Content-Type": "application/json"}), 422, "invalid_request", "finite")
     nan = unit.copy()
     nan[3] = np.inf
-    _expect(search({"vectors_b64": base64.b64encode(nan.tobytes()).decode(), "k": 5}), 422, "invalid_input", "nan")
+    _expect(search({"vectors_b64": base64.b64encode(nan.tobytes()).decode(), "k": 5}), 422, "invalid_input", "finite")
     _expect(search({"vectors_b64": base64.b64encode(unit[:-1].tobytes()).decode(), "k": 5}), 422, "invalid_input",
             "float32 rows")
     _expect(search({"vectors_b64": "***", "k": 5}), 422, "invalid_input", "base64")
