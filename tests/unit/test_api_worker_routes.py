@@ -70,9 +70,10 @@ def adapted(data: Path, tmp_path: Path, job_id: str, spec: dict[str, Any],
     fields = {"base_model_sha256": spec["model_sha256"], "target_sha256": imageset_sha256(used),
               "target_size": len(used), "pool_ids": ("p-1",), "method": cfg["method"], **lineage}
     out = tmp_path / f"adapted-{job_id}.pt"
-    sha = save_checkpoint(out, model, info.spec, adapt_config=cfg, lineage=Lineage(**fields))
+    made = Lineage(**fields)  # one lineage: its created_at is the moment it is made (two could differ)
+    sha = save_checkpoint(out, model, info.spec, adapt_config=cfg, lineage=made)
     result_lineage = {"job_id": job_id, "model_id": spec["model_id"], "parent_id": spec.get("parent_id"),
-                      "checkpoint_sha256": sha, **Lineage(**fields).model_dump(mode="json")}
+                      "checkpoint_sha256": sha, **made.model_dump(mode="json")}
     return out.read_bytes(), sha, result_lineage
 
 
