@@ -37,7 +37,7 @@ from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
 from t3ar_services.common.app import create_service_app
-from t3ar_services.common.dirlock import DataDirBusyError, DataDirLock
+from t3ar_services.common.dirlock import holding
 from t3ar_services.common.forms import close_form_schemas
 
 log = logging.getLogger(__name__)
@@ -104,16 +104,9 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:  # one serving API per data directory (jobs, artifacts, the SQLite records)
-            lock = DataDirLock(settings.data_dir, "this API (T3AR_API_DATA_DIR)").acquire()
-        except DataDirBusyError as e:
-            log.error("API cannot start: %s", e)
-            raise
-        try:
-            async with _serving(app):
-                yield
-        finally:
-            lock.release()
+        # one serving API per data directory (jobs, artifacts, the SQLite records)
+        async with holding(settings.data_dir, "this API (T3AR_API_DATA_DIR)", log), _serving(app):
+            yield
 
     @asynccontextmanager
     async def _serving(app: FastAPI) -> AsyncIterator[None]:

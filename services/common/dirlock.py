@@ -9,8 +9,11 @@ lock to clean. The lock file's descriptor is not inherited by children.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 LOCK_FILE = ".t3ar.lock"
@@ -82,3 +85,18 @@ def holder(directory: Path) -> int | None:
     finally:
         os.close(fd)
     return None
+
+
+@contextlib.asynccontextmanager
+async def holding(data_dir: Path, who: str, log: logging.Logger) -> AsyncIterator[None]:
+    """A service's lifespan around its data directory's lock: refuse to start (logged, then raised) when another
+    live process holds it; release it when the service stops. ``who`` names the service and its setting."""
+    try:
+        lock = DataDirLock(data_dir, who).acquire()
+    except DataDirBusyError as e:
+        log.error("%s cannot start: %s", who.split(" (")[0].removeprefix("this "), e)
+        raise
+    try:
+        yield
+    finally:
+        lock.release()

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from starlette.types import Scope
 
 from t3ar_services.common.app import create_service_app
-from t3ar_services.common.dirlock import DataDirBusyError, DataDirLock
+from t3ar_services.common.dirlock import holding
 from t3ar_services.retriever.backend import (
     MilvusIndex,
     connect,
@@ -86,16 +86,9 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:  # one serving process per pool directory: a second one would not see the first's deletes
-            lock = DataDirLock(settings.data_dir, "this retriever (T3AR_RETRIEVER_DATA_DIR)").acquire()
-        except DataDirBusyError as e:
-            log.error("retriever cannot start: %s", e)
-            raise
-        try:
-            async with _serving(app):
-                yield
-        finally:
-            lock.release()
+        # one serving process per pool directory: a second one would not see the first's deletes
+        async with holding(settings.data_dir, "this retriever (T3AR_RETRIEVER_DATA_DIR)", log), _serving(app):
+            yield
 
     @asynccontextmanager
     async def _serving(app: FastAPI) -> AsyncIterator[None]:
