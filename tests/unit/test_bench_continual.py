@@ -42,6 +42,10 @@ def test_summary_pairs_over_seeds() -> None:
     later = s["diffs"]["growing"]["later_steps"]
     assert later["mean"] == pytest.approx(0.1) and later["n"] == 3
     assert "helps" in verdict(s)
+    flows = summarise([{**r, "top1_before": 0.4, "contributed": {"added": 7, "skipped_exact": 1, "skipped_near": 2}}
+                       if r["arm"] == "growing" else r for r in recs], (0, 1, 2), 2)
+    assert flows["flows"]["growing"][1] == {"step": 1, "added": 7, "skipped": 3, "removed": 0}
+    assert flows["before"][0]["top1"] == pytest.approx(0.4)
 
 
 @pytest.mark.slow
@@ -55,7 +59,7 @@ def test_smoke_stream_runs_every_arm(tmp_path: Path) -> None:
     by = {(r["seed"], r["arm"], r["step"]): r for r in recs}
     for s in plan.seeds:
         assert by[(s, "static", 0)]["top1"] == by[(s, "growing", 0)]["top1"] == by[(s, "curated", 0)]["top1"]
-        assert by[(s, "static", 1)]["pool_size"] == by[(s, "static", 0)]["pool_size"]
+        assert by[(s, "static", 1)]["pool_size"] == by[(s, "static", 0)]["pool_size"] == plan.pool_cap  # capped
         grown = by[(s, "growing", 0)]["contributed"]["added"]
         assert grown > 0 and by[(s, "growing", 1)]["pool_size"] == by[(s, "growing", 0)]["pool_size"] + grown
         assert by[(s, "growing", 1)]["past_target_share"] > 0
@@ -63,5 +67,7 @@ def test_smoke_stream_runs_every_arm(tmp_path: Path) -> None:
         assert by[(s, "none", 1)]["pool_size"] == 0 and by[(s, "none", 1)]["neighbours_used"] == 0
     for ext in ("md", "json", "png"):
         assert (tmp_path / "out" / f"continual-smoke-test.{ext}").stat().st_size > 0
+    report = (tmp_path / "out" / "continual-smoke-test.md").read_text()
+    assert "base model (no adaptation)" in report and "curated: contributed after the step" in report
     assert json.loads((tmp_path / "out" / "continual-smoke-test.json").read_text())["summary"]["arms"] == [
         "static", "growing", "curated", "none"]

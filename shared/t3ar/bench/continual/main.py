@@ -10,6 +10,7 @@ synthetic data and a tiny model.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from t3ar.bench.continual.plan import PLANS, ContinualPlan, frozen_retriever, lo
 from t3ar.bench.continual.report import summarise, write
 from t3ar.bench.continual.run import Step, run_stream
 from t3ar.bench.method.protocol import cap_indices, split_adapt_eval
-from t3ar.data.datasets import read_labelled
+from t3ar.data.datasets import read_labelled, read_unlabelled
 
 
 def _steps(styles_dir: Path, stream: tuple[str, ...], eval_share: float, cap: int | None) -> list[Step]:
@@ -30,6 +31,21 @@ def _steps(styles_dir: Path, stream: tuple[str, ...], eval_share: float, cap: in
         adapt, held = split_adapt_eval(full.labels, eval_share, seed=0)  # the same split for every arm and seed
         steps.append(Step(style, full.subset(cap_indices(adapt, cap, seed=0)), full.subset(held)))
     return steps
+
+
+def _base_pool(pool: Path, cap: int | None, work: Path) -> Path:
+    """The base pool as the plan caps it: the folder itself, or a seeded subset of its images copied under
+    ``work`` (the same subset for every arm and seed)."""
+    items = read_unlabelled(pool)
+    if cap is None or len(items) <= cap:
+        return pool
+    capped = work / f"base-pool-{cap}"
+    shutil.rmtree(capped, ignore_errors=True)
+    for i in cap_indices(range(len(items)), cap, seed=0):
+        dest = capped / items.ids[i]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(items.paths[i], dest)
+    return capped
 
 
 def run_continual(plan_name: str | ContinualPlan, *, out_dir: Path, work: Path, frozen: Path | None = None,
@@ -55,7 +71,8 @@ def run_continual(plan_name: str | ContinualPlan, *, out_dir: Path, work: Path, 
     selection = load_selection(frozen)
     embedder = Embedder(EmbedderSpec.parse(frozen_retriever(selection), image_size=plan.image_size), device=dev)
     steps = _steps(data, plan.stream, plan.eval_share, plan.adapt_cap)
-    records = run_stream(plan, steps, model, pool, selection, work / "runs", embedder, dev, progress=progress)
+    base_pool = _base_pool(pool, plan.pool_cap, work)
+    records = run_stream(plan, steps, model, base_pool, selection, work / "runs", embedder, dev, progress=progress)
     res: dict[str, Any] = {"plan": plan.describe(), "stream": list(plan.stream), "device": str(dev),
                            "frozen_from": str(frozen) if frozen else None, "selection": selection,
                            "summary": summarise(records, plan.seeds, len(steps)), "records": records,

@@ -33,6 +33,16 @@ def summarise(records: Sequence[Mapping[str, Any]], seeds: Sequence[int], n_step
                   "past_target_share": _mean([r["past_target_share"] for r in records
                                               if r["arm"] == a and r["step"] == t])} for t in range(n_steps)]
              for a in arms}
+    before = [{"step": t, "top1": _mean([r["top1_before"] for r in records if r["step"] == t
+                                          and r.get("top1_before") is not None])} for t in range(n_steps)]
+    flows = {a: [{"step": t,
+                  "added": _mean([r["contributed"]["added"] for r in records
+                                  if r["arm"] == a and r["step"] == t and "contributed" in r]),
+                  "skipped": _mean([r["contributed"]["skipped_exact"] + r["contributed"]["skipped_near"]
+                                    for r in records if r["arm"] == a and r["step"] == t and "contributed" in r]),
+                  "removed": _mean([r.get("curated_removed", 0) for r in records
+                                    if r["arm"] == a and r["step"] == t and "contributed" in r])}
+                 for t in range(n_steps)] for a in arms if a in ("growing", "curated")}
     diffs: dict[str, Any] = {}
     later = range(1, n_steps)  # step 0 has no earlier target: every pool arm is the static pool there
     for a in arms:
@@ -40,7 +50,7 @@ def summarise(records: Sequence[Mapping[str, Any]], seeds: Sequence[int], n_step
             continue
         diffs[a] = {"per_step": [paired(top1(a, t), top1("static", t)) for t in range(n_steps)],
                     "later_steps": paired(over_steps(a, later), over_steps("static", later)) if n_steps > 1 else None}
-    return {"arms": arms, "table": table, "diffs": diffs}
+    return {"arms": arms, "table": table, "diffs": diffs, "before": before, "flows": flows}
 
 
 def _pct(x: float | None) -> str:
@@ -77,6 +87,9 @@ def render(res: Mapping[str, Any]) -> str:
              f"device {res['device']}, {res['minutes']:.1f} min.", "", f"**{verdict(s)}**", "",
              "| arm | " + " | ".join(f"step {t}: {st}" for t, st in enumerate(res["stream"])) + " |",
              "|---|" + "---|" * len(res["stream"])]
+    if s.get("before"):
+        lines.append("| base model (no adaptation) top-1 % | "
+                     + " | ".join(_pct(c["top1"]) for c in s["before"]) + " |")
     for a in s["arms"]:
         lines.append(f"| {a} top-1 % | " + " | ".join(_pct(c["top1"]) for c in s["table"][a]) + " |")
     for a, d in s["diffs"].items():
@@ -87,6 +100,15 @@ def render(res: Mapping[str, Any]) -> str:
         lines.append(f"| {a}: pool size / past-target neighbours | "
                      + " | ".join(f"{c['pool_size']:.0f} / {_pct(c['past_target_share'])} %" for c in s["table"][a])
                      + " |")
+    for a, steps in s.get("flows", {}).items():
+        what = "added / skipped" + (" / curated away" if a == "curated" else "")
+        lines.append(f"| {a}: contributed after the step ({what}) | "
+                     + " | ".join(f"{c['added']:.0f} / {c['skipped']:.0f}"
+                                  + (f" / {c['removed']:.0f}" if a == "curated" else "") for c in steps) + " |")
+    later = {a: d["later_steps"] for a, d in s["diffs"].items() if d.get("later_steps")}
+    if later:
+        lines += ["", "Mean over the steps that have earlier targets (steps 1 onwards), paired over seeds, 95 % CI: "
+                  + "; ".join(f"{a} − static {_ci(d)}" for a, d in later.items()) + "."]
     lines += ["", "Arms: `static` (the clipart pool), `growing` (plus every earlier target, contributed by "
               "`t3ar.local_contribute`: exact and R's near-duplicates skipped), `curated` (growing, then a "
               "compaction of the contributed targets after each step), `none` (no retrieval). Differences are "
