@@ -1,5 +1,6 @@
 """bn-adapt: the target's own BatchNorm statistics, nothing else (AdaBN)."""
 
+import pytest
 import torch
 from tiny_models import TinyBackbone
 
@@ -52,3 +53,17 @@ def test_the_same_target_gives_the_same_statistics_in_any_order() -> None:
         adapt(m, _target(), cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=torch.device("cpu"),
               generator=torch.Generator().manual_seed(seed))
     assert torch.allclose(a.backbone.stem[1].running_mean, b.backbone.stem[1].running_mean, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_statistics_match_the_cpus() -> None:
+    from t3ar.device import resolve_device
+
+    dev = resolve_device("auto")  # CUDA: the gpu mark skips this test without it
+    cfg = AdaptConfig(method="bn-adapt", batch_size=8, train_groups=None)
+    cpu, gpu = _model(), _model().to(dev)
+    adapt(cpu, _target(), cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=torch.device("cpu"))
+    adapt(gpu, _target(), cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=dev)
+    for (name, a), b in zip(cpu.state_dict().items(), gpu.state_dict().values(), strict=True):
+        assert b.device.type == "cuda"
+        assert torch.allclose(a.float(), b.cpu().float(), atol=1e-4, rtol=1e-4), name

@@ -78,16 +78,17 @@ def test_neighbour_entries_are_the_querys_own_pool_entries() -> None:
     assert got.tolist() == [[True, False, False, False], [True, True, False, False]]
 
 
-def _run(**options: object) -> tuple[Classifier, object]:
+def _run(device: torch.device | None = None, **options: object) -> tuple[Classifier, object]:
     seed_everything(0)
-    model = Classifier(TinyBackbone(), 8, 3, 16)
+    device = device or torch.device("cpu")
+    model = Classifier(TinyBackbone(), 8, 3, 16).to(device)
     g = torch.Generator().manual_seed(1)
     target = torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g)
     pool = torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g)
     nbr = torch.randint(0, 9, (12, 3), generator=g)
     cfg = AdaptConfig(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None, **options)  # type: ignore[arg-type]
     res = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
-                device=torch.device("cpu"), pool_sources=["emoji"] * 5 + ["clipart"] * 4,
+                device=device, pool_sources=["emoji"] * 5 + ["clipart"] * 4,
                 pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1]))
     return model, res
 
@@ -161,3 +162,16 @@ def test_a_local_pools_sources_are_its_top_folders() -> None:
 
     assert LocalPool.sources(object.__new__(LocalPool), ["clipart/a.png", "emoji/x/b.png", "c.png"]) == \
         ["clipart", "emoji", ""]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("false_negatives", ["keep", "mask", "positive"])
+def test_on_cuda_with_amp_neighbours_as_data_and_false_negative_control(false_negatives: str) -> None:
+    from t3ar.device import resolve_device
+
+    dev = resolve_device("auto")  # CUDA: the gpu mark skips this test without it
+    model, res = _run(dev, amp=True, pool_data_weight=1.0, pool_data_threshold=0.0, pool_negatives="all",
+                      false_negatives=false_negatives)
+    assert next(model.parameters()).device.type == "cuda"
+    assert all(math.isfinite(h.loss) for h in res.history)  # type: ignore[attr-defined]
+    assert sum(h.pool_data_count for h in res.history) > 0  # type: ignore[attr-defined]
