@@ -438,6 +438,6 @@ def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: 
 def test_the_emoji_sources_are_the_kits_styles_but_the_sources() -> None:
     from t3ar.bench.method.plans import EMOJI_SOURCES
     from t3ar.bench.method.protocol import SOURCE_STYLE
-    from t3ar.datakit.emoji import ALL_STYLES
+    from t3ar.datakit.emoji import DEFAULT_STYLES
 
-    assert set(EMOJI_SOURCES) == set(ALL_STYLES) - {SOURCE_STYLE}
+    assert set(EMOJI_SOURCES) == set(DEFAULT_STYLES) - {SOURCE_STYLE}

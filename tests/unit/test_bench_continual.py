@@ -63,11 +63,14 @@ def test_smoke_stream_runs_every_arm(tmp_path: Path) -> None:
         grown = by[(s, "growing", 0)]["contributed"]["added"]
         assert grown > 0 and by[(s, "growing", 1)]["pool_size"] == by[(s, "growing", 0)]["pool_size"] + grown
         assert by[(s, "growing", 1)]["past_target_share"] > 0
+        assert by[(s, "growing", 0)]["r_past_share"] == 0 < by[(s, "growing", 1)]["r_past_share"]
+        assert 0 <= by[(s, "growing", 1)]["r_past_same_class"] <= 1 and "r_past_share" not in by[(s, "none", 1)]
         assert by[(s, "curated", 1)]["pool_size"] <= by[(s, "growing", 1)]["pool_size"]
         assert by[(s, "none", 1)]["pool_size"] == 0 and by[(s, "none", 1)]["neighbours_used"] == 0
     for ext in ("md", "json", "png"):
         assert (tmp_path / "out" / f"continual-smoke-test.{ext}").stat().st_size > 0
     report = (tmp_path / "out" / "continual-smoke-test.md").read_text()
     assert "base model (no adaptation)" in report and "curated: contributed after the step" in report
+    assert "growing: R's top-2 from past targets" in report
     assert json.loads((tmp_path / "out" / "continual-smoke-test.json").read_text())["summary"]["arms"] == [
         "static", "growing", "curated", "none"]

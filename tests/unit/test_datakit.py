@@ -16,7 +16,7 @@ from PIL import Image
 
 from t3ar.cli.data_cmd import data
 from t3ar.datakit import common
-from t3ar.datakit.emoji import ALL_STYLES, PACKAGES, build_emoji
+from t3ar.datakit.emoji import DEFAULT_STYLES, PACKAGES, build_emoji
 from t3ar.datakit.pool import build_pool
 from t3ar.errors import InvalidInputError, ToolMissingError
 
@@ -81,6 +81,11 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             (fl / "assets").mkdir(exist_ok=True)
             Image.new("RGBA", (256, 256), (0, 120, 255, 255)).save(fl / "assets" / f"{u.lower()}.webp")
     out["@lobehub/fluent-emoji-3d"] = fl
+    ff = _pkg(base / "fluentflat", "@lobehub/fluent-emoji-flat", "1.1.0", "MIT")
+    (ff / "assets").mkdir()
+    for u, _, _ in EMOJI:
+        (ff / "assets" / f"{u.lower()}.svg").write_text(SVG.format("green"))
+    out["@lobehub/fluent-emoji-flat"] = ff
     return out
 
 
@@ -88,11 +93,11 @@ def test_build_emoji_layout_report_and_licences(packages: dict[str, Path], tmp_p
     out = tmp_path / "emoji"
     report = build_emoji(out, cache=tmp_path / "cache", size=32, package_dirs=packages)
     assert report.classes == ["animal-mammal", "face-smiling", "heart"] and report.n_classes == 3
-    assert report.n_emoji == 6 and report.counts == {s: 6 for s in ALL_STYLES}
+    assert report.n_emoji == 6 and report.counts == {s: 6 for s in DEFAULT_STYLES}  # the default: not fluentflat
     assert report.dropped_classes == {"animal-amphibian": 1}
     assert report.missing == {"fluent3d": 1}
     assert [f[:2] for f in report.failed] == [["1f42d", "twitter"]]
-    for style in ALL_STYLES:
+    for style in DEFAULT_STYLES:
         files = sorted(p.relative_to(out / style).as_posix() for p in (out / style).rglob("*.png"))
         assert files == ["animal-mammal/1f431.png", "animal-mammal/1f436.png", "face-smiling/1f600.png",
                          "face-smiling/1f601.png", "heart/1f49b.png", "heart/2764-fe0f.png"]
@@ -105,6 +110,14 @@ def test_build_emoji_layout_report_and_licences(packages: dict[str, Path], tmp_p
     for needle in ("Apache License 2.0", "CC-BY 4.0", "CC BY-SA 4.0", "MIT", "openmoji 17.0.0"):
         assert needle in licences
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+def test_the_flat_fluent_style_is_built_by_name(packages: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "emoji"
+    report = build_emoji(out, cache=tmp_path / "c", styles=["google", "fluentflat"], size=32, package_dirs=packages)
+    assert report.counts == {"google": 7, "fluentflat": 7} and report.styles == ["google", "fluentflat"]
+    assert Image.open(out / "fluentflat" / "heart" / "1f49b.png").getpixel((16, 16))[1] > 100  # the green SVG
+    assert "@lobehub/fluent-emoji-flat 1.1.0" in (out / "LICENSES.md").read_text()
 
 
 def test_build_emoji_is_idempotent_and_rebuilds_on_change(packages: dict[str, Path], tmp_path: Path) -> None:

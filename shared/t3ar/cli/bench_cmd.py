@@ -150,9 +150,10 @@ def compaction(out_dir: Path, items: int, share: float, threshold: float, nprobe
               help="The method benchmark's results JSON (docs/benchmarks/adaptation-<plan>.json): its frozen lr and "
                    "options are used, never tuned here.")
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="cpu: the emoji styles (t3ar data emoji --out DIR).")
+              help="cpu: the emoji styles (t3ar data emoji --out DIR --styles google,twitter,openmoji,"
+                   "openmoji-black,fluent3d,fluentflat).")
 @click.option("--pool", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="cpu: the clipart base pool (t3ar data pool --out DIR).")
+              help="cpu: the clipart base pool (the openclipart folder of t3ar data pool --out DIR).")
 @click.option("--model", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="cpu: the source model (t3ar train-source on the google style).")
 @click.option("--device", default="cpu", show_default=True)
@@ -163,14 +164,17 @@ def continual(plan_name: str, out_dir: Path | None, work_dir: Path, frozen: Path
 
     \b
     Example (smoke):   t3ar bench continual --plan smoke
-    Example (full):    t3ar bench continual --plan cpu --data data/emoji --pool data/pool \\
+    Example (full):    t3ar bench continual --plan cpu --data data/emoji6 --pool data/pool/openclipart \\
                            --model runs/source.pt --frozen docs/benchmarks/adaptation-cpu.json
     """
     from t3ar.bench.continual.main import run_continual
 
     out = out_dir or (Path("docs/benchmarks") if plan_name == "cpu" else work_dir)
-    res = run_continual(plan_name, out_dir=out, work=work_dir, frozen=frozen, data=data, pool=pool, model=model,
-                        device=device, progress=lambda line: click.echo(line, err=True))
+    try:
+        res = run_continual(plan_name, out_dir=out, work=work_dir, frozen=frozen, data=data, pool=pool, model=model,
+                            device=device, progress=lambda line: click.echo(line, err=True))
+    except ValueError as e:  # missing inputs, a results file without a selection
+        raise click.ClickException(str(e)) from e
     from t3ar.bench.continual.report import verdict
 
     click.echo(f"{verdict(res['summary'])}\nwritten to {out}/continual-{plan_name}.md ({res['minutes']:.1f} min)")

@@ -66,6 +66,10 @@ def run_continual(plan_name: str | ContinualPlan, *, out_dir: Path, work: Path, 
     if data is None or pool is None or model is None:
         raise ValueError(f"the {plan.name} plan needs --data (t3ar data emoji), --pool (t3ar data pool) and --model "
                          "(t3ar train-source on the google style)")
+    missing = [st for st in plan.stream if not (data / st).is_dir()]
+    if missing:
+        raise ValueError(f"{data}: no folder for the styles {missing} of the {plan.name} plan's stream; build the kit "
+                         f"with t3ar data emoji --styles google,{','.join(plan.stream)}")
     t0 = time.perf_counter()
     dev = resolve_device(device)
     selection = load_selection(frozen)

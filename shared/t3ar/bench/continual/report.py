@@ -17,6 +17,13 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
+def _nanmean(xs: Sequence[float | None]) -> float:
+    return _mean([x for x in xs if x is not None and not math.isnan(x)])
+
+
+R_FIELDS = ("r_past_share", "r_past_same_class", "r_past_same_emoji")  # the diagnostic of R alone (run.py)
+
+
 def summarise(records: Sequence[Mapping[str, Any]], seeds: Sequence[int], n_steps: int) -> dict[str, Any]:
     arms = [a for a in ARMS if any(r["arm"] == a for r in records)]
 
@@ -31,7 +38,9 @@ def summarise(records: Sequence[Mapping[str, Any]], seeds: Sequence[int], n_step
     table = {a: [{"step": t, "top1": _mean(top1(a, t)),
                   "pool_size": _mean([r["pool_size"] for r in records if r["arm"] == a and r["step"] == t]),
                   "past_target_share": _mean([r["past_target_share"] for r in records
-                                              if r["arm"] == a and r["step"] == t])} for t in range(n_steps)]
+                                              if r["arm"] == a and r["step"] == t]),
+                  **{f: _nanmean([r.get(f) for r in records if r["arm"] == a and r["step"] == t]) for f in R_FIELDS}}
+                 for t in range(n_steps)]
              for a in arms}
     before = [{"step": t, "top1": _mean([r["top1_before"] for r in records if r["step"] == t
                                           and r.get("top1_before") is not None])} for t in range(n_steps)]
@@ -100,6 +109,12 @@ def render(res: Mapping[str, Any]) -> str:
         lines.append(f"| {a}: pool size / past-target neighbours | "
                      + " | ".join(f"{c['pool_size']:.0f} / {_pct(c['past_target_share'])} %" for c in s["table"][a])
                      + " |")
+    for a in s["arms"]:
+        if a in ("none", "static") or "r_past_share" not in s["table"][a][0]:
+            continue
+        lines.append(f"| {a}: R's top-{plan['k']} from past targets / of them same class / same emoji % | "
+                     + " | ".join(f"{_pct(c['r_past_share'])} / {_pct(c['r_past_same_class'])} / "
+                                  f"{_pct(c['r_past_same_emoji'])}" for c in s["table"][a]) + " |")
     for a, steps in s.get("flows", {}).items():
         what = "added / skipped" + (" / curated away" if a == "curated" else "")
         lines.append(f"| {a}: contributed after the step ({what}) | "

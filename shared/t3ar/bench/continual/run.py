@@ -68,6 +68,35 @@ def compact_folder(folder: Path, cache: VectorCache, threshold: float) -> int:
     return len(plan.removals)
 
 
+def _sha12(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def _what_r_retrieves(provider: LocalPool, cache: VectorCache, step: Step, k: int,
+                      known: Mapping[str, tuple[str, str]]) -> dict[str, float]:
+    """A diagnostic of R alone (plain top-k, before the method's dedup and threshold): the share of the step's
+    adaptation images' k nearest pool items that are past targets, and of those, the share in the query's class
+    and the share that are the same emoji (in an earlier style). Past targets are recognised by their contributed
+    file name (``<n>-<sha256[:12]>.png``); ``known`` maps that sha prefix to (class, emoji)."""
+    assert step.adapt.labels is not None and step.adapt.classes is not None
+    _, ids = provider.search(cache.vectors(step.adapt.paths), k)
+    total = past = same_class = same_emoji = 0
+    for path, label, row in zip(step.adapt.paths, step.adapt.labels, ids, strict=True):
+        for pid in row:
+            if not pid:
+                continue
+            total += 1
+            if not pid.startswith("target-"):
+                continue
+            past += 1
+            cls, emoji = known.get(Path(pid).stem.split("-", 1)[-1], ("", ""))
+            same_class += cls == step.adapt.classes[label]
+            same_emoji += emoji == path.stem
+    return {"r_past_share": past / total if total else 0.0,
+            "r_past_same_class": same_class / past if past else float("nan"),
+            "r_past_same_emoji": same_emoji / past if past else float("nan")}
+
+
 def run_stream(plan: ContinualPlan, steps: Sequence[Step], base_model: Path, base_pool: Path,
                selection: Mapping[str, Any], work: Path, embedder: Embedder, device: Any,
                arms: Sequence[str] = ARMS, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
@@ -80,6 +109,11 @@ def run_stream(plan: ContinualPlan, steps: Sequence[Step], base_model: Path, bas
     from t3ar.pipeline import run_adaptation
 
     cache = VectorCache(embedder)
+    known: dict[str, tuple[str, str]] = {}  # sha256[:12] of every adaptation image → (class, emoji): diagnostics
+    for step in steps:
+        assert step.adapt.labels is not None and step.adapt.classes is not None
+        for path, label in zip(step.adapt.paths, step.adapt.labels, strict=True):
+            known[_sha12(path)] = (step.adapt.classes[label], path.stem)
     records: list[dict[str, Any]] = []
     for seed in plan.seeds:
         for arm in arms:
@@ -104,6 +138,8 @@ def run_stream(plan: ContinualPlan, steps: Sequence[Step], base_model: Path, bas
                     "past_target_items": sum(i.startswith("target-") for i in provider.all_ids()) if provider else 0,
                     "neighbours_used": len(used), "past_target_share": past / len(used) if used else 0.0,
                     "steps": outcome.result.steps}
+                if provider is not None:
+                    rec.update(_what_r_retrieves(provider, cache, step, plan.k, known))
                 if arm in ("growing", "curated"):
                     c = contribute_local(folder, list(step.adapt.paths), f"{step.style}-s{seed}",
                                          provider or cache.pool(folder), threshold=plan.duplicate_threshold)

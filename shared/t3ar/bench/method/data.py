@@ -22,7 +22,7 @@ from PIL import Image
 
 from t3ar.data.datasets import load_tensors, read_labelled, read_unlabelled
 from t3ar.data.images import open_image
-from t3ar.datakit.emoji import ALL_STYLES, build_emoji
+from t3ar.datakit.emoji import DEFAULT_STYLES, build_emoji
 from t3ar.datakit.pool import build_pool
 from t3ar.embedder import Embedder
 from t3ar.local_pool import LocalPool
@@ -53,7 +53,7 @@ def build_kits(work: Path, cache: Path) -> Kits:
     """Build (or reuse) the emoji kit (5 styles, subcategory labels) and the clipart pool kit under ``work``."""
     t0 = time.perf_counter()
     bars = sys.stderr.isatty()
-    emoji = build_emoji(work / "emoji", cache=cache, styles=ALL_STYLES, label="subcategory", size=KIT_SIZE,
+    emoji = build_emoji(work / "emoji", cache=cache, styles=DEFAULT_STYLES, label="subcategory", size=KIT_SIZE,
                         progress=bars)
     pool = build_pool(work / "pool", cache=cache, sources=POOL_SOURCES, size=KIT_SIZE, progress=bars)
     log.info("data kits: %d emoji x %d styles, %d classes; pool %d images", emoji.n_emoji, len(emoji.styles),

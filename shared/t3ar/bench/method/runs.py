@@ -37,7 +37,7 @@ from t3ar.bench.method.data import (
 )
 from t3ar.bench.method.plans import BenchPlan
 from t3ar.bench.method.protocol import SOURCE_STYLE, cap_indices, fraction_subset, split_adapt_eval
-from t3ar.datakit.emoji import ALL_STYLES
+from t3ar.datakit.emoji import DEFAULT_STYLES
 from t3ar.device import seed_everything
 from t3ar.embedder import Embedder, EmbedderSpec
 from t3ar.method.adapt import StepStats, adapt, stream
@@ -131,7 +131,7 @@ def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device
         tc = TrainConfig(epochs=plan.source_epochs, lr=plan.source_lr, batch_size=plan.batch_size,
                          train_groups=plan.train_groups, seed=seed)
         sources[seed] = source_model(work, source_set, tc, plan.image_size, kits.emoji_request, device)
-    emoji_pool = [s for s in ALL_STYLES if s != SOURCE_STYLE]
+    emoji_pool = [s for s in DEFAULT_STYLES if s != SOURCE_STYLE]
     comps = pool_components(kits, emoji_pool, plan.pool_cap)
     pools = {}
     images: dict[str, Any] = {}  # decoded pool images, shared by every pool
