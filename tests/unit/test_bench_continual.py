@@ -32,6 +32,13 @@ def test_arm_configs_take_the_frozen_choices_and_cap_steps() -> None:
     assert (g["lr"], g["temperature"], g["neighbours_as_data"]) == (3e-3, 0.2, True)
     assert arm_config(plan, grid, "none", seed=0, n_adapt=320) == {**n, "lr": 3e-3, "temperature": 0.2, "seed": 0}
     assert frozen_retriever(grid) == "efficientnet_lite1" and frozen_retriever({}) == "efficientnet_lite0"
+    diag = PLANS["cpu-data"]  # the diagnostic adds its option to T3AR only, over the frozen choices
+    assert diag.arms == ("static", "growing") and diag.note
+    frozen = arm_config(PLANS["cpu"], grid, "growing", seed=0, n_adapt=320)
+    assert arm_config(diag, grid, "growing", seed=0, n_adapt=320) == {**frozen, "pool_data_weight": 1.0}
+    assert arm_config(diag, grid, "none", seed=0, n_adapt=320) == arm_config(PLANS["cpu"], grid, "none", seed=0,
+                                                                            n_adapt=320)
+    assert "pool_data_weight" not in frozen
 
 
 def test_summary_pairs_over_seeds() -> None:

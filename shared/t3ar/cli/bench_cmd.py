@@ -139,10 +139,13 @@ def compaction(out_dir: Path, items: int, share: float, threshold: float, nprobe
 
 
 @bench.command("continual")
-@click.option("--plan", "plan_name", type=click.Choice(["smoke", "cpu"]), default="smoke", show_default=True,
-              help="smoke: synthetic styles and a tiny model (about a minute; plumbing only); cpu: the emoji styles.")
+@click.option("--plan", "plan_name", type=click.Choice(["smoke", "cpu", "cpu-data"]), default="smoke",
+              show_default=True,
+              help="smoke: synthetic styles and a tiny model (about a minute; plumbing only); cpu: the emoji styles "
+                   "with the frozen configuration; cpu-data: a diagnostic (static and growing pools with retrieved "
+                   "neighbours as data added).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where continual-<plan>.md/.json/.png go (default: docs/benchmarks for cpu, the work dir for "
+              help="Where continual-<plan>.md/.json/.png go (default: docs/benchmarks for cpu plans, the work dir for "
                    "smoke).")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-continual"),
               show_default=True)
@@ -169,7 +172,7 @@ def continual(plan_name: str, out_dir: Path | None, work_dir: Path, frozen: Path
     """
     from t3ar.bench.continual.main import run_continual
 
-    out = out_dir or (Path("docs/benchmarks") if plan_name == "cpu" else work_dir)
+    out = out_dir or (Path("docs/benchmarks") if plan_name.startswith("cpu") else work_dir)
     try:
         res = run_continual(plan_name, out_dir=out, work=work_dir, frozen=frozen, data=data, pool=pool, model=model,
                             device=device, progress=lambda line: click.echo(line, err=True))

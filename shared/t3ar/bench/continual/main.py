@@ -76,7 +76,8 @@ def run_continual(plan_name: str | ContinualPlan, *, out_dir: Path, work: Path, 
     embedder = Embedder(EmbedderSpec.parse(frozen_retriever(selection), image_size=plan.image_size), device=dev)
     steps = _steps(data, plan.stream, plan.eval_share, plan.adapt_cap)
     base_pool = _base_pool(pool, plan.pool_cap, work)
-    records = run_stream(plan, steps, model, base_pool, selection, work / "runs", embedder, dev, progress=progress)
+    records = run_stream(plan, steps, model, base_pool, selection, work / "runs", embedder, dev, arms=plan.arms,
+                         progress=progress)
     res: dict[str, Any] = {"plan": plan.describe(), "stream": list(plan.stream), "device": str(dev),
                            "frozen_from": str(frozen) if frozen else None, "selection": selection,
                            "summary": summarise(records, plan.seeds, len(steps)), "records": records,

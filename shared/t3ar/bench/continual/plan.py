@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from t3ar.bench.method.plans import RETRIEVAL_OPTIONS
+
 ARMS: tuple[str, ...] = ("static", "growing", "curated", "none")
+#: the diagnostic plan's added option: the method benchmark's "neighbours as data" candidate, as it defined it
+DATA_OPTION = RETRIEVAL_OPTIONS[0]
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,11 @@ class ContinualPlan:
     duplicate_threshold: float = 0.98  # contribution: R's near-duplicates skipped
     compact_threshold: float = 0.95  # curation: near-duplicates among contributed targets removed
     k: int = 5
+    arms: tuple[str, ...] = ARMS
+    #: AdaptConfig settings added to the frozen T3AR configuration of every pool arm: empty for the plans that
+    #: measure the frozen configuration; a diagnostic plan names the option it adds and says why in ``note``
+    options: tuple[tuple[str, Any], ...] = ()
+    note: str = ""
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +64,14 @@ PLANS: dict[str, ContinualPlan] = {
     "cpu": ContinualPlan("cpu", stream=("twitter", "openmoji", "openmoji-black", "fluent3d", "fluentflat"),
                          seeds=(0, 1, 2, 3, 4)),
 }
+# a diagnostic, not the frozen configuration: retrieved neighbours as data (the method benchmark's first retrieval
+# option, which its validation rejected), to see whether a growing pool pays once its images are used as data
+PLANS["cpu-data"] = replace(
+    PLANS["cpu"], name="cpu-data", arms=("static", "growing"), options=DATA_OPTION[1],
+    note=f"Diagnostic, not the frozen configuration: every run adds `{DATA_OPTION[0]}` (the method benchmark's first "
+         "retrieval option, rejected by its validation) to the frozen T3AR settings, to see whether a growing pool "
+         "pays once its images serve as data (pseudo-labelled) rather than only as negatives. Nothing is chosen "
+         "from it.")
 
 
 def load_selection(path: Path | None) -> dict[str, Any]:
@@ -80,12 +97,15 @@ def arm_config(plan: ContinualPlan, sel: Mapping[str, Any], arm: str, seed: int,
     if "validated" in sel:  # the grid protocol (issue 26): the family's lr and term, T3AR's validated options
         out["lr"] = sel["lr"]["t3ar-noretrieval"]
         out.update(sel.get("term", {}) if method == "t3ar-noretrieval" else sel["validated"].get("options", {}))
+        if method == "t3ar":
+            out.update(dict(plan.options))
         return out
     if method in sel.get("lr", {}):  # the earlier protocol: per-method lr, contrastive setting, T3AR options
         out["lr"] = sel["lr"][method]
     out.update(sel.get("contrastive", {}).get(method, {}))
     if method == "t3ar":
         out.update(sel.get("t3ar_options", {}))
+        out.update(dict(plan.options))
     return out
 
 

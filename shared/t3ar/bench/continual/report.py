@@ -93,7 +93,9 @@ def render(res: Mapping[str, Any]) -> str:
     lines = [f"# Continual adaptation: {plan['name']} plan", "",
              f"Stream {' → '.join(res['stream'])}, seeds {list(plan['seeds'])}, every step from the base model; "
              f"frozen configuration from `{res['frozen_from'] or 'AdaptConfig defaults (no selection given)'}`; "
-             f"device {res['device']}, {res['minutes']:.1f} min.", "", f"**{verdict(s)}**", "",
+             f"device {res['device']}, {res['minutes']:.1f} min."
+             + (f" Added to every T3AR run: `{dict(plan['options'])}`." if plan.get("options") else ""), "",
+             *([f"> {plan['note']}", ""] if plan.get("note") else []), f"**{verdict(s)}**", "",
              "| arm | " + " | ".join(f"step {t}: {st}" for t, st in enumerate(res["stream"])) + " |",
              "|---|" + "---|" * len(res["stream"])]
     if s.get("before"):
