@@ -143,13 +143,22 @@ def write(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
     import matplotlib.pyplot as plt
 
     s = res["summary"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for a in s["arms"]:
-        ax1.plot(range(len(res["stream"])), [100 * c["top1"] for c in s["table"][a]], marker="o", label=a)
+    steps = range(len(res["stream"]))
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(14, 3.8))
+    for j, a in enumerate(s["arms"]):
+        ax1.plot(steps, [100 * c["top1"] for c in s["table"][a]], marker="o", label=a)
         if a != "none":
-            ax2.plot(range(len(res["stream"])), [100 * c["past_target_share"] for c in s["table"][a]], marker="o",
-                     label=a)
-    for ax, title in ((ax1, "top-1 % after each step"), (ax2, "neighbours from past targets %")):
+            ax2.plot(steps, [100 * c["past_target_share"] for c in s["table"][a]], marker="o", label=a)
+        d = s["diffs"].get(a)
+        if d:  # paired difference to the static pool, 95 % CI (no CI: the point alone)
+            xs = [t + 0.08 * (j - 1) for t in steps]
+            mean = [100 * x["mean"] for x in d["per_step"]]
+            lo = [100 * (x["mean"] - x["lo"]) if not math.isnan(x.get("lo", math.nan)) else 0.0 for x in d["per_step"]]
+            hi = [100 * (x["hi"] - x["mean"]) if not math.isnan(x.get("hi", math.nan)) else 0.0 for x in d["per_step"]]
+            ax3.errorbar(xs, mean, yerr=[lo, hi], marker="o", capsize=3, label=f"{a} − static", color=f"C{j}")
+    ax3.axhline(0, color="grey", lw=0.8)
+    for ax, title in ((ax1, "top-1 % after each step"), (ax3, "paired difference to static, points (95 % CI)"),
+                      (ax2, "neighbours from past targets %")):
         ax.set_xticks(range(len(res["stream"])), res["stream"], rotation=20)
         ax.set_title(title)
         ax.legend(fontsize=8)
