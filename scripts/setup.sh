@@ -22,10 +22,11 @@ fi
 stamp=.venv/.t3ar-installed
 want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing t3ar[all,dev] into .venv (first time: torch is large, a few minutes)" >&2
+  echo "setup: installing t3ar[all,dev,milvus-server] into .venv (first time: torch is large, a few minutes)" >&2
   log=.venv/pip-install.log
   # versions pinned by requirements.lock (scripts/lock.sh): the same packages on every machine and in CI
-  if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".[all,dev]" -c requirements.lock \
+  # milvus-server: the real Milvus server that the tests marked milvus_server start (pyproject.toml)
+  if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".[all,dev,milvus-server]" -c requirements.lock \
       >"$log" 2>&1; then
     grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
     echo "setup: pip install failed (full log: $log)" >&2
