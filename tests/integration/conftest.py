@@ -3,6 +3,8 @@
 Retriever: ``start_retriever(data_dir, env)`` launches a real uvicorn process (``--factory
 t3ar_services.retriever.main:create_app``) on 127.0.0.1 with a free port and a real data directory, waits for
 ``/ready`` and is stopped at teardown. ``retriever_png(seed)`` makes small, visually distinct PNGs.
+
+Milvus: ``milvus_server`` is one real Milvus standalone server for the session (tests marked ``milvus_server``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from milvus_server import MilvusServer, MilvusServerError
 from PIL import Image, ImageDraw
 
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+MILVUS_START_TIMEOUT = 600  # seconds: the first start unpacks the binaries (17 s here), later ones ~10 s
 
 # ---------------------------------------------------------------------------------------------- retriever
 RETRIEVER_TOKEN = "test-rw-token"
@@ -131,3 +135,20 @@ def retriever_png(seed: int, size: int = 64) -> bytes:
 @pytest.fixture(scope="session")
 def make_png() -> Callable[..., bytes]:
     return retriever_png
+
+
+# ---------------------------------------------------------------------------------------------- Milvus server
+@pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilvusServer]:
+    """One real Milvus standalone server (PyPI ``milvus`` 2.3.5, tests/integration/milvus_server.py) for the whole
+    session, on 127.0.0.1 with free ports and a data directory under tmp; every pool uses its own collection.
+    Tests that restart or kill it leave it running again. Skips, naming the cause, when the package is missing or
+    the server cannot start here."""
+    server = MilvusServer(tmp_path_factory.mktemp("milvus-server"))
+    try:
+        server.start(timeout=MILVUS_START_TIMEOUT)
+    except MilvusServerError as e:
+        server.kill()
+        pytest.skip(f"no real Milvus server: {str(e)[:2000]}")
+    yield server
+    server.kill()  # its data is thrown away: no graceful stop (up to GRACEFUL_STOP_S)
