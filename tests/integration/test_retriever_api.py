@@ -24,16 +24,21 @@ if TYPE_CHECKING:
     from conftest import RetrieverProcess
 
 
-@pytest.fixture(scope="module", params=["faiss", "milvus"])
+@pytest.fixture(scope="module", params=["faiss", "milvus",
+                                        pytest.param("milvus-server", marks=pytest.mark.milvus_server)])
 def retriever_module(request: pytest.FixtureRequest,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetrieverProcess]:
-    """One retriever per pool backend (issue 12): every test of this module runs on faiss and on milvus-lite."""
+    """One retriever per pool backend (issues 12, 29): every test of this module runs on faiss, on milvus-lite and
+    on a real Milvus server (the session's ``milvus_server``)."""
     from conftest import start_retriever
 
+    env = {"T3AR_RETRIEVER_BACKEND": "faiss" if request.param == "faiss" else "milvus"}
     if request.param == "milvus":
         pytest.importorskip("milvus_lite", reason="the milvus extra (pymilvus + milvus-lite) is not installed")
-    rp = start_retriever(tmp_path_factory.mktemp(f"retriever-{request.param}") / "pool",
-                         {"T3AR_RETRIEVER_BACKEND": request.param})
+    elif request.param == "milvus-server":
+        pytest.importorskip("pymilvus", reason="the milvus extra (pymilvus) is not installed")
+        env["T3AR_RETRIEVER_MILVUS_URI"] = request.getfixturevalue("milvus_server").uri
+    rp = start_retriever(tmp_path_factory.mktemp(f"retriever-{request.param}") / "pool", env)
     yield rp
     rp.stop(signal.SIGKILL)
 

@@ -1,4 +1,5 @@
-"""The milvus pool backend (milvus-lite) across restarts and crashes, and `t3ar pool migrate` (issue 12).
+"""The milvus pool backend across restarts and crashes, and `t3ar pool migrate` (issue 12), each on milvus-lite and
+on a real Milvus server (issue 29: the session's ``milvus_server``, tests marked ``milvus_server``).
 
 The add / search / delete / filter / duplicate checks run on both backends in test_retriever_api.py; here:
 what only a persistent external index can get wrong (a collection that disagrees with the database after a
@@ -7,8 +8,10 @@ crash, a deleted id coming back after a restart) and moving a pool between backe
 
 from __future__ import annotations
 
+import secrets
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,12 +25,38 @@ from t3ar_services.retriever.backend import release_local
 if TYPE_CHECKING:
     from conftest import RetrieverProcess
 
-pytest.importorskip("milvus_lite", reason="the milvus extra (pymilvus + milvus-lite) is not installed")
+pytest.importorskip("pymilvus", reason="the milvus extra (pymilvus + milvus-lite) is not installed")
 Factory = Callable[..., "RetrieverProcess"]
 DIM = 24
 VEC_ENV = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
            "T3AR_RETRIEVER_VECTOR_IDENTITY": f"synthetic-{DIM}"}
 MILVUS = {**VEC_ENV, "T3AR_RETRIEVER_BACKEND": "milvus"}
+
+
+@dataclass
+class MilvusAt:
+    """Where a pool's collection lives: milvus-lite in DATA_DIR/milvus.db (``server`` None) or a Milvus server."""
+
+    server: str | None
+
+    def uri(self, data: Path) -> str:
+        return self.server or str(data / "milvus.db")
+
+    def env(self) -> dict[str, str]:
+        return {**MILVUS, "T3AR_RETRIEVER_MILVUS_URI": self.server} if self.server else MILVUS
+
+    def release(self, data: Path) -> None:
+        """milvus-lite allows one process per file: let go of it before the retriever opens it."""
+        if not self.server:
+            release_local(str(data / "milvus.db"))
+
+
+@pytest.fixture(params=["milvus-lite", pytest.param("milvus-server", marks=pytest.mark.milvus_server)])
+def milvus_at(request: pytest.FixtureRequest) -> MilvusAt:
+    if request.param == "milvus-lite":
+        pytest.importorskip("milvus_lite", reason="the milvus extra (pymilvus + milvus-lite) is not installed")
+        return MilvusAt(None)
+    return MilvusAt(request.getfixturevalue("milvus_server").uri)
 
 
 def _vectors(n: int, seed: int = 0) -> np.ndarray:
@@ -40,11 +69,11 @@ def _found(c: object, queries: np.ndarray, k: int = 200) -> set[str]:
 
 
 def test_milvus_deletes_stay_deleted_across_restarts_and_a_disagreeing_collection_is_repaired(
-        tmp_path: Path, retriever_factory: Factory) -> None:
+        tmp_path: Path, retriever_factory: Factory, milvus_at: MilvusAt) -> None:
     from pymilvus import MilvusClient
 
     data, vecs = tmp_path / "pool", _vectors(60)
-    rp = retriever_factory(data, MILVUS)
+    rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         assert c.health()["backend"] == "milvus" and c.stats()["index"]["type"] == "milvus"
         ids = c.add_vectors(vecs[:50], identity=f"synthetic-{DIM}", source="a")
@@ -55,7 +84,7 @@ def test_milvus_deletes_stay_deleted_across_restarts_and_a_disagreeing_collectio
         assert set(c.search(vecs[50:51], k=5, source="b").ids[0]) <= set(ids[50:])
         tag = c.stats()["pool_tag"]
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
-    rp = retriever_factory(data, MILVUS)
+    rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         st = c.stats()
         assert st["repairs"] == [] and st["count"] == 57 and st["index"]["vectors"] == 57
@@ -65,13 +94,13 @@ def test_milvus_deletes_stay_deleted_across_restarts_and_a_disagreeing_collectio
         c.delete(ids[3])
     rp.stop(signal.SIGKILL)
     # The worst case after a crash: a collection that still holds deleted vectors and lost a live one.
-    client = MilvusClient(str(data / "milvus.db"))
+    client = MilvusClient(milvus_at.uri(data))
     coll = f"t3ar_pool_{tag}"
     client.insert(coll, [{"seq": int(i.split("-")[1]), "vector": vecs[j].tolist()} for j, i in enumerate(ids[:4])])
     client.delete(coll, ids=[int(ids[10].split("-")[1])])
     client.close()
-    release_local(str(data / "milvus.db"))
-    rp = retriever_factory(data, MILVUS)
+    milvus_at.release(data)
+    rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         st = c.stats()
         assert any("inserted 1, removed 4" in r for r in st["repairs"]), st["repairs"]
@@ -80,7 +109,7 @@ def test_milvus_deletes_stay_deleted_across_restarts_and_a_disagreeing_collectio
 
 
 def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
-        tmp_path: Path, retriever_factory: Factory) -> None:
+        tmp_path: Path, retriever_factory: Factory, milvus_at: MilvusAt) -> None:
     from pymilvus import MilvusClient
 
     from t3ar_services.cli.pool_migrate import migrate
@@ -95,19 +124,20 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     # An interrupted earlier run: part of the pool is already in the collection, plus one deleted vector.
     runner = CliRunner()
-    out = runner.invoke(migrate, ["--data-dir", str(data), "--to", "milvus", "--check", "0"])
+    uri = ["--milvus-uri", milvus_at.uri(data)]
+    out = runner.invoke(migrate, ["--data-dir", str(data), "--to", "milvus", "--check", "0", *uri])
     assert out.exit_code == 0, out.output
-    client = MilvusClient(str(data / "milvus.db"))
+    client = MilvusClient(milvus_at.uri(data))
     coll = f"t3ar_pool_{tag}"
     client.delete(coll, ids=[int(i.split("-")[1]) for i in ids[100:]])
     client.insert(coll, [{"seq": int(ids[0].split("-")[1]), "vector": vecs[0].tolist()}])
     client.close()
-    release_local(str(data / "milvus.db"))
-    out = runner.invoke(migrate, ["--data-dir", str(data), "--to", "milvus", "--drop-old"])
+    milvus_at.release(data)
+    out = runner.invoke(migrate, ["--data-dir", str(data), "--to", "milvus", "--drop-old", *uri])
     assert out.exit_code == 0, out.output
     assert "200 vectors inserted, 1 removed" in out.output, out.output
     assert not list((data / "index").glob("faiss.index*"))
-    rp = retriever_factory(data, MILVUS)
+    rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         st = c.stats()
         assert st["repairs"] == [] and st["count"] == 295 and st["sources"] == {"s": 295}
@@ -115,7 +145,7 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
         assert after.ids == before.ids and np.allclose(after.scores, before.scores, atol=1e-5)
         c.delete(ids[5])
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
-    out = runner.invoke(migrate, ["--data-dir", str(data), "--to", "faiss", "--drop-old"])
+    out = runner.invoke(migrate, ["--data-dir", str(data), "--to", "faiss", "--drop-old", *uri])
     assert out.exit_code == 0, out.output
     rp = retriever_factory(data, VEC_ENV)
     with rp.client() as c:
@@ -133,7 +163,7 @@ def test_unreachable_milvus_refuses_to_start_and_says_where(tmp_path: Path, retr
     assert "cannot use the Milvus server at 'http://127.0.0.1:9'" in rp.log()
 
 
-def test_a_failed_milvus_write_leaves_nothing_half_written(tmp_path: Path) -> None:
+def test_a_failed_milvus_write_leaves_nothing_half_written(tmp_path: Path, milvus_at: MilvusAt) -> None:
     """In-process Pool on milvus-lite whose client fails: an add is withdrawn (no row, no blob), a delete is not
     acknowledged and loses nothing; once Milvus works again both go through."""
     import hashlib
@@ -145,8 +175,9 @@ def test_a_failed_milvus_write_leaves_nothing_half_written(tmp_path: Path) -> No
     from t3ar_services.retriever.pool import Candidate, Pool, PoolInfo
     from t3ar_services.retriever.store import Store
 
-    uri = str(tmp_path / "milvus.db")
-    index = MilvusIndex(connect(uri, None), "t3ar_pool_abc123", DIM, uri)
+    uri = milvus_at.uri(tmp_path)  # a collection of its own: the server is shared by the session
+    index = MilvusIndex(connect(uri, None), f"t3ar_pool_{secrets.token_hex(4)}", DIM,
+                        None if milvus_at.server else uri)
     store, blobs = Store(tmp_path / "pool.sqlite3"), BlobStore(tmp_path / "blobs")
     pool = Pool(PoolInfo(tmp_path, "synthetic", DIM, "images", "abc123", IndexConfig(), 0.98, "milvus"), store, blobs)
     pool.index = index
