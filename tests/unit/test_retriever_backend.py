@@ -33,5 +33,16 @@ def test_backends_section_of_the_retrieval_report() -> None:
     assert "faiss vs milvus-lite, 1,000 vectors" in text
     assert "| deleted ids returned after the 2xx (goal 0) | 0 | 2 |" in text
     assert "**missed**" in text
+    assert "A Milvus server was not measured in this run: no Milvus server was given" in text
     assert "Skipped: no pymilvus." in "\n".join(_backends({"backends": {"skipped": "no pymilvus"}}))
     assert _backends({}) == []
+    # issue 29: a real server's column, and a backends run made apart from the full run, said as such
+    sep = {**b, "milvus": side, "milvus_server": {**side, "qps": 7.0}, "milvus_server_version": "v2.3.5-lite",
+           "measured_at": "2026-11-26 11:00:00", "command": "t3ar bench retrieval --only backends --milvus-uri URI",
+           "load_average_start": [2.6, 2.0, 2.0], "wall_seconds": 300.0}
+    text = "\n".join(_backends({"backends": b, "backends_separate": sep, "machine": {"cpus": 2}}))
+    assert "| | faiss | milvus-lite | Milvus server v2.3.5-lite |" in text
+    assert "| search QPS, batches of 256 | 50 | 50 | 7 |" in text
+    assert "Measured on 2026-11-26 11:00:00 by `t3ar bench retrieval --only backends --milvus-uri URI`" in text
+    assert "the machine shared with other jobs" in text
+    assert text.count("**missed**") == 1  # the full run's table; the separate one met its goal

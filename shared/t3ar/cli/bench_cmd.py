@@ -24,12 +24,19 @@ def bench() -> None:
               default=Path("docs/benchmarks"), show_default=True, help="Where retrieval.md/.json are written.")
 @click.option("--quick", is_flag=True, help="Small sizes (20k/100k vectors instead of 100k/1M): a smoke run.")
 @click.option("--backends-vectors", type=click.IntRange(1000), default=None,
-              help="Vectors in the faiss vs milvus-lite section (default 100k, 20k with --quick).")
-def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None) -> None:
+              help="Vectors in the pool backends section (default 100k, 20k with --quick).")
+@click.option("--milvus-uri", default=None, metavar="URI",
+              help="A Milvus server (http://HOST:19530) to measure as a third pool backend; it is not started here "
+                   "(without it the section says the server was not measured).")
+@click.option("--only", type=click.Choice(["backends"]), default=None,
+              help="Run only this section; the last full run's results in OUT stay and this one is added beside "
+                   "them, saying when and how it was measured.")
+def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None, milvus_uri: str | None,
+              only: str | None) -> None:
     """Retriever service vs in-process baselines: search QPS and latency, ingest rate, 1M-vector deletes/memory.
 
     The full run takes 5-25 minutes (5 on a quiet 2-core machine; the ``ann`` section trains IVF indexes at 1M
-    vectors) and needs ~5 GB of RAM and ~6 GB of temporary disk.
+    vectors) and needs ~5 GB of RAM and ~6 GB of temporary disk. ``--only backends`` takes a few minutes.
     """
     if os.environ.get("OMP_WAIT_POLICY") is None:
         # OpenMP reads its wait policy once, when the runtime loads: the CLI's imports (torch) loaded it already,
@@ -41,7 +48,18 @@ def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None) -> None:
 
     configure_logging("INFO")  # force: the CLI root configured WARNING
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    results = run_retrieval_benchmark(out_dir, quick=quick, backends_vectors=backends_vectors)
+    if only == "backends":
+        from t3ar.bench.retrieval.main import run_backends_only
+
+        sep = run_backends_only(out_dir, quick=quick, backends_vectors=backends_vectors,
+                                milvus_uri=milvus_uri)["backends_separate"]
+        click.echo(json.dumps({name: {k: sep[name][k] for k in ("ingest_vectors_per_s", "qps", "single", "delete",
+                                                                 "deleted_returned_after_2xx")}
+                               for name in ("faiss", "milvus", "milvus_server") if "qps" in sep.get(name, {})},
+                              indent=2))
+        click.echo(f"wrote {out_dir / 'retrieval.md'} and {out_dir / 'retrieval.json'}")
+        return
+    results = run_retrieval_benchmark(out_dir, quick=quick, backends_vectors=backends_vectors, milvus_uri=milvus_uri)
     click.echo(json.dumps({"search_qps_ratio": round(results["search"]["qps_ratio"], 3),
                            "ingest_ratio": round(results["ingest"]["ratio"], 3),
                            "delete_p99_ms": round(results["large"]["delete"]["p99_ms"], 1),

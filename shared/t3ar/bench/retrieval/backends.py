@@ -1,12 +1,13 @@
-"""The ``backends`` section of ``t3ar bench retrieval``: the retriever's two pool backends side by side (issue 12).
+"""The ``backends`` section of ``t3ar bench retrieval``: the retriever's pool backends side by side (issues 12, 29).
 
-Two real retriever processes on 127.0.0.1, one with ``T3AR_RETRIEVER_BACKEND=faiss`` (in-process index) and
-one with ``milvus`` (milvus-lite in the data directory), both vectors-only and loaded with the same synthetic
-512-d unit vectors through ``POST /pool/vectors``. Measured over HTTP with ``RetrieverClient``, alternating
-between the two services so that both see the same machine load: bulk ingest rate (vectors/s, including
-the SQLite commit both backends share), batch QPS (256 queries, k = 50), single-query latency, and deletes
-(``DELETE /pool/{id}`` latency, then a search for the deleted vector itself: how many deleted ids are
-returned after the 2xx, which must be 0 on both).
+Real retriever processes on 127.0.0.1, one with ``T3AR_RETRIEVER_BACKEND=faiss`` (in-process index), one with
+``milvus`` (milvus-lite in the data directory) and, when a Milvus server's URI is given (``--milvus-uri``), one
+with ``milvus`` on that server (``milvus_server``; the benchmark does not start a server, it measures the one
+it is given). All vectors-only and loaded with the same synthetic 512-d unit vectors through
+``POST /pool/vectors``. Measured over HTTP with ``RetrieverClient``, alternating between the services so that
+all see the same machine load: bulk ingest rate (vectors/s, including the SQLite commit every backend shares),
+batch QPS (256 queries, k = 50), single-query latency, and deletes (``DELETE /pool/{id}`` latency, then a search
+for the deleted vector itself: how many deleted ids are returned after the 2xx, which must be 0 on all).
 """
 
 from __future__ import annotations
@@ -20,10 +21,27 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 BACKEND_NAMES = ("faiss", "milvus")
+NO_SERVER = "no Milvus server was given (`t3ar bench retrieval --milvus-uri http://HOST:19530`)"
 
 
-def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_deletes: int) -> dict[str, Any]:
-    """Both backends on the same ``n`` vectors; returns ``{"vectors", ..., "faiss": {...}, "milvus": {...}}``."""
+def server_version(uri: str) -> str:
+    """The Milvus server's version string (e.g. ``v2.3.5-lite``), or why it could not be read."""
+    try:
+        from pymilvus import MilvusClient
+
+        client = MilvusClient(uri=uri, timeout=30)
+        try:
+            return str(client.get_server_version())
+        finally:
+            client.close()
+    except Exception as e:  # reported, not raised: the retriever's own start-up says what is wrong
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_deletes: int,
+                   milvus_server_uri: str | None = None) -> dict[str, Any]:
+    """The backends on the same ``n`` vectors; returns ``{"vectors", ..., "faiss": {...}, "milvus": {...},
+    "milvus_server": {...}}`` (``milvus_server``: ``{"skipped": reason}`` without ``milvus_server_uri``)."""
     from contextlib import ExitStack
 
     from t3ar.bench.retrieval.main import BATCH, DIM, K, _pcts, _service, _unit_vectors
@@ -33,11 +51,19 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
            "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
     out: dict[str, Any] = {"vectors": n, "dim": DIM, "k": K, "batch": BATCH,
                            "milvus_uri": "milvus-lite (a file in the data directory)"}
+    envs = {name: {**env, "T3AR_RETRIEVER_BACKEND": name} for name in BACKEND_NAMES}
+    if milvus_server_uri:
+        envs["milvus_server"] = {**env, "T3AR_RETRIEVER_BACKEND": "milvus",
+                                 "T3AR_RETRIEVER_MILVUS_URI": milvus_server_uri}
+        out["milvus_server_version"] = server_version(milvus_server_uri)
+    else:
+        out["milvus_server"] = {"skipped": NO_SERVER}
+    names = tuple(envs)
     with ExitStack() as stack:
         clients = {}
-        for name in BACKEND_NAMES:
+        for name in names:
             t0 = time.perf_counter()
-            client, _ = stack.enter_context(_service(work / f"backend-{name}", {**env, "T3AR_RETRIEVER_BACKEND": name}))
+            client, _ = stack.enter_context(_service(work / f"backend-{name}", envs[name]))
             out[name] = {"start_s": time.perf_counter() - t0}
             clients[name] = client
         for name, client in clients.items():  # ingest one after the other (each uses the cores it can get)
@@ -52,24 +78,24 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
         batches = [queries[i * BATCH:(i + 1) * BATCH] for i in range(n_batches)]
         for client in clients.values():
             client.search(batches[0], K)  # warm-up
-        spent = dict.fromkeys(BACKEND_NAMES, 0.0)
+        spent = dict.fromkeys(names, 0.0)
         same_top1 = 0
-        for i, b in enumerate(batches):  # alternating order: both see the same load
+        for i, b in enumerate(batches):  # alternating order: all see the same load
             got = {}
-            for name in (BACKEND_NAMES if i % 2 else BACKEND_NAMES[::-1]):
+            for name in (names if i % 2 else names[::-1]):
                 t = time.perf_counter()
                 got[name] = clients[name].search(b, K)
                 spent[name] += time.perf_counter() - t
             same_top1 += sum(x[0].split("-")[1] == y[0].split("-")[1]  # the same seq (each pool has its own tag)
                              for x, y in zip(got["faiss"].ids, got["milvus"].ids, strict=True))
-        singles = dict.fromkeys(BACKEND_NAMES)
-        times: dict[str, list[float]] = {name: [] for name in BACKEND_NAMES}
+        singles = dict.fromkeys(names)
+        times: dict[str, list[float]] = {name: [] for name in names}
         for j, q in enumerate(queries[BATCH * n_batches:]):
-            for name in (BACKEND_NAMES if j % 2 else BACKEND_NAMES[::-1]):
+            for name in (names if j % 2 else names[::-1]):
                 t = time.perf_counter()
                 clients[name].search(q[None], K)
                 times[name].append(time.perf_counter() - t)
-        for name in BACKEND_NAMES:
+        for name in names:
             out[name]["qps"] = BATCH * n_batches / spent[name]
             singles[name] = out[name]["single"] = _pcts(times[name])
         out["same_top1_share"] = same_top1 / (BATCH * n_batches)  # both are exact: ids agree up to ties
@@ -78,8 +104,9 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
         chunks = {s: _unit_vectors(min(chunk, n - s), seed=1000 + s // chunk)
                   for s in sorted({(v - 1) // chunk * chunk for v in victims})}
         vec = {v: chunks[(v - 1) // chunk * chunk][(v - 1) % chunk] for v in victims}
+        tag_of = {}
         for name, client in clients.items():
-            tag = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
+            tag = tag_of[name] = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
             t_del, returned = [], 0
             for v in victims:
                 pid = f"{tag}-{v}"
@@ -90,35 +117,62 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
                 returned += pid in client.search(vec[v][None], 10).ids[0]
             out[name]["delete"] = _pcts(t_del)
             out[name]["deleted_returned_after_2xx"] = returned
+    if milvus_server_uri:
+        _drop_collection(milvus_server_uri, tag_of["milvus_server"])
     return out
 
 
-def backends_markdown(b: dict[str, Any]) -> list[str]:
-    """The section's lines for retrieval.md."""
-    f, m = b["faiss"], b["milvus"]
-    zero = f["deleted_returned_after_2xx"] == 0 and m["deleted_returned_after_2xx"] == 0
+def _drop_collection(uri: str, tag: str) -> None:
+    """The server is the caller's: leave it without the benchmark's collection."""
+    try:
+        from pymilvus import MilvusClient
+
+        client = MilvusClient(uri=uri, timeout=30)
+        try:
+            client.drop_collection(f"t3ar_pool_{tag}")
+        finally:
+            client.close()
+    except Exception:
+        log.warning("could not drop the benchmark's collection t3ar_pool_%s on %s", tag, uri, exc_info=True)
+
+
+_TITLES = {"faiss": "faiss", "milvus": "milvus-lite", "milvus_server": "Milvus server"}
+
+
+def backends_markdown(b: dict[str, Any], *, title: str | None = None) -> list[str]:
+    """The section's lines for retrieval.md (``title``: the heading, default the section's own)."""
+    names = [name for name in ("faiss", "milvus", "milvus_server") if name in b and "skipped" not in b[name]]
+    cols = [_TITLES[name] + (f" {b['milvus_server_version']}" if name == "milvus_server" else "") for name in names]
+    side = [b[name] for name in names]
+    zero = all(x["deleted_returned_after_2xx"] == 0 for x in side)
+
+    def row(label: str, cell: Any) -> str:
+        return f"| {label} | " + " | ".join(cell(x) for x in side) + " |"
+
+    why = (b.get("milvus_server") or {}).get("skipped", NO_SERVER)
+    server = "" if "milvus_server" in names else f" A Milvus server was not measured in this run: {why}."
     return [
-        f"## Pool backends: faiss vs milvus-lite, {b['vectors']:,} vectors, {b['dim']}-d, k = {b['k']}",
+        title or f"## Pool backends: {' vs '.join(cols)}, {b['vectors']:,} vectors, {b['dim']}-d, k = {b['k']}",
         "",
-        "Two retriever processes, `T3AR_RETRIEVER_BACKEND=faiss` (the index in the retriever) and `milvus` "
-        f"({b['milvus_uri']}, FLAT inner product, Strong consistency on every search), loaded with the same "
-        "synthetic vectors through `POST /pool/vectors` (both also commit them to SQLite, the pool's source of "
+        f"Retriever processes, `T3AR_RETRIEVER_BACKEND=faiss` (the index in the retriever) and `milvus` "
+        f"({b['milvus_uri']}" + (", and a Milvus standalone server by URI" if "milvus_server" in names else "") +
+        "; FLAT inner product, Strong consistency on every search), loaded with the same "
+        "synthetic vectors through `POST /pool/vectors` (all also commit them to SQLite, the pool's source of "
         "truth), then measured over HTTP alternately. Deletes: `DELETE /pool/{id}` of a vector, then a search for "
-        "that vector itself.",
+        "that vector itself." + server,
         "",
-        "| | faiss | milvus-lite |",
-        "|---|---|---|",
-        f"| service start (empty pool) | {f['start_s']:.1f} s | {m['start_s']:.1f} s |",
-        f"| ingest, vectors/s | {f['ingest_vectors_per_s']:,.0f} | {m['ingest_vectors_per_s']:,.0f} |",
-        f"| search QPS, batches of {b['batch']} | {f['qps']:,.0f} | {m['qps']:,.0f} |",
-        f"| one query, p50 / p99 | {f['single']['p50_ms']:.1f} / {f['single']['p99_ms']:.1f} ms | "
-        f"{m['single']['p50_ms']:.1f} / {m['single']['p99_ms']:.1f} ms |",
-        f"| `DELETE`, p50 / p99 (n = {f['delete']['n']}) | {f['delete']['p50_ms']:.1f} / "
-        f"{f['delete']['p99_ms']:.1f} ms | {m['delete']['p50_ms']:.1f} / {m['delete']['p99_ms']:.1f} ms |",
-        f"| deleted ids returned after the 2xx (goal 0) | {f['deleted_returned_after_2xx']} | "
-        f"{m['deleted_returned_after_2xx']} |",
+        "| | " + " | ".join(cols) + " |",
+        "|---|" + "---|" * len(cols),
+        row("service start (empty pool)", lambda x: f"{x['start_s']:.1f} s"),
+        row("ingest, vectors/s", lambda x: f"{x['ingest_vectors_per_s']:,.0f}"),
+        row(f"search QPS, batches of {b['batch']}", lambda x: f"{x['qps']:,.0f}"),
+        row("one query, p50 / p99", lambda x: f"{x['single']['p50_ms']:.1f} / {x['single']['p99_ms']:.1f} ms"),
+        row(f"`DELETE`, p50 / p99 (n = {side[0]['delete']['n']})",
+            lambda x: f"{x['delete']['p50_ms']:.1f} / {x['delete']['p99_ms']:.1f} ms"),
+        row("deleted ids returned after the 2xx (goal 0)", lambda x: f"{x['deleted_returned_after_2xx']}"),
         "",
-        f"Goal (deleted ids returned = 0 on both): {'met' if zero else '**missed**'}. Top-1 ids agree on "
-        f"{b['same_top1_share']:.1%} of the batch queries (both searches are exact; ties may order differently).",
+        f"Goal (deleted ids returned = 0 on all): {'met' if zero else '**missed**'}. Top-1 ids of faiss and "
+        f"milvus-lite agree on {b['same_top1_share']:.1%} of the batch queries (exact searches; ties may order "
+        "differently).",
         "",
     ]

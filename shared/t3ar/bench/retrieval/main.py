@@ -307,15 +307,48 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
     return out
 
 
-def _backends_section(work: Path, n: int, quick: bool) -> dict[str, Any]:
-    """faiss vs milvus-lite (t3ar.bench.retrieval.backends); skipped with the reason if pymilvus is missing."""
+def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None) -> dict[str, Any]:
+    """faiss vs milvus-lite (vs a Milvus server given by URI) (t3ar.bench.retrieval.backends); skipped with the
+    reason if pymilvus is missing."""
     from t3ar.bench.retrieval.backends import bench_backends
 
     if importlib.util.find_spec("pymilvus") is None or importlib.util.find_spec("milvus_lite") is None:
         return {"skipped": "pymilvus / milvus-lite not installed (pip install 't3ar[milvus]')"}
-    log.info("backends: faiss vs milvus-lite, %d vectors", n)
+    log.info("backends: faiss vs milvus-lite%s, %d vectors", f" vs the Milvus server at {milvus_uri}" if milvus_uri
+             else "", n)
     return bench_backends(work, n, n_batches=2 if quick else 4, n_single=30 if quick else 100,
-                          n_deletes=10 if quick else 30)
+                          n_deletes=10 if quick else 30, milvus_server_uri=milvus_uri)
+
+
+def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | None,
+                      milvus_uri: str | None) -> dict[str, Any]:
+    """Only the ``backends`` section, e.g. to add a Milvus server's figures without re-running the rest (the 1M
+    sections take most of a full run). The last full run's results in ``out_dir`` stay as they are, its own
+    backends table included; this run's table is kept next to it as ``backends_separate``, saying when and how
+    it was measured (its own size, load average and command), and the report is rendered again."""
+    previous = out_dir / "retrieval.json"
+    results = _previous_run(previous)
+    if not results.get("search"):
+        raise RuntimeError(f"{previous} holds no full run: run `t3ar bench retrieval` once first")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    work = Path(tempfile.mkdtemp(prefix="t3ar-bench-retrieval-"))
+    n = backends_vectors or (20_000 if quick else 100_000)
+    command = "t3ar bench retrieval --only backends" + (" --quick" if quick else "") + \
+        (f" --backends-vectors {backends_vectors}" if backends_vectors else "") + \
+        (" --milvus-uri URI" if milvus_uri else "")
+    t0, load = time.time(), os.getloadavg()
+    try:
+        section = _backends_section(work, n, quick, milvus_uri)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results["backends_separate"] = {**section, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick,
+                                    "command": command, "load_average_start": load,
+                                    "load_average_end": os.getloadavg(), "wall_seconds": time.time() - t0}
+    previous.write_text(json.dumps(results, indent=2, sort_keys=True))
+    from t3ar.bench.retrieval.report import render_markdown
+
+    (out_dir / "retrieval.md").write_text(render_markdown(results))
+    return results
 
 
 def headline(r: dict[str, Any]) -> dict[str, Any]:
@@ -374,7 +407,8 @@ def keep_real_structure(previous: Path, ann: dict[str, Any], started_at: str) ->
                                  "carried_over": True}
 
 
-def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int | None = None) -> dict[str, Any]:
+def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int | None = None,
+                            milvus_uri: str | None = None) -> dict[str, Any]:
     """Run everything, write ``retrieval.json`` and ``retrieval.md`` into ``out_dir``; return the results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # Every process of the run (this one's faiss, the forward worker, the services) waits passively in OpenMP,
@@ -407,7 +441,7 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int
         if not quick:  # a quick run's figures are at another size: nothing to carry
             keep_device_figure(out_dir / "retrieval.json", results["ann"])
             keep_real_structure(out_dir / "retrieval.json", results["ann"], results["started_at"])
-        results["backends"] = _backends_section(work, sizes["backends_n"], quick)
+        results["backends"] = _backends_section(work, sizes["backends_n"], quick, milvus_uri)
         results["wall_seconds"] = time.time() - t0
         results["load_average_end"] = os.getloadavg()
     finally:

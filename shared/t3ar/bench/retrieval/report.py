@@ -66,11 +66,22 @@ def _backends(r: dict[str, Any]) -> list[str]:
     b = r.get("backends")
     if not b:
         return []
-    if "skipped" in b:
-        return ["## Pool backends: faiss vs milvus-lite", "", f"Skipped: {b['skipped']}.", ""]
     from t3ar.bench.retrieval.backends import backends_markdown
 
-    return backends_markdown(b)
+    if "skipped" in b:
+        out = ["## Pool backends: faiss vs milvus-lite", "", f"Skipped: {b['skipped']}.", ""]
+    else:
+        out = backends_markdown(b)
+    sep = r.get("backends_separate")
+    if sep and "skipped" not in sep:
+        load = sep["load_average_start"][0]
+        out += backends_markdown(sep, title="### The backends measured separately (a Milvus server included)") + [
+            f"Measured on {sep['measured_at']} by `{sep['command']}` ({sep['vectors']:,} vectors, "
+            f"{sep['wall_seconds'] / 60:.0f} min, load average {load:.2f} at the start on {r['machine']['cpus']} CPUs"
+            f"{', the machine shared with other jobs' if load > 0.5 * (r['machine']['cpus'] or 1) else ''}), "
+            "apart from the full run above, whose figures it leaves as they were: compare the columns of one table, "
+            "not figures across the two.", ""]
+    return out
 
 
 def _paired_row(s: dict[str, Any]) -> list[str]:
