@@ -144,11 +144,10 @@ def milvus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilvusSe
     session, on 127.0.0.1 with free ports and a data directory under tmp; every pool uses its own collection.
     Tests that restart or kill it leave it running again. Skips, naming the cause, when the package is missing or
     the server cannot start here."""
-    server = MilvusServer(tmp_path_factory.mktemp("milvus-server"))
     try:
+        server = MilvusServer(tmp_path_factory.mktemp("milvus-server"))
         server.start(timeout=MILVUS_START_TIMEOUT)
     except MilvusServerError as e:
-        server.kill()
         pytest.skip(f"no real Milvus server: {str(e)[:2000]}")
     yield server
     server.kill()  # its data is thrown away: no graceful stop (up to GRACEFUL_STOP_S)

@@ -10,6 +10,7 @@ markers match), each server's data (embedded etcd, rocksmq, segments, logs) live
 
 from __future__ import annotations
 
+import lzma
 import os
 import signal
 import subprocess
@@ -89,8 +90,11 @@ class MilvusServer:
         if self.proc is not None and self.proc.poll() is None:
             raise MilvusServerError("already running")
         t0 = time.monotonic()
-        self._unpack()
-        self._configure()
+        try:
+            self._unpack()
+            self._configure()
+        except (OSError, RuntimeError, lzma.LZMAError) as e:  # disk, a corrupt wheel, a port taken meanwhile
+            raise MilvusServerError(f"cannot prepare the Milvus server: {type(e).__name__}: {e}") from e
         env = {**os.environ, "DEPLOY_MODE": "STANDALONE", "METRICS_PORT": str(self.metrics_port),
                "MILVUS_RUN_DIR": str(self.data_dir / "run"),
                "LD_LIBRARY_PATH": os.pathsep.join(p for p in (str(self.bin_dir), os.environ.get("LD_LIBRARY_PATH"))
@@ -102,7 +106,7 @@ class MilvusServer:
                 self.proc = subprocess.Popen(
                     [str(self.bin_dir / "milvus"), "run", "standalone", "-alias", f"t3ar-test-{self.metrics_port}"],
                     cwd=self.data_dir, env=env, stdout=out, stderr=err, start_new_session=True)
-            except OSError as e:
+            except OSError as e:  # e.g. not Linux x86-64, or a noexec cache directory
                 raise MilvusServerError(f"cannot run {self.bin_dir / 'milvus'}: {e}") from e
         health = f"http://127.0.0.1:{self.metrics_port}/healthz"
         deadline = t0 + timeout

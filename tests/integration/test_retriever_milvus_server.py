@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from milvus_server import MilvusServer
 
 pytest.importorskip("pymilvus", reason="the milvus extra (pymilvus) is not installed")
-pytestmark = pytest.mark.milvus_server
+pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]  # about a minute each, like the retriever's kill -9 tests
 
 Factory = Callable[..., "RetrieverProcess"]
 DIM = 24
