@@ -53,6 +53,10 @@ class MilvusServer:
         self.start_seconds: list[float] = []  # wall time of each start, until healthy (first one unpacks)
 
     @property
+    def _alias(self) -> str:
+        return f"t3ar-test-{self.metrics_port}"
+
+    @property
     def uri(self) -> str:
         return f"http://127.0.0.1:{self.ports['proxy_port']}"
 
@@ -104,7 +108,7 @@ class MilvusServer:
             try:
                 # -alias: the pid file (/run/milvus/standalone-<alias>.pid, locked) is per server, not one per machine
                 self.proc = subprocess.Popen(
-                    [str(self.bin_dir / "milvus"), "run", "standalone", "-alias", f"t3ar-test-{self.metrics_port}"],
+                    [str(self.bin_dir / "milvus"), "run", "standalone", "-alias", self._alias],
                     cwd=self.data_dir, env=env, stdout=out, stderr=err, start_new_session=True)
             except OSError as e:  # e.g. not Linux x86-64, or a noexec cache directory
                 raise MilvusServerError(f"cannot run {self.bin_dir / 'milvus'}: {e}") from e
@@ -137,6 +141,8 @@ class MilvusServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for run_dir in ("/run/milvus", "/tmp/milvus"):  # the binary's pid file (its run dir is fixed), left by a kill
+            Path(run_dir, f"standalone-{self._alias}.pid").unlink(missing_ok=True)
         return self.proc.returncode
 
     def kill(self) -> int | None:
