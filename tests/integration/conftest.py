@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from milvus_server import MilvusServer, MilvusServerError
+from milvus_server import MilvusServer, MilvusServerError, MilvusServerUnavailable
 from PIL import Image, ImageDraw
 
 from t3ar.clients.retriever import RetrieverClient
@@ -143,11 +143,14 @@ def milvus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilvusSe
     """One real Milvus standalone server (PyPI ``milvus`` 2.3.5, tests/integration/milvus_server.py) for the whole
     session, on 127.0.0.1 with free ports and a data directory under tmp; every pool uses its own collection.
     Tests that restart or kill it leave it running again. Skips, naming the cause, when the package is missing or
-    the server cannot start here."""
+    the binary cannot run here; a server that is there but fails to start or to become healthy is a failure (CI
+    installs it: a broken server must not pass as a skip)."""
     try:
         server = MilvusServer(tmp_path_factory.mktemp("milvus-server"))
         server.start(timeout=MILVUS_START_TIMEOUT)
-    except MilvusServerError as e:
+    except MilvusServerUnavailable as e:
         pytest.skip(f"no real Milvus server: {str(e)[:2000]}")
+    except MilvusServerError as e:
+        pytest.fail(f"the real Milvus server did not start: {str(e)[:4000]}")
     yield server
     server.kill()  # its data is thrown away: no graceful stop (up to GRACEFUL_STOP_S)

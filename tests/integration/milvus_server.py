@@ -27,7 +27,11 @@ VERSION = "2.3.5"  # pyproject.toml's milvus-server extra; pymilvus 3.0.2 talks 
 
 
 class MilvusServerError(RuntimeError):
-    """The package is missing, the binary cannot run here, or the server did not become healthy in time."""
+    """The server could not be prepared, exited, or did not become healthy in time: a failure."""
+
+
+class MilvusServerUnavailable(MilvusServerError):
+    """This machine cannot run it at all (the package is missing, or the binary cannot be executed here)."""
 
 
 class MilvusServer:
@@ -39,10 +43,10 @@ class MilvusServer:
         try:
             import milvus  # the PyPI `milvus` package (embedded Milvus server), not milvus-lite
         except ImportError as e:
-            raise MilvusServerError("PyPI package `milvus` (a real Milvus server) is not installed: "
+            raise MilvusServerUnavailable("PyPI package `milvus` (a real Milvus server) is not installed: "
                                     "pip install 't3ar[milvus-server]'") from e
         if getattr(milvus, "__version__", None) != VERSION:
-            raise MilvusServerError(f"PyPI `milvus` {getattr(milvus, '__version__', '?')} is installed, "
+            raise MilvusServerUnavailable(f"PyPI `milvus` {getattr(milvus, '__version__', '?')} is installed, "
                                     f"the tests expect {VERSION}")
         self._pkg = milvus
         self.data_dir = data_dir.resolve()
@@ -111,7 +115,7 @@ class MilvusServer:
                     [str(self.bin_dir / "milvus"), "run", "standalone", "-alias", self._alias],
                     cwd=self.data_dir, env=env, stdout=out, stderr=err, start_new_session=True)
             except OSError as e:  # e.g. not Linux x86-64, or a noexec cache directory
-                raise MilvusServerError(f"cannot run {self.bin_dir / 'milvus'}: {e}") from e
+                raise MilvusServerUnavailable(f"cannot run {self.bin_dir / 'milvus'}: {e}") from e
         health = f"http://127.0.0.1:{self.metrics_port}/healthz"
         deadline = t0 + timeout
         while time.monotonic() < deadline:
