@@ -122,6 +122,9 @@ class MilvusIndex:
         self._unflushed = 0
         self._count_lock = threading.Lock()
         self.failed = False  # a call failed while serving: the collection may disagree, check at next start
+        # ids of a failed add that may have reached Milvus and could not be deleted there at once: no search
+        # returns them (excluded), and the next write deletes them (else the next start-up check does)
+        self._ghosts: set[int] = set()
         pm = _pymilvus()
         self._call(self._ensure_collection, pm)
         self._count = self._query_count()
@@ -188,9 +191,31 @@ class MilvusIndex:
         return np.asarray([by[int(s)] for s in seqs], dtype=np.float32).reshape(len(seqs), self.dim)
 
     # --- mutation ------------------------------------------------------------------------------------
+    @property
+    def ghosts(self) -> int:
+        return len(self._ghosts)
+
+    def forget(self, seqs: Iterable[int]) -> None:
+        """Ids whose rows are gone but whose vectors may still be in Milvus (a failed add whose withdrawal failed
+        too): excluded from every search from now on, deleted by the next write that reaches Milvus."""
+        with self._count_lock:
+            self._ghosts.update(int(s) for s in seqs)
+
+    def _purge_ghosts(self) -> None:
+        with self._count_lock:
+            ghosts = sorted(self._ghosts)
+        if not ghosts:
+            return
+        self._call(self.client.delete, self.collection, ids=ghosts)  # deleting an absent id is a no-op
+        with self._count_lock:
+            self._ghosts.difference_update(ghosts)
+        self.resync_count()
+        log.info("deleted %d vectors of an earlier failed add from Milvus", len(ghosts))
+
     def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None:
         if vectors.shape[1] != self.dim:
             raise ValueError(f"vectors have dim {vectors.shape[1]}, index has {self.dim}")
+        self._purge_ghosts()
         seqs = np.asarray(seqs, dtype=np.int64)
         vecs = np.ascontiguousarray(vectors, dtype=np.float32)
         for start in range(0, len(seqs), _INSERT_BATCH):
@@ -211,6 +236,7 @@ class MilvusIndex:
     def remove(self, seqs: Iterable[int]) -> None:
         """Deleted in Milvus; with Strong consistency no search that starts after this returns them."""
         ids = [int(s) for s in seqs]
+        self._purge_ghosts()
         for start in range(0, len(ids), _INSERT_BATCH):
             chunk = ids[start:start + _INSERT_BATCH]
             self._call(self.client.delete, self.collection, ids=chunk)
@@ -232,7 +258,8 @@ class MilvusIndex:
                allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Same contract as :meth:`VectorIndex.search`: per query (scores, seqs), best first, at most k
         (``blocking`` is faiss' lock policy; a Milvus search is always a blocking call)."""
-        drop = sorted({int(s) for s in exclude})
+        with self._count_lock:
+            drop = sorted({int(s) for s in exclude} | self._ghosts)
         parts = []
         if allowed is not None:
             if not len(allowed):

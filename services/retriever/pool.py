@@ -233,8 +233,11 @@ class Pool:
                 try:  # a batch that did reach Milvus must not stay searchable
                     index.remove(seqs.tolist())
                     index.resync_count()
-                except Exception:
-                    log.warning("could not withdraw a failed add from Milvus; the next start-up check will")
+                except Exception:  # never searchable meanwhile: excluded, deleted by the next write
+                    index.forget(seqs.tolist())
+                    log.warning("could not withdraw a failed add of %d vectors from Milvus: they are excluded from "
+                                "every search and the next write (or the next start-up check) deletes them",
+                                len(seqs))
                 raise
             # faiss: the rows are committed, make the index agree again rather than fail the add
             log.exception("index add failed after commit; rebuilding the index from the database")

@@ -212,3 +212,53 @@ def test_a_failed_milvus_write_leaves_nothing_half_written(tmp_path: Path, milvu
         index.close()
         blobs.close()
         store.close()
+
+
+def test_an_add_whose_answer_was_lost_and_whose_withdrawal_failed_is_never_searched(
+        tmp_path: Path, milvus_at: MilvusAt) -> None:
+    """Milvus took an insert but the answer was lost, and deleting it again failed too: the add is refused (503),
+    its vectors are excluded from every search at once, and the next write deletes them from the collection."""
+    import hashlib
+
+    from t3ar_services.retriever.backend import MilvusIndex, connect
+    from t3ar_services.retriever.blobs import BlobStore
+    from t3ar_services.retriever.errors import NotReadyError
+    from t3ar_services.retriever.index import IndexConfig
+    from t3ar_services.retriever.pool import Candidate, Pool, PoolInfo
+    from t3ar_services.retriever.store import Store
+
+    uri = milvus_at.uri(tmp_path)
+    index = MilvusIndex(connect(uri, None), f"t3ar_pool_{secrets.token_hex(4)}", DIM,
+                        None if milvus_at.server else uri)
+    store, blobs = Store(tmp_path / "pool.sqlite3"), BlobStore(tmp_path / "blobs")
+    pool = Pool(PoolInfo(tmp_path, "synthetic", DIM, "images", "abc123", IndexConfig(), 0.98, "milvus"), store, blobs)
+    pool.index = index
+    vecs = _vectors(4, seed=5)
+    cands = [Candidate(f"{i}.png", b"img %d" % i, hashlib.sha256(b"img %d" % i).hexdigest(), "image/png", 1, 1,
+                       vecs[i]) for i in range(4)]
+    insert, delete = index.client.insert, index.client.delete
+
+    def lost_answer(*args: object, **kwargs: object) -> None:
+        insert(*args, **kwargs)  # it reached Milvus...
+        raise ConnectionError("connection reset")  # ...but the answer did not come back
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("milvus went away")
+
+    try:
+        kept = pool.add(cands[:1], source="", metadata={}, policy="keep")[0]
+        index.client.insert, index.client.delete = lost_answer, down
+        with pytest.raises(NotReadyError, match="connection reset"):
+            pool.add(cands[1:3], source="", metadata={}, policy="keep")
+        assert store.count() == 1 and index.ghosts == 2
+        hits = {i for row, _ in pool.search(vecs, 4) for i in row}
+        assert hits == {kept.id}  # the ghosts are in the collection, never in an answer
+        index.client.insert, index.client.delete = insert, delete
+        added = pool.add(cands[3:], source="", metadata={}, policy="keep")[0]  # the next write deletes them
+        assert index.ghosts == 0 and store.count() == index.count == 2
+        assert sorted(int(s) for s in index.live_ids()) == sorted(int(i.split("-")[1]) for i in (kept.id, added.id))
+        assert {i for row, _ in pool.search(vecs, 4) for i in row} == {kept.id, added.id}
+    finally:
+        index.close()
+        blobs.close()
+        store.close()
