@@ -21,6 +21,11 @@ def _nanmean(xs: Sequence[float | None]) -> float:
     return _mean([x for x in xs if x is not None and not math.isnan(x)])
 
 
+ARM_MEANING = {"static": "the clipart pool",
+               "growing": "plus every earlier target, contributed by `t3ar.local_contribute`: exact and R's "
+                          "near-duplicates skipped",
+               "curated": "growing, then a compaction of the contributed targets after each step",
+               "none": "no retrieval"}
 R_FIELDS = ("r_past_share", "r_past_same_class", "r_past_same_emoji")  # the diagnostic of R alone (run.py)
 
 
@@ -126,10 +131,9 @@ def render(res: Mapping[str, Any]) -> str:
     if later:
         lines += ["", "Mean over the steps that have earlier targets (steps 1 onwards), paired over seeds, 95 % CI: "
                   + "; ".join(f"{a} − static {_ci(d)}" for a, d in later.items()) + "."]
-    lines += ["", "Arms: `static` (the clipart pool), `growing` (plus every earlier target, contributed by "
-              "`t3ar.local_contribute`: exact and R's near-duplicates skipped), `curated` (growing, then a "
-              "compaction of the contributed targets after each step), `none` (no retrieval). Differences are "
-              "paired per seed (the same source model, subsets and random streams in every arm).", ""]
+    said = ", ".join(f"`{a}` ({ARM_MEANING[a]})" for a in s["arms"] if a in ARM_MEANING)
+    lines += ["", f"Arms: {said}. Differences are paired per seed (the same source model, subsets and random "
+              "streams in every arm).", ""]
     return "\n".join(lines)
 
 
