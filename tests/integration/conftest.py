@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from milvus_server import MilvusServer, MilvusServerError, MilvusServerUnavailable
+from milvus_server import MilvusServer, MilvusServerError, MilvusServerUnavailable, stop_process
 from PIL import Image, ImageDraw
 
 from t3ar.clients.retriever import RetrieverClient
@@ -51,14 +51,7 @@ class RetrieverProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         """Stop (SIGTERM: graceful, SIGKILL: crash) and return the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return int(self.proc.returncode)
+        return stop_process(self.proc, sig, timeout)
 
 
 def start_retriever(data_dir: Path, env: dict[str, str] | None = None, *, wait: str | None = "/ready",

@@ -26,6 +26,19 @@ GRACEFUL_STOP_S = 10
 VERSION = "2.3.5"  # pyproject.toml's milvus-server extra; pymilvus 3.0.2 talks to it (README, "Pool backends")
 
 
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+    """Send ``sig`` (SIGTERM: a graceful stop, SIGKILL: a crash) unless it has exited, wait up to ``timeout``
+    (then kill), and return the exit code. Also the retriever fixture's stop (conftest)."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
 class MilvusServerError(RuntimeError):
     """The server could not be prepared, exited, or did not become healthy in time: a failure."""
 
@@ -138,16 +151,10 @@ class MilvusServer:
         """Stop (SIGTERM: Milvus' graceful stop; SIGKILL: a crash); the exit code (None if never started)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc, sig, timeout)
         for run_dir in ("/run/milvus", "/tmp/milvus"):  # the binary's pid file (its run dir is fixed), left by a kill
             Path(run_dir, f"standalone-{self._alias}.pid").unlink(missing_ok=True)
-        return self.proc.returncode
+        return code
 
     def kill(self) -> int | None:
         return self.stop(signal.SIGKILL)

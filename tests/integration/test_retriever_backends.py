@@ -8,12 +8,13 @@ crash, a deleted id coming back after a restart) and moving a pool between backe
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -163,66 +164,25 @@ def test_unreachable_milvus_refuses_to_start_and_says_where(tmp_path: Path, retr
     assert "cannot use the Milvus server at 'http://127.0.0.1:9'" in rp.log()
 
 
-def test_a_failed_milvus_write_leaves_nothing_half_written(tmp_path: Path, milvus_at: MilvusAt) -> None:
-    """In-process Pool on milvus-lite whose client fails: an add is withdrawn (no row, no blob), a delete is not
-    acknowledged and loses nothing; once Milvus works again both go through."""
+@dataclass
+class InProcess:
+    """A Pool in this process on a Milvus collection of its own (the server is shared by the session), with
+    the candidates of ``n`` distinct images."""
+
+    pool: Any
+    index: Any
+    store: Any
+    blobs: Any
+    vecs: np.ndarray
+    cands: list[Any]
+
+
+@contextlib.contextmanager
+def _in_process_pool(tmp_path: Path, milvus_at: MilvusAt, n: int, seed: int) -> Iterator[InProcess]:
     import hashlib
 
     from t3ar_services.retriever.backend import MilvusIndex, connect
     from t3ar_services.retriever.blobs import BlobStore
-    from t3ar_services.retriever.errors import NotReadyError
-    from t3ar_services.retriever.index import IndexConfig
-    from t3ar_services.retriever.pool import Candidate, Pool, PoolInfo
-    from t3ar_services.retriever.store import Store
-
-    uri = milvus_at.uri(tmp_path)  # a collection of its own: the server is shared by the session
-    index = MilvusIndex(connect(uri, None), f"t3ar_pool_{secrets.token_hex(4)}", DIM,
-                        None if milvus_at.server else uri)
-    store, blobs = Store(tmp_path / "pool.sqlite3"), BlobStore(tmp_path / "blobs")
-    pool = Pool(PoolInfo(tmp_path, "synthetic", DIM, "images", "abc123", IndexConfig(), 0.98, "milvus"), store, blobs)
-    pool.index = index
-    vecs = _vectors(3, seed=2)
-    data = [b"image %d" % i for i in range(3)]
-    cands = [Candidate(f"{i}.png", d, hashlib.sha256(d).hexdigest(), "image/png", 1, 1, vecs[i])
-             for i, d in enumerate(data)]
-
-    def down(*args: object, **kwargs: object) -> None:
-        raise ConnectionError("milvus went away")
-
-    try:
-        first = pool.add(cands[:1], source="", metadata={}, policy="keep")[0]
-        assert first.status == "added" and first.id is not None
-        insert, delete = index.client.insert, index.client.delete
-        index.client.insert = down
-        with pytest.raises(NotReadyError, match="milvus went away"):
-            pool.add(cands[1:], source="", metadata={}, policy="keep")
-        assert store.count() == 1 and index.count == 1
-        assert not any(blobs.exists(c.sha256) for c in cands[1:])
-        index.client.insert, index.client.delete = insert, down
-        with pytest.raises(NotReadyError):
-            pool.delete([first.id], missing_ok=False)
-        assert store.count() == 1 and blobs.exists(cands[0].sha256)  # not acknowledged, nothing lost
-        assert pool.search(vecs[:1], 3)[0][0] == [first.id]
-        index.client.delete = delete
-        assert [o.status for o in pool.add(cands[1:], source="", metadata={}, policy="keep")] == ["added", "added"]
-        assert pool.delete([first.id], missing_ok=False) == ([first.id], [])
-        assert first.id not in pool.search(vecs[:1], 3)[0][0] and not blobs.exists(cands[0].sha256)
-        assert store.count() == index.count == 2
-    finally:
-        index.close()
-        blobs.close()
-        store.close()
-
-
-def test_an_add_whose_answer_was_lost_and_whose_withdrawal_failed_is_never_searched(
-        tmp_path: Path, milvus_at: MilvusAt) -> None:
-    """Milvus took an insert but the answer was lost, and deleting it again failed too: the add is refused (503),
-    its vectors are excluded from every search at once, and the next write deletes them from the collection."""
-    import hashlib
-
-    from t3ar_services.retriever.backend import MilvusIndex, connect
-    from t3ar_services.retriever.blobs import BlobStore
-    from t3ar_services.retriever.errors import NotReadyError
     from t3ar_services.retriever.index import IndexConfig
     from t3ar_services.retriever.pool import Candidate, Pool, PoolInfo
     from t3ar_services.retriever.store import Store
@@ -233,21 +193,65 @@ def test_an_add_whose_answer_was_lost_and_whose_withdrawal_failed_is_never_searc
     store, blobs = Store(tmp_path / "pool.sqlite3"), BlobStore(tmp_path / "blobs")
     pool = Pool(PoolInfo(tmp_path, "synthetic", DIM, "images", "abc123", IndexConfig(), 0.98, "milvus"), store, blobs)
     pool.index = index
-    vecs = _vectors(4, seed=5)
-    cands = [Candidate(f"{i}.png", b"img %d" % i, hashlib.sha256(b"img %d" % i).hexdigest(), "image/png", 1, 1,
-                       vecs[i]) for i in range(4)]
-    insert, delete = index.client.insert, index.client.delete
-
-    def lost_answer(*args: object, **kwargs: object) -> None:
-        insert(*args, **kwargs)  # it reached Milvus...
-        raise ConnectionError("connection reset")  # ...but the answer did not come back
-
-    def down(*args: object, **kwargs: object) -> None:
-        raise ConnectionError("milvus went away")
-
+    vecs = _vectors(n, seed=seed)
+    data = [b"image %d" % i for i in range(n)]
+    cands = [Candidate(f"{i}.png", d, hashlib.sha256(d).hexdigest(), "image/png", 1, 1, vecs[i])
+             for i, d in enumerate(data)]
     try:
+        yield InProcess(pool, index, store, blobs, vecs, cands)
+    finally:
+        index.close()
+        blobs.close()
+        store.close()
+
+
+def _down(*args: object, **kwargs: object) -> None:
+    raise ConnectionError("milvus went away")
+
+
+def test_a_failed_milvus_write_leaves_nothing_half_written(tmp_path: Path, milvus_at: MilvusAt) -> None:
+    """In-process Pool whose Milvus client fails: an add is withdrawn (no row, no blob), a delete is not
+    acknowledged and loses nothing; once Milvus works again both go through."""
+    from t3ar_services.retriever.errors import NotReadyError
+
+    with _in_process_pool(tmp_path, milvus_at, 3, seed=2) as t:
+        pool, index, store, blobs, vecs, cands = t.pool, t.index, t.store, t.blobs, t.vecs, t.cands
+        first = pool.add(cands[:1], source="", metadata={}, policy="keep")[0]
+        assert first.status == "added" and first.id is not None
+        insert, delete = index.client.insert, index.client.delete
+        index.client.insert = _down
+        with pytest.raises(NotReadyError, match="milvus went away"):
+            pool.add(cands[1:], source="", metadata={}, policy="keep")
+        assert store.count() == 1 and index.count == 1
+        assert not any(blobs.exists(c.sha256) for c in cands[1:])
+        index.client.insert, index.client.delete = insert, _down
+        with pytest.raises(NotReadyError):
+            pool.delete([first.id], missing_ok=False)
+        assert store.count() == 1 and blobs.exists(cands[0].sha256)  # not acknowledged, nothing lost
+        assert pool.search(vecs[:1], 3)[0][0] == [first.id]
+        index.client.delete = delete
+        assert [o.status for o in pool.add(cands[1:], source="", metadata={}, policy="keep")] == ["added", "added"]
+        assert pool.delete([first.id], missing_ok=False) == ([first.id], [])
+        assert first.id not in pool.search(vecs[:1], 3)[0][0] and not blobs.exists(cands[0].sha256)
+        assert store.count() == index.count == 2
+
+
+def test_an_add_whose_answer_was_lost_and_whose_withdrawal_failed_is_never_searched(
+        tmp_path: Path, milvus_at: MilvusAt) -> None:
+    """Milvus took an insert but the answer was lost, and deleting it again failed too: the add is refused (503),
+    its vectors are excluded from every search at once, and the next write deletes them from the collection."""
+    from t3ar_services.retriever.errors import NotReadyError
+
+    with _in_process_pool(tmp_path, milvus_at, 4, seed=5) as t:
+        pool, index, store, vecs, cands = t.pool, t.index, t.store, t.vecs, t.cands
+        insert, delete = index.client.insert, index.client.delete
+
+        def lost_answer(*args: object, **kwargs: object) -> None:
+            insert(*args, **kwargs)  # it reached Milvus...
+            raise ConnectionError("connection reset")  # ...but the answer did not come back
+
         kept = pool.add(cands[:1], source="", metadata={}, policy="keep")[0]
-        index.client.insert, index.client.delete = lost_answer, down
+        index.client.insert, index.client.delete = lost_answer, _down
         with pytest.raises(NotReadyError, match="connection reset"):
             pool.add(cands[1:3], source="", metadata={}, policy="keep")
         assert store.count() == 1 and index.ghosts == 2
@@ -258,7 +262,3 @@ def test_an_add_whose_answer_was_lost_and_whose_withdrawal_failed_is_never_searc
         assert index.ghosts == 0 and store.count() == index.count == 2
         assert sorted(int(s) for s in index.live_ids()) == sorted(int(i.split("-")[1]) for i in (kept.id, added.id))
         assert {i for row, _ in pool.search(vecs, 4) for i in row} == {kept.id, added.id}
-    finally:
-        index.close()
-        blobs.close()
-        store.close()
