@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -123,8 +123,11 @@ class MilvusIndex:
         self._count_lock = threading.Lock()
         self.failed = False  # a call failed while serving: the collection may disagree, check at next start
         # ids of a failed add that may have reached Milvus and could not be deleted there at once: no search
-        # returns them (excluded), and the next write deletes them (else the next start-up check does)
+        # returns them (excluded), and the pool's next settle deletes them (else the next start-up check does)
         self._ghosts: set[int] = set()
+        # ids of a failed delete (not acknowledged: the rows stay) that may have reached Milvus: the pool's next
+        # settle puts back the vectors of those still in the pool
+        self._restore: set[int] = set()
         pm = _pymilvus()
         self._call(self._ensure_collection, pm)
         self._count = self._query_count()
@@ -195,27 +198,45 @@ class MilvusIndex:
     def ghosts(self) -> int:
         return len(self._ghosts)
 
+    @property
+    def pending(self) -> bool:
+        """A failed write left the collection possibly disagreeing with the pool: :meth:`settle` is due."""
+        return bool(self._ghosts or self._restore)
+
     def forget(self, seqs: Iterable[int]) -> None:
         """Ids whose rows are gone but whose vectors may still be in Milvus (a failed add whose withdrawal failed
-        too): excluded from every search from now on, deleted by the next write that reaches Milvus."""
+        too): excluded from every search from now on, deleted at the next :meth:`settle`."""
         with self._count_lock:
             self._ghosts.update(int(s) for s in seqs)
 
-    def _purge_ghosts(self) -> None:
+    def restore_later(self, seqs: Iterable[int]) -> None:
+        """Ids whose rows stay but whose vectors a failed delete may have removed from Milvus: put back (upsert)
+        at the next :meth:`settle`, unless deleted meanwhile."""
         with self._count_lock:
-            ghosts = sorted(self._ghosts)
-        if not ghosts:
-            return
-        self._call(self.client.delete, self.collection, ids=ghosts)  # deleting an absent id is a no-op
+            self._restore.update(int(s) for s in seqs)
+
+    def settle(self, vectors_of: Callable[[list[int]], dict[int, np.ndarray]]) -> None:
+        """Make the collection agree again after failed writes: delete the ghosts, upsert the vectors of the ids a
+        failed delete may have removed (``vectors_of`` gives those still in the pool). The caller holds the pool's
+        writer lock (no delete or add runs meanwhile). NotReadyError while Milvus is still down: retried later."""
+        with self._count_lock:
+            ghosts, restore = sorted(self._ghosts), sorted(self._restore)
+        if ghosts:
+            self._call(self.client.delete, self.collection, ids=ghosts)  # deleting an absent id is a no-op
+        back = list(vectors_of(restore).items()) if restore else []
+        for start in range(0, len(back), _INSERT_BATCH):
+            rows = [{"seq": s, "vector": v} for s, v in back[start:start + _INSERT_BATCH]]
+            self._call(self.client.upsert, self.collection, rows)
         with self._count_lock:
             self._ghosts.difference_update(ghosts)
+            self._restore.difference_update(restore)
         self.resync_count()
-        log.info("deleted %d vectors of an earlier failed add from Milvus", len(ghosts))
+        log.info("Milvus settled after failed writes: %d stray vectors deleted, %d vectors put back",
+                 len(ghosts), len(back))
 
     def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None:
         if vectors.shape[1] != self.dim:
             raise ValueError(f"vectors have dim {vectors.shape[1]}, index has {self.dim}")
-        self._purge_ghosts()
         seqs = np.asarray(seqs, dtype=np.int64)
         vecs = np.ascontiguousarray(vectors, dtype=np.float32)
         for start in range(0, len(seqs), _INSERT_BATCH):
@@ -236,7 +257,8 @@ class MilvusIndex:
     def remove(self, seqs: Iterable[int]) -> None:
         """Deleted in Milvus; with Strong consistency no search that starts after this returns them."""
         ids = [int(s) for s in seqs]
-        self._purge_ghosts()
+        with self._count_lock:  # deleted now: nothing to put back
+            self._restore.difference_update(ids)
         for start in range(0, len(ids), _INSERT_BATCH):
             chunk = ids[start:start + _INSERT_BATCH]
             self._call(self.client.delete, self.collection, ids=chunk)

@@ -222,7 +222,13 @@ class Pool:
             self._index_add(index, np.asarray(seqs, dtype=np.int64), vectors)
         return [self.format_id(s) for s in seqs]
 
+    def _settle(self, index: PoolIndex) -> None:
+        """Milvus: put the collection right after earlier failed writes (the caller holds the writer lock)."""
+        if isinstance(index, MilvusIndex) and index.pending:
+            index.settle(lambda seqs: {s: v for s in seqs if (v := self.store.vector(s)) is not None})
+
     def _index_add(self, index: PoolIndex, seqs: np.ndarray, vecs: np.ndarray) -> None:
+        self._settle(index)
         try:
             index.add(seqs, vecs)
             self.index_grew.set()
@@ -262,7 +268,12 @@ class Pool:
                 return [], not_found
             self.invalidate_persisted()
             if isinstance(index, MilvusIndex):  # gone from Milvus (Strong) before the row's deletion is committed
-                index.remove(sorted(existing))
+                self._settle(index)
+                try:
+                    index.remove(sorted(existing))
+                except NotReadyError:  # not acknowledged, the rows stay: if the delete reached Milvus without its
+                    index.restore_later(existing)  # answer, their vectors are put back at the next settle
+                    raise
             rows = self.store.delete(sorted(existing))
             self._writes += 1
             if not isinstance(index, MilvusIndex):  # faiss: tombstoned at once, compacted in the background
@@ -307,6 +318,12 @@ class Pool:
         """:meth:`search` with sequence numbers (int64 rows) instead of public ids: the search answer writes
         the ids itself (``t3ar_services.retriever.answer``)."""
         index = self.live_index()
+        if isinstance(index, MilvusIndex) and index.pending:  # rare: only after a failed write
+            with self._writer:
+                try:
+                    self._settle(index)
+                except NotReadyError:  # still failing: ghosts stay excluded, the search goes on without the rest
+                    log.warning("Milvus could not be settled before a search; retried at the next call")
         if queries.ndim != 2 or queries.shape[1] != self.info.dim:
             raise InvalidInputError(f"query vectors must have shape [n, {self.info.dim}] for this pool "
                                     f"({self.info.identity}); got {list(queries.shape)}")

@@ -262,3 +262,28 @@ def test_an_add_whose_answer_was_lost_and_whose_withdrawal_failed_is_never_searc
         assert index.ghosts == 0 and store.count() == index.count == 2
         assert sorted(int(s) for s in index.live_ids()) == sorted(int(i.split("-")[1]) for i in (kept.id, added.id))
         assert {i for row, _ in pool.search(vecs, 4) for i in row} == {kept.id, added.id}
+
+
+def test_a_delete_whose_answer_was_lost_keeps_its_item_searchable(tmp_path: Path, milvus_at: MilvusAt) -> None:
+    """Milvus took a delete but the answer was lost: the delete is not acknowledged (503) and the row stays, so
+    the next call puts its vector back (the item is found again); a retried delete then removes it for good."""
+    from t3ar_services.retriever.errors import NotReadyError
+
+    with _in_process_pool(tmp_path, milvus_at, 2, seed=7) as t:
+        pool, index, store, vecs, cands = t.pool, t.index, t.store, t.vecs, t.cands
+        a, b = (o.id for o in pool.add(cands, source="", metadata={}, policy="keep"))
+        delete = index.client.delete
+
+        def lost_answer(*args: object, **kwargs: object) -> None:
+            delete(*args, **kwargs)  # it reached Milvus...
+            raise ConnectionError("connection reset")  # ...but the answer did not come back
+
+        index.client.delete = lost_answer
+        with pytest.raises(NotReadyError, match="connection reset"):
+            pool.delete([a], missing_ok=False)
+        index.client.delete = delete
+        assert store.count() == 2 and index.pending  # not acknowledged: the row stays
+        assert pool.search(vecs[:1], 1)[0][0] == [a]  # put back before the search
+        assert not index.pending and index.count == 2
+        assert pool.delete([a], missing_ok=False) == ([a], [])  # the retry
+        assert {i for row, _ in pool.search(vecs, 2) for i in row} == {b} and store.count() == index.count == 1
