@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Request, Response, UploadFile
@@ -106,14 +107,23 @@ def _lineage_jobs(request: Request, state: ApiState, pool_id: str) -> list[s.Lin
         state.jobs.sync_lineage()  # skips (and logs once) a record it cannot index: never a 500 here
     except Exception as e:
         log.warning("lineage sync failed: %s", e)
-    jobs = []
-    for job_id, finished_at in state.store.jobs_using(pool_id):
+    return lineage_job_outs(request, state, state.store.jobs_using(pool_id))
+
+
+def lineage_job_outs(request: Request, state: ApiState, used: Iterable[tuple[str, Any]], *,
+                     exclude: str | None = None) -> list[s.LineageJob]:
+    """The jobs of (job id, finished at) pairs as the API shows them: links to the job, its checkpoint and a
+    readapt, and the model it adapted."""
+    out = []
+    for job_id, finished_at in used:
+        if job_id == exclude:
+            continue
         row = state.store.get_job(job_id)
-        jobs.append(s.LineageJob(job_id=job_id, url=str(request.url_for("get_job", job_id=job_id)),
-                                 checkpoint_url=str(request.url_for("get_checkpoint", job_id=job_id)),
-                                 readapt_url=str(request.url_for("readapt", job_id=job_id)),
-                                 model_id=row.model_id if row else None, finished_at=finished_at))
-    return jobs
+        out.append(s.LineageJob(job_id=job_id, url=str(request.url_for("get_job", job_id=job_id)),
+                                checkpoint_url=str(request.url_for("get_checkpoint", job_id=job_id)),
+                                readapt_url=str(request.url_for("readapt", job_id=job_id)),
+                                model_id=row.model_id if row else None, finished_at=finished_at))
+    return out
 
 
 def _lineage(request: Request, state: ApiState, pool_id: str) -> s.LineageResponse:

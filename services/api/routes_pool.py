@@ -13,6 +13,7 @@ from t3ar_services.api import schemas as s
 from t3ar_services.api.contributions import source_of
 from t3ar_services.api.deps import ADMIN, ApiState, StateDep
 from t3ar_services.api.jobs import require_job
+from t3ar_services.api.routes import lineage_job_outs
 
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 422, 502, 503)}
 router = APIRouter(responses=_ERRORS, dependencies=ADMIN, tags=["pool"])
@@ -21,16 +22,7 @@ router = APIRouter(responses=_ERRORS, dependencies=ADMIN, tags=["pool"])
 def _lineage_jobs(request: Request, state: ApiState, pool_ids: list[str], *,
                   exclude: str | None = None) -> list[s.LineageJob]:
     state.jobs.sync_lineage()
-    out = []
-    for job_id, finished_at in state.contributor.records.jobs_using_any(pool_ids):
-        if job_id == exclude:
-            continue
-        row = state.store.get_job(job_id)
-        out.append(s.LineageJob(job_id=job_id, url=str(request.url_for("get_job", job_id=job_id)),
-                                checkpoint_url=str(request.url_for("get_checkpoint", job_id=job_id)),
-                                readapt_url=str(request.url_for("readapt", job_id=job_id)),
-                                model_id=row.model_id if row else None, finished_at=finished_at))
-    return out
+    return lineage_job_outs(request, state, state.contributor.records.jobs_using_any(pool_ids), exclude=exclude)
 
 
 @router.delete("/jobs/{job_id}/contribution", response_model=s.ContributionWithdrawn)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,17 +107,27 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.3) -
 
 
 @contextmanager
-def running_stack(data: Path) -> Iterator[Stack]:
-    """`t3ar up` in ``data`` (one worker, free ports, short heartbeats), stopped with SIGTERM at the end."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
-               T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE="32", T3AR_RETRIEVER_EMBED_BATCH_SIZE="16",
-               T3AR_WORKER_MONITOR_INTERVAL="1", T3AR_WORKER_ABANDON_GRACE="3", T3AR_WORKER_PROGRESS_INTERVAL="0.2",
-               T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="1")
-    out = open(data / "up.log", "wb")  # noqa: SIM115 - closed at teardown
+def running_stack(data: Path, env: Mapping[str, str | None] | None = None,
+                  start_timeout: float = 300) -> Iterator[Stack]:
+    """`t3ar up` in ``data`` (one worker, free ports, short heartbeats), stopped with SIGTERM at the end. ``env``
+    overrides the settings below (None: leave the service's default); ``data`` may hold an earlier stack's state
+    (a restart): its log is appended to."""
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
+                T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE="32", T3AR_RETRIEVER_EMBED_BATCH_SIZE="16",
+                T3AR_WORKER_MONITOR_INTERVAL="1", T3AR_WORKER_ABANDON_GRACE="3", T3AR_WORKER_PROGRESS_INTERVAL="0.2",
+                T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="1")
+    for key, value in (env or {}).items():
+        if value is None:
+            full.pop(key, None)
+        else:
+            full[key] = value
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "stack.json").unlink(missing_ok=True)  # an earlier stack's
+    out = open(data / "up.log", "ab")  # noqa: SIM115 - closed at teardown
     proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data), "--api-port", "0",
-                             "--retriever-port", "0", "--workers", "1"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                             "--retriever-port", "0", "--workers", "1"], env=full, stdout=out, stderr=subprocess.STDOUT,
                             cwd=ROOT)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + start_timeout
     while not (data / "stack.json").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()

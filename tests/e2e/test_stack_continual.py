@@ -8,13 +8,7 @@ dry-run changes nothing and its real run removes exactly what the dry-run listed
 from __future__ import annotations
 
 import io
-import json
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import stack_helpers
 from PIL import Image, ImageDraw
-from stack_helpers import FAST_JOB, LONG_JOB, ROOT, Stack, inherited_path, tiny_checkpoint, wait_for
+from stack_helpers import FAST_JOB, LONG_JOB, Stack, tiny_checkpoint, wait_for
 
 from t3ar.clients.api import ApiAuthError, ApiInputError, ApiNotFoundError
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
@@ -60,29 +55,12 @@ def unlabelled_zip(path: Path, files: dict[str, bytes]) -> Path:
 
 @contextmanager
 def running_stack(data: Path) -> Iterator[Stack]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
-               T3AR_RETRIEVER_EMBED_BATCH_SIZE="16", T3AR_WORKER_PROGRESS_INTERVAL="0.2",
-               T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="0.5")
-    (data / "stack.json").unlink(missing_ok=True)
-    log = open(data.parent / f"{data.name}-up.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data), "--api-port", "0",
-                             "--retriever-port", "0", "--workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 600  # a busy 2-core machine takes minutes to import torch in each service
-        while not (data / "stack.json").exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("t3ar up did not start:\n"
-                            + (data.parent / f"{data.name}-up.log").read_text(errors="replace")[-4000:])
-            time.sleep(0.5)
-        yield Stack(data, json.loads((data / "stack.json").read_text()), proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    """The shared `t3ar up` of the e2e tests with R at its default image size (the near-duplicate thresholds above
+    are about it) and the workers' default heartbeats; the data directory survives restarts."""
+    with stack_helpers.running_stack(data, {"T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE": None,
+                                            "T3AR_WORKER_MONITOR_INTERVAL": None, "T3AR_WORKER_ABANDON_GRACE": None,
+                                            "T3AR_API_SWEEP_INTERVAL": "0.5"}, start_timeout=600) as stack:
+        yield stack
 
 
 def _contribution(api: Any, job_id: str, want: str = "done") -> dict[str, Any]:
