@@ -11,6 +11,11 @@ from t3ar_services.common.text import Utf8Str
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
 
 
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a router whose errors are these statuses, each with the error body."""
+    return {c: {"model": ErrorBody} for c in codes}
+
+
 class ErrorInfo(BaseModel):
     code: str = Field(description="machine-readable: not_found, invalid_input, bad_image, unsafe_archive, "
                       "bad_checkpoint, payload_too_large, unauthorized, forbidden, conflict, unavailable, "

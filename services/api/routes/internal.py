@@ -12,7 +12,7 @@ else 409; a canceled or failed job (e.g. failed as abandoned while a partitioned
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
@@ -28,8 +28,8 @@ from t3ar_services.api.verify import check_checkpoint, check_result
 from t3ar_services.common.errors import AuthError
 from t3ar_services.common.job_contract import JOB_SECRET_HEADER, SHA256_PATTERN, secret_digest
 
-_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
-router = APIRouter(prefix="/internal", responses=_ERRORS, dependencies=WORKER, tags=["workers"])
+router = APIRouter(prefix="/internal", responses=s.error_responses(401, 403, 404, 409, 413, 422, 503),
+                   dependencies=WORKER, tags=["workers"])
 _OCTET = {"requestBody": {"required": True, "content": {"application/octet-stream": {
     "schema": {"type": "string", "format": "binary"}}}}}
 Sha256 = Annotated[str, Query(pattern=SHA256_PATTERN, description="sha256 of the body (lower-case hex)")]
