@@ -27,7 +27,8 @@ from t3ar_services.api.console.web import (
 from t3ar_services.api.deps import links_of
 from t3ar_services.api.domain import jobs
 from t3ar_services.api.jobs import require_job
-from t3ar_services.api.schemas import JobOut
+from t3ar_services.api.schemas import JobOut, ReportOut
+from t3ar_services.common.job_contract import EpochPoint
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 RUNNING = ("queued", "started")
@@ -72,7 +73,7 @@ def jobs_page(request: Request, session: SessionDep, before: str | None = None) 
                   refresh=REFRESH_SECONDS if running else None)
 
 
-def _report(state: Any, job_id: str) -> dict[str, Any] | None:
+def _report(state: Any, job_id: str) -> ReportOut | None:
     """The finished job's report, or None when it is missing (the page still shows the rest)."""
     try:
         return call(jobs.report, state, job_id)
@@ -82,30 +83,29 @@ def _report(state: Any, job_id: str) -> dict[str, Any] | None:
         raise
 
 
-def _charts(report: dict[str, Any] | None) -> list[Any]:
-    if not report:
+def _charts(report: ReportOut | None) -> list[Any]:
+    if report is None:
         return []
-    steps = report.get("step_history") or []
-    epochs = report.get("epochs") or []
-    if len(steps) >= 2:
-        xs = [s.get("step", i) for i, s in enumerate(steps)]
-        rows, axis = steps, "step"
+    rows: list[EpochPoint]
+    if len(report.step_history) >= 2:
+        xs, rows, axis = [p.step for p in report.step_history], list(report.step_history), "step"
     else:
-        xs = [e.get("epoch", i) for i, e in enumerate(epochs)]
-        rows, axis = epochs, "epoch"
-    charts = [line_chart(f"loss terms by {axis}", xs, {k: [r.get(k) for r in rows] for k in
-                                                       ("loss", "loss_ce", "loss_contrastive")}),
-              line_chart(f"pseudo-label change rate by {axis}", xs, {"change rate": [r.get("pl_change_rate")
-                                                                                     for r in rows]}, (0.0, 1.0))]
+        xs, rows, axis = [e.epoch for e in report.epochs], report.epochs, "epoch"
+    charts = [line_chart(f"loss terms by {axis}", xs, {"loss": [r.loss for r in rows],
+                                                       "loss_ce": [r.loss_ce for r in rows],
+                                                       "loss_contrastive": [r.loss_contrastive for r in rows]}),
+              line_chart(f"pseudo-label change rate by {axis}", xs,
+                         {"change rate": [r.pl_change_rate for r in rows]}, (0.0, 1.0))]
     return [c for c in charts if not c.empty]
 
 
-def _accuracy(report: dict[str, Any] | None) -> dict[str, float] | None:
-    acc = (report or {}).get("accuracy") or {}
-    before, after = (acc.get("before") or {}).get("top1"), (acc.get("after") or {}).get("top1")
+def _accuracy(report: ReportOut | None) -> dict[str, float] | None:
+    acc = report.accuracy if report is not None else None
+    before = acc.before.top1 if acc is not None and acc.before is not None else None
+    after = acc.after.top1 if acc is not None and acc.after is not None else None
     if before is None or after is None:
         return None
-    return {"before": float(before), "after": float(after)}
+    return {"before": before, "after": after}
 
 
 @router.get("/jobs/{job_id}")
@@ -115,7 +115,7 @@ def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
     report = _report(state, job_id) if job.status == "finished" else None
     return render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
                   accuracy=_accuracy(report), config=json.dumps(job.config, indent=2, sort_keys=True),
-                  neighbours=(report or {}).get("neighbour_sample") or [],
+                  neighbours=report.neighbour_sample if report is not None else [],
                   lineage=jobs.retrieved(state, job_id) if job.status == "finished" else [],
                   refresh=REFRESH_SECONDS if job.status in RUNNING else None)
 
@@ -129,7 +129,8 @@ def download_checkpoint(request: Request, session: SessionDep, job_id: str) -> F
 @router.get("/jobs/{job_id}/report")
 def download_report(request: Request, session: SessionDep, job_id: str) -> Response:
     report = call(jobs.report, api_state(request), job_id)
-    return JSONResponse(report, headers={"Content-Disposition": f'attachment; filename="t3ar-{job_id}-report.json"'})
+    return JSONResponse(report.model_dump(mode="json", exclude_unset=True),  # what GET /jobs/{id}/report answers
+                        headers={"Content-Disposition": f'attachment; filename="t3ar-{job_id}-report.json"'})
 
 
 @router.get("/jobs/{job_id}/target/{name:path}")

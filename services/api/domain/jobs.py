@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from pydantic import ValidationError
 
 from t3ar.errors import InvalidInputError, T3arError
 from t3ar.jobsize import kept_images
@@ -23,8 +26,10 @@ from t3ar_services.api.registry import require_model
 from t3ar_services.api.store import JobRow
 from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
-from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, new_job_secret
+from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, JobReport, new_job_secret
 from t3ar_services.common.text import readable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -200,14 +205,22 @@ def checkpoint(state: ApiState, job_id: str) -> Path:
     return finished_artifact(state, job_id, MODEL_FILE)
 
 
-def report(state: ApiState, job_id: str) -> dict[str, Any]:
+def report(state: ApiState, job_id: str) -> s.ReportOut:
     """The finished job's report, with its contribution as it stands now (not at finishing) and the earlier
-    contributions its retrieved neighbours came from."""
+    contributions its retrieved neighbours came from. A report stored before the report had a version is read
+    for the fields the contract names."""
     path = finished_artifact(state, job_id, REPORT_FILE)
     found = readable(json.loads(path.read_text()))  # a report stored before issue 29 may hold NaN
-    found["contribution"] = state.contributor.describe(job_id, "finished")
-    found["neighbours_from_contributions"] = state.contributor.neighbours(job_id)
-    return found
+    extra = {"contribution": state.contributor.describe(job_id, "finished"),
+             "neighbours_from_contributions": state.contributor.neighbours(job_id)}
+    try:
+        return s.ReportOut.model_validate({**found, **extra})
+    except ValidationError:
+        if "version" in found:  # written by a versioned worker, so it was validated on arrival: a damaged file
+            raise ConflictError(f"job {job_id}'s stored report does not fit the job contract") from None
+        log.warning("job %s: a report from before the contract named it; unknown fields left out", job_id)
+        known = {"job_id": job_id} | {k: v for k, v in found.items() if k in JobReport.model_fields}
+        return s.ReportOut.model_validate({**known, **extra})
 
 
 def retrieved(state: ApiState, job_id: str) -> list[str]:

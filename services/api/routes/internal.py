@@ -109,8 +109,9 @@ def put_result(request: Request, state: StateDep, job_id: str, body: s.WorkerRes
     if not state.artifacts.refuse_if_finished(job_id, sha, "result"):
         _check_running(state, job_id)
     lineage = {**body.lineage.model_dump(mode="json"), "job_id": job_id}
-    stored = state.artifacts.put_result(job_id, body.report, lineage,
-                                        verify=lambda path: check_result(path, row, lineage, body.report))
+    report = body.report.model_dump(mode="json")
+    stored = state.artifacts.put_result(job_id, report, lineage,
+                                        verify=lambda path: check_result(path, row, lineage, report))
     if stored:
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
                                   checkpoint_sha256=sha)

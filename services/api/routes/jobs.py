@@ -86,12 +86,13 @@ def get_checkpoint(state: StateDep, job_id: str) -> FileResponse:
                         filename=f"t3ar-{job_id}.pt")
 
 
-@router.get("/jobs/{job_id}/report")
-def get_report(state: StateDep, job_id: str) -> JSONResponse:
+@router.get("/jobs/{job_id}/report", response_model=s.ReportOut, response_model_exclude_unset=True)
+def get_report(state: StateDep, job_id: str) -> s.ReportOut:
     """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given;
     ``contribution`` (whether its target joined the pool: added / skipped counts) and
-    ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from)."""
-    return JSONResponse(jobs.report(state, job_id))
+    ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from). The
+    fields are the report's as stored (a report from before the report had a version has fewer)."""
+    return jobs.report(state, job_id)
 
 
 @router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted)
