@@ -25,6 +25,7 @@ from typing import Any
 
 from t3ar.errors import T3arError
 from t3ar.logs import REQUEST_ID, request_id_from
+from t3ar.method.config import AdaptConfig
 from t3ar_services.common.job_contract import (
     BASE_MODEL_ROUTE,
     MODEL_FILE,
@@ -97,7 +98,6 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     import torch
 
     from t3ar.device import resolve_device
-    from t3ar.method.config import AdaptConfig
 
     t0 = time.perf_counter()
     if settings.torch_threads:
@@ -148,7 +148,7 @@ def _fetch_inputs(spec: JobSpec, settings: WorkerSettings, api: Any, work: Path)
     return model_file, target_dir, transfer
 
 
-def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, progress: Any, connection: Any,
+def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device: Any, progress: Any, connection: Any,
            api: Any, model_file: Path, target_dir: Path, work: Path, transfer: dict[str, Any],
            t0: float) -> dict[str, Any]:
     from t3ar.clients.retriever import RetrieverClient
@@ -159,10 +159,10 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
 
     model, info = load_checkpoint(model_file, device=device)
     target = read_target(target_dir, strict=True)
-    from t3ar.data.datasets import stratified_subsample
+    from t3ar.data.datasets import adapted_rows
     from t3ar_services.worker.memory import check_job_memory
 
-    kept = len(stratified_subsample(target.labels, len(target), config.fraction, config.seed))
+    kept = len(adapted_rows(target.labels, len(target), config.fraction, config.seed))
     check_job_memory(config, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
 
     provider = None
@@ -217,7 +217,7 @@ def _brief_eval(ev: dict[str, Any] | None) -> EvalBrief | None:
 _MAX_STEP_POINTS = 500
 
 
-def _report(spec: JobSpec, config: Any, outcome: Any, metrics: dict[str, Any], sha: str, device: str,
+def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str, Any], sha: str, device: str,
             provider: Any, seconds: float, transfer: dict[str, Any]) -> JobReport:
     res = outcome.result
     history = res.history

@@ -28,11 +28,12 @@ import torch
 
 from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
 from t3ar.data.images import is_image_name, open_image, to_tensor_uint8
-from t3ar.data.sampling import class_map_check, stratified_subsample
+from t3ar.data.sampling import adapted_rows, class_map_check, stratified_subsample
 from t3ar.errors import DatasetError, ImageDecodeError
 
 __all__ = [
     "ImageSet",
+    "adapted_rows",
     "class_map_check",
     "find_labels_csv",
     "load_tensors",
