@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,8 @@ import httpx
 import pytest
 from console_kit import (
     app_for,
-    console_client,
     csrf_of,
     model_file,
-    new_pool,
     png_image,
     settings_for,
     sign_in,
@@ -26,16 +23,6 @@ from console_kit import (
 from fastapi.testclient import TestClient
 
 from t3ar_services.api.console.session import LOGIN_COOKIE, SESSION_COOKIE, Sessions
-
-
-@pytest.fixture()
-def pool() -> dict[str, Any]:
-    return new_pool()
-
-
-@pytest.fixture()
-def client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]:
-    yield from console_client(tmp_path, pool)
 
 
 def test_pages_need_a_session_and_redirect_to_sign_in(client: TestClient) -> None:

@@ -18,7 +18,6 @@ Services run as real uvicorn subprocesses on 127.0.0.1; nothing runs concurrentl
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from t3ar.bench.retrieval.service import (
     percentiles,
     retriever_service,
     rss_bytes,
+    shapes_png,
     unit_vectors,
 )
 from t3ar.clients.retriever import RetrieverClient
@@ -120,22 +120,6 @@ def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int
             "single_cpu_client_ms": c_client / len(singles) * 1000}
 
 
-def _png(seed: int, size: int = 64) -> bytes:
-    from PIL import Image, ImageDraw
-
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (size, size), tuple(int(x) for x in rng.integers(0, 256, 3)))
-    draw = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(2, 6))):
-        x, y = (int(v) for v in rng.integers(0, size, 2))
-        box = [x, y, x + int(rng.integers(8, 40)), y + int(rng.integers(8, 40))]
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        (draw.rectangle if rng.integers(0, 2) else draw.ellipse)(box, fill=colour)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def forward_worker(batch: int) -> None:
     """Run in a clean process (faiss' and torch's OpenMP pools in one process slow each other down): reads a
     number of batches per stdin line, embeds that many decoded batches, prints the seconds it took."""
@@ -145,7 +129,7 @@ def forward_worker(batch: int) -> None:
     from t3ar.embedder import Embedder, EmbedderSpec
 
     embedder = Embedder(EmbedderSpec())
-    tensors = torch.stack([to_tensor_uint8(open_image(_png(50_000 + s)), embedder.spec.image_size)
+    tensors = torch.stack([to_tensor_uint8(open_image(shapes_png(50_000 + s)), embedder.spec.image_size)
                            for s in range(4 * batch)])
     for w in range(WARMUP_BATCHES):  # oneDNN needs a few calls to reach its pace
         embedder.embed(tensors[w % 4 * batch:(w % 4 + 1) * batch], batch_size=batch)
@@ -162,7 +146,7 @@ def forward_worker(batch: int) -> None:
 def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight: int = 2) -> dict[str, Any]:
     """Alternate blocks of ``block`` batches: bare forward (worker process), then HTTP ingest (two requests in
     flight, as ``t3ar pool ingest`` does), so that both see the same machine load."""
-    pngs = [_png(s) for s in range(n)]
+    pngs = [shapes_png(s) for s in range(n)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     worker = subprocess.Popen([sys.executable, "-c", f"from {forward_worker.__module__} import forward_worker; "
                                f"forward_worker({batch})"], env=env, stdin=subprocess.PIPE,
@@ -173,7 +157,7 @@ def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight
     try:
         with retriever_service(work / "ingest", {"T3AR_RETRIEVER_DUPLICATE_POLICY": "keep"}) as (client, proc):
             for w in range(WARMUP_BATCHES):  # the same warm-up as the forward pass gets
-                client.add_images([(f"warm{i}.png", _png(10_000 + w * batch + i)) for i in range(batch)])
+                client.add_images([(f"warm{i}.png", shapes_png(10_000 + w * batch + i)) for i in range(batch)])
             assert worker.stdout.readline().strip() == "ready"
             with ThreadPoolExecutor(max_workers=in_flight) as ex:
                 for first in range(0, n, block * batch):

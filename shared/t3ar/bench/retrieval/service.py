@@ -84,3 +84,29 @@ def percentiles(seconds: list[float], *, with_max: bool = True) -> dict[str, flo
     if with_max:
         out["max_ms"] = float(ms.max())
     return {**out, "n": len(ms)}
+
+
+def shapes_png(seed: int, size: int = 64, *, noise: bool = False, nudge: bool = False) -> bytes:
+    """A PNG of a few coloured shapes on a coloured ground, the same for the same seed (pairwise cosine < 0.9 under
+    the default embedder for seeds 0..59): the benchmarks' and tests' synthetic pool images. ``noise``: pixel
+    noise on odd seeds; ``nudge``: one pixel changed (other bytes, the same picture to the embedder)."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    img = Image.new("RGB", (size, size), tuple(int(x) for x in rng.integers(0, 256, 3)))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(2, 6))):
+        x, y = (int(v) for v in rng.integers(0, size, 2))
+        box = [x, y, x + int(rng.integers(8, 40)), y + int(rng.integers(8, 40))]
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.rectangle if rng.integers(0, 2) else draw.ellipse)(box, fill=colour)
+    arr = np.asarray(img).astype(int)
+    if noise:
+        arr = arr + rng.integers(-30, 30, (size, size, 3)) * (seed % 2)
+    if nudge:
+        arr[0, 0] = (arr[0, 0] + 7) % 256
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
