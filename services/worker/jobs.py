@@ -30,7 +30,6 @@ from t3ar_services.common.job_contract import (
     BASE_MODEL_ROUTE,
     MODEL_FILE,
     TARGET_ROUTE,
-    WITHDRAWN_KEY,
     Accuracy,
     CacheStats,
     EpochPoint,
@@ -171,10 +170,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     client = None
     if config.uses_retrieval:
         cache = ImageCache(settings.image_cache_dir(), settings.cache_max_bytes)
-        if connection is not None:
-            withdrawn = [m.decode() if isinstance(m, bytes) else str(m) for m in connection.smembers(WITHDRAWN_KEY)]
-            if n := cache.forget(withdrawn):
-                log.info("dropped %d withdrawn pool image(s) from the cache", n)
+        if connection is not None and (n := cache.forget_withdrawn(connection)):
+            log.info("dropped %d withdrawn pool image(s) from the cache", n)
         token = settings.retriever_token.get_secret_value() if settings.retriever_token else None
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)
