@@ -62,6 +62,13 @@ def test_labelled_use_per_style() -> None:
     assert rep.to_dict()["styles"]["fxemoji"]["uses"] == 1
 
 
+def test_labelled_use_against_a_batchs_classes() -> None:
+    """A random draw has no query of its own: a use counts when its label is one of the batch's classes."""
+    rep = labelled_use([("emojione/1", "heart", frozenset({"heart", "face-smiling"})),
+                        ("emojione/2", "time", ("heart",)), ("emojione/3", "heart", "heart")])
+    assert (rep.uses, rep.query_class) == (3, 2)
+
+
 def test_labelled_use_of_nothing_is_empty() -> None:
     rep = labelled_use([("openclipart/x", None, "heart")])
     assert (rep.uses, rep.query_class_share, rep.styles, rep.skipped) == (0, 0.0, {}, 1)

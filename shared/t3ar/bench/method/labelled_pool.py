@@ -9,7 +9,7 @@ a target's family never enters that target's pool.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -85,13 +85,15 @@ class LabelledUse:
         return asdict(self)
 
 
-def labelled_use(used: Iterable[tuple[str, str | None, str]]) -> LabelledUse:
+def labelled_use(used: Iterable[tuple[str, str | None, str | Collection[str]]]) -> LabelledUse:
     """Per style, the share of an arm's labelled uses and how many carried the query's class.
 
-    ``used``: one ``(pool id, label it served with, class of the query it served)`` per use (a neighbour used for
-    two queries, or at two steps, counts twice; ``items`` counts it once). For the random-labelled control the
-    "query" is the target image the drawn item was paired with. Entries whose label is None or empty are not
-    labelled uses: they are counted in ``skipped`` only. Shares are over all labelled uses; 0 when there are none.
+    ``used``: one ``(pool id, label it served with, query class)`` per use (a neighbour used for two queries, or
+    at two steps, counts twice; ``items`` counts it once). The query class is the true class of the target image
+    that retrieved the item, or a collection of classes (e.g. those of the step's batch, for a random or whole-pool
+    draw that no single query made): the use "had the query's class" when its label is that class or in that
+    collection. Entries whose label is None or empty are not labelled uses: they are counted in ``skipped`` only.
+    Shares are over all labelled uses; 0 when there are none.
     """
     per: dict[str, StyleUse] = {}
     seen: dict[str, set[str]] = {}
@@ -103,7 +105,7 @@ def labelled_use(used: Iterable[tuple[str, str | None, str]]) -> LabelledUse:
         style = style_of(pid)
         u = per.setdefault(style, StyleUse())
         u.uses += 1
-        u.query_class += int(label == query_class)
+        u.query_class += int(label == query_class if isinstance(query_class, str) else label in query_class)
         seen.setdefault(style, set()).add(pid)
     out.uses = sum(u.uses for u in per.values())
     out.query_class = sum(u.query_class for u in per.values())
