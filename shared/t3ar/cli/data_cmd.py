@@ -174,8 +174,8 @@ def _kit_classes(kit: Path | None) -> list[str] | None:
 @data.command("archive")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
 @_cache_option
-@click.option("--styles", default=None, help="Comma-separated archive styles (default: every style with artwork "
-              "of its own; see --help).")
+@click.option("--styles", default=None, help="Comma-separated archive styles (default: all but noto-svgmoji, an "
+              "older copy of noto).")
 @click.option("--classes-from", "kit", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="An emoji kit built by `t3ar data emoji`: keep only its classes (default: every class).")
 @click.option("--label", type=click.Choice(["subcategory", "category"]), default="subcategory",
