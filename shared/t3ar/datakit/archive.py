@@ -167,7 +167,8 @@ def build_archive(
     ``classes``: the class slugs to keep (the emoji kit's, so that archive labels are the task's classes);
     None keeps every class of emoji.json. ``package_dirs`` maps npm package names to extracted ``package/``
     folders (skips ``npm pack``). Idempotent: a manifest recording the same request is returned as is
-    (``reused`` true, ``seconds`` this call's, ``built_seconds`` the build's). Built in a temporary sibling renamed into place, so ``out`` is never half-written.
+    (``reused`` true, ``seconds`` this call's, ``built_seconds`` the build's). Built in a temporary sibling
+    renamed into place, so ``out`` is never half-written.
     Raises InvalidInputError for unknown styles or bad sizes, ToolMissingError when ``npm pack`` fails.
     """
     start = time.monotonic()
