@@ -75,7 +75,8 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         {"grinning-face": _body(64), "flag-for-croatia": _body(64), "alarmclock": _body(64),
          "dog-face": {"body": "<rect width='10' <g>"},
          "mystery-blob": _body(64), "old-name": {**_body(64), "hidden": True}},
-        aliases={"red-heart": {"parent": "grinning-face"}, "grin": {"parent": "old-name"}}, size=64)
+        aliases={"red-heart": {"parent": "grinning-face"}, "grin": {"parent": "old-name"},
+                 "turned": {"parent": "grinning-face", "rotate": 1}}, size=64)
     sprite = base / "svgmoji" / "sprites"
     sprite.mkdir(parents=True)
     (sprite / "all.svg").write_text(
@@ -96,6 +97,7 @@ def test_norm_code_drops_the_variation_selector_and_unifies_case() -> None:
 def test_iconify_reader_resolves_aliases_and_skips_hidden_icons(packages: dict[str, Path]) -> None:
     s = read_iconify(packages[ARCHIVE_STYLES["emojione"].package])
     assert "old-name" not in s.icons and "grin" not in s.icons  # hidden, and an alias of a hidden icon
+    assert "turned" not in s.icons  # rotated: not drawn
     assert s.icons["red-heart"].body == s.icons["grinning-face"].body
     assert s.icons["grinning-face"].width == 64 and s.licence == "CC-BY-4.0" and s.chars == {}
 

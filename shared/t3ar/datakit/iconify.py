@@ -45,14 +45,11 @@ class Icon:
     top: float = 0.0
     h_flip: bool = False
     v_flip: bool = False
-    rotate: int = 0  # quarter turns
 
     def svg(self) -> str:
         """A standalone SVG document (black ``currentColor``, as monochrome sets expect)."""
         body, w, h = self.body, self.width, self.height
         ops = []
-        if self.rotate % 4:
-            ops.append(f"rotate({90 * (self.rotate % 4)} {self.left + w / 2} {self.top + h / 2})")
         if self.h_flip:
             ops.append(f"translate({2 * self.left + w} 0) scale(-1 1)")
         if self.v_flip:
@@ -90,15 +87,16 @@ def _icon(raw: Mapping[str, Any], defaults: Mapping[str, Any], parent: Icon | No
             base[k] = float(raw[k])
     h = bool(raw.get("hFlip", False)) != (parent.h_flip if parent else False)
     v = bool(raw.get("vFlip", False)) != (parent.v_flip if parent else False)
-    rot = (int(raw.get("rotate", 0)) + (parent.rotate if parent else 0)) % 4
-    return Icon(h_flip=h, v_flip=v, rotate=rot, **base)
+    return Icon(h_flip=h, v_flip=v, **base)
 
 
 def read_iconify(package: Path) -> IconifySet:
     """Read ``icons.json`` (+ ``chars.json``, ``info.json`` when present) of an extracted ``@iconify-json`` package.
 
     Hidden icons (kept by Iconify for old names) are skipped; an alias becomes an icon of its own (its parent's
-    body with the alias's transform). Raises InvalidInputError when ``icons.json`` is missing or malformed.
+    body with the alias's flips). Icons and aliases that are rotated are skipped (no emoji set of ours has one;
+    a quarter turn of a non-square icon would also swap its box). Raises InvalidInputError when ``icons.json``
+    is missing or malformed.
     """
     try:
         data = json.loads((package / "icons.json").read_text(encoding="utf-8"))
@@ -106,12 +104,12 @@ def read_iconify(package: Path) -> IconifySet:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InvalidInputError(f"{package}: not an Iconify JSON package ({e}); delete it from the cache") from e
     icons = {n: _icon(r, data) for n, r in raw_icons.items() if isinstance(r, dict) and "body" in r
-             and not r.get("hidden")}
+             and not r.get("hidden") and not r.get("rotate")}
     aliases: dict[str, Any] = data.get("aliases") or {}
     for _ in range(4):  # aliases may point at aliases; a few rounds resolve every real chain
         for name, raw in aliases.items():
             parent = icons.get(str(raw.get("parent", "")))
-            if name not in icons and parent is not None and not raw.get("hidden"):
+            if name not in icons and parent is not None and not raw.get("hidden") and not raw.get("rotate"):
                 icons[name] = _icon(raw, data, parent)
     chars, info = {}, {}
     if (package / "chars.json").is_file():
