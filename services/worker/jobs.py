@@ -2,7 +2,8 @@
 :class:`~t3ar_services.common.job_contract.JobSpec`).
 
 It runs in the work-horse process. torch and the core are imported here, inside the function, so the
-forking worker parent stays free of torch (a fork after torch has started its thread pools can deadlock).
+forking worker parent stays free of torch (rq forks a work horse per job, and a child forked after the
+parent ran a torch op can deadlock).
 
 Inputs and outputs travel over HTTP (:mod:`t3ar_services.worker.transfer`): the base checkpoint (cached by
 sha256 in the worker's data dir) and the target tar are downloaded and checked against the digests the job
