@@ -87,7 +87,8 @@ class JobReport(_Part):
     """What a finished job did: its config, the checkpoint it made, timings, losses per epoch and per step,
     accuracy when the target had labels, the image cache's use and a sample of the neighbours it drew."""
 
-    version: int = Field(default=REPORT_VERSION, description="the report's shape (REPORT_VERSION when written)")
+    version: int = Field(default=REPORT_VERSION, description="the report's shape (REPORT_VERSION when written)",
+                         json_schema_extra={"minimum": 1, "maximum": REPORT_VERSION})  # checked by _known
     job_id: str
     model_id: str | None = None
     parent_id: str | None = None
