@@ -18,6 +18,7 @@ from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.registry import register_model
 from t3ar_services.api.store import ModelRow
 from t3ar_services.api.uploads import sent_name
+from t3ar_services.common.body_limit import body_size
 from t3ar_services.common.forms import only_fields
 from t3ar_services.common.job_contract import WITHDRAWN_KEY
 
@@ -72,7 +73,7 @@ def _model_out(m: ModelRow) -> s.ModelOut:
 
 
 @router.post("/models", response_model=s.ModelOut, status_code=201, tags=["models"],
-             dependencies=[*USER, only_fields("file", "name")],
+             dependencies=[*USER, body_size("model"), only_fields("file", "name")],
              responses={200: {"model": s.ModelOut, "description": "the same file was uploaded before"},
                         400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
              openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {

@@ -24,6 +24,7 @@ from t3ar_services.api.registry import require_model
 from t3ar_services.api.store import JobRow
 from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
+from t3ar_services.common.body_limit import body_size
 from t3ar_services.common.forms import only_fields
 from t3ar_services.common.job_contract import MODEL_FILE, REPORT_FILE, new_job_secret
 from t3ar_services.common.text import readable
@@ -74,7 +75,8 @@ def _accepted(request: Request, state: ApiState, row: JobRow, warnings: list[str
 
 
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
-              dependencies=[only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
+              dependencies=[body_size("archive"),
+                            only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})

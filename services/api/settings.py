@@ -50,6 +50,8 @@ class ApiSettings(ServiceSettings):
     # --- limits ---
     max_upload_bytes: int = Field(default=1024 * MiB, ge=1, description="target archive, as uploaded")
     max_model_bytes: int = Field(default=1024 * MiB, ge=1, description="base checkpoint upload")
+    max_result_bytes: int = Field(default=64 * MiB, ge=1024, description="a worker's result (report and lineage) "
+                                                                        "JSON, read after the job's secret")
     max_archive_files: int = Field(default=50_000, ge=1)
     max_archive_bytes: int = Field(default=4096 * MiB, ge=1, description="target archive, extracted")
     max_archive_ratio: int = Field(default=100, ge=1, description="target archive: extracted bytes per archive byte")

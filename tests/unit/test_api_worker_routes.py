@@ -179,7 +179,7 @@ def test_checkpoint_over_the_limit_is_413(env: Any, tmp_path: Path) -> None:
     resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(big).hexdigest()},
                       content=big, headers=W)
     assert resp.status_code == 413 and "T3AR_API_MAX_MODEL_BYTES" in resp.json()["error"]["message"]
-    assert not list((data / "artifacts" / job_id).iterdir())
+    assert not list((data / "artifacts" / job_id).glob("*"))
 
 
 def test_worker_token_must_differ() -> None:

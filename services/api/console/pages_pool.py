@@ -31,6 +31,7 @@ from t3ar_services.api.console.web import (
     require_admin,
     thumbnail,
 )
+from t3ar_services.common.body_limit import body_size
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 PAGE = 48
@@ -59,7 +60,7 @@ def search_page(request: Request, session: SessionDep) -> Response:
     return render(request, "search.html", session, results=None, query=None)
 
 
-@router.post("/pool/search")
+@router.post("/pool/search", dependencies=[body_size("query_image")])
 async def search(request: Request) -> Response:
     session, form = await checked_form(request, max_files=1)
     upload = form.get("image")
