@@ -8,13 +8,13 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from t3ar_services.api.console import pages_auth, pages_jobs, pages_models, pages_pool
+from t3ar_services.api.console.answers import ConsoleAnswersMiddleware
 from t3ar_services.api.console.session import Sessions
 from t3ar_services.api.console.web import (
     PREFIX,
     STATIC_DIR,
     NeedSignIn,
     PageError,
-    SecurityHeadersMiddleware,
     error_page,
     sign_in_redirect,
 )
@@ -31,4 +31,4 @@ def install_console(app: FastAPI, settings: ApiSettings) -> None:
     for module in (pages_auth, pages_jobs, pages_pool, pages_models):
         app.include_router(module.router)
     app.include_router(pages_auth.fallback)
-    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(ConsoleAnswersMiddleware)

@@ -21,6 +21,7 @@ from t3ar_services.api.console.web import (
     api_state,
     call,
     checked_form,
+    file_inside,
     png_response,
     render,
     thumbnail,
@@ -147,10 +148,9 @@ def target_image(request: Request, session: SessionDep, job_id: str, name: str) 
     """A thumbnail of one of the job's target images (the validated, extracted copy the API keeps)."""
     state = api_state(request)
     row = call(require_job, state.store, job_id)
-    root = (state.settings.data_dir / row.target_dir).resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root) or not path.is_file():
-        raise PageError(404, f"job {job_id} has no target image {name!r}")
+    path = file_inside((state.settings.data_dir / row.target_dir).resolve(), name)
+    if path is None:
+        raise PageError(404, f"job {job_id} has no target image {name[:200]!r}")
     return png_response(_thumb(path))
 
 

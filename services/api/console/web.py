@@ -1,5 +1,6 @@
-"""The console's web plumbing: templates (Jinja2, autoescaped), security headers, the session dependency,
-CSRF-checked forms, HTML error pages and image thumbnails.
+"""The console's web plumbing: templates (Jinja2, autoescaped), the security headers (sent by
+:mod:`~t3ar_services.api.console.answers`), the session dependency, CSRF-checked forms, HTML error pages, guarded
+file names and image thumbnails.
 
 Every page and action goes through :func:`current_session` (a signed-in session, else a redirect to sign-in);
 every POST through :func:`checked_form`, which checks the session *before* reading the body and the CSRF token
@@ -23,7 +24,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.datastructures import FormData
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from t3ar.errors import T3arError
 from t3ar_services.api.console.session import SESSION_COOKIE, Session, Sessions
@@ -57,32 +57,6 @@ def _env() -> jinja2.Environment:
 
 
 TEMPLATES = _env()
-
-
-class SecurityHeadersMiddleware:
-    """The console's headers (CSP, nosniff, no framing) on every answer under ``/ui``, errors included; pages
-    are not cached (they show one session's data)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == PREFIX or path.startswith(PREFIX + "/")):
-            await self.app(scope, receive, send)
-            return
-        static = path.startswith(PREFIX + "/static/")
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in dict(SECURITY_HEADERS)]
-                headers += SECURITY_HEADERS
-                if not static and not any(k.lower() == b"cache-control" for k, _ in headers):
-                    headers.append((b"cache-control", b"no-store"))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
 
 
 class NeedSignIn(Exception):
@@ -197,6 +171,24 @@ def safe_next(value: str | None) -> str:
     if value and _NEXT.fullmatch(value) and "//" not in value and not value.startswith(PREFIX + "/login"):
         return value
     return f"{PREFIX}/jobs"
+
+
+MAX_NAME_BYTES = 255  # one path segment, as Linux filesystems allow
+MAX_PATH_BYTES = 1024  # a whole relative path (the kernel's limit is 4096; ours is what a target archive holds)
+
+
+def file_inside(root: Path, name: str) -> Path | None:
+    """``root / name`` when that is a file under ``root`` (``root`` resolved), else None. The name is checked
+    before any of it reaches the filesystem: no NUL byte (Python refuses it with an error, not an answer), no
+    segment over 255 bytes and no path over 1 KiB (ENAMETOOLONG); whatever the filesystem still says is "no"."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if b"\x00" in raw or len(raw) > MAX_PATH_BYTES or any(len(p) > MAX_NAME_BYTES for p in raw.split(b"/")):
+        return None
+    try:
+        path = (root / name).resolve()
+        return path if path.is_relative_to(root) and path.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def thumbnail(data: bytes, size: int = 128) -> bytes:

@@ -1,0 +1,127 @@
+"""Every console error is the console's HTML error page with its security headers (issue 34, G2): path input
+that the filesystem refuses (an embedded NUL, an overlong name), wrong-typed query parameters, unknown methods,
+bodies over the limit and anything unexpected; the app never raises to the server (which would drop the
+keep-alive connection)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgi_kit import call
+from console_kit import console_client, finished_job, new_pool, signed_in
+from fastapi.testclient import TestClient
+
+from t3ar_services.api.console import web
+
+
+@pytest.fixture()
+def pool() -> dict[str, Any]:
+    return new_pool()
+
+
+@pytest.fixture()
+def client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]:
+    yield from console_client(tmp_path, pool)
+
+
+def _is_error_page(resp: Any, status: int) -> None:
+    assert resp.status_code == status, (resp.status_code, resp.text[:300])
+    assert resp.headers["content-type"].startswith("text/html"), resp.headers
+    assert "default-src 'none'" in resp.headers["content-security-policy"] and resp.headers["x-frame-options"] == "DENY"
+    assert resp.headers["x-content-type-options"] == "nosniff" and 'id="error-message"' in resp.text, resp.text[:300]
+
+
+def test_paths_the_filesystem_refuses_are_a_4xx_page(client: TestClient, tmp_path: Path) -> None:
+    csrf = signed_in(client, "user-t")
+    job_id = finished_job(client, tmp_path, csrf)
+    assert client.get(f"/ui/jobs/{job_id}/target/imgs/a0.png").headers["content-type"] == "image/png"
+    for name in ("imgs/a0.png%00.png", "imgs%00", "a" * 300, "imgs/" + "b" * 5000, "/".join(["c" * 250] * 20)):
+        _is_error_page(client.get(f"/ui/jobs/{job_id}/target/{name}"), 404)
+    _is_error_page(client.get(f"/ui/jobs/{'j' * 300}/target/x.png"), 404)
+    _is_error_page(client.get("/ui/jobs/%00"), 404)
+
+
+def test_framework_errors_are_the_console_page(client: TestClient) -> None:
+    signed_in(client, "user-t")
+    _is_error_page(client.get("/ui/pool", params={"exact": "maybe"}), 422)  # a wrong-typed query parameter
+    _is_error_page(client.put("/ui/jobs"), 405)
+    _is_error_page(client.get("/ui/no-such-page"), 404)
+    _is_error_page(client.post("/ui/logout", content=b"x" * (1 << 20),
+                               headers={"content-type": "application/x-www-form-urlencoded"}), 413)
+
+
+def test_an_unexpected_error_is_a_500_page_not_a_dropped_connection(client: TestClient, monkeypatch: Any) -> None:
+    signed_in(client, "user-t")
+    cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+    monkeypatch.setattr(web, "TEMPLATES", _Broken(web.TEMPLATES, "jobs.html", _boom))
+    answer = call(client.app, "GET", "/ui/jobs", [("cookie", cookie)])  # raises if the app lets the error out
+    assert answer.status == 500 and answer.headers["content-type"].startswith("text/html"), answer
+    assert "default-src 'none'" in answer.headers["content-security-policy"] and b"a bug" not in answer.body
+
+
+class _Broken:
+    """TEMPLATES, with one template that raises when rendered (the cached template itself is left alone)."""
+
+    def __init__(self, env: Any, name: str, fail: Any) -> None:
+        self.env, self.name, self.fail = env, name, fail
+
+    def get_template(self, name: str) -> Any:
+        if name == self.name:
+            return type("Failing", (), {"render": staticmethod(self.fail)})()
+        return self.env.get_template(name)
+
+
+def test_the_keep_alive_connection_survives_console_errors(tmp_path: Path, pool: dict[str, Any],
+                                                           monkeypatch: Any) -> None:
+    """Over real HTTP (uvicorn, the services' protocol): a NUL path, an unexpected error, then a good request, all
+    on one connection."""
+    import http.client
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from console_kit import app_for, settings_for
+
+    from t3ar_services.common.http_protocol import CoalescingHttpToolsProtocol
+
+    app = app_for(settings_for(tmp_path), pool)
+    cookie = f"t3ar_session={app.state.console_sessions.issue('user-t')}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=CoalescingHttpToolsProtocol,
+                                        log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.02)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        conn.request("GET", "/ui/pool?exact=maybe", headers={"Cookie": cookie})
+        first = conn.getresponse()
+        assert first.status == 422 and "text/html" in first.getheader("content-type", ""), first.read()[:200]
+        first.read()
+        monkeypatch.setattr(web, "TEMPLATES", _Broken(web.TEMPLATES, "jobs.html", _boom))
+        conn.request("GET", "/ui/jobs", headers={"Cookie": cookie})
+        second = conn.getresponse()
+        assert second.status == 500 and second.getheader("content-security-policy"), second.read()[:200]
+        second.read()
+        sock = conn.sock
+        conn.request("GET", "/health")  # the same socket: the server kept the connection
+        third = conn.getresponse()
+        assert third.status == 200 and conn.sock is sock
+        third.read()
+        conn.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+
+
+def _boom(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("a bug")
