@@ -163,6 +163,10 @@ class CachedRetrieverProvider:
         self.checkpoint()
         return self.remote.sources(ids)
 
+    def labels(self, ids: Sequence[str]) -> list[str | None]:
+        self.checkpoint()
+        return self.remote.labels(ids)
+
     def all_ids(self) -> list[str]:
         self.checkpoint()
         return self.remote.all_ids()
