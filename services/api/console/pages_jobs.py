@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,7 +23,7 @@ from t3ar_services.api.console.web import (
     file_inside,
     png_response,
     render,
-    thumbnail,
+    thumbnails,
 )
 from t3ar_services.api.jobs import artifact, require_job
 from t3ar_services.api.schemas import JobOut
@@ -151,12 +150,9 @@ def target_image(request: Request, session: SessionDep, job_id: str, name: str) 
     path = file_inside((state.settings.data_dir / row.target_dir).resolve(), name)
     if path is None:
         raise PageError(404, f"job {job_id} has no target image {name[:200]!r}")
-    return png_response(_thumb(path))
-
-
-def _thumb(path: Path) -> bytes:
-    try:
-        return thumbnail(path.read_bytes())
+    try:  # the extracted target never changes in place: its path, size and time name its content
+        st = path.stat()
+        return png_response(thumbnails(request).get(f"file:{path}:{st.st_size}:{st.st_mtime_ns}", path.read_bytes))
     except Exception as e:  # validated at upload, so unexpected: but never a 500 for one picture
         raise PageError(404, f"the image {path.name!r} cannot be read") from e
 

@@ -29,7 +29,7 @@ from t3ar_services.api.console.web import (
     png_response,
     render,
     require_admin,
-    thumbnail,
+    thumbnails,
 )
 from t3ar_services.common.body_limit import body_size
 
@@ -73,7 +73,7 @@ async def search(request: Request) -> Response:
     result = await run_in_threadpool(call, state.retriever.search_images, [(upload.filename or "query", data)],
                                      SEARCH_K)
     try:
-        query = base64.b64encode(await run_in_threadpool(thumbnail, data)).decode()
+        query = base64.b64encode(await run_in_threadpool(thumbnails(request).of, data)).decode()
     except Exception as e:  # the retriever decoded it; PIL here did not (it would have said so first)
         raise PageError(422, "the uploaded file is not an image this server can read") from e
     rows = [{"id": i, "score": s} for i, s in zip(result.ids[0], result.scores[0], strict=False) if i]
@@ -119,16 +119,24 @@ def _gone_png() -> bytes:
 
 @router.get("/pool/{pool_id}/image")
 def item_image(request: Request, session: SessionDep, pool_id: str) -> Response:
+    """The item's thumbnail, made once per image (keyed by the item's sha256: a cached one costs the item's
+    metadata, not its image); a withdrawn or unknown item's is a placeholder (404)."""
+    state = api_state(request)
+    item = _item(state, pool_id)
     try:
-        data = call(api_state(request).retriever.get_image, pool_id)
+        if item is None:
+            raise PageError(404, f"no pool item {pool_id!r}")
+        sha = item.get("sha256")
+        load = lambda: call(state.retriever.get_image, pool_id)  # noqa: E731
+        thumbs = thumbnails(request)
+        png = thumbs.get(f"sha256:{sha}", load) if sha else thumbs.of(load())
     except PageError as e:
         if e.status != 404:
             raise
         return Response(_gone_png(), status_code=404, media_type="image/png")  # withdrawn, or never added
-    try:
-        return png_response(thumbnail(data))
     except Exception as e:
         raise PageError(404, f"pool item {pool_id!r} has no image this server can read") from e
+    return png_response(png)
 
 
 @router.get("/pool/{pool_id}/withdraw")

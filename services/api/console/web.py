@@ -1,6 +1,6 @@
 """The console's web plumbing: templates (Jinja2, autoescaped), the security headers (sent by
 :mod:`~t3ar_services.api.console.answers`), the session dependency, CSRF-checked forms, HTML error pages, guarded
-file names and image thumbnails.
+file names, the thumbnail cache.
 
 Every page and action goes through :func:`current_session` (a signed-in session, else a redirect to sign-in);
 every POST through :func:`checked_form`, which checks the session *before* reading the body and the CSRF token
@@ -10,7 +10,6 @@ HTML error page with the status the JSON API would have answered.
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import urllib.parse
@@ -27,6 +26,7 @@ from starlette.datastructures import FormData
 
 from t3ar.errors import T3arError
 from t3ar_services.api.console.session import SESSION_COOKIE, Session, Sessions
+from t3ar_services.api.console.thumbs import Thumbnails
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import classify
 
@@ -191,17 +191,10 @@ def file_inside(root: Path, name: str) -> Path | None:
         return None
 
 
-def thumbnail(data: bytes, size: int = 128) -> bytes:
-    """Any image the pool or a target holds, re-encoded as a small PNG (a browser only ever gets our PNG)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        img.draft("RGB", (size, size))
-        out = img.convert("RGB")
-        out.thumbnail((size, size))
-        buf = io.BytesIO()
-        out.save(buf, "PNG")
-        return buf.getvalue()
+def thumbnails(request: Request) -> Thumbnails:
+    """The app's thumbnail cache (:mod:`~t3ar_services.api.console.thumbs`)."""
+    found: Thumbnails = request.app.state.console_thumbs
+    return found
 
 
 def png_response(data: bytes) -> Response:
