@@ -110,23 +110,29 @@ class RouteLimits:
     def _fill(self) -> list[tuple[APIRoute, tuple[int, str]]]:
         table = []
         for route in _api_routes(self.app.routes):
+            limit = self.default
             stack = list(route.dependant.dependencies)
             while stack:
                 dep = stack.pop()
                 kind = getattr(dep.call, "t3ar_body", None)
                 if kind is not None:
-                    table.append((route, self.limits[kind]))  # KeyError at the first request: a mark with no limit
+                    limit = self.limits[kind]  # KeyError at the first request: a mark with no limit
                     break
                 stack.extend(dep.dependencies)
+            table.append((route, limit))
         return table
 
     def __call__(self, scope: Scope) -> tuple[int, str]:
         if self._table is None:
             self._table = self._fill()
+        partial = None
         for route, limit in self._table:
-            if route.matches(scope)[0] == Match.FULL:
+            match = route.matches(scope)[0]
+            if match == Match.FULL:
                 return limit
-        return self.default
+            if match == Match.PARTIAL and partial is None:
+                partial = limit  # the path, another method: the router answers 405 unread, not our 413
+        return partial or self.default
 
 
 def _api_routes(routes: list[Any]) -> list[APIRoute]:
