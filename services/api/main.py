@@ -38,6 +38,7 @@ from t3ar_services.api.settings import ApiSettings, MiB
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
 from t3ar_services.common.app import create_service_app
+from t3ar_services.common.auth_failures import FailureWindow
 from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import holding
 from t3ar_services.common.forms import close_form_schemas
@@ -156,6 +157,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             log.info("api stopped")
 
     limits = route_limits(settings)
+    failures = FailureWindow(settings.auth_failures, settings.auth_failure_window)
     app = create_service_app(
         title="t3ar adaptation API", lifespan=lifespan,
         description="Adapt a base classifier to target data with retrieval from the auxiliary pool; withdraw pool "
@@ -165,8 +167,11 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"), limit_for=limits,
-        routers=[router, jobs_router, internal_router, pool_router], session_prefixes=[CONSOLE_PREFIX])
+        routers=[router, jobs_router, internal_router, pool_router], session_prefixes=[CONSOLE_PREFIX],
+        failures=failures,
+        sign_in_paths=[f"{CONSOLE_PREFIX}/login"])
     limits.attach(app)
+    app.state.auth_failures = failures
     app.state.api = state
     install_console(app, settings)
     close_form_schemas(app)

@@ -63,6 +63,11 @@ class ApiSettings(ServiceSettings):
     session_ttl: int = Field(default=8 * 3600, ge=60, description="seconds a console sign-in lasts")
     cookie_secure: Literal["auto", "true", "false"] = "auto"  # auto: Secure cookies when the request came over https
 
+    # --- failed sign-ins (console and bearer tokens), per client address ---
+    auth_failures: int = Field(default=10, ge=1, description="failed sign-ins an address may make within "
+                                                             "auth_failure_window before it is answered 429")
+    auth_failure_window: float = Field(default=60.0, gt=0, description="seconds a failed sign-in counts")
+
     log_level: str = "INFO"
 
     @model_validator(mode="after")
