@@ -23,6 +23,7 @@ from t3ar_services.common.auth_failures import AuthFailuresMiddleware, FailureWi
 from t3ar_services.common.body_limit import BodyLimitMiddleware, LimitFor
 from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matcher
 from t3ar_services.common.fastlane import Answer, FastLane
+from t3ar_services.common.forms import strict_multipart_text
 from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
 from t3ar_services.common.request_id import RequestIdMiddleware
 
@@ -55,6 +56,7 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
     ``session_prefixes``: paths the credentials-first check leaves to the routes (the API's console, which checks
     its own session cookie before reading a body). ``failures``: a budget of failed sign-ins per client address
     (:mod:`~t3ar_services.common.auth_failures`; bearer tokens and ``sign_in_paths``)."""
+    strict_multipart_text()  # process-wide; idempotent
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
     install_errors(app)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint, limit_for=limit_for)
