@@ -72,4 +72,4 @@ def strict_multipart_text() -> None:
     """Make every multipart form of this process refuse invalid UTF-8 (:func:`_strict_decode`). Starlette
     offers no option for it; its one decoding function is replaced, and a test fails when Starlette stops
     calling it (tests/unit/test_forms_utf8.py)."""
-    formparsers._user_safe_decode = _strict_decode  # type: ignore[attr-defined]
+    formparsers._user_safe_decode = _strict_decode
