@@ -62,6 +62,8 @@ class ApiSettings(ServiceSettings):
     session_secret: SecretStr | None = None  # signs console sessions; unset: random per start (restart = sign-out)
     session_ttl: int = Field(default=8 * 3600, ge=60, description="seconds a console sign-in lasts")
     cookie_secure: Literal["auto", "true", "false"] = "auto"  # auto: Secure cookies when the request came over https
+    console_timeout: float = Field(default=5.0, gt=0, description="seconds a console page waits for the retriever "
+                                                                  "(one attempt) before its 503 names it")
 
     # --- failed sign-ins (console and bearer tokens), per client address ---
     auth_failures: int = Field(default=10, ge=1, description="failed sign-ins an address may make within "

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from asgi_kit import call
-from console_kit import console_client, finished_job, new_pool, signed_in
+from console_kit import console_client, finished_job, new_pool, settings_for, signed_in
 from fastapi.testclient import TestClient
 
 from t3ar_services.api.console import web
@@ -125,3 +125,37 @@ def test_the_keep_alive_connection_survives_console_errors(tmp_path: Path, pool:
 
 def _boom(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("a bug")
+
+
+def test_a_hung_retriever_is_reported_at_once_and_named(tmp_path: Path) -> None:
+    """Issue 34: a console page gives up on a retriever that accepts connections but never answers after
+    T3AR_API_CONSOLE_TIMEOUT, with one attempt (the JSON API's client retries), and says which service is down."""
+    import socket
+
+    import fakeredis
+
+    from t3ar_services.api.main import create_app
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)  # the kernel accepts connections; nobody ever reads or answers
+    url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    app = create_app(settings_for(tmp_path, retriever_url=url, retriever_timeout=3, console_timeout=0.3),
+                     redis=fakeredis.FakeRedis())
+    try:
+        with TestClient(app) as c:
+            signed_in(c)
+            page = c.get("/ui/pool")
+            assert page.status_code == 503 and "retriever" in page.text and "ReadTimeout" in page.text, page.text
+            assert "content-security-policy" in page.headers
+            hung.setblocking(False)
+            accepted = 0
+            while True:
+                try:
+                    hung.accept()[0].close()
+                    accepted += 1
+                except BlockingIOError:
+                    break
+            assert accepted == 1  # one attempt, no retry
+    finally:
+        hung.close()

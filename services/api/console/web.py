@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.datastructures import FormData
 
+from t3ar.clients.retriever import RetrieverClient
 from t3ar.errors import T3arError
 from t3ar_services.api.console.session import SESSION_COOKIE, Session, Sessions
 from t3ar_services.api.console.thumbs import Thumbnails
@@ -82,6 +83,13 @@ def sessions(request: Request) -> Sessions:
 def api_state(request: Request) -> ApiState:
     state: ApiState = request.app.state.api
     return state
+
+
+def pool_reader(request: Request) -> RetrieverClient:
+    """The API's retriever client for a page: one attempt, at most ``T3AR_API_CONSOLE_TIMEOUT`` seconds (a
+    page says the retriever is down within seconds, where the JSON API's client waits and retries)."""
+    state = api_state(request)
+    return state.retriever.bounded(state.settings.console_timeout)
 
 
 def current_session(request: Request) -> Session:
