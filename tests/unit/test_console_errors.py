@@ -42,6 +42,8 @@ def test_paths_the_filesystem_refuses_are_a_4xx_page(client: TestClient, tmp_pat
         _is_error_page(client.get(f"/ui/jobs/{job_id}/target/{name}"), 404)
     _is_error_page(client.get(f"/ui/jobs/{'j' * 300}/target/x.png"), 404)
     _is_error_page(client.get("/ui/jobs/%00"), 404)
+    for name in ("%00", "a%00.css", "a" * 300, "/".join(["b" * 250] * 20)):  # the console's static files
+        _is_error_page(client.get(f"/ui/static/{name}"), 404)
 
 
 def test_framework_errors_are_the_console_page(client: TestClient) -> None:

@@ -78,7 +78,7 @@ class ConsoleAnswersMiddleware:
                 started = True
                 headers = list(message.get("headers", []))
                 kind = dict((k.lower(), v) for k, v in headers).get(b"content-type", b"")
-                if message["status"] >= 400 and not static and kind.startswith(b"application/json"):
+                if message["status"] >= 400 and kind.startswith(b"application/json"):
                     held = message
                     return
                 await start(message["status"], headers)
