@@ -5,26 +5,16 @@ keep-alive connection)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from asgi_kit import call
-from console_kit import console_client, finished_job, new_pool, settings_for, signed_in
+from console_kit import client as client  # the fixtures
+from console_kit import finished_job, settings_for, signed_in
+from console_kit import pool as pool
 from fastapi.testclient import TestClient
 
 from t3ar_services.api.console import web
-
-
-@pytest.fixture()
-def pool() -> dict[str, Any]:
-    return new_pool()
-
-
-@pytest.fixture()
-def client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]:
-    yield from console_client(tmp_path, pool)
 
 
 def _is_error_page(resp: Any, status: int) -> None:
@@ -78,32 +68,18 @@ class _Broken:
 
 def test_the_keep_alive_connection_survives_console_errors(tmp_path: Path, pool: dict[str, Any],
                                                            monkeypatch: Any) -> None:
-    """Over real HTTP (uvicorn, the services' protocol): a NUL path, an unexpected error, then a good request, all
-    on one connection."""
+    """Over real HTTP (uvicorn, the services' protocol): a wrong-typed parameter's page, an unexpected error's,
+    then a good request, all on one connection."""
     import http.client
-    import socket
-    import threading
-    import time
 
-    import uvicorn
-    from console_kit import app_for, settings_for
+    from console_kit import app_for
+    from uvicorn_kit import serving
 
     from t3ar_services.common.http_protocol import CoalescingHttpToolsProtocol
 
     app = app_for(settings_for(tmp_path), pool)
     cookie = f"t3ar_session={app.state.console_sessions.issue('user-t')}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=CoalescingHttpToolsProtocol,
-                                        log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.02)
-    try:
+    with serving(app, http=CoalescingHttpToolsProtocol) as port:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
         conn.request("GET", "/ui/pool?exact=maybe", headers={"Cookie": cookie})
         first = conn.getresponse()
@@ -120,9 +96,6 @@ def test_the_keep_alive_connection_survives_console_errors(tmp_path: Path, pool:
         assert third.status == 200 and conn.sock is sock
         third.read()
         conn.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
 
 
 def _boom(*args: Any, **kwargs: Any) -> Any:
