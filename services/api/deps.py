@@ -21,6 +21,7 @@ from redis import Redis
 from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contributions import Contributor
+from t3ar_services.api.domain import Links
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
@@ -56,6 +57,14 @@ def get_settings(state: StateDep) -> ApiSettings:
 
 
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
+
+
+def links_of(request: Request) -> Links:
+    """The request's own URLs for the job routes the domain layer links to (same scheme, host and root path)."""
+    return lambda route, job_id: str(request.url_for(route, job_id=job_id))
+
+
+LinksDep = Annotated[Links, Depends(links_of)]
 
 _bearer = HTTPBearer(auto_error=False, description="T3AR_API_TOKEN (user), T3AR_API_ADMIN_TOKEN (admin) or, on "
                                                    "/internal routes only, T3AR_API_WORKER_TOKEN (workers)")

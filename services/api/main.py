@@ -29,10 +29,7 @@ from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
-from t3ar_services.api.routes import router
-from t3ar_services.api.routes_internal import router as internal_router
-from t3ar_services.api.routes_jobs import router as jobs_router
-from t3ar_services.api.routes_pool import router as pool_router
+from t3ar_services.api.routes import ROUTERS
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
@@ -143,7 +140,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"),
-        routers=[router, jobs_router, internal_router, pool_router], session_prefixes=[CONSOLE_PREFIX])
+        routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX])
     app.state.api = state
     install_console(app, settings)
     close_form_schemas(app)

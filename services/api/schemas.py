@@ -6,9 +6,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from t3ar_services.common.job_contract import JobReport
 from t3ar_services.common.text import Utf8Str
 
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a router whose errors are these statuses, each with the error body."""
+    return {c: {"model": ErrorBody} for c in codes}
 
 
 class ErrorInfo(BaseModel):
@@ -97,6 +103,15 @@ class NeighbourSource(BaseModel):
     job_id: str = Field(description="the job whose contribution it is")
     source: str
     items_used: int = Field(description="of its items, how many this job retrieved and used")
+
+
+class ReportOut(JobReport):
+    """A finished job's report as ``GET /jobs/{id}/report`` serves it: what the worker reported, and what the API
+    knows now (not at finishing)."""
+
+    contribution: Contribution = Field(description="whether this job's target joined the pool, and how it went")
+    neighbours_from_contributions: list[NeighbourSource] = Field(
+        default_factory=list, description="earlier jobs' contributions its retrieved neighbours came from")
 
 
 class JobOut(BaseModel):
@@ -205,7 +220,8 @@ class WorkerLineage(BaseModel):
 
 
 class WorkerResult(BaseModel):
-    report: dict[str, Any] = Field(description="report.json, as GET /jobs/{id}/report serves it")
+    report: JobReport = Field(description="the job's report (a versioned model of the job contract); refused (422) "
+                                          "unless it fits")
     lineage: WorkerLineage
 
 

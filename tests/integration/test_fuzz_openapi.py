@@ -39,7 +39,7 @@ from t3ar.models.backbones import BackboneSpec
 from t3ar.models.checkpoint import save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.main import create_app as create_api
-from t3ar_services.api.routes import CHECKPOINT_MEDIA_TYPE
+from t3ar_services.api.routes.models import CHECKPOINT_MEDIA_TYPE
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.retriever.main import create_app as create_retriever
 from t3ar_services.retriever.openapi import F32_ROWS_B64, IMAGE_B64

@@ -148,7 +148,8 @@ def finished_job(client: TestClient, tmp_path: Path, csrf: str) -> str:
     job_id = str(resp.json()["id"])
     art = artifacts_dir(tmp_path / "data", job_id)
     art.mkdir(parents=True)
-    report = {"epochs": [{"epoch": 0, "loss": 2.0, "loss_ce": 1.0, "loss_contrastive": 1.0, "pl_change_rate": 0.5}],
+    report = {"version": 1, "job_id": job_id,
+              "epochs": [{"epoch": 0, "loss": 2.0, "loss_ce": 1.0, "loss_contrastive": 1.0, "pl_change_rate": 0.5}],
               "step_history": [{"step": i, "epoch": 0, "loss": 2.0 - i / 10, "loss_ce": 1.0, "loss_contrastive": 1.0,
                                 "pl_change_rate": 0.5 - i / 20} for i in range(5)],
               "accuracy": {"before": {"top1": 0.4}, "after": {"top1": 0.6}},

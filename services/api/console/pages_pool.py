@@ -2,14 +2,14 @@
 (metadata, near-duplicates, the jobs and checkpoints that used it) and, for admins, withdrawal.
 
 Reads go through the API's own retriever client (the browser never gets a retriever token) for any signed-in
-session; withdrawal calls the JSON route's function (``DELETE /pool/{id}``) and only for an admin session.
+session; lineage, withdrawal (only for an admin session) and readapts call the domain layer the JSON routes
+call (:mod:`t3ar_services.api.domain`).
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import json
 import urllib.parse
 from functools import lru_cache
 from typing import Any
@@ -18,7 +18,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from t3ar_services.api import routes, routes_jobs
 from t3ar_services.api.console.web import (
     PREFIX,
     PageError,
@@ -31,6 +30,8 @@ from t3ar_services.api.console.web import (
     require_admin,
     thumbnail,
 )
+from t3ar_services.api.deps import links_of
+from t3ar_services.api.domain import jobs, pool
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 PAGE = 48
@@ -98,7 +99,7 @@ def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
         image = call(state.retriever.get_image, pool_id)
         res = call(state.retriever.search_images, [image], NEAR_K, exclude_ids=[pool_id])
         near = [{"id": i, "score": s} for i, s in zip(res.ids[0], res.scores[0], strict=False) if i]
-    lineage = call(routes.pool_lineage, request, state, pool_id)
+    lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "item.html", session, pool_id=pool_id, item=item, near=near, lineage=lineage)
 
 
@@ -138,7 +139,7 @@ def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Respon
     item = _item(state, pool_id)
     if item is None:
         raise PageError(404, f"no pool item {pool_id!r} (already withdrawn, or never added)")
-    lineage = call(routes.pool_lineage, request, state, pool_id)
+    lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "withdraw.html", session, pool_id=pool_id, item=item, lineage=lineage, done=False)
 
 
@@ -146,7 +147,7 @@ def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Respon
 async def withdraw(request: Request, pool_id: str) -> Response:
     session, _ = await checked_form(request)
     require_admin(session)
-    await run_in_threadpool(call, routes.delete_pool_item, request, api_state(request), pool_id)
+    await run_in_threadpool(call, pool.withdraw_item, api_state(request), links_of(request), pool_id)
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/withdrawn", status_code=303)  # a reload re-posts nothing
 
 
@@ -156,7 +157,7 @@ def withdrawn_page(request: Request, session: SessionDep, pool_id: str) -> Respo
     state = api_state(request)
     if _item(state, pool_id) is not None:
         return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}", status_code=303)
-    lineage = call(routes.pool_lineage, request, state, pool_id)
+    lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=lineage, done=True)
 
 
@@ -165,11 +166,11 @@ async def readapt_affected(request: Request, pool_id: str) -> Response:
     """Readapt every finished job that used the item (after its withdrawal: against the pool without it)."""
     await checked_form(request)
     state = api_state(request)
-    lineage = await run_in_threadpool(call, routes.pool_lineage, request, state, pool_id)
+    lineage = await run_in_threadpool(call, pool.lineage, state, links_of(request), pool_id)
     started = []
     for job in lineage.jobs:
-        resp = await run_in_threadpool(call, routes_jobs.readapt, request, state, job.job_id)
-        started.append(str(json.loads(bytes(resp.body))["id"]))
+        done = await run_in_threadpool(call, jobs.readapt, state, job.job_id)
+        started.append(done.row.id)
     query = urllib.parse.urlencode({"jobs": ",".join(started)})
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/readapted?{query}", status_code=303)
 

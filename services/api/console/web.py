@@ -3,8 +3,9 @@ CSRF-checked forms, HTML error pages and image thumbnails.
 
 Every page and action goes through :func:`current_session` (a signed-in session, else a redirect to sign-in);
 every POST through :func:`checked_form`, which checks the session *before* reading the body and the CSRF token
-after. Calls into the JSON API's own functions go through :func:`call`, which turns their domain errors into an
-HTML error page with the status the JSON API would have answered.
+after. Calls into the domain layer (:mod:`t3ar_services.api.domain`, which the JSON routes call too) go through
+:func:`call`, which turns its domain errors into an HTML error page with the status the JSON API would have
+answered.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ async def checked_form(request: Request, *, max_files: int = 0) -> tuple[Session
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run one of the JSON API's own functions; its domain errors become an error page with the same status."""
+    """Run a domain function (or a retriever client call); its domain errors become an error page with the status
+    the JSON API would have answered."""
     try:
         return fn(*args, **kwargs)
     except T3arError as e:

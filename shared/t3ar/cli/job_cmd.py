@@ -6,7 +6,6 @@ The API URL and tokens come from ``--url``/``--token`` or the environment (``T3A
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -225,8 +224,12 @@ def jobs_download(job_id: str, out: Path, url: str, token: str | None, as_json: 
 
 @_job_command("report")
 def jobs_report(job_id: str, url: str, token: str | None, as_json: bool) -> None:
-    """A finished job's report (JSON): timings, losses per epoch, accuracy when labels were given."""
-    click.echo(json.dumps(_ask(url, token, lambda client: client.report(job_id)), indent=2))
+    """A finished job's report: what ran, timings, pool items used, accuracy when labels were given; with --json
+    the whole report (losses per epoch and step, the neighbours drawn, the contribution)."""
+    from t3ar.clients.job_report import ServedReport, report_summary
+
+    data = _ask(url, token, lambda client: client.report(job_id))
+    echo_result(as_json, data, report_summary(ServedReport.model_validate(data)))
 
 
 @jobs.command("readapt")

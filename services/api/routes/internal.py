@@ -12,7 +12,7 @@ else 409; a canceled or failed job (e.g. failed as abandoned while a partitioned
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
@@ -28,8 +28,8 @@ from t3ar_services.api.verify import check_checkpoint, check_result
 from t3ar_services.common.errors import AuthError
 from t3ar_services.common.job_contract import JOB_SECRET_HEADER, SHA256_PATTERN, secret_digest
 
-_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
-router = APIRouter(prefix="/internal", responses=_ERRORS, dependencies=WORKER, tags=["workers"])
+router = APIRouter(prefix="/internal", responses=s.error_responses(401, 403, 404, 409, 413, 422, 503),
+                   dependencies=WORKER, tags=["workers"])
 _OCTET = {"requestBody": {"required": True, "content": {"application/octet-stream": {
     "schema": {"type": "string", "format": "binary"}}}}}
 Sha256 = Annotated[str, Query(pattern=SHA256_PATTERN, description="sha256 of the body (lower-case hex)")]
@@ -109,8 +109,9 @@ def put_result(request: Request, state: StateDep, job_id: str, body: s.WorkerRes
     if not state.artifacts.refuse_if_finished(job_id, sha, "result"):
         _check_running(state, job_id)
     lineage = {**body.lineage.model_dump(mode="json"), "job_id": job_id}
-    stored = state.artifacts.put_result(job_id, body.report, lineage,
-                                        verify=lambda path: check_result(path, row, lineage, body.report))
+    report = body.report.model_dump(mode="json")
+    stored = state.artifacts.put_result(job_id, report, lineage,
+                                        verify=lambda path: check_result(path, row, lineage, report))
     if stored:
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
                                   checkpoint_sha256=sha)
