@@ -62,16 +62,16 @@ def _first_readable(paths: Sequence[Path], n: int, size: int) -> torch.Tensor:
     return torch.stack(out) if out else torch.empty((0, 3, size, size), dtype=torch.uint8)
 
 
-def images_for_parity(size: int, source: Path | Sequence[Path] | None = None,
-                      n: int = PROBE_COUNT) -> tuple[torch.Tensor, str]:
+def images_for_parity(size: int, source: Path | Sequence[Path] | None = None, n: int = PROBE_COUNT, *,
+                      name: str | None = None) -> tuple[torch.Tensor, str]:
     """``n`` uint8 images ``[n, 3, size, size]`` and a line saying where they came from: the first ``n`` readable
     images of ``source`` (a folder, searched recursively in name order, an archive of images, or a list of image
     files; resized as t3ar reads a target), topped up with generated ones when it has fewer; all generated
-    without ``source``."""
+    without ``source``. ``name``: what the line calls ``source`` (default: its file name)."""
     if source is None:
         return generated_images(n, size), f"{n} generated images (seed 0)"
     if isinstance(source, Path):
-        name = source.name
+        name = name or source.name
         if source.is_dir():
             paths: Sequence[Path] = sorted(p for p in source.rglob("*") if p.is_file() and is_image_name(p.name))
         else:
@@ -79,7 +79,7 @@ def images_for_parity(size: int, source: Path | Sequence[Path] | None = None,
 
             paths = read_unlabelled(source).paths
     else:
-        name, paths = "the target", source
+        name, paths = name or "the given images", source
     own = _first_readable(paths, n, size)
     if len(own) == n:
         return own, f"{n} images of {name}"
