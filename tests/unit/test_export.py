@@ -199,6 +199,42 @@ def test_files_that_are_not_t3ar_checkpoints_and_unknown_formats_are_refused(wor
     assert not (work / "x.onnx").exists() and not (work / "x.tflite").exists()
 
 
+def _doc_example() -> str:
+    """The python block of the section "Serving an adapted model", wherever the docs keep it."""
+    root = Path(__file__).resolve().parents[2]
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        if "# Serving an adapted model" in text:
+            found = re.search(r"```python\n(.*?)```", text.split("# Serving an adapted model", 1)[1], re.S)
+            assert found, f"{doc}: no python block under 'Serving an adapted model'"
+            return found.group(1)
+    raise AssertionError("no section 'Serving an adapted model' in README.md or docs/")
+
+
+@pytest.mark.slow  # shares the exported model of the tests above
+def test_the_serving_example_in_the_docs_runs_and_agrees_with_t3ar(onnx_export: tuple[Path, Any],
+                                                                   checkpoint: Path, work: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from skimage import data
+
+    from t3ar.data.images import open_image, to_tensor_uint8
+
+    code = _doc_example()
+    assert len(code.strip().splitlines()) <= 16
+    run = work / "serving"
+    run.mkdir()
+    shutil.copy(onnx_export[0], run / "adapted.onnx")
+    Image.fromarray(data.chelsea()).save(run / "photo.jpg", quality=90)
+    monkeypatch.chdir(run)
+    exec(compile(code, "docs: Serving an adapted model", "exec"), {"__name__": "__doc_example__"})
+    printed = capsys.readouterr().out.strip()
+    want = _reference(checkpoint, to_tensor_uint8(open_image(run / "photo.jpg"), SIZE)[None])
+    assert printed == CLASSES[int(want[0].argmax())]
+
+
 def test_generated_parity_images_are_deterministic_pictures() -> None:
     a, b = generated_images(8, 32), generated_images(8, 32)
     assert torch.equal(a, b) and a.dtype == torch.uint8 and a.shape == (8, 3, 32, 32)
