@@ -39,6 +39,7 @@ def _get(client: TestClient, job_id: str, fmt: str | None = None, **kw: Any) -> 
                       headers=kw.pop("headers", USER), **kw)
 
 
+@pytest.mark.slow  # two real exports and their parity runs: ~20 s on the busy 2-core machine
 def test_the_three_formats_download_and_each_export_is_recorded_in_the_job(client: TestClient, job_id: str,
                                                                            tmp_path: Path) -> None:
     art = artifacts_dir(tmp_path / "data", job_id)
@@ -47,7 +48,7 @@ def test_the_three_formats_download_and_each_export_is_recorded_in_the_job(clien
     assert client.get(f"/jobs/{job_id}", headers=USER).json()["exports"] == {}  # nothing made before it is asked
     onnx = _get(client, job_id, "onnx")
     assert onnx.status_code == 200, onnx.text
-    assert onnx.headers["content-type"] == "application/onnx"
+    assert onnx.headers["content-type"] == "application/octet-stream"
     assert f't3ar-{job_id}.onnx' in onnx.headers["content-disposition"]
     assert onnx.headers["x-checksum-sha256"] == hashlib.sha256(onnx.content).hexdigest()
     assert (art / "model.onnx").read_bytes() == onnx.content  # kept beside the checkpoint
@@ -72,6 +73,21 @@ def test_the_three_formats_download_and_each_export_is_recorded_in_the_job(clien
     assert exports["onnx"]["url"].endswith(f"/jobs/{job_id}/checkpoint?format=onnx")
     again = _get(client, job_id, "onnx")  # served from the kept file
     assert again.content == onnx.content
+
+
+def test_a_safetensors_file_is_accepted_as_a_base_model(client: TestClient, tmp_path: Path) -> None:
+    """What `t3ar export --format safetensors` writes uploads like a checkpoint (the loader tells them apart)."""
+    from console_kit import model_file
+
+    from t3ar.models.checkpoint import read_payload
+    from t3ar.models.safetensors_io import to_safetensors
+
+    model_file(tmp_path)
+    payload, sha = read_payload(tmp_path / "m.pt")
+    data = to_safetensors(payload, source_sha256=sha)
+    resp = client.post("/models", files={"file": ("m.safetensors", data)}, headers=USER)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["classes"] == ["a", "b"] and resp.json()["sha256"] == hashlib.sha256(data).hexdigest()
 
 
 def test_concurrent_first_requests_make_the_export_once(client: TestClient, job_id: str,

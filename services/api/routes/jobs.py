@@ -79,7 +79,7 @@ def cancel_job(state: StateDep, job_id: str) -> s.CancelResponse:
 
 
 @router.get("/jobs/{job_id}/checkpoint", response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}, "application/onnx": {}},
+            responses={200: {"content": {"application/octet-stream": {}},
                              "headers": {"X-Checksum-Sha256": {"schema": {"type": "string"}, "description":
                                          "the file's sha256 (an export's; also in the job's `exports`)"}}}})
 def get_checkpoint(state: StateDep, job_id: str, fmt: Annotated[

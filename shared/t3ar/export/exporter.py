@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 ExportFormat = Literal["onnx", "safetensors"]
 FORMATS: tuple[ExportFormat, ...] = ("onnx", "safetensors")
 SUFFIXES: dict[str, str] = {"onnx": ".onnx", "safetensors": ".safetensors"}
-MEDIA_TYPES: dict[str, str] = {"onnx": "application/onnx", "safetensors": "application/octet-stream"}
+# ONNX and safetensors have no registered media type: both go as bytes, named by their file suffix
+MEDIA_TYPES: dict[str, str] = {"onnx": "application/octet-stream", "safetensors": "application/octet-stream"}
 
 
 @dataclass(frozen=True)
