@@ -246,3 +246,19 @@ def test_a_target_with_fewer_than_64_images_is_topped_up(photos: Path) -> None:
     images, source = images_for_parity(SIZE, few.paths)
     assert images.shape == (64, 3, SIZE, SIZE) and source == "5 images of the given images + 59 generated (seed 0)"
     assert torch.equal(images[:5], load_tensors(few, SIZE))
+
+
+def test_safetensors_export_keeps_nan_and_tuple_metrics(tmp_path: Path) -> None:
+    """A NaN metric (a report from before issue 29) and tuples in the metrics survive; the check at export does
+    not call them a difference."""
+    from t3ar.models.backbones import BackboneSpec
+
+    spec = ModelSpec(backbone=BackboneSpec(name="mobilenetv2_050", weights="none"), classes=("a", "b"),
+                     image_size=SIZE)
+    save_checkpoint(tmp_path / "m.pt", build_classifier(spec), spec,
+                    metrics={"after": {"top1": float("nan")}, "shape": (3, 4)})
+    report = export_checkpoint(tmp_path / "m.pt", "safetensors", tmp_path / "m.safetensors",
+                               images=generated_images(4, SIZE), images_source="4 generated")
+    assert report.parity.ok and report.parity.images == 4
+    _, info = load_checkpoint(tmp_path / "m.safetensors")
+    assert np.isnan(info.metrics["after"]["top1"]) and info.metrics["shape"] == [3, 4]

@@ -139,11 +139,14 @@ def onnx_bytes(model: Classifier, info: CheckpointInfo) -> bytes:
                               dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, opset_version=OPSET)
     except Exception as exc:  # the tracer raises many types for modules it cannot express
         raise ExportError(f"the model cannot be exported to ONNX: {type(exc).__name__}: {exc}") from exc
-    proto: Any = onnx.load_from_string(buf.getvalue())
-    proto.producer_name, proto.producer_version = "t3ar", __version__
-    proto.doc_string = (f"t3ar classifier {spec.arch_signature()}; " + INPUT_DOC.format(size=spec.image_size)
-                        + "; " + OUTPUT_DOC.format(n=spec.num_classes))
-    onnx.helper.set_model_props(proto, metadata(info))
-    onnx.checker.check_model(proto)
-    data: bytes = proto.SerializeToString()
+    try:
+        proto: Any = onnx.load_from_string(buf.getvalue())
+        proto.producer_name, proto.producer_version = "t3ar", __version__
+        proto.doc_string = (f"t3ar classifier {spec.arch_signature()}; " + INPUT_DOC.format(size=spec.image_size)
+                            + "; " + OUTPUT_DOC.format(n=spec.num_classes))
+        onnx.helper.set_model_props(proto, metadata(info))
+        onnx.checker.check_model(proto)
+        data: bytes = proto.SerializeToString()
+    except (ValueError, RuntimeError, onnx.checker.ValidationError) as exc:  # e.g. over protobuf's 2 GB
+        raise ExportError(f"the ONNX model cannot be written as one file: {type(exc).__name__}: {exc}") from exc
     return data
