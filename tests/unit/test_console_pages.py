@@ -15,6 +15,8 @@ from console_kit import (
     png_image,
     signed_in,
 )
+from console_kit import client as client  # the fixtures
+from console_kit import pool as pool
 from fastapi.testclient import TestClient
 from rq.job import JobStatus
 

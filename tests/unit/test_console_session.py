@@ -20,6 +20,8 @@ from console_kit import (
     sign_in,
     signed_in,
 )
+from console_kit import client as client  # the fixtures
+from console_kit import pool as pool
 from fastapi.testclient import TestClient
 
 from t3ar_services.api.console.session import LOGIN_COOKIE, SESSION_COOKIE, Sessions

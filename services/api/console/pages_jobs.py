@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,12 +19,13 @@ from t3ar_services.api.console.web import (
     api_state,
     call,
     checked_form,
+    file_inside,
     png_response,
     render,
-    thumbnail,
+    thumbnails,
 )
 from t3ar_services.api.deps import links_of
-from t3ar_services.api.domain import jobs
+from t3ar_services.api.domain import exports, jobs
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.schemas import JobOut, ReportOut
 from t3ar_services.common.job_contract import EpochPoint
@@ -121,9 +121,12 @@ def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
 
 
 @router.get("/jobs/{job_id}/checkpoint")
-def download_checkpoint(request: Request, session: SessionDep, job_id: str) -> FileResponse:
-    path = call(jobs.checkpoint, api_state(request), job_id)
-    return FileResponse(path, media_type="application/octet-stream", filename=f"t3ar-{job_id}.pt")
+def download_checkpoint(request: Request, session: SessionDep, job_id: str, format: str = "pt") -> FileResponse:
+    """The checkpoint (``pt``) or its export (``onnx``, ``safetensors``: made on the first request, as for
+    ``GET /jobs/{id}/checkpoint?format=``); an unknown format is the JSON API's 422, as a page."""
+    got = call(exports.download, api_state(request), job_id, format)
+    headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
+    return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
 
 
 @router.get("/jobs/{job_id}/report")
@@ -138,16 +141,12 @@ def target_image(request: Request, session: SessionDep, job_id: str, name: str) 
     """A thumbnail of one of the job's target images (the validated, extracted copy the API keeps)."""
     state = api_state(request)
     row = call(require_job, state.store, job_id)
-    root = (state.settings.data_dir / row.target_dir).resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root) or not path.is_file():
-        raise PageError(404, f"job {job_id} has no target image {name!r}")
-    return png_response(_thumb(path))
-
-
-def _thumb(path: Path) -> bytes:
-    try:
-        return thumbnail(path.read_bytes())
+    path = file_inside((state.settings.data_dir / row.target_dir).resolve(), name)
+    if path is None:
+        raise PageError(404, f"job {job_id} has no target image {name[:200]!r}")
+    try:  # the extracted target never changes in place: its path, size and time name its content
+        st = path.stat()
+        return png_response(thumbnails(request).get(f"file:{path}:{st.st_size}:{st.st_mtime_ns}", path.read_bytes))
     except Exception as e:  # validated at upload, so unexpected: but never a 500 for one picture
         raise PageError(404, f"the image {path.name!r} cannot be read") from e
 
