@@ -50,7 +50,8 @@ def _arm(phase: str, shift: str, seed: int, fraction: float, method: str, lr: fl
 
 
 #: what tells the arms of a phase apart (a field an arm lacks matches records that lack it too)
-ARM_FIELDS = ("phase", "shift", "fraction", "method", "lr", "options", "mode", "retriever", "oracle_pool_labels")
+ARM_FIELDS = ("phase", "shift", "fraction", "method", "lr", "options", "mode", "retriever", "oracle_pool_labels",
+              "label_draw")
 
 
 def _mean(records: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> float:
@@ -137,8 +138,8 @@ def _family(sel: Mapping[str, Any], label: str, mode: str = "test") -> tuple[str
     """(method, lr, extra arm fields) of a T3AR-family arm as frozen."""
     lr = sel["train_lr" if mode == "train" else "lr"]["t3ar-noretrieval"]
     term = dict(sel["term"])
-    if label == "t3ar-noretrieval":
-        return "t3ar-noretrieval", lr, _opts(term)
+    if label == "t3ar-noretrieval":  # the validated T3AR's retrieval-off twin: the term and the family's options
+        return "t3ar-noretrieval", lr, _opts({**term, **sel.get("family_options", {})})
     if label == "t3ar-paper":
         return "t3ar", lr, _opts(term)
     v = sel["validated"]
@@ -153,6 +154,8 @@ def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
         for seed in p.seeds:
             for f in p.fractions:
                 for label in TEST_ARMS[1:]:
+                    if label in p.grid_skip:
+                        continue
                     curves = p.curves and seed == p.seeds[0] and math.isclose(f, p.select_fraction) \
                         and label in ("t3ar-noretrieval", "t3ar-paper", "t3ar")
                     if label == "bn-adapt":
@@ -167,12 +170,19 @@ def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
             method, lr, extra = _family(sel, "t3ar")
             options = dict(extra.get("options", {}))
             options["pool_data_weight"] = options.get("pool_data_weight") or 1.0
-            arms.append(_arm("main", shift, seed, fa, method, lr, label=ORACLE, oracle_pool_labels=True,
-                             **{**extra, "options": options}))
+            if ORACLE not in p.grid_skip:
+                arms.append(_arm("main", shift, seed, fa, method, lr, label=ORACLE, oracle_pool_labels=True,
+                                 **{**extra, "options": options}))
+            if p.labelled:
+                from t3ar.bench.method.labelled import labelled_arms
+
+                arms += labelled_arms(p, sel, shift, seed)
             for f in p.train_fractions:
                 arms.append(_arm("train", shift, seed, f, "supervised", sel["train_lr"]["supervised"], mode="train",
                                  label="supervised"))
                 for label in TRAIN_ARMS[1:]:
+                    if label in p.train_skip:
+                        continue
                     method, lr, extra = _family(sel, label, "train")
                     arms.append(_arm("train", shift, seed, f, method, lr, mode="train", label=label, **extra))
     return arms
@@ -197,7 +207,9 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     """Cells, paired differences (to bn-adapt, retrieval alone, to the paper-faithful T3AR) and the verdict."""
     seeds, shifts = list(p.seeds), list(p.eval_shifts)
     phases = {"test": "main", "train": "train"}
-    arms = {"test": [*TEST_ARMS, ORACLE], "train": list(TRAIN_ARMS)}
+    from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS, goals, label_use_summary
+
+    arms = {"test": [*TEST_ARMS, ORACLE, *LABEL_ARMS], "train": [*TRAIN_ARMS, *(a for a in LABEL_ARMS if a != ALL_ARM)]}
     fractions = {"test": p.fractions, "train": p.train_fractions}
     cells: dict[str, dict[str, dict[str, Any]]] = {"test": {}, "train": {}}
     vs_bn: dict[str, dict[str, dict[str, Any]]] = {"test": {}, "train": {}}
@@ -241,13 +253,13 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
                            "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})
     for f in p.low_fractions:
         row = cells["test"][str(f)]
-        others = {m: c["mean"] for m, c in row.items() if m not in ("t3ar", ORACLE)}
+        others = {m: c["mean"] for m, c in row.items() if m not in ("t3ar", ORACLE, *LABEL_ARMS)}
         best = max(others, key=lambda m: others[m])
         gap = row["t3ar"]["mean"] - others[best]
         checks.append({"check": f"test-time {100 * f:g} %: validated T3AR ≥ the best other method ({best})",
                        "value": gap, "met": bool(gap >= 0)})
     below = [(m, f) for f in p.fractions for m, c in cells["test"][str(f)].items()
-             if m not in ("source", ORACLE) and c["mean"] < cells["test"][str(f)]["source"]["mean"]]
+             if m not in ("source", ORACLE, ALL_ARM) and c["mean"] < cells["test"][str(f)]["source"]["mean"]]
     checks.append({"check": "no method below source-only on average", "value": below, "met": not below})
     t_below = [(sh, f) for f in p.fractions for sh in shifts
                if cells["test"][str(f)]["t3ar"][sh] < cells["test"][str(f)]["source"][sh]]
@@ -257,7 +269,12 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     oracle = {str(f): paired(per_seed(records, shifts, seeds, f, ORACLE, "main"),
                              per_seed(records, shifts, seeds, f, "t3ar", "main"))
               for f in p.fractions if str(f) in cells["test"] and ORACLE in cells["test"][str(f)]}
-    return {"cells": cells, "vs_bn_adapt_all": vs_bn,
+    labelled = {}
+    if p.labelled:
+        labelled = {"goals": goals(p, records),
+                    "label_use": {mode: {str(f): label_use_summary(records, phases[mode], f) for f in fractions[mode]}
+                                  for mode in phases}}
+    return {**labelled, "cells": cells, "vs_bn_adapt_all": vs_bn,
             "vs_bn_adapt": {m: {f: _ci(d["t3ar"]) for f, d in v.items() if "t3ar" in d} for m, v in vs_bn.items()},
             "retrieval_alone": {m: {f: _ci(d) for f, d in v.items()} for m, v in alone.items()},
             "retrieval_alone_paired": alone, "vs_paper": vs_paper, "oracle_vs_validated": oracle,
