@@ -45,11 +45,12 @@ RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("false negatives as positives", (("false_negatives", "positive"),)),
 )
 #: the T3AR family's 'no harm' options (issue 33), tried greedily on validation on top of the validated T3AR, in this
-#: order: BatchNorm statistics from the target first (bn-adapt) and then moving or fixed, a lower lr, SWAT's second
-#: stage (bottleneck and head on the target's filtered pseudo-labels)
+#: order: BatchNorm statistics from the target first (bn-adapt) and then moving or fixed, an EMA teacher, a lower lr,
+#: SWAT's second stage (bottleneck and head on the target's filtered pseudo-labels)
 NO_HARM_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("bn-adapt first, statistics moving", (("bn_start", True),)),
     ("bn-adapt first, statistics fixed", (("bn_start", True), ("bn_fixed", True))),
+    ("EMA teacher for keys and pseudo-labels (m = 0.999, AdaContrast's)", (("teacher_ema", 0.999),)),
     ("lr a third of the family's", (("lr", "third"),)),
     ("second stage: 10 steps of bottleneck and head on the target alone", (("second_stage_steps", 10),)),
 )
