@@ -76,7 +76,8 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     quality = quality_table(ctx)
     retriever = choose_retriever(quality, p.validation_shift, p.retrievers)
     fam = "t3ar-noretrieval"
-    arms = [a for m in (*BASELINES, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
+    baselines = [m for m in BASELINES if m not in p.grid_skip]  # a baseline the grid does not run needs no lr
+    arms = [a for m in (*baselines, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
     arms += [a for g in p.bn_groups for a in _seeded(p, "select", "bn-adapt", NO_LR, **_opts({"train_groups": g}))]
     arms += [a for m in ("supervised", fam) for lr in p.lr_grid
              for a in _seeded(p, "select-train", m, lr, mode="train")]
@@ -87,13 +88,13 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
                             "method": method, "lr": lr, **_opts(options or {}), **extra})
 
     lr_table = [{"method": m, "mode": "test", "lr": lr, "top1": top("select", m, lr)}
-                for m in (*BASELINES, fam) for lr in p.lr_grid]
+                for m in (*baselines, fam) for lr in p.lr_grid]
     lr_table += [{"method": m, "mode": "train", "lr": lr, "top1": top("select-train", m, lr, mode="train")}
                  for m in ("supervised", fam) for lr in p.lr_grid]
     def best_lr(phase: str, method: str, **extra: Any) -> float:
         return max(p.lr_grid, key=lambda lr: top(phase, method, lr, **extra))  # a tie keeps the lower lr
 
-    lrs = {m: best_lr("select", m) for m in (*BASELINES, fam)}
+    lrs = {m: best_lr("select", m) for m in (*baselines, fam)}
     train_lrs = {m: best_lr("select-train", m, mode="train") for m in ("supervised", fam)}
     bn_table = [{"train_groups": g, "top1": top("select", "bn-adapt", NO_LR, {"train_groups": g})} for g in p.bn_groups]
     bn_groups = max(p.bn_groups, key=lambda g: top("select", "bn-adapt", NO_LR, {"train_groups": g}))
@@ -247,7 +248,7 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
                                 "≥ +1.5 points, 95 % CI above 0", "value": d["mean"], "ci": [d["lo"], d["hi"]],
                        "met": bool(d["mean"] >= 0.015 and d["lo"] > 0)})
     for f in p.train_fractions:
-        if f in p.low_fractions:
+        if f in p.low_fractions and not math.isnan(alone["train"][str(f)]["mean"]):  # (its twin may be skipped)
             d = alone["train"][str(f)]
             checks.append({"check": f"train-time {100 * f:g} %: retrieval alone > 0, 95 % CI above 0",
                            "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})

@@ -138,7 +138,8 @@ QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fraction
                   notes=("smoke run: shows the pipeline works; not results",))
 CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.1, 0.3), epochs=30, max_steps=40,
                 lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=LITES,
-                workers=2, labelled=True, grid_skip=("tent", "shot-im", "oracle"), train_skip=("t3ar-paper",),
+                workers=2, labelled=True, grid_skip=("tent", "shot-im", "oracle", "t3ar-paper"),
+                train_skip=("t3ar-paper", "t3ar-noretrieval"),
                 notes=("the low-data fractions, at most 40 optimiser steps per run (36 at 30 %: 6 epochs; 40 at 10 %: "
                        "20 epochs), two single-thread processes on 2 cores: the step budget is what fits the time. A "
                        "probe on the validation shift before this protocol existed (30 %, seeds 0-1, 60 steps) gave "
