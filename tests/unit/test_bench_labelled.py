@@ -156,3 +156,10 @@ def test_the_report_shows_goals_choices_and_use() -> None:
     assert "| T3AR with the labelled pool − its random-labelled control | test | 30 % | +3.0 [" in text
     assert "**The product's default job method: `bn-adapt`**" in text
     assert "noto 70 %, blob 30 %" in text and "+3.0 points over the validated T3AR without labels" in text
+
+
+def test_the_cpu_plans_archive_is_the_labelled_pools() -> None:
+    from t3ar.bench.method.labelled_pool import ARCHIVE_POOL_STYLES
+    from t3ar.bench.method.plans import CPU
+
+    assert CPU.archive_styles == ARCHIVE_POOL_STYLES and CPU.labelled

@@ -34,6 +34,10 @@ CONTRASTIVE_SETTINGS: tuple[Setting, ...] = ((("contrastive_weight", 0.3),), (("
 #: (named here, not imported: the CLI imports this module and must not load torch through the data kit; a unit test
 #: keeps it equal to the kit's styles but the source's)
 EMOJI_SOURCES: tuple[str, ...] = ("twitter", "openmoji", "openmoji-black", "fluent3d")
+#: the labelled archive's styles in the cpu plan's pool (named here, not imported: see EMOJI_SOURCES; a unit test
+#: keeps it equal to t3ar.bench.method.labelled_pool.ARCHIVE_POOL_STYLES)
+ARCHIVE: tuple[str, ...] = ("noto", "noto-v1", "emojione", "emojione-monotone", "emojione-v1", "fxemoji",
+                            "streamline-emojis", "fluent-emoji", "fluent-emoji-high-contrast")
 #: the retrieval options the validated T3AR may keep (each off by default in AdaptConfig), tried in this order
 RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("neighbours as data (weight 1, threshold 0.5)", (("pool_data_weight", 1.0),)),
@@ -115,6 +119,9 @@ class BenchPlan:
     no_harm_options: tuple[tuple[str, Setting], ...] = NO_HARM_OPTIONS
     label_options: tuple[tuple[str, Setting], ...] = LABEL_OPTIONS
     whole_pool_fractions: tuple[float, ...] = (0.3,)  # where the whole-labelled-pool reference runs (its cost)
+    #: labelled emoji archive styles in the pool (t3ar.datakit.archive; the target's and the source's artwork
+    #: families kept out per shift, t3ar.bench.method.labelled_pool.pool_names); () = the kit's styles only
+    archive_styles: tuple[str, ...] = ()
     #: grid arms not run (test-time labels of grid.TEST_ARMS / ORACLE; train-time of grid.TRAIN_ARMS)
     grid_skip: tuple[str, ...] = ()
     train_skip: tuple[str, ...] = ()
@@ -139,13 +146,18 @@ QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fraction
 CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.1, 0.3), epochs=30, max_steps=40,
                 lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=LITES,
                 workers=2, labelled=True, grid_skip=("tent", "shot-im", "oracle", "t3ar-paper"),
-                train_skip=("t3ar-paper", "t3ar-noretrieval"),
+                train_skip=("t3ar-paper", "t3ar-noretrieval"), archive_styles=ARCHIVE,
                 notes=("the low-data fractions, at most 40 optimiser steps per run (36 at 30 %: 6 epochs; 40 at 10 %: "
                        "20 epochs), two single-thread processes on 2 cores: the step budget is what fits the time. A "
                        "probe on the validation shift before this protocol existed (30 %, seeds 0-1, 60 steps) gave "
                        "T3AR without retrieval 50.1 % at lr 1e-3 and 47.5 % at 3e-3, bn-adapt 50.0 %, training every "
                        "group 38 %: "
-                       "more steps did not let the losses beat BatchNorm statistics there",))
+                       "more steps did not let the losses beat BatchNorm statistics there",
+                       "the labelled-pool protocol (issue 33): the pool holds the clipart (unlabelled), the kit's "
+                       "emoji styles and the labelled archive's styles, less the target's and the source's artwork "
+                       "families; TENT and SHOT-IM (and their lr choice), the oracle diagnostic and the paper-faithful "
+                       "arm are not re-run (the 2026-11-26 run before this one has them, in git history), nor the "
+                       "train-time paper-faithful and retrieval-off arms",))
 PAPER = BenchPlan(name="paper", workers=12, retrievers=LITES, contrastive_settings=FAMILY_TERMS,
                   notes=("the paper's 30-epoch schedule; on one H100 with 12 run processes the low-data cells "
                          "(--fractions 0.1,0.3) took about 20 minutes before the contrastive term was chosen on "

@@ -36,6 +36,7 @@ from t3ar.bench.method.data import (
     source_model,
 )
 from t3ar.bench.method.label_use import label_use
+from t3ar.bench.method.labelled_pool import pool_names
 from t3ar.bench.method.plans import BenchPlan
 from t3ar.bench.method.protocol import SOURCE_STYLE, cap_indices, fraction_subset, split_adapt_eval
 from t3ar.data.images import to_tensor_uint8
@@ -118,7 +119,7 @@ def pool_name(shift: str, retriever: str | None, plan: BenchPlan) -> str:
 
 def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device) -> Context:
     """Data kits, target splits, per-seed source models and per-shift pools (all cached under ``work``)."""
-    kits = build_kits(work, cache)
+    kits = build_kits(work, cache, plan.archive_styles)
     source_set = load_style(kits.emoji, SOURCE_STYLE, plan.image_size)
     targets: dict[str, Target] = {}
     for shift in (plan.validation_shift, *plan.eval_shifts):
@@ -134,14 +135,15 @@ def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device
                          train_groups=plan.train_groups, seed=seed)
         sources[seed] = source_model(work, source_set, tc, plan.image_size, kits.emoji_request, device)
     emoji_pool = [s for s in DEFAULT_STYLES if s != SOURCE_STYLE]
-    comps = pool_components(kits, emoji_pool, plan.pool_cap)
+    comps = pool_components(kits, emoji_pool, plan.pool_cap, archive_styles=plan.archive_styles)
     pools = {}
     images: dict[str, Any] = {}  # decoded pool images, shared by every pool
     for retriever in plan.retrievers:
         embedder = Embedder(EmbedderSpec(backbone=PRESETS[retriever], image_size=plan.retriever_size), device)
         store = EmbeddingStore(embedder, embedder.identity, work / "embeddings")
         for shift, tgt in targets.items():
-            names = list(POOL_SOURCES) + [s for s in emoji_pool if s != shift]
+            names = (pool_names(shift, list(POOL_SOURCES), emoji_pool, plan.archive_styles) if plan.archive_styles
+                     else list(POOL_SOURCES) + [s for s in emoji_pool if s != shift])
             pool = BenchPool(embedder, [comps[n] for n in names], [store.component(comps[n]) for n in names],
                              store.queries(tgt.style, tgt.adapt_idx), images)
             ids_hash = hashlib.sha256("\n".join(pool.all_ids()).encode()).hexdigest()[:16]
@@ -204,7 +206,7 @@ def _curves(history: Sequence[StepStats]) -> list[dict[str, float]]:
 #: differ only there share their cached runs)
 RUN_FIELDS = ("epochs", "max_steps", "min_steps", "batch_size", "warmup_frac", "k", "image_size", "eval_share",
               "split_seed", "max_adapt", "max_eval", "source_epochs", "source_lr", "train_groups",
-              "retriever_size", "pool_cap")
+              "retriever_size", "pool_cap", "archive_styles")
 
 
 def arm_key(ctx: Context, arm: Mapping[str, Any]) -> str:
