@@ -143,8 +143,8 @@ QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fraction
                   no_harm_options=(NO_HARM_OPTIONS[1], NO_HARM_OPTIONS[3]), label_options=(LABEL_OPTIONS[1],),
                   grid_skip=("tent", "shot-im"),
                   notes=("smoke run: shows the pipeline works; not results",))
-CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.1, 0.3), epochs=30, max_steps=40,
-                lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=LITES,
+CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.3,), epochs=30, max_steps=40,
+                lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=("efficientnet_lite0",),
                 workers=2, labelled=True, grid_skip=("tent", "shot-im", "oracle", "t3ar-paper"),
                 train_skip=("t3ar-paper", "t3ar-noretrieval"), archive_styles=ARCHIVE,
                 notes=("the low-data fractions, at most 40 optimiser steps per run (36 at 30 %: 6 epochs; 40 at 10 %: "
@@ -157,7 +157,9 @@ CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.1, 0.3), ep
                        "emoji styles and the labelled archive's styles, less the target's and the source's artwork "
                        "families; TENT and SHOT-IM (and their lr choice), the oracle diagnostic and the paper-faithful "
                        "arm are not re-run (the 2026-11-26 run before this one has them, in git history), nor the "
-                       "train-time paper-faithful and retrieval-off arms",))
+                       "train-time paper-faithful and retrieval-off arms; train time at 30 % only; R is Lite0, the "
+                       "one the run before chose among Lite0/1/2 on validation (embedding the larger pool three times "
+                       "did not fit the time)",))
 PAPER = BenchPlan(name="paper", workers=12, retrievers=LITES, contrastive_settings=FAMILY_TERMS,
                   notes=("the paper's 30-epoch schedule; on one H100 with 12 run processes the low-data cells "
                          "(--fractions 0.1,0.3) took about 20 minutes before the contrastive term was chosen on "
