@@ -106,7 +106,8 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.command("submit")
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
 @click.option("--model", "model", required=True, help="A model id (t3ar models list), or a checkpoint file to upload.")
-@click.option("--method", type=click.Choice(METHODS), default=None, help="Adaptation method (server default: t3ar).")
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help="Adaptation method [default: the server's, the method benchmark's choice].")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
               help="T3AR family: a named configuration (paper | validated); the server's default is the one the "
                    "method benchmark chose.")

@@ -14,7 +14,7 @@ from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_op
 from t3ar.cli.json_arg import json_object
 from t3ar.errors import DatasetError
 from t3ar.method.config import METHODS, AdaptConfig
-from t3ar.method.presets import DEFAULT_PRESET, PRESET_NAMES, with_default
+from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, PRESET_NAMES, with_default
 
 if TYPE_CHECKING:
     from t3ar.data.datasets import ImageSet
@@ -128,7 +128,9 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Adapted checkpoint to write.")
 @click.option("--pool", type=click.Path(exists=True, path_type=Path), default=None,
               help="Auxiliary pool (folder/archive of images) for t3ar / t3ar-random.")
-@click.option("--method", type=click.Choice(METHODS), default="t3ar", show_default=True)
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help="Adaptation method [default: the method benchmark's choice, "
+                   f"{DEFAULT_METHOD['test']} (test time) / {DEFAULT_METHOD['train']} (train time)].")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
               help=f"T3AR family: a named configuration (paper | validated); default {DEFAULT_PRESET}, the one "
                    "the method benchmark chose. Options given here win over the preset's.")
@@ -164,7 +166,7 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @device_option
 @json_option
 @domain_errors
-def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, method: str, preset: str | None,
+def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, method: str | None, preset: str | None,
               k: int, r: int,
               epochs: int, min_steps: int, batch_size: int, lr: float, fraction: float, use_labels: bool,
               eval_path: Path | None, train_groups: str, bank_size: int, retriever: str,
@@ -190,13 +192,14 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
                "fraction": fraction, "train_groups": _groups(train_groups), "bank_size": bank_size, "seed": seed}
     # options left at their defaults (AdaptConfig's own) are not given, so that a preset's values apply
     given = {name: v for name, v in options.items() if not _defaulted(name)}
-    fields = {"method": method, "mode": "train" if use_labels else "test", **given,
+    fields = {**({"method": method} if method else {}), "mode": "train" if use_labels else "test", **given,
               **({"preset": preset} if preset else {}), **extra}
     try:
         cfg = AdaptConfig.model_validate(with_default(fields))
     except ValidationError as e:
         raise click.BadParameter("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
                                            for err in e.errors()), param_hint="--config / options") from e
+    method = cfg.method  # the default's when none was given
     if contribute and (pool is None or not pool.is_dir()):
         raise click.UsageError("--contribute adds the target to the pool folder: pass --pool DIR (a folder)")
     dev = resolve_device(device)
