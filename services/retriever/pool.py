@@ -92,6 +92,7 @@ class Pool:
         self._writes = 0
         self._source_cache: dict[str, tuple[int, np.ndarray]] = {}
         self._cache_lock = threading.Lock()
+        self._has_labels: tuple[int, bool] | None = None  # (writes when checked, whether any item has a label)
         self.last_delete = 0.0
         self.compact_wanted = threading.Event()
         self.index_grew = threading.Event()  # wakes the background IVF trainer
@@ -133,8 +134,9 @@ class Pool:
         return {sha: self.format_id(seq) for sha, seq in self.store.find_sha(list(shas)).items()}
 
     def add(self, entries: Sequence[Candidate | AddOutcome], *, source: str, metadata: dict[str, Any],
-            policy: Literal["skip", "keep"]) -> list[AddOutcome]:
-        """Commit the candidates (vectors filled in), report per entry in input order.
+            policy: Literal["skip", "keep"], label: str | None = None) -> list[AddOutcome]:
+        """Commit the candidates (vectors filled in), each with ``label`` (None: unlabelled), report per entry in
+        input order. An ``exists`` entry keeps the label it was stored with (an add never relabels).
 
         Exact duplicates (same sha256 as an item in the pool or earlier in the batch) are ``exists`` and
         never stored twice. Near-duplicates (cosine >= threshold) get ``duplicate_of``; with policy
@@ -164,7 +166,7 @@ class Pool:
                 self.invalidate_persisted()
                 seqs = self.store.insert([
                     NewItem(c.sha256, source, metadata, c.name, c.media_type, len(c.data), c.width, c.height,
-                            _vec(c)) for _, c in to_insert])
+                            _vec(c), label=label) for _, c in to_insert])
                 self._writes += 1
                 seq_of = {i: s for (i, _), s in zip(to_insert, seqs, strict=True)}
                 vecs = np.stack([_vec(c) for _, c in to_insert])
@@ -212,12 +214,13 @@ class Pool:
                 accepted.add(i)
         return accepted, dup_of
 
-    def add_vectors(self, vectors: np.ndarray, *, source: str, metadata: dict[str, Any]) -> list[str]:
+    def add_vectors(self, vectors: np.ndarray, *, source: str, metadata: dict[str, Any],
+                    label: str | None = None) -> list[str]:
         """Vector-only items (vectors-only pools): normalised, committed, indexed; no duplicate check."""
         index = self.live_index()
         with self._writer:
             self.invalidate_persisted()
-            seqs = self.store.insert_vectors(vectors, source, metadata)
+            seqs = self.store.insert_vectors(vectors, source, metadata, label)
             self._writes += 1
             self._index_add(index, np.asarray(seqs, dtype=np.int64), vectors)
         return [self.format_id(s) for s in seqs]
@@ -343,11 +346,23 @@ class Pool:
             out.append((row_i, row_s))
         return out
 
+    def result_labels(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[list[str | None]] | None:
+        """The label of each result of these search rows (None: unlabelled), or None when no item of the pool
+        carries a label (the answer then leaves labels out: nothing to look up, and no bytes spent on nulls)."""
+        writes = self._writes
+        if self._has_labels is None or self._has_labels[0] != writes:
+            self._has_labels = (writes, self.store.has_labels())
+        if not self._has_labels[1]:
+            return None
+        found = self.store.labels_of(np.unique(np.concatenate([seqs for seqs, _ in rows])).tolist()) if rows else {}
+        return [[found.get(s) for s in seqs.tolist()] for seqs, _ in rows]
+
     def stats(self) -> dict[str, Any]:
         index = self.index
         return {
             "count": self.store.count(), "dim": self.info.dim, "identity": self.info.identity,
             "kind": self.info.kind, "pool_tag": self.info.tag, "sources": self.store.sources(),
+            "labels": self.store.labels(),
             "backend": self.info.backend,
             "index": {"type": index.kind if index else self.info.index_config.kind,
                       "configured_type": self.info.index_config.kind,

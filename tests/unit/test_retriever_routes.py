@@ -135,3 +135,11 @@ def test_search_answer_bytes_are_orjson_of_the_public_ids_and_rounded_floats() -
                 {"ids": [f"{tag}-{s}" for s in q.tolist()], "scores": np.round(sc.astype(np.float64), 6).tolist()}
                 for q, sc in rows]})
             assert search_answer("clip:ViT-B-32", 50, tag, rows) == old
+    # with labels (issue 33): each row also carries its ids' labels, byte for byte orjson's encoding
+    rows = [(seqs[i, :n], scores[i, :n]) for i, n in enumerate((3, 0, 2))]
+    labels = [["dog", None, "caf\u00e9 \"x\""], [], [None, "cat"]]
+    for tag in ("3fa9c1", 'we"ird\\tag'):
+        old = orjson.dumps({"identity": "i", "k": 3, "results": [
+            {"ids": [f"{tag}-{s}" for s in q.tolist()], "scores": np.round(sc.astype(np.float64), 6).tolist(),
+             "labels": lab} for (q, sc), lab in zip(rows, labels, strict=True)]})
+        assert search_answer("i", 3, tag, rows, labels) == old
