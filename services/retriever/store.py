@@ -239,7 +239,7 @@ class Store:
     def _filter(source: str | None, label: str | None) -> tuple[str, tuple[str, ...]]:
         """A WHERE prefix (each condition followed by AND) and its arguments."""
         conds = [(c, v) for c, v in (("source = ? AND ", source), ("label = ? AND ", label)) if v is not None]
-        return "".join(c for c, _ in conds), tuple(v for _, v in conds)  # type: ignore[misc]
+        return "".join(c for c, _ in conds), tuple(v for _, v in conds)
 
     def labels(self) -> dict[str, int]:
         """Each label and how many items carry it (unlabelled items are not counted)."""
