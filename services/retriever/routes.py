@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from t3ar.data.pool_labels import check_label
 from t3ar.errors import InvalidInputError
 from t3ar_services.common.offloop import OffLoopJsonRoute
 from t3ar_services.common.text import check_text, parse_json_object, readable
@@ -48,19 +49,8 @@ def _check_source(source: str) -> str:
     return source
 
 
-# What _check_label accepts (a class name; issue 33)
+# What check_label accepts (a class name; issue 33: the rule is the library's, t3ar.data.pool_labels)
 LABEL_SCHEMA = {"maxLength": 200, "pattern": "^[^\\x00-\\x1f\\x7f]*$"}
-
-
-def check_label(label: str | None) -> str | None:
-    """A pool label as given (``""`` or None: no label), else InvalidInputError naming the rule."""
-    if not label:
-        return None
-    if len(label) > 200 or any(ord(ch) < 32 or ord(ch) == 127 for ch in label) or label != label.strip():
-        raise InvalidInputError("label must be at most 200 printable characters without leading or trailing "
-                                "spaces (a class name, e.g. 'dog'); leave it empty for no label")
-    check_text(label, "label")
-    return label
 
 
 def _parse_metadata(raw: str) -> dict[str, Any]:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from test_retriever_store import _cand, _item, _pool, _vec
 
+from t3ar.data.pool_labels import check_label
 from t3ar.errors import InvalidInputError
-from t3ar_services.retriever.routes import check_label
 from t3ar_services.retriever.store import Store
 
 
