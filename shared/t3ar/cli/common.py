@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -108,16 +108,3 @@ def pct(x: object) -> str:
     """A fraction as a percentage with one decimal; ``-`` for None (not measured)."""
     return "-" if x is None else f"{100 * float(x):.1f}%"  # type: ignore[arg-type]
 
-
-def labelled_summary(uses: Sequence[Mapping[str, Any]], *, shown: int = 10) -> str:
-    """One line on the neighbours that served as labelled training data (``{"pool_id", "label", "uses"}``, what
-    :class:`t3ar.pipeline.LabelledUse` and the job report's ``labelled_neighbours`` hold): how many, per label,
-    and the first ``shown`` of them with their label and how many steps each served."""
-    per_label: dict[str, int] = {}
-    for u in uses:
-        per_label[str(u["label"])] = per_label.get(str(u["label"]), 0) + 1
-    labels = ", ".join(f"{lab} {n}" for lab, n in sorted(per_label.items(), key=lambda kv: (-kv[1], kv[0])))
-    first = ", ".join(f"{u['pool_id']} ({u['label']}, {u['uses']} step{'s' if u['uses'] != 1 else ''})"
-                      for u in uses[:shown])
-    more = f", and {len(uses) - shown} more" if len(uses) > shown else ""
-    return f"{len(uses)} pool neighbours served as labelled data ({labels}): {first}{more}"

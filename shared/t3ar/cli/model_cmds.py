@@ -11,8 +11,9 @@ import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
-from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, labelled_summary, pct
+from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
 from t3ar.cli.json_arg import json_object
+from t3ar.clients.job_report import labelled_summary
 from t3ar.data.pool_labels import resolve_pool_labels
 from t3ar.errors import DatasetError
 from t3ar.method.config import METHODS, AdaptConfig
