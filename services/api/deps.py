@@ -27,6 +27,7 @@ from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
+from t3ar_services.api.withdrawals import Withdrawer
 from t3ar_services.common.auth import require, route_scope
 
 
@@ -42,6 +43,7 @@ class ApiState:
     artifacts: Artifacts  # what workers upload, verified and committed
     contributor: Contributor  # targets that join the pool, and their withdrawal
     compactor: Compactor  # pool compaction: dry-run plans, applied exactly
+    withdrawer: Withdrawer  # the one path by which items leave the pool
 
 
 def get_state(request: Request) -> ApiState:

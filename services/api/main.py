@@ -24,6 +24,7 @@ from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
 from t3ar_services.api.console import install_console
+from t3ar_services.api.contrib_store import ContributionStore
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
@@ -33,9 +34,11 @@ from t3ar_services.api.routes import ROUTERS
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
+from t3ar_services.api.withdrawals import Withdrawer
 from t3ar_services.common.app import create_service_app
 from t3ar_services.common.dirlock import holding
 from t3ar_services.common.forms import close_form_schemas
+from t3ar_services.common.withdrawn import migrate_legacy
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +59,15 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
     admin = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
                             timeout=settings.retriever_timeout, retries=2)
     jobs = JobService(settings, store, conn)
-    contributor = Contributor(store, data, lambda: (state.retriever, state.retriever_admin), conn,
+    metrics = ApiMetrics()
+    withdrawer = Withdrawer(ContributionStore(store), lambda: state.retriever_admin, conn, metrics,
+                            sync_lineage=jobs.sync_lineage)
+    contributor = Contributor(store, data, lambda: (state.retriever, state.retriever_admin), withdrawer,
                               job_status=lambda job_id: _job_status(jobs, store, job_id))
     state = ApiState(settings=settings, store=store, redis=conn, jobs=jobs,
-                     retriever=retriever, retriever_admin=admin, metrics=ApiMetrics(),
+                     retriever=retriever, retriever_admin=admin, metrics=metrics,
                      artifacts=Artifacts(data, settings.max_model_bytes), contributor=contributor,
-                     compactor=Compactor(contributor, settings.compact_timeout))
+                     compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer)
     return state
 
 
@@ -116,6 +122,10 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
                         "T3AR_WORKER_API_TOKEN")
         log.info("api: data dir %s, queue %s, retriever %s", settings.data_dir.resolve(), settings.queue,
                  settings.retriever_url)
+        try:  # an older API kept withdrawn ids in an unbounded set: move them into the bounded feed, once
+            await run_in_threadpool(migrate_legacy, state.redis)
+        except Exception as e:
+            log.warning("could not move an older API's withdrawn ids into the bounded feed (Redis down?): %s", e)
         sweeper = asyncio.create_task(_sweeper(state), name="t3ar-api-sweeper")
         state.contributor.start(settings.sweep_interval)
         try:

@@ -2,8 +2,10 @@
 lineage index (pool id -> finished jobs whose adaptation retrieved it).
 
 Redis holds the live state of jobs (status, progress) for ``result_ttl`` seconds; these records outlive it.
-The API is the only writer: workers write ``artifacts/<job>/lineage.json`` and the API indexes it
-(:meth:`Store.index_lineage`), so no SQLite file is ever shared across machines.
+The API is the only writer: a worker uploads a job's lineage over HTTP (``PUT /internal/jobs/<id>/result``,
+see :mod:`t3ar_services.common.job_contract`), and the API writes ``artifacts/<job>/lineage.json`` itself and
+indexes it (:meth:`Store.index_lineage`); workers share no disk with the API, so no SQLite file is ever shared
+across machines.
 """
 
 from __future__ import annotations

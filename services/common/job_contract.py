@@ -64,7 +64,7 @@ JOB_FUNCTION = "t3ar_services.worker.jobs.run_adapt_job"
 SERIALIZER = "rq.serializers.JSONSerializer"  # JSON-able arguments, meta and results only; no pickle
 
 CANCEL_KEY = "t3ar:cancel:{job_id}"  # set by the API; polled by the job between steps
-WITHDRAWN_KEY = "t3ar:pool:withdrawn"  # set of withdrawn pool ids; workers drop them from their image cache
+# withdrawn pool ids, which workers drop from their image caches: the bounded feed of t3ar_services.common.withdrawn
 
 TARGET_ROUTE = "/internal/jobs/{job_id}/target"
 BASE_MODEL_ROUTE = "/internal/jobs/{job_id}/base-model"

@@ -2,7 +2,8 @@
 :class:`~t3ar_services.common.job_contract.JobSpec`).
 
 It runs in the work-horse process. torch and the core are imported here, inside the function, so the
-forking worker parent stays free of torch (a fork after torch has started its thread pools can deadlock).
+forking worker parent stays free of torch (rq forks a work horse per job, and a child forked after the
+parent ran a torch op can deadlock).
 
 Inputs and outputs travel over HTTP (:mod:`t3ar_services.worker.transfer`): the base checkpoint (cached by
 sha256 in the worker's data dir) and the target tar are downloaded and checked against the digests the job
@@ -30,7 +31,6 @@ from t3ar_services.common.job_contract import (
     MAX_LABELLED_LISTED,
     MODEL_FILE,
     TARGET_ROUTE,
-    WITHDRAWN_KEY,
     Accuracy,
     CacheStats,
     EpochPoint,
@@ -172,10 +172,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     client = None
     if config.uses_retrieval:
         cache = ImageCache(settings.image_cache_dir(), settings.cache_max_bytes)
-        if connection is not None:
-            withdrawn = [m.decode() if isinstance(m, bytes) else str(m) for m in connection.smembers(WITHDRAWN_KEY)]
-            if n := cache.forget(withdrawn):
-                log.info("dropped %d withdrawn pool image(s) from the cache", n)
+        if connection is not None and (n := cache.forget_withdrawn(connection)):
+            log.info("dropped %d withdrawn pool image(s) from the cache", n)
         token = settings.retriever_token.get_secret_value() if settings.retriever_token else None
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)

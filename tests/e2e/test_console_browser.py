@@ -4,7 +4,7 @@ tool downloads) against the real embedded stack (`t3ar up`: Redis, retriever, AP
 One stack and one browser for the module; a handful of tests in order: sign in and watch a job submitted from
 the CLI finish, its neighbours; the pool, search and hostile strings; models; a user cannot withdraw; an admin
 withdraws (lineage, then gone from search); no page answers 5xx. Each page is screenshotted by this browser:
-into ``$T3AR_CONSOLE_SCREENSHOTS`` when set (``docs/console`` refreshes the README's pictures), else a tmp dir.
+into ``$T3AR_CONSOLE_SCREENSHOTS`` when set (``docs/console`` refreshes docs/console.md's), else a tmp dir.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from t3ar.models.checkpoint import save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.main import create_app
 from t3ar_services.api.settings import ApiSettings
-from t3ar_services.common.job_contract import SERIALIZER, WITHDRAWN_KEY, write_json_atomic
+from t3ar_services.common import withdrawn
+from t3ar_services.common.job_contract import SERIALIZER, write_json_atomic
 
 USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admin-t"}
 
@@ -141,7 +142,9 @@ def test_contribution_life_retry_and_withdrawal(env: Any, tmp_path: Path) -> Non
     expect_error(client.delete(f"/jobs/{job_id}/contribution", headers=USER), 403, "forbidden")
     out = client.delete(f"/jobs/{job_id}/contribution", headers=ADMIN).json()
     assert len(out["withdrawn"]) == 3 and set(pool.items) == {"p-1"}
-    assert {m.decode() for m in redis.smembers(WITHDRAWN_KEY)} == set(out["withdrawn"])
+    assert set(withdrawn.read(redis, 0).ids) == set(out["withdrawn"])  # the workers' caches are told
+    assert state.contributor.records.withdrawal_reasons(out["withdrawn"]) == {
+        i: f"contribution:{job_id}" for i in out["withdrawn"]}
     expect_error(client.delete(f"/jobs/{job_id}/contribution", headers=ADMIN), 404, "not_found", "already withdrawn")
     assert client.get(f"/jobs/{job_id}", headers=USER).json()["contribution"]["status"] == "withdrawn"
 

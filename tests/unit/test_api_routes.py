@@ -29,7 +29,8 @@ from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.jobs import explain_failure
 from t3ar_services.api.main import create_app, sweep_once
 from t3ar_services.api.settings import ApiSettings
-from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, WITHDRAWN_KEY, write_json_atomic
+from t3ar_services.common import withdrawn
+from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, write_json_atomic
 
 USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admin-t"}
 
@@ -279,7 +280,9 @@ def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None
     assert client.delete("/pool/p-1", headers=USER).status_code == 403
     out = client.delete("/pool/p-1", headers=ADMIN).json()
     assert [j["job_id"] for j in out["jobs"]] == [done] and out["deleted"]
-    assert redis.sismember(WITHDRAWN_KEY, "p-1")
+    assert withdrawn.read(redis, 0).ids == ["p-1"]  # the workers' caches are told
+    # recorded like a contribution's withdrawal or a compaction (issue 34: a single delete was not)
+    assert client.app.state.api.withdrawer.records.withdrawal_reasons(["p-1"]) == {"p-1": "delete"}
     gone = client.delete("/pool/p-1", headers=ADMIN)
     assert gone.status_code == 404 and "already withdrawn" in gone.json()["error"]["message"]
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == done

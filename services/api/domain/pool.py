@@ -15,7 +15,6 @@ from t3ar_services.api.deps import ApiState
 from t3ar_services.api.domain import Links
 from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.jobs import require_job
-from t3ar_services.common.job_contract import WITHDRAWN_KEY
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,6 @@ def _jobs_using(state: ApiState, links: Links, pool_id: str) -> list[s.LineageJo
 
 def _jobs_using_any(state: ApiState, links: Links, pool_ids: list[str], *,
                     exclude: str | None = None) -> list[s.LineageJob]:
-    state.jobs.sync_lineage()
     return lineage_jobs(state, links, state.contributor.records.jobs_using_any(pool_ids), exclude=exclude)
 
 
@@ -60,19 +58,15 @@ def withdraw_item(state: ApiState, links: Links, pool_id: str) -> s.DeleteRespon
     """Withdraw a pool item (no search returns it once this returns) with its lineage; 404 when it is not in the
     pool. Once the retriever deleted it the answer is a success, with whatever lineage could be read."""
     try:
-        state.retriever_admin.delete(pool_id)
+        state.withdrawer.withdraw([pool_id], "delete")  # recorded, caches told, lineage synced
     except RetrieverNotFoundError as e:
         raise NotFoundError(f"no pool item {pool_id!r} (already withdrawn, or never added); which jobs used it: "
                             f"GET /pool/{pool_id}/lineage") from e
-    state.metrics.pool_deletes.inc()
-    try:
-        state.redis.sadd(WITHDRAWN_KEY, pool_id)  # workers drop it from their image caches
-    except Exception as e:  # the withdrawal itself succeeded; caches are also bounded and trimmed
-        log.warning("could not record withdrawn id %s for worker caches: %s", pool_id, e)
+    # the item is gone at the retriever: from here on the answer is a 2xx with whatever lineage is readable
     jobs: list[s.LineageJob] = []
     problems = []
     try:
-        jobs = _jobs_using(state, links, pool_id)
+        jobs = lineage_jobs(state, links, state.store.jobs_using(pool_id))
     except Exception as e:
         log.exception("pool item %s withdrawn, but its lineage could not be read", pool_id)
         problems.append(f"its lineage could not be read ({type(e).__name__})")
@@ -92,7 +86,6 @@ def withdraw_contribution(state: ApiState, links: Links, job_id: str) -> s.Contr
     them. 404: unknown job, or already withdrawn; 409: the job made no contribution."""
     require_job(state.store, job_id)
     ids = state.contributor.withdraw(job_id)
-    state.metrics.pool_deletes.inc(len(ids))
     return s.ContributionWithdrawn(job_id=job_id, source=source_of(job_id), withdrawn=ids,
                                    jobs=_jobs_using_any(state, links, ids, exclude=job_id),
                                    in_flight=state.jobs.started_ids())
@@ -122,7 +115,6 @@ def compact(state: ApiState, links: Links, body: s.CompactRequest) -> s.CompactR
     plan = state.contributor.records.get_plan(body.plan_id)
     assert plan is not None
     removed = set(result["removed"])
-    state.metrics.pool_deletes.inc(len(removed))
     return s.CompactResponse(dry_run=False, plan_id=body.plan_id, threshold=plan.params["threshold"],
                              sources=plan.params["sources"],
                              remove=[s.CompactRemoval(**r) for r in plan.plan["remove"] if r["id"] in removed],
