@@ -100,6 +100,8 @@ def test_bad_uploads(server: RetrieverProcess, make_png: Callable[..., bytes]) -
     _expect(post([("ok.png", good)], metadata="{not json"), 422, "invalid_input", "metadata")
     _expect(post([("ok.png", good)], metadata="[1, 2]"), 422, "invalid_input", "json object")
     _expect(post([("ok.png", good)], source="bad\nsource"), 422, "invalid_input", "source")
+    for label in ("bad\nlabel", "x" * 201, " padded", "del\x7f"):  # issue 33: a label is bounded like source
+        _expect(post([("ok.png", good)], label=label), 422, "invalid_input", "label")
     _expect(post([("ok.png", good)], duplicate_policy="sometimes"), 422, "invalid_request", "duplicate_policy")
     _expect(httpx.post(server.url + "/pool", headers=ADMIN, data={"source": "x"}), 422, "invalid_request", "files")
     _expect(httpx.post(server.url + "/pool", headers={**ADMIN, "Content-Type": "multipart/form-data; boundary=x"},

@@ -121,11 +121,13 @@ class RetrieverClient(HttpClient):
             data["duplicate_policy"] = duplicate_policy
         return dict(self._json("POST", "/pool", files=files, data=data))
 
-    def add_vectors(self, vectors: np.ndarray, *, identity: str, source: str = "") -> list[str]:
-        """Vectors-only pools (admin token): bulk-add float32 vectors; returns their ids in order."""
+    def add_vectors(self, vectors: np.ndarray, *, identity: str, source: str = "",
+                    label: str | None = None) -> list[str]:
+        """Vectors-only pools (admin token): bulk-add float32 vectors, each with class ``label`` (None:
+        unlabelled); returns their ids in order."""
         body = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
         out = self._json("POST", "/pool/vectors", safe=False, content=body,
-                         params={"identity": identity, "source": source},
+                         params={"identity": identity, "source": source, "label": label or ""},
                          headers={"Content-Type": "application/octet-stream"})
         return list(out["ids"])
 
