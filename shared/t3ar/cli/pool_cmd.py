@@ -190,8 +190,10 @@ def search(image: Path, k: int, r: int, source: str | None, url: str, token: str
     """Nearest pool items to IMAGE (embedded by the retriever with the pool's embedder)."""
     with RetrieverClient(url, token) as client:
         res = client.search_images([image], k, r=r, source=source)
-    rows = [{"id": i, "score": sc} for i, sc in zip(res.ids[0], res.scores[0], strict=True)]
-    text = "\n".join(f"{row['score']:.4f}  {row['id']}" for row in rows) or "(the pool is empty)"
+    rows = [{"id": i, "score": sc, "label": lab} for i, sc, lab in zip(res.ids[0], res.scores[0], res.labels[0],
+                                                                         strict=True)]
+    text = "\n".join(f"{row['score']:.4f}  {row['id']}" + (f"  {row['label']}" if row["label"] else "")
+                     for row in rows) or "(the pool is empty)"
     echo_result(as_json, {"identity": res.identity, "results": rows}, text)
 
 
@@ -205,5 +207,6 @@ def stats(url: str, token: str | None, as_json: bool) -> None:
     lines = [f"items:      {st['count']}", f"dim:        {st['dim']}", f"embedder:   {st['identity']}",
              f"index:      {idx['type']} ({idx['vectors']} vectors, {idx['tombstones']} tombstones)",
              f"duplicates: {st['duplicate_policy']} at cosine >= {st['duplicate_threshold']}",
-             "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st["sources"].items()) or "-")]
+             "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st["sources"].items()) or "-"),
+             "labels:     " + (", ".join(f"{k}={v}" for k, v in (st.get("labels") or {}).items()) or "-")]
     echo_result(as_json, st, "\n".join(lines))
