@@ -56,16 +56,17 @@ def target_files(folder: Path) -> list[Path]:
 
 
 def target_labels(folder: Path, files: list[Path]) -> dict[Path, str]:
-    """The class name of each labelled image of a train-time target folder (class folders or labels.csv, read
-    as the job read it); an image the layout gives no class is left out (it joins unlabelled)."""
-    from t3ar.data.datasets import read_labelled
+    """The class name of each labelled image of a train-time target folder (its labels.csv, read as the worker
+    read it: :func:`t3ar.data.target.read_target`); an image without a class is left out (it joins unlabelled)."""
+    from t3ar.data.target import read_target
 
     try:
-        found = read_labelled(folder)
+        found = read_target(folder, strict=False)
     except T3arError as e:  # the job trained on it, so this is rare: the images join unlabelled
         log.warning("the target of %s has no labels to contribute (%s): its images join unlabelled", folder, e)
         return {}
-    assert found.labels is not None and found.classes is not None
+    if found.labels is None or found.classes is None:
+        return {}
     by_path = {p.resolve(): found.classes[y] for p, y in zip(found.paths, found.labels, strict=True)}
     return {f: by_path[f.resolve()] for f in files if f.resolve() in by_path}
 
