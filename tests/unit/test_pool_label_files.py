@@ -58,3 +58,14 @@ def test_the_report_lists_labelled_neighbours_and_the_summary_names_them() -> No
         LabelledNeighbour(pool_id="p", label="x", uses=0)
     with pytest.raises(ValidationError):
         JobReport(job_id="j", labelled_neighbours=[uses[0]] * (MAX_LABELLED_LISTED + 1))
+
+
+def test_job_status_lines_name_the_labelled_neighbours() -> None:
+    """``t3ar submit`` / ``t3ar jobs show`` print the job's result: which neighbours served as labelled data."""
+    from t3ar.cli.job_cmd import _summary
+
+    job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"}, "target": {"images": 4},
+           "result": {"labelled_neighbours": [{"pool_id": "p-3", "label": "owl", "uses": 2}],
+                      "labelled_neighbours_total": 1}}
+    assert "1 pool neighbours served as labelled data (owl 1): p-3 (owl, 2 steps)" in _summary(job)
+    assert "labelled" not in _summary({**job, "result": {}})
