@@ -67,5 +67,5 @@ def test_job_status_lines_name_the_labelled_neighbours() -> None:
     job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"}, "target": {"images": 4},
            "result": {"labelled_neighbours": [{"pool_id": "p-3", "label": "owl", "uses": 2}],
                       "labelled_neighbours_total": 1}}
-    assert "1 pool neighbours served as labelled data (owl 1): p-3 (owl, 2 steps)" in _summary(job)
+    assert "1 pool neighbour served as labelled data (owl 1): p-3 (owl, 2 steps)" in _summary(job)
     assert "labelled" not in _summary({**job, "result": {}})

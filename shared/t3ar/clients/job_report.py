@@ -178,4 +178,4 @@ def labelled_summary(uses: Sequence[Mapping[str, Any]], *, total: int | None = N
                       for u in uses[:shown])
     n = total if total is not None else len(uses)
     more = f", and {n - min(shown, len(uses))} more" if n > min(shown, len(uses)) else ""
-    return f"{n} pool neighbours served as labelled data ({labels}): {first}{more}"
+    return f"{n} pool neighbour{'s' if n != 1 else ''} served as labelled data ({labels}): {first}{more}"
