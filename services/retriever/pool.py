@@ -30,6 +30,7 @@ from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import NotFoundError, NotReadyError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
+from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import NewItem, Store
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class Pool:
         self._writes = 0
         self._source_cache: dict[str, tuple[int, np.ndarray]] = {}
         self._cache_lock = threading.Lock()
-        self._has_labels: tuple[int, bool] | None = None  # (writes when checked, whether any item has a label)
+        self.labels = LabelMap(store.labelled_rows())  # the labelled items' labels, for search answers
         self.last_delete = 0.0
         self.compact_wanted = threading.Event()
         self.index_grew = threading.Event()  # wakes the background IVF trainer
@@ -167,6 +168,7 @@ class Pool:
                 seqs = self.store.insert([
                     NewItem(c.sha256, source, metadata, c.name, c.media_type, len(c.data), c.width, c.height,
                             _vec(c), label=label) for _, c in to_insert])
+                self.labels.add(seqs, label)  # before the index: a search that finds them knows their label
                 self._writes += 1
                 seq_of = {i: s for (i, _), s in zip(to_insert, seqs, strict=True)}
                 vecs = np.stack([_vec(c) for _, c in to_insert])
@@ -221,6 +223,7 @@ class Pool:
         with self._writer:
             self.invalidate_persisted()
             seqs = self.store.insert_vectors(vectors, source, metadata, label)
+            self.labels.add(seqs, label)
             self._writes += 1
             self._index_add(index, np.asarray(seqs, dtype=np.int64), vectors)
         return [self.format_id(s) for s in seqs]
@@ -334,15 +337,11 @@ class Pool:
         return out
 
     def result_labels(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[list[str | None]] | None:
-        """The label of each result of these search rows (None: unlabelled), or None when no item of the pool
-        carries a label (the answer then leaves labels out: nothing to look up, and no bytes spent on nulls)."""
-        writes = self._writes
-        if self._has_labels is None or self._has_labels[0] != writes:
-            self._has_labels = (writes, self.store.has_labels())
-        if not self._has_labels[1]:
+        """The label of each result of these search rows (None: unlabelled), or None when the pool holds no
+        labelled item (the answer then leaves labels out: no bytes spent on nulls). See :mod:`.labelmap`."""
+        if not len(self.labels):
             return None
-        found = self.store.labels_of(np.unique(np.concatenate([seqs for seqs, _ in rows])).tolist()) if rows else {}
-        return [[found.get(s) for s in seqs.tolist()] for seqs, _ in rows]
+        return self.labels.lookup_rows([seqs for seqs, _ in rows])
 
     def stats(self) -> dict[str, Any]:
         index = self.index

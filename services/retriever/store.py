@@ -246,18 +246,9 @@ class Store:
         return dict(self._r.execute(
             "SELECT label, count(*) FROM items WHERE label IS NOT NULL GROUP BY label ORDER BY label"))
 
-    def labels_of(self, seqs: Sequence[int]) -> dict[int, str]:
-        """The label of each of these items that has one (unknown and unlabelled seqs are left out)."""
-        out: dict[int, str] = {}
-        for start in range(0, len(seqs), 500):
-            chunk = list(seqs[start:start + 500])
-            marks = ",".join("?" * len(chunk))
-            out.update(self._r.execute(
-                f"SELECT seq, label FROM items WHERE seq IN ({marks}) AND label IS NOT NULL", chunk).fetchall())
-        return out
-
-    def has_labels(self) -> bool:
-        return self._r.execute("SELECT 1 FROM items WHERE label IS NOT NULL LIMIT 1").fetchone() is not None
+    def labelled_rows(self) -> list[tuple[int, str]]:
+        """(seq, label) of every labelled item, in seq order."""
+        return list(self._r.execute("SELECT seq, label FROM items WHERE label IS NOT NULL ORDER BY seq"))
 
     def sources(self) -> dict[str, int]:
         return dict(self._r.execute("SELECT source, count(*) FROM items GROUP BY source ORDER BY source"))

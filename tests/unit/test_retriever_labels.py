@@ -13,6 +13,7 @@ from test_retriever_store import _cand, _item, _pool, _vec
 
 from t3ar.data.pool_labels import check_label
 from t3ar.errors import InvalidInputError
+from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import Store
 
 
@@ -27,8 +28,7 @@ def test_labels_are_stored_filtered_counted_and_looked_up(tmp_path: Path) -> Non
     assert [r.seq for r in store.page(after=0, limit=10, source=None, label="dog")] == seqs[3:]
     assert [r.seq for r in store.page(after=0, limit=10, source="other", label="dog")] == seqs[4:]
     assert store.count(label="dog") == 2 and store.count("other", "dog") == 1 and store.count("s") == 4
-    assert store.labels_of([*seqs, 999]) == {seqs[3]: "dog", seqs[4]: "dog"}
-    assert store.has_labels()
+    assert store.labelled_rows() == [(seqs[2] + 1, "cat"), (seqs[3], "dog"), (seqs[4], "dog")]
 
 
 def test_a_data_dir_made_before_labels_opens_unlabelled_and_takes_labels(tmp_path: Path) -> None:
@@ -44,9 +44,9 @@ def test_a_data_dir_made_before_labels_opens_unlabelled_and_takes_labels(tmp_pat
     conn.close()
     store = Store(path)
     [row] = store.get_many([1])
-    assert row.label is None and row.source == "old" and not store.has_labels()
+    assert row.label is None and row.source == "old" and store.labelled_rows() == []
     [seq] = store.insert([replace(_item(7), label="cat")])
-    assert store.labels_of([1, seq]) == {seq: "cat"}
+    assert store.labelled_rows() == [(seq, "cat")]
     store.close()
     assert Store(path).labels() == {"cat": 1}  # reopened: the column is there, nothing added twice
 
@@ -67,6 +67,21 @@ def test_search_rows_carry_labels_only_once_the_pool_has_any(tmp_path: Path) -> 
     assert by_id == {plain[0].id: None, plain[1].id: None, lab[0].id: "cat"}
     pool.delete([str(lab[0].id)], missing_ok=False)
     assert all(v is None for row in (pool.result_labels(pool.search_seqs(queries, 3)) or []) for v in row)
+    pool.store.close()
+    reopened = _pool(tmp_path)  # labels are loaded from the database when the pool opens
+    assert reopened.result_labels(reopened.search_seqs(queries, 3)) is None  # the one labelled item was deleted
+
+
+def test_the_label_map_looks_up_many_seqs_at_once() -> None:
+    labels = LabelMap([(7, "dog"), (3, "cat"), (9, "dog")])
+    assert len(labels) == 3
+    assert labels.lookup(np.array([3, 4, 7, 9, 100, 0])) == ["cat", None, "dog", "dog", None, None]
+    labels.add([11, 12], "owl")
+    labels.add([13], None)  # unlabelled: nothing held
+    labels.add([5], "emu")  # out of order (never made): still found
+    assert len(labels) == 6
+    assert labels.lookup(np.array([12, 5, 13, 3])) == ["owl", "emu", None, "cat"]
+    assert LabelMap([]).lookup(np.array([1, 2])) == [None, None]
 
 
 @pytest.mark.parametrize("bad", ["x" * 201, "a\nb", "tab\there", "\x7f", " dog", "dog ", "\ud800"])
