@@ -84,7 +84,8 @@ def test_the_label_map_looks_up_many_seqs_at_once() -> None:
     assert LabelMap([]).lookup(np.array([1, 2])) == [None, None]
 
 
-@pytest.mark.parametrize("bad", ["x" * 201, "a\nb", "tab\there", "\x7f", " dog", "dog ", "\ud800"])
+@pytest.mark.parametrize("bad", ["x" * 201, "a\nb", "tab\there", "\x7f", "c1\x85", "\x9f", " dog", "dog ",
+                                 "\u3000dog", "\ud800"])
 def test_a_label_is_checked_like_every_text_field(bad: str) -> None:
     with pytest.raises(InvalidInputError, match="label"):
         check_label(bad)

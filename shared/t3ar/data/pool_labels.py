@@ -12,7 +12,7 @@ unlabelled). Two ways to say which images carry which label, for ``t3ar pool ing
   no image of ``DIR`` is counted (:attr:`PoolLabels.unmatched`), not an error, so one CSV can describe a superset.
 
 The rule of a label (checked here before an upload, and by the retriever where it arrives): at most
-:data:`MAX_LABEL_CHARS` characters, no control characters, no leading or trailing spaces, valid UTF-8 text. The
+:data:`MAX_LABEL_CHARS` characters, no control characters (C0, DEL, C1), no leading or trailing spaces, valid UTF-8 text. The
 empty string means no label.
 """
 
@@ -33,7 +33,7 @@ _HEADERS = ({"path", "label"}, {"file", "label"})
 
 def label_problem(label: str) -> str | None:
     """Why ``label`` cannot be a pool label, or None if it can (the empty string is no label: never a problem)."""
-    if len(label) > MAX_LABEL_CHARS or any(ord(ch) < 32 or ord(ch) == 127 for ch in label) \
+    if len(label) > MAX_LABEL_CHARS or any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in label) \
             or label != label.strip():
         return (f"label must be at most {MAX_LABEL_CHARS} printable characters without leading or trailing spaces "
                 "(a class name, e.g. 'dog'); leave it empty for no label")
