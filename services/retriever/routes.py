@@ -51,8 +51,8 @@ def _check_source(source: str) -> str:
 
 # What check_label accepts (a class name; issue 33: the rule is the library's, t3ar.data.pool_labels)
 # (empty, or no control character and no whitespace at either end)
-LABEL_SCHEMA = {"maxLength": 200,
-                "pattern": "^(?:[^\\s\\x00-\\x1f\\x7f-\\x9f](?:[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f])?)?$"}
+_CTRL = "\\x00-\\x1f\\x7f-\\x9f"
+LABEL_SCHEMA = {"maxLength": 200, "pattern": f"^(?:[^\\s{_CTRL}](?:[^{_CTRL}]*[^\\s{_CTRL}])?)?$"}
 
 
 def _parse_metadata(raw: str) -> dict[str, Any]:
