@@ -19,8 +19,9 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 class ErrorInfo(BaseModel):
     code: str = Field(description="machine-readable: not_found, invalid_input, bad_image, unsafe_archive, "
-                      "bad_checkpoint, payload_too_large, unauthorized, forbidden, conflict, unavailable, "
-                      "retriever_unavailable, retriever_rejected, retriever_auth, invalid_request, internal")
+                      "bad_checkpoint, export_failed, payload_too_large, unauthorized, forbidden, conflict, "
+                      "unavailable, retriever_unavailable, retriever_rejected, retriever_auth, invalid_request, "
+                      "internal")
     message: str = Field(description="what went wrong and what to do about it")
 
 
@@ -114,6 +115,28 @@ class ReportOut(JobReport):
         default_factory=list, description="earlier jobs' contributions its retrieved neighbours came from")
 
 
+class ExportParity(BaseModel):
+    """The check an export passed before it was kept: the exported model against the checkpoint."""
+
+    images: int
+    images_source: str = Field(description="which images: the job's target (topped up with generated ones)")
+    max_abs_diff: float = Field(description="largest |logit difference| over those images")
+    top1_agreement: float = Field(description="share of the images with the same top-1 class (1.0 = all)")
+    tolerance: float
+    ok: bool
+
+
+class ExportOut(BaseModel):
+    """A finished job's checkpoint in a serving format, made on its first download and kept."""
+
+    format: Literal["onnx", "safetensors"]
+    url: str
+    sha256: str
+    size: int
+    created_at: str
+    parity: ExportParity
+
+
 class JobOut(BaseModel):
     id: str
     url: str
@@ -133,6 +156,9 @@ class JobOut(BaseModel):
     result: dict[str, Any] | None = None
     checkpoint_url: str | None = None
     report_url: str | None = None
+    exports: dict[str, ExportOut] = Field(
+        default_factory=dict, description="the serving formats made so far, by format: `checkpoint_url` with "
+                                          "`?format=onnx` or `?format=safetensors` makes one on first request")
     contribution: Contribution = Field(description="whether this job's target joins the pool, and how it went")
     neighbours_from_contributions: list[NeighbourSource] = Field(
         default_factory=list, description="earlier jobs' contributions that this job's retrieved neighbours came "

@@ -25,7 +25,7 @@ from t3ar_services.api.console.web import (
     thumbnail,
 )
 from t3ar_services.api.deps import links_of
-from t3ar_services.api.domain import jobs
+from t3ar_services.api.domain import exports, jobs
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.schemas import JobOut, ReportOut
 from t3ar_services.common.job_contract import EpochPoint
@@ -121,9 +121,12 @@ def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
 
 
 @router.get("/jobs/{job_id}/checkpoint")
-def download_checkpoint(request: Request, session: SessionDep, job_id: str) -> FileResponse:
-    path = call(jobs.checkpoint, api_state(request), job_id)
-    return FileResponse(path, media_type="application/octet-stream", filename=f"t3ar-{job_id}.pt")
+def download_checkpoint(request: Request, session: SessionDep, job_id: str, format: str = "pt") -> FileResponse:
+    """The checkpoint (``pt``) or its export (``onnx``, ``safetensors``: made on the first request, as for
+    ``GET /jobs/{id}/checkpoint?format=``); an unknown format is the JSON API's 422, as a page."""
+    got = call(exports.download, api_state(request), job_id, format)
+    headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
+    return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
 
 
 @router.get("/jobs/{job_id}/report")

@@ -167,10 +167,19 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         progress=s.Progress.model_validate(st.progress) if st.progress else None, error=st.error, result=st.result,
         checkpoint_url=links("get_checkpoint", row.id) if finished else None,
         report_url=links("get_report", row.id) if finished else None,
+        exports=exports_view(state, links, row.id) if finished else {},
         contribution=s.Contribution(**state.contributor.describe(row.id, st.status)),
         neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
         if finished else [],
     )
+
+
+def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:
+    """The serving formats made of the job's checkpoint so far (:mod:`.exports`), by format."""
+    base = links("get_checkpoint", job_id)
+    return {fmt: s.ExportOut(format=e.format, url=f"{base}?format={fmt}", sha256=e.sha256,  # type: ignore[arg-type]
+                             size=e.size, created_at=e.created_at, parity=s.ExportParity.model_validate(e.parity))
+            for fmt, e in state.store.exports_of(job_id).items()}
 
 
 def list_jobs(state: ApiState, links: Links, limit: int = 50, before: str | None = None) -> s.JobList:

@@ -6,14 +6,14 @@ Blocking work (extraction, image decoding, Redis) runs in sync ``def`` routes, i
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import USER, LinksDep, StateDep
-from t3ar_services.api.domain import Links, jobs
+from t3ar_services.api.domain import Links, exports, jobs
 from t3ar_services.common.forms import only_fields
 
 # What JSON Schema cannot state about the upload, named in the document: the archive part is one of these
@@ -79,11 +79,20 @@ def cancel_job(state: StateDep, job_id: str) -> s.CancelResponse:
 
 
 @router.get("/jobs/{job_id}/checkpoint", response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
-def get_checkpoint(state: StateDep, job_id: str) -> FileResponse:
-    """The adapted checkpoint (t3ar format; load with ``t3ar.models.checkpoint.load_checkpoint``)."""
-    return FileResponse(jobs.checkpoint(state, job_id), media_type="application/octet-stream",
-                        filename=f"t3ar-{job_id}.pt")
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "headers": {"X-Checksum-Sha256": {"schema": {"type": "string"}, "description":
+                                         "the file's sha256 (an export's; also in the job's `exports`)"}}}})
+def get_checkpoint(state: StateDep, job_id: str, fmt: Annotated[
+        Literal["pt", "onnx", "safetensors"], Query(alias="format", description=(
+            "pt: the t3ar checkpoint (load with t3ar.models.checkpoint.load_checkpoint); onnx: the whole "
+            "classifier, uint8 NHWC RGB images in (preprocessing inside), logits out, classes and lineage in its "
+            "metadata; safetensors: the weights with spec and lineage as header metadata (t3ar loads it too). "
+            "An export is made on its first request (checked for parity on the job's target images), kept, and "
+            "its sha256 recorded in the job's `exports`."))] = "pt") -> FileResponse:
+    """The adapted checkpoint, as it is or exported for serving (``?format=onnx|safetensors``)."""
+    got = exports.download(state, job_id, fmt)
+    headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
+    return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
 
 
 @router.get("/jobs/{job_id}/report", response_model=s.ReportOut, response_model_exclude_unset=True)

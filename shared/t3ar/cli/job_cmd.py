@@ -219,11 +219,15 @@ def jobs_cancel(job_id: str, url: str, token: str | None, as_json: bool) -> None
 @jobs.command("download")
 @click.argument("job_id")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["pt", "onnx", "safetensors"]), default="pt", show_default=True,
+              help="pt: the t3ar checkpoint; onnx: the whole classifier for ONNX Runtime (uint8 NHWC RGB images in, "
+                   "logits out); safetensors: the weights with spec and lineage as metadata. The API makes an "
+                   "export on its first request, checked for parity on the job's target images.")
 @_api_options()
-def jobs_download(job_id: str, out: Path, url: str, token: str | None, as_json: bool) -> None:
-    """Save a finished job's adapted checkpoint to OUT."""
-    _ask(url, token, lambda client: client.download_checkpoint(job_id, out))
-    echo_result(as_json, {"job_id": job_id, "path": str(out)}, f"wrote {out}")
+def jobs_download(job_id: str, out: Path, fmt: str, url: str, token: str | None, as_json: bool) -> None:
+    """Save a finished job's adapted checkpoint to OUT, as it is or exported for serving."""
+    _ask(url, token, lambda client: client.download_checkpoint(job_id, out, fmt))
+    echo_result(as_json, {"job_id": job_id, "path": str(out), "format": fmt}, f"wrote {out} ({fmt})")
 
 
 @_job_command("report")
