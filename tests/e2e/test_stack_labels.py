@@ -2,7 +2,7 @@
 config turns labelled neighbours on reports which neighbours served as labelled data, with their labels (its
 result, ``GET /jobs/{id}`` and its report say the same); a **train-time** job's contribution joins the pool with
 its target's classes as labels, a test-time job's contribution unlabelled (its pseudo-labels never become labels);
-withdrawing the labelled contribution removes it as it removes any.
+withdrawing the labelled contribution removes it as it removes any; lineage and readapt work as for any job.
 """
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ def test_labelled_neighbours_are_reported_and_train_time_contributions_carry_lab
             assert archive[use["pool_id"]] == use["label"] and use["uses"] >= 1
         assert ja["result"]["labelled_neighbours"] == served[:20]
         assert ja["result"]["labelled_neighbours_total"] == len(served)
+
+        # lineage as today: a labelled neighbour's lineage names the job; a readapt reruns with the same labels
+        assert a["id"] in {j["job_id"] for j in api.lineage(served[0]["pool_id"])["jobs"]}
+        again = api.readapt(a["id"])
+        jr = api.wait(again["id"], poll=0.2, timeout=300)
+        assert jr["status"] == "finished" and jr["parent_id"] == a["id"], jr
+        # (its neighbours may include job a's own contribution, which joined the pool labelled meanwhile)
+        for use in api.report(again["id"])["labelled_neighbours"]:
+            assert rc.get_item(use["pool_id"])["label"] == use["label"]
 
         mine = _contributed(api, rc, a["id"])
         assert len(mine) == 4 * len(CLASSES)
