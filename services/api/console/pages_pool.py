@@ -1,6 +1,6 @@
 """The pool: a paged thumbnail grid with counts per source and per class label (filters by either), search by an
-uploaded image, an item's page
-(metadata, near-duplicates, the jobs and checkpoints that used it) and, for admins, withdrawal.
+uploaded image, an item's page (metadata, label, near-duplicates, the jobs and checkpoints that used it) and, for
+admins, withdrawal.
 
 Reads go through the API's own retriever client (the browser never gets a retriever token) for any signed-in
 session; lineage, withdrawal (only for an admin session) and readapts call the domain layer the JSON routes
