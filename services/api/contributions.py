@@ -180,7 +180,8 @@ class Contributor:
 
     # --- withdrawing -------------------------------------------------------------------------------------
     def withdraw(self, job_id: str) -> list[str]:
-        """Withdraw job ``job_id``'s contribution as one unit; the pool ids it deleted (see the module docstring).
+        """Withdraw job ``job_id``'s contribution as one unit; the pool ids it deleted, not those that were gone
+        already (see the module docstring).
         404 when already withdrawn; 409 when the job has made no contribution (not asked, not finished yet,
         failed or canceled)."""
         with self.lock:
@@ -206,10 +207,10 @@ class Contributor:
         ids = list(dict.fromkeys(self.records.items_of(job_id)
                                  + [it["id"] for it in admin.iter_items(source=source_of(job_id))]))
         deleted = self.withdrawer.withdraw(ids, f"contribution:{job_id}", missing_ok=True)
-        self.records.set_status(job_id, "withdrawn", withdrawn_at=now(), withdrawn_ids=len(ids))
+        self.records.set_status(job_id, "withdrawn", withdrawn_at=now(), withdrawn_ids=len(deleted))
         log.info("withdrew the contribution of job %s: %d pool item(s) deleted (%d listed)", job_id, len(deleted),
                  len(ids))
-        return ids
+        return deleted  # not those already gone (compaction, a single delete): they were withdrawn then
 
     # --- what the job view says --------------------------------------------------------------------------
     def describe(self, job_id: str, job_status: str) -> dict[str, Any]:

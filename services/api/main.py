@@ -24,6 +24,7 @@ from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
 from t3ar_services.api.console import install_console
+from t3ar_services.api.console.pages_pool import MAX_QUERY_BYTES
 from t3ar_services.api.contrib_store import ContributionStore
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.deps import ApiState
@@ -31,11 +32,13 @@ from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import ROUTERS
-from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.settings import ApiSettings, MiB
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
 from t3ar_services.api.withdrawals import Withdrawer
 from t3ar_services.common.app import create_service_app
+from t3ar_services.common.auth_failures import FailureWindow
+from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import holding
 from t3ar_services.common.forms import close_form_schemas
 from t3ar_services.common.withdrawn import migrate_legacy
@@ -101,6 +104,25 @@ async def _sweeper(state: ApiState) -> None:
         await asyncio.sleep(state.settings.sweep_interval)
 
 
+SMALL_BODY = 64 * 1024  # every route that takes a few fields (JSON or a form): no upload, no list of thousands
+
+
+def route_limits(settings: ApiSettings) -> RouteLimits:
+    """The body limit of each kind of route (:func:`~t3ar_services.common.body_limit.body_size`); unmarked routes
+    take a few fields."""
+    form = MiB  # a multipart form's fields and boundaries around its one file
+    return RouteLimits({
+        "archive": (settings.max_upload_bytes + form, ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES "
+                                                      "(plus 1 MiB for the form); send a smaller archive"),
+        "model": (settings.max_model_bytes + form, ": checkpoints are limited by T3AR_API_MAX_MODEL_BYTES (plus "
+                                                   "1 MiB for the form); send a smaller file"),
+        "checkpoint": (settings.max_model_bytes, ": checkpoints are limited by T3AR_API_MAX_MODEL_BYTES"),
+        "result": (settings.max_result_bytes, ": a job's result (report and lineage) is limited by "
+                                              "T3AR_API_MAX_RESULT_BYTES"),
+        "query_image": (MAX_QUERY_BYTES + form, f": search with an image of at most {MAX_QUERY_BYTES >> 20} MiB"),
+    }, default=(SMALL_BODY, ": this route takes a few fields, not an upload"))
+
+
 def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = None) -> FastAPI:
     settings = settings if settings is not None else ApiSettings()
     state = build_state(settings, redis)
@@ -141,6 +163,8 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             state.store.close()
             log.info("api stopped")
 
+    limits = route_limits(settings)
+    failures = FailureWindow(settings.auth_failures, settings.auth_failure_window)
     app = create_service_app(
         title="t3ar adaptation API", lifespan=lifespan,
         description="Adapt a base classifier to target data with retrieval from the auxiliary pool; withdraw pool "
@@ -149,8 +173,11 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
-            "(plus 1 MiB for the form); send a smaller file"),
-        routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX])
+            "(plus 1 MiB for the form); send a smaller file"), limit_for=limits,
+        routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX], failures=failures,
+        sign_in_paths=[f"{CONSOLE_PREFIX}/login"])
+    limits.attach(app)
+    app.state.auth_failures = failures
     app.state.api = state
     install_console(app, settings)
     close_form_schemas(app)

@@ -261,7 +261,8 @@ class ResultStored(BaseModel):
 class ContributionWithdrawn(BaseModel):
     job_id: str
     source: str
-    withdrawn: list[str] = Field(description="the pool ids of the contribution, deleted (or already gone)")
+    withdrawn: list[str] = Field(description="the pool ids of the contribution this withdrawal deleted (not those "
+                                             "removed before, e.g. by compaction)")
     jobs: list[LineageJob] = Field(description="finished jobs that retrieved any of them: readapt them")
     in_flight: list[str] = Field(default_factory=list, description="jobs running now; they may have used them")
 

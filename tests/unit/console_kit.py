@@ -14,6 +14,7 @@ from typing import Any
 import fakeredis
 import httpx
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -109,6 +110,18 @@ def console_client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]
     """Body of the test modules' ``client`` fixture: the app over ``pool``, running."""
     with TestClient(app_for(settings_for(tmp_path), pool)) as c:
         yield c
+
+
+@pytest.fixture()
+def pool() -> dict[str, Any]:
+    """The mocked retriever's state (:func:`new_pool`); import it with :func:`client` as a module's fixtures."""
+    return new_pool()
+
+
+@pytest.fixture()
+def client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]:
+    """The console's app over ``pool``, running."""
+    yield from console_client(tmp_path, pool)
 
 
 def csrf_of(html: str) -> str:

@@ -180,3 +180,18 @@ def test_failed_job_contributes_nothing_and_bad_requests_are_4xx(env: Any, tmp_p
                  "forbidden")
     expect_error(client.post("/adapt", data={"model_id": "m", "contribute": "maybe"},
                              files={"archive": ("t.zip", b"x")}, headers=USER), 422, "invalid_request")
+
+
+def test_a_withdrawal_lists_only_what_it_withdrew(env: Any, tmp_path: Path) -> None:
+    """Issue 34: items of the contribution that compaction (or a single delete) had removed before are not
+    listed as withdrawn by the contribution's withdrawal."""
+    client, redis, pool, state = env
+    job_id = _submit(client, tmp_path, contribute="true")
+    _finish(redis, state, job_id)
+    assert state.contributor.run_pending() == 1
+    mine = sorted(i for i, it in pool.items.items() if it["source"] == f"target:{job_id}")
+    assert len(mine) == 3
+    del pool.items[mine[0]]  # removed earlier, as compaction removes a near-duplicate
+    out = client.delete(f"/jobs/{job_id}/contribution", headers=ADMIN).json()
+    assert sorted(out["withdrawn"]) == mine[1:], out
+    assert set(pool.items) == {"p-1"}

@@ -186,7 +186,12 @@ def test_checkpoint_over_the_limit_is_413(env: Any, tmp_path: Path) -> None:
     resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(big).hexdigest()},
                       content=big, headers=W)
     assert resp.status_code == 413 and "T3AR_API_MAX_MODEL_BYTES" in resp.json()["error"]["message"]
-    assert not list((data / "artifacts" / job_id).iterdir())
+    streamed = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(big).hexdigest()},
+                          content=(big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)), headers=W)
+    assert streamed.status_code == 413, streamed.text
+    corrupt = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": "0" * 64}, content=b"x", headers=W)
+    assert corrupt.status_code == 422, corrupt.text
+    assert not (data / "artifacts" / job_id).exists()  # a refused upload leaves nothing, not even its folder
 
 
 def test_worker_token_must_differ() -> None:

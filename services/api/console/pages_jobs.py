@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -20,9 +19,10 @@ from t3ar_services.api.console.web import (
     api_state,
     call,
     checked_form,
+    file_inside,
     png_response,
     render,
-    thumbnail,
+    thumbnails,
 )
 from t3ar_services.api.deps import links_of
 from t3ar_services.api.domain import exports, jobs
@@ -141,16 +141,12 @@ def target_image(request: Request, session: SessionDep, job_id: str, name: str) 
     """A thumbnail of one of the job's target images (the validated, extracted copy the API keeps)."""
     state = api_state(request)
     row = call(require_job, state.store, job_id)
-    root = (state.settings.data_dir / row.target_dir).resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root) or not path.is_file():
-        raise PageError(404, f"job {job_id} has no target image {name!r}")
-    return png_response(_thumb(path))
-
-
-def _thumb(path: Path) -> bytes:
-    try:
-        return thumbnail(path.read_bytes())
+    path = file_inside((state.settings.data_dir / row.target_dir).resolve(), name)
+    if path is None:
+        raise PageError(404, f"job {job_id} has no target image {name[:200]!r}")
+    try:  # the extracted target never changes in place: its path, size and time name its content
+        st = path.stat()
+        return png_response(thumbnails(request).get(f"file:{path}:{st.st_size}:{st.st_mtime_ns}", path.read_bytes))
     except Exception as e:  # validated at upload, so unexpected: but never a 500 for one picture
         raise PageError(404, f"the image {path.name!r} cannot be read") from e
 

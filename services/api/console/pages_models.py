@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from t3ar_services.api.console.web import PREFIX, PageError, SessionDep, api_state, call, checked_form, render
 from t3ar_services.api.domain import models
 from t3ar_services.api.uploads import sent_name
+from t3ar_services.common.body_limit import body_size
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
@@ -24,7 +25,7 @@ def models_page(request: Request, session: SessionDep, uploaded: str | None = No
     return render(request, "models.html", session, models=found, uploaded=just, created=created)
 
 
-@router.post("/models")
+@router.post("/models", dependencies=[body_size("model")])
 async def upload(request: Request) -> Response:
     state = api_state(request)
     session, form = await checked_form(request, max_files=1)

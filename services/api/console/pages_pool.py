@@ -3,8 +3,9 @@ uploaded image, an item's page (metadata, label, near-duplicates, the jobs and c
 admins, withdrawal.
 
 Reads go through the API's own retriever client (the browser never gets a retriever token) for any signed-in
-session; lineage, withdrawal (only for an admin session) and readapts call the domain layer the JSON routes
-call (:mod:`t3ar_services.api.domain`).
+session, bounded for a page (:func:`~t3ar_services.api.console.web.pool_reader`: one attempt within
+``T3AR_API_CONSOLE_TIMEOUT``); lineage, withdrawal (only for an admin session) and readapts call the domain
+layer the JSON routes call (:mod:`t3ar_services.api.domain`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.console.web import (
     PREFIX,
     PageError,
@@ -27,12 +29,14 @@ from t3ar_services.api.console.web import (
     call,
     checked_form,
     png_response,
+    pool_reader,
     render,
     require_admin,
-    thumbnail,
+    thumbnails,
 )
 from t3ar_services.api.deps import links_of
 from t3ar_services.api.domain import jobs, pool
+from t3ar_services.common.body_limit import body_size
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 PAGE = 48
@@ -47,11 +51,11 @@ def pool_page(request: Request, session: SessionDep, source: str | None = None, 
               exact: bool = False, label: str | None = None) -> Response:
     """``source``: one source's items; an empty one means all sources unless ``exact`` (items without a source).
     ``label``: only the items with this class label (an empty one: any label or none)."""
-    state = api_state(request)
-    stats = call(state.retriever.stats)
+    reader = pool_reader(request)
+    stats = call(reader.stats)
     source = source if (source or exact) else None
     label = label or None
-    page = call(state.retriever.list_items, after=after or None, limit=PAGE, source=source, label=label)
+    page = call(reader.list_items, after=after or None, limit=PAGE, source=source, label=label)
     sources = sorted(dict(stats.get("sources") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     labels = sorted(dict(stats.get("labels") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     return render(request, "pool.html", session, items=page["items"], next_after=page.get("next_after"),
@@ -64,7 +68,7 @@ def search_page(request: Request, session: SessionDep) -> Response:
     return render(request, "search.html", session, results=None, query=None)
 
 
-@router.post("/pool/search")
+@router.post("/pool/search", dependencies=[body_size("query_image")])
 async def search(request: Request) -> Response:
     session, form = await checked_form(request, max_files=1)
     upload = form.get("image")
@@ -73,11 +77,11 @@ async def search(request: Request) -> Response:
     data = await upload.read(MAX_QUERY_BYTES + 1)
     if len(data) > MAX_QUERY_BYTES:
         raise PageError(413, f"search with an image of at most {MAX_QUERY_BYTES >> 20} MiB")
-    state = api_state(request)
-    result = await run_in_threadpool(call, state.retriever.search_images, [(upload.filename or "query", data)],
+    reader = pool_reader(request)
+    result = await run_in_threadpool(call, reader.search_images, [(upload.filename or "query", data)],
                                      SEARCH_K)
     try:
-        query = base64.b64encode(await run_in_threadpool(thumbnail, data)).decode()
+        query = base64.b64encode(await run_in_threadpool(thumbnails(request).of, data)).decode()
     except Exception as e:  # the retriever decoded it; PIL here did not (it would have said so first)
         raise PageError(422, "the uploaded file is not an image this server can read") from e
     rows = [{"id": i, "score": s, "label": lab}
@@ -85,9 +89,9 @@ async def search(request: Request) -> Response:
     return render(request, "search.html", session, results=rows, query=query, filename=upload.filename or "")
 
 
-def _item(state: Any, pool_id: str) -> dict[str, Any] | None:
+def _item(reader: RetrieverClient, pool_id: str) -> dict[str, Any] | None:
     try:
-        return call(state.retriever.get_item, pool_id)
+        return call(reader.get_item, pool_id)
     except PageError as e:
         if e.status == 404:
             return None
@@ -97,12 +101,12 @@ def _item(state: Any, pool_id: str) -> dict[str, Any] | None:
 @router.get("/pool/{pool_id}")
 def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
     """Also for a withdrawn item: its lineage stays (the jobs and checkpoints that used it)."""
-    state = api_state(request)
-    item = _item(state, pool_id)
+    state, reader = api_state(request), pool_reader(request)
+    item = _item(reader, pool_id)
     near: list[dict[str, Any]] = []
     if item is not None and item.get("size"):
-        image = call(state.retriever.get_image, pool_id)
-        res = call(state.retriever.search_images, [image], NEAR_K, exclude_ids=[pool_id])
+        image = call(reader.get_image, pool_id)
+        res = call(reader.search_images, [image], NEAR_K, exclude_ids=[pool_id])
         near = [{"id": i, "score": s, "label": lab}
                 for i, s, lab in zip(res.ids[0], res.scores[0], res.labels[0], strict=False) if i]
     lineage = call(pool.lineage, state, links_of(request), pool_id)
@@ -125,16 +129,24 @@ def _gone_png() -> bytes:
 
 @router.get("/pool/{pool_id}/image")
 def item_image(request: Request, session: SessionDep, pool_id: str) -> Response:
+    """The item's thumbnail, made once per image (keyed by the item's sha256: a cached one costs the item's
+    metadata, not its image); a withdrawn or unknown item's is a placeholder (404)."""
+    reader = pool_reader(request)
+    item = _item(reader, pool_id)
     try:
-        data = call(api_state(request).retriever.get_image, pool_id)
+        if item is None:
+            raise PageError(404, f"no pool item {pool_id!r}")
+        sha = item.get("sha256")
+        load = lambda: call(reader.get_image, pool_id)  # noqa: E731
+        thumbs = thumbnails(request)
+        png = thumbs.get(f"sha256:{sha}", load) if sha else thumbs.of(load())
     except PageError as e:
         if e.status != 404:
             raise
         return Response(_gone_png(), status_code=404, media_type="image/png")  # withdrawn, or never added
-    try:
-        return png_response(thumbnail(data))
     except Exception as e:
         raise PageError(404, f"pool item {pool_id!r} has no image this server can read") from e
+    return png_response(png)
 
 
 @router.get("/pool/{pool_id}/withdraw")
@@ -142,7 +154,7 @@ def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Respon
     """What withdrawing would affect, and the confirmation form (admins only)."""
     require_admin(session)
     state = api_state(request)
-    item = _item(state, pool_id)
+    item = _item(pool_reader(request), pool_id)
     if item is None:
         raise PageError(404, f"no pool item {pool_id!r} (already withdrawn, or never added)")
     lineage = call(pool.lineage, state, links_of(request), pool_id)
@@ -161,7 +173,7 @@ async def withdraw(request: Request, pool_id: str) -> Response:
 def withdrawn_page(request: Request, session: SessionDep, pool_id: str) -> Response:
     """After a withdrawal: the jobs that used the item, and the offer to readapt them."""
     state = api_state(request)
-    if _item(state, pool_id) is not None:
+    if _item(pool_reader(request), pool_id) is not None:
         return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}", status_code=303)
     lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=lineage, done=True)

@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import USER, LinksDep, StateDep
 from t3ar_services.api.domain import Links, exports, jobs
+from t3ar_services.common.body_limit import body_size
 from t3ar_services.common.forms import only_fields
 
 # What JSON Schema cannot state about the upload, named in the document: the archive part is one of these
@@ -34,7 +35,8 @@ def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
 
 
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
-              dependencies=[only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
+              dependencies=[body_size("archive"),
+                            only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})

@@ -11,6 +11,7 @@ from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import USER, StateDep
 from t3ar_services.api.domain import models
 from t3ar_services.api.uploads import sent_name
+from t3ar_services.common.body_limit import body_size
 from t3ar_services.common.forms import only_fields
 
 # What JSON Schema cannot state about the upload: the file part is a t3ar checkpoint (the torch zip that
@@ -22,7 +23,7 @@ router = APIRouter(responses=s.error_responses(401, 403, 404, 409, 413, 422, 503
 
 
 @router.post("/models", response_model=s.ModelOut, status_code=201,
-             dependencies=[only_fields("file", "name")],
+             dependencies=[body_size("model"), only_fields("file", "name")],
              responses={200: {"model": s.ModelOut, "description": "the same file was uploaded before"},
                         400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
              openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
