@@ -29,6 +29,7 @@ from t3ar.logs import REQUEST_ID, request_id_from
 from t3ar.method.config import AdaptConfig
 from t3ar_services.common.job_contract import (
     BASE_MODEL_ROUTE,
+    MAX_LABELLED_LISTED,
     MODEL_FILE,
     TARGET_ROUTE,
     Accuracy,
@@ -38,6 +39,7 @@ from t3ar_services.common.job_contract import (
     JobCanceledError,
     JobReport,
     JobSpec,
+    LabelledNeighbour,
     NeighbourRow,
     StepPoint,
     Transfer,
@@ -201,6 +203,9 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     api.put_result(spec.job_id, readable(report.model_dump(mode="json")), lineage)  # finishes the job
     summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
                "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
+    if report.labelled_neighbours_total:  # labelled neighbours: the first few (report: more)
+        summary["labelled_neighbours_total"] = report.labelled_neighbours_total
+        summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]
@@ -216,6 +221,7 @@ def _brief_eval(ev: dict[str, Any] | None) -> EvalBrief | None:
 
 
 _MAX_STEP_POINTS = 500
+_SUMMARY_LABELLED = 20  # labelled neighbours named in the job's result (the report lists up to MAX_LABELLED_LISTED)
 
 
 def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str, Any], sha: str, device: str,
@@ -247,6 +253,10 @@ def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str,
                       for s in history[::max(1, -(-len(history) // _MAX_STEP_POINTS))]],
         # what retrieval did: a sample of target images and the pool neighbours drawn for them, with scores
         neighbour_sample=[NeighbourRow.model_validate(n) for n in outcome.neighbour_sample],
+        # the neighbours that served as labelled training data (issue 33), the most used first
+        labelled_neighbours=[LabelledNeighbour(pool_id=u.pool_id, label=u.label, uses=u.uses) for u in sorted(
+            outcome.labelled_neighbours, key=lambda u: (-u.uses, u.pool_id))[:MAX_LABELLED_LISTED]],
+        labelled_neighbours_total=len(outcome.labelled_neighbours),
         image_cache=CacheStats(hits=provider.hits, misses=provider.misses) if provider is not None else None,
         transfer=Transfer.model_validate(transfer),
     )
