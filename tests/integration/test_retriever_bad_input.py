@@ -112,8 +112,6 @@ def test_bad_uploads(server: RetrieverProcess, make_png: Callable[..., bytes]) -
     assert [it["status"] for it in rep["items"]] == ["added", "rejected"] and _count(server) == before + 1
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34 G7 (the sec helper): a multipart field that is not UTF-8 is read "
-                   "as latin-1 and stored; once G7 lands this passes and the marker goes")
 def test_a_label_that_is_not_utf8_is_refused(server: RetrieverProcess, make_png: Callable[..., bytes]) -> None:
     """Issue 33: a label is checked like every text field, also when its multipart bytes are not UTF-8."""
     before = _count(server)
@@ -122,7 +120,7 @@ def test_a_label_that_is_not_utf8_is_refused(server: RetrieverProcess, make_png:
            + b"\r\n--b--\r\n")
     resp = httpx.post(server.url + "/pool", headers={**ADMIN, "Content-Type": "multipart/form-data; boundary=b"},
                       content=raw, timeout=60)
-    _expect(resp, 422, "invalid_input", "label")
+    _expect(resp, 422, "invalid_input", "UTF-8")  # every multipart field is checked the same way (issue 34 G7)
     assert _count(server) == before
 
 
