@@ -118,13 +118,30 @@ def _accuracy(report: dict[str, Any] | None) -> dict[str, float] | None:
     return {"before": float(before), "after": float(after)}
 
 
+def _phases(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The report's phase table as rows (name, seconds, share of the worker total); queue wait has no share
+    (it comes before the worker's total). Empty for reports made before phases existed."""
+    table = (report or {}).get("phases") or {}
+    if not isinstance(table, dict):
+        return []
+    inside = sum(float(v) for k, v in table.items() if k != "queue_wait" and isinstance(v, int | float))
+    rows = []
+    for name, value in table.items():
+        if not isinstance(value, int | float):
+            continue
+        share = None if name == "queue_wait" or inside <= 0 else 100.0 * float(value) / inside
+        rows.append({"name": name.replace("_", " "), "seconds": float(value), "share": share})
+    return rows
+
+
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
     state = api_state(request)
     job = call(routes_jobs.get_job, request, state, job_id)
     report = _report(state, job_id) if job.status == "finished" else None
     return render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
-                  accuracy=_accuracy(report), config=json.dumps(job.config, indent=2, sort_keys=True),
+                  accuracy=_accuracy(report), phases=_phases(report),
+                  config=json.dumps(job.config, indent=2, sort_keys=True),
                   neighbours=(report or {}).get("neighbour_sample") or [],
                   lineage=_lineage(state, job_id) if job.status == "finished" else [],
                   refresh=REFRESH_SECONDS if job.status in RUNNING else None)
