@@ -40,8 +40,12 @@ class Runner(Protocol):
 
 def run_rounds(runner: Runner, rounds: int, job: dict[str, Any], out_dir: Path,
                on_round: Callable[[Round], None] | None = None) -> dict[str, Any]:
-    """``rounds`` rounds, the arms alternating which goes first; writes the report and returns its summary."""
+    """``rounds`` rounds, the arms alternating which goes first; writes the report after each round (so an
+    interrupted run keeps the rounds it finished) and returns the last summary."""
+    if rounds < 1:
+        raise ValueError("no rounds measured: rounds must be >= 1")
     done: list[Round] = []
+    summary: dict[str, Any] = {}
     for i in range(rounds):
         if i % 2 == 0:
             stack_wall, report = runner.stack()
@@ -53,8 +57,9 @@ def run_rounds(runner: Runner, rounds: int, job: dict[str, Any], out_dir: Path,
         done.append(r)
         if on_round is not None:
             on_round(r)
-    summary = summarise(done, job)
-    write(out_dir, summary)
+        # written after every round: an interrupted run keeps what it measured (the report names its rounds)
+        summary = summarise(done, {**job, "rounds_planned": rounds})
+        write(out_dir, summary)
     return summary
 
 
