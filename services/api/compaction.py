@@ -1,6 +1,7 @@
 """Pool compaction: a dry-run lists the near-duplicates a compaction would remove (the retriever finds them
 through its index, ``POST /pool/near-duplicates``) and keeps that list as a plan; a real run applies a plan,
-removing exactly the ids it lists, through ordinary deletes, with the lineage of every removed id.
+removing exactly the ids it lists, through the one withdrawal path (:mod:`t3ar_services.api.withdrawals`), with
+the lineage of every removed id.
 
 A plan is applied at most once, and only while it still holds: every id it removes and every item it keeps
 for them must still be in the pool (else 409 and nothing is removed: the pool changed, run the dry-run again),
@@ -16,7 +17,7 @@ from typing import Any
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
 from t3ar_services.api.contrib_store import ContributionStore
-from t3ar_services.api.contributions import DELETE_CHUNK, Contributor
+from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.errors import ConflictError, NotFoundError
 
 log = logging.getLogger(__name__)
@@ -57,23 +58,15 @@ class Compactor:
                 raise ConflictError(f"the pool changed since the dry-run: {len(gone)} item(s) the plan keeps are gone "
                                     f"(first: {gone[0]}); nothing was removed, run the dry-run again")
             deleted: list[str] = []
-            for start in range(0, len(remove), DELETE_CHUNK):
-                try:
-                    out = self.admin.delete_many(remove[start:start + DELETE_CHUNK], missing_ok=False)
-                except RetrieverNotFoundError as e:
-                    self._record(plan_id, deleted)
-                    raise ConflictError(f"the pool changed since the dry-run: {e}; {len(deleted)} listed item(s) "
-                                        "were removed before it, nothing after; run the dry-run again") from e
-                deleted += list(out["deleted"])
-            self._record(plan_id, deleted)
+            try:
+                self.contributor.withdrawer.withdraw(remove, f"compaction:{plan_id}", gone=deleted)
+            except RetrieverNotFoundError as e:
+                raise ConflictError(f"the pool changed since the dry-run: {e}; {len(deleted)} listed item(s) "
+                                    "were removed before it, nothing after; run the dry-run again") from e
             result = {"removed": deleted, "bytes_freed": int(plan.plan.get("bytes", 0))}
             self.records.finish_plan(plan_id, result)
             log.info("compaction plan %s applied: %d item(s) removed", plan_id, len(deleted))
             return result
-
-    def _record(self, plan_id: str, deleted: list[str]) -> None:
-        self.records.record_withdrawals(deleted, f"compaction:{plan_id}")
-        self.contributor.forget_in_caches(deleted)
 
     def _missing(self, ids: list[str]) -> list[str]:
         gone = []

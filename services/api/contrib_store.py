@@ -6,7 +6,8 @@ lineage index of :mod:`t3ar_services.api.store`, through its one connection and 
   (the job failed or was canceled: nothing contributed); ``withdrawing`` -> ``withdrawn`` once withdrawn.
 - ``contribution_items``: pool id -> the job whose target it came from (kept after a withdrawal: a later
   job's report still names the contribution its neighbours came from).
-- ``withdrawals``: every pool id withdrawn by a contribution withdrawal or a compaction, when and why.
+- ``withdrawals``: every pool id withdrawn (a single delete, a contribution withdrawal, a compaction), when and
+  why (:mod:`t3ar_services.api.withdrawals`).
 - ``compaction_plans``: a dry-run's list of removals, applied at most once, exactly as listed.
 """
 
@@ -141,6 +142,15 @@ class ContributionStore:
         t = now()
         with self.store._tx() as db:
             db.executemany("INSERT OR IGNORE INTO withdrawals VALUES (?, ?, ?)", [(p, t, reason) for p in pool_ids])
+
+    def withdrawal_reasons(self, pool_ids: Sequence[str]) -> dict[str, str]:
+        """pool id -> why it was withdrawn, for those of ``pool_ids`` that were."""
+        found: dict[str, str] = {}
+        for chunk in _chunks(pool_ids):
+            marks = ",".join("?" * len(chunk))
+            found.update(self.store._all(f"SELECT pool_id, reason FROM withdrawals WHERE pool_id IN ({marks})",
+                                         tuple(chunk)))
+        return found
 
     def jobs_using_any(self, pool_ids: Sequence[str]) -> list[tuple[str, str | None]]:
         """(job id, finished_at) of every indexed job whose lineage holds any of ``pool_ids``, oldest first."""

@@ -12,10 +12,10 @@ failed attempt stays ``pending`` and is retried, also after a restart. A retry a
 stores a sha256 once, and what the contribution holds is read back from the pool by its source, so the counts
 are those of the first complete attempt. One lock serialises contributing and withdrawing.
 
-Withdrawal (admin) deletes every item of the source ``target:<job id>`` through the retriever's delete (the
-same guarantee as ``DELETE /pool/{id}``: never retrieved again, bytes gone, survives restarts), records the
-withdrawal, tells workers to drop the ids from their image caches, and answers which later jobs used any of
-them. A crash half-way leaves the status ``withdrawing``, which the contributor finishes.
+Withdrawal (admin) deletes every item of the source ``target:<job id>`` through the one withdrawal path
+(:mod:`t3ar_services.api.withdrawals`: the guarantee of ``DELETE /pool/{id}``, never retrieved again, bytes gone,
+survives restarts; recorded; workers' caches told), and answers which later jobs used any of them.
+A crash half-way leaves the status ``withdrawing``, which the contributor finishes.
 """
 
 from __future__ import annotations
@@ -26,20 +26,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from redis import Redis
-
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.errors import without_paths
 from t3ar_services.api.contrib_store import ContributionRow, ContributionStore, now
 from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.store import Store
-from t3ar_services.common.job_contract import LINEAGE_FILE, WITHDRAWN_KEY, artifacts_dir
+from t3ar_services.api.withdrawals import Withdrawer
+from t3ar_services.common.job_contract import LINEAGE_FILE, artifacts_dir
 
 log = logging.getLogger(__name__)
 
 SOURCE_PREFIX = "target:"
 BATCH = 64  # images per POST /pool
-DELETE_CHUNK = 10_000
 NOT_A_TARGET_IMAGE = ("labels.csv",)
 
 
@@ -57,12 +55,12 @@ class Contributor:
     """Makes and withdraws contributions (see the module docstring)."""
 
     def __init__(self, store: Store, data_dir: Path, clients: Callable[[], tuple[RetrieverClient, RetrieverClient]],
-                 redis: Redis, job_status: Callable[[str], str]) -> None:
-        self.records = ContributionStore(store)
+                 withdrawer: Withdrawer, job_status: Callable[[str], str]) -> None:
+        self.records: ContributionStore = withdrawer.records
         self.store = store
         self.data_dir = data_dir
         self.clients = clients  # the API's retriever clients (read/write, admin), looked up at each use
-        self.redis = redis
+        self.withdrawer = withdrawer  # the one withdrawal path (records, tells the caches, syncs lineage)
         self.job_status = job_status  # job id -> queued | started | finished | failed | canceled
         self.lock = threading.Lock()
         self._wake = threading.Event()
@@ -151,7 +149,8 @@ class Contributor:
 
     # --- withdrawing -------------------------------------------------------------------------------------
     def withdraw(self, job_id: str) -> list[str]:
-        """Withdraw job ``job_id``'s contribution as one unit; the pool ids it deleted (see the module docstring).
+        """Withdraw job ``job_id``'s contribution as one unit; the pool ids it deleted, not those that were gone
+        already (see the module docstring).
         404 when already withdrawn; 409 when the job has made no contribution (not asked, not finished yet,
         failed or canceled)."""
         with self.lock:
@@ -176,24 +175,11 @@ class Contributor:
         admin = self.clients()[1]
         ids = list(dict.fromkeys(self.records.items_of(job_id)
                                  + [it["id"] for it in admin.iter_items(source=source_of(job_id))]))
-        deleted: list[str] = []
-        for start in range(0, len(ids), DELETE_CHUNK):
-            out = admin.delete_many(ids[start:start + DELETE_CHUNK], missing_ok=True)
-            deleted += list(out["deleted"])
-        self.records.record_withdrawals(ids, f"contribution:{job_id}")
-        self.forget_in_caches(ids)
-        self.records.set_status(job_id, "withdrawn", withdrawn_at=now(), withdrawn_ids=len(ids))
+        deleted = self.withdrawer.withdraw(ids, f"contribution:{job_id}", missing_ok=True)
+        self.records.set_status(job_id, "withdrawn", withdrawn_at=now(), withdrawn_ids=len(deleted))
         log.info("withdrew the contribution of job %s: %d pool item(s) deleted (%d listed)", job_id, len(deleted),
                  len(ids))
-        return ids
-
-    def forget_in_caches(self, ids: list[str]) -> None:
-        if not ids:
-            return
-        try:
-            self.redis.sadd(WITHDRAWN_KEY, *ids)  # workers drop them from their image caches
-        except Exception as e:  # the withdrawal itself succeeded; caches are also bounded and trimmed
-            log.warning("could not record %d withdrawn id(s) for worker caches: %s", len(ids), e)
+        return deleted  # not those already gone (compaction, a single delete): they were withdrawn then
 
     # --- what the job view says --------------------------------------------------------------------------
     def describe(self, job_id: str, job_status: str) -> dict[str, Any]:

@@ -21,11 +21,13 @@ from redis import Redis
 from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contributions import Contributor
+from t3ar_services.api.domain import Links
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
+from t3ar_services.api.withdrawals import Withdrawer
 from t3ar_services.common.auth import require, route_scope
 
 
@@ -41,6 +43,7 @@ class ApiState:
     artifacts: Artifacts  # what workers upload, verified and committed
     contributor: Contributor  # targets that join the pool, and their withdrawal
     compactor: Compactor  # pool compaction: dry-run plans, applied exactly
+    withdrawer: Withdrawer  # the one path by which items leave the pool
 
 
 def get_state(request: Request) -> ApiState:
@@ -56,6 +59,14 @@ def get_settings(state: StateDep) -> ApiSettings:
 
 
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
+
+
+def links_of(request: Request) -> Links:
+    """The request's own URLs for the job routes the domain layer links to (same scheme, host and root path)."""
+    return lambda route, job_id: str(request.url_for(route, job_id=job_id))
+
+
+LinksDep = Annotated[Links, Depends(links_of)]
 
 _bearer = HTTPBearer(auto_error=False, description="T3AR_API_TOKEN (user), T3AR_API_ADMIN_TOKEN (admin) or, on "
                                                    "/internal routes only, T3AR_API_WORKER_TOKEN (workers)")

@@ -21,7 +21,7 @@ from t3ar.clients.retriever_errors import (
     RetrieverNotFoundError,
     RetrieverUnavailableError,
 )
-from t3ar.errors import CheckpointError, T3arError
+from t3ar.errors import CheckpointError, ExportError, MissingDependencyError, T3arError
 from t3ar_services.common.errors import AuthError, ErrorMap, NotFoundError, PayloadTooLargeError, error_body
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,9 @@ ERRORS = ErrorMap(
         (RetrieverInputError, 422, "retriever_rejected"),
         (RetrieverError, 502, "retriever_error"),
         (CheckpointError, 422, "bad_checkpoint"),
+        # an export that does not reproduce its checkpoint (parity figures in the message): kept nowhere
+        (ExportError, 422, "export_failed"),
+        (MissingDependencyError, 503, "unavailable"),  # onnx/onnxruntime not installed on this server
         (ConflictError, 409, "conflict"),
         (ServiceUnavailableError, 503, "unavailable"),
     ])

@@ -24,21 +24,24 @@ from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
 from t3ar_services.api.console import install_console
+from t3ar_services.api.console.pages_pool import MAX_QUERY_BYTES
+from t3ar_services.api.contrib_store import ContributionStore
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.metrics import ApiMetrics
-from t3ar_services.api.routes import router
-from t3ar_services.api.routes_internal import router as internal_router
-from t3ar_services.api.routes_jobs import router as jobs_router
-from t3ar_services.api.routes_pool import router as pool_router
-from t3ar_services.api.settings import ApiSettings
+from t3ar_services.api.routes import ROUTERS
+from t3ar_services.api.settings import ApiSettings, MiB
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
+from t3ar_services.api.withdrawals import Withdrawer
 from t3ar_services.common.app import create_service_app
+from t3ar_services.common.auth_failures import FailureWindow
+from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import holding
 from t3ar_services.common.forms import close_form_schemas
+from t3ar_services.common.withdrawn import migrate_legacy
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +62,15 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
     admin = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
                             timeout=settings.retriever_timeout, retries=2)
     jobs = JobService(settings, store, conn)
-    contributor = Contributor(store, data, lambda: (state.retriever, state.retriever_admin), conn,
+    metrics = ApiMetrics()
+    withdrawer = Withdrawer(ContributionStore(store), lambda: state.retriever_admin, conn, metrics,
+                            sync_lineage=jobs.sync_lineage)
+    contributor = Contributor(store, data, lambda: (state.retriever, state.retriever_admin), withdrawer,
                               job_status=lambda job_id: _job_status(jobs, store, job_id))
     state = ApiState(settings=settings, store=store, redis=conn, jobs=jobs,
-                     retriever=retriever, retriever_admin=admin, metrics=ApiMetrics(),
+                     retriever=retriever, retriever_admin=admin, metrics=metrics,
                      artifacts=Artifacts(data, settings.max_model_bytes), contributor=contributor,
-                     compactor=Compactor(contributor, settings.compact_timeout))
+                     compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer)
     return state
 
 
@@ -98,6 +104,25 @@ async def _sweeper(state: ApiState) -> None:
         await asyncio.sleep(state.settings.sweep_interval)
 
 
+SMALL_BODY = 64 * 1024  # every route that takes a few fields (JSON or a form): no upload, no list of thousands
+
+
+def route_limits(settings: ApiSettings) -> RouteLimits:
+    """The body limit of each kind of route (:func:`~t3ar_services.common.body_limit.body_size`); unmarked routes
+    take a few fields."""
+    form = MiB  # a multipart form's fields and boundaries around its one file
+    return RouteLimits({
+        "archive": (settings.max_upload_bytes + form, ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES "
+                                                      "(plus 1 MiB for the form); send a smaller archive"),
+        "model": (settings.max_model_bytes + form, ": checkpoints are limited by T3AR_API_MAX_MODEL_BYTES (plus "
+                                                   "1 MiB for the form); send a smaller file"),
+        "checkpoint": (settings.max_model_bytes, ": checkpoints are limited by T3AR_API_MAX_MODEL_BYTES"),
+        "result": (settings.max_result_bytes, ": a job's result (report and lineage) is limited by "
+                                              "T3AR_API_MAX_RESULT_BYTES"),
+        "query_image": (MAX_QUERY_BYTES + form, f": search with an image of at most {MAX_QUERY_BYTES >> 20} MiB"),
+    }, default=(SMALL_BODY, ": this route takes a few fields, not an upload"))
+
+
 def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = None) -> FastAPI:
     settings = settings if settings is not None else ApiSettings()
     state = build_state(settings, redis)
@@ -119,6 +144,10 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
                         "T3AR_WORKER_API_TOKEN")
         log.info("api: data dir %s, queue %s, retriever %s", settings.data_dir.resolve(), settings.queue,
                  settings.retriever_url)
+        try:  # an older API kept withdrawn ids in an unbounded set: move them into the bounded feed, once
+            await run_in_threadpool(migrate_legacy, state.redis)
+        except Exception as e:
+            log.warning("could not move an older API's withdrawn ids into the bounded feed (Redis down?): %s", e)
         sweeper = asyncio.create_task(_sweeper(state), name="t3ar-api-sweeper")
         state.contributor.start(settings.sweep_interval)
         try:
@@ -134,6 +163,8 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             state.store.close()
             log.info("api stopped")
 
+    limits = route_limits(settings)
+    failures = FailureWindow(settings.auth_failures, settings.auth_failure_window)
     app = create_service_app(
         title="t3ar adaptation API", lifespan=lifespan,
         description="Adapt a base classifier to target data with retrieval from the auxiliary pool; withdraw pool "
@@ -142,8 +173,11 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
-            "(plus 1 MiB for the form); send a smaller file"),
-        routers=[router, jobs_router, internal_router, pool_router], session_prefixes=[CONSOLE_PREFIX])
+            "(plus 1 MiB for the form); send a smaller file"), limit_for=limits,
+        routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX], failures=failures,
+        sign_in_paths=[f"{CONSOLE_PREFIX}/login"])
+    limits.attach(app)
+    app.state.auth_failures = failures
     app.state.api = state
     install_console(app, settings)
     close_form_schemas(app)

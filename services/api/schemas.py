@@ -6,15 +6,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from t3ar_services.common.job_contract import JobReport
 from t3ar_services.common.text import Utf8Str
 
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
 
 
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a router whose errors are these statuses, each with the error body."""
+    return {c: {"model": ErrorBody} for c in codes}
+
+
 class ErrorInfo(BaseModel):
     code: str = Field(description="machine-readable: not_found, invalid_input, bad_image, unsafe_archive, "
-                      "bad_checkpoint, payload_too_large, unauthorized, forbidden, conflict, unavailable, "
-                      "retriever_unavailable, retriever_rejected, retriever_auth, invalid_request, internal")
+                      "bad_checkpoint, export_failed, payload_too_large, unauthorized, forbidden, conflict, "
+                      "unavailable, retriever_unavailable, retriever_rejected, retriever_auth, invalid_request, "
+                      "internal")
     message: str = Field(description="what went wrong and what to do about it")
 
 
@@ -99,6 +106,37 @@ class NeighbourSource(BaseModel):
     items_used: int = Field(description="of its items, how many this job retrieved and used")
 
 
+class ReportOut(JobReport):
+    """A finished job's report as ``GET /jobs/{id}/report`` serves it: what the worker reported, and what the API
+    knows now (not at finishing)."""
+
+    contribution: Contribution = Field(description="whether this job's target joined the pool, and how it went")
+    neighbours_from_contributions: list[NeighbourSource] = Field(
+        default_factory=list, description="earlier jobs' contributions its retrieved neighbours came from")
+
+
+class ExportParity(BaseModel):
+    """The check an export passed before it was kept: the exported model against the checkpoint."""
+
+    images: int
+    images_source: str = Field(description="which images: the job's target (topped up with generated ones)")
+    max_abs_diff: float = Field(description="largest |logit difference| over those images")
+    top1_agreement: float = Field(description="share of the images with the same top-1 class (1.0 = all)")
+    tolerance: float
+    ok: bool
+
+
+class ExportOut(BaseModel):
+    """A finished job's checkpoint in a serving format, made on its first download and kept."""
+
+    format: Literal["onnx", "safetensors"]
+    url: str
+    sha256: str
+    size: int
+    created_at: str
+    parity: ExportParity
+
+
 class JobOut(BaseModel):
     id: str
     url: str
@@ -118,6 +156,9 @@ class JobOut(BaseModel):
     result: dict[str, Any] | None = None
     checkpoint_url: str | None = None
     report_url: str | None = None
+    exports: dict[str, ExportOut] = Field(
+        default_factory=dict, description="the serving formats made so far, by format: `checkpoint_url` with "
+                                          "`?format=onnx` or `?format=safetensors` makes one on first request")
     contribution: Contribution = Field(description="whether this job's target joins the pool, and how it went")
     neighbours_from_contributions: list[NeighbourSource] = Field(
         default_factory=list, description="earlier jobs' contributions that this job's retrieved neighbours came "
@@ -205,7 +246,8 @@ class WorkerLineage(BaseModel):
 
 
 class WorkerResult(BaseModel):
-    report: dict[str, Any] = Field(description="report.json, as GET /jobs/{id}/report serves it")
+    report: JobReport = Field(description="the job's report (a versioned model of the job contract); refused (422) "
+                                          "unless it fits")
     lineage: WorkerLineage
 
 
@@ -219,7 +261,8 @@ class ResultStored(BaseModel):
 class ContributionWithdrawn(BaseModel):
     job_id: str
     source: str
-    withdrawn: list[str] = Field(description="the pool ids of the contribution, deleted (or already gone)")
+    withdrawn: list[str] = Field(description="the pool ids of the contribution this withdrawal deleted (not those "
+                                             "removed before, e.g. by compaction)")
     jobs: list[LineageJob] = Field(description="finished jobs that retrieved any of them: readapt them")
     in_flight: list[str] = Field(default_factory=list, description="jobs running now; they may have used them")
 

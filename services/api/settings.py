@@ -50,6 +50,8 @@ class ApiSettings(ServiceSettings):
     # --- limits ---
     max_upload_bytes: int = Field(default=1024 * MiB, ge=1, description="target archive, as uploaded")
     max_model_bytes: int = Field(default=1024 * MiB, ge=1, description="base checkpoint upload")
+    max_result_bytes: int = Field(default=64 * MiB, ge=1024, description="a worker's result (report and lineage) "
+                                                                        "JSON, read after the job's secret")
     max_archive_files: int = Field(default=50_000, ge=1)
     max_archive_bytes: int = Field(default=4096 * MiB, ge=1, description="target archive, extracted")
     max_archive_ratio: int = Field(default=100, ge=1, description="target archive: extracted bytes per archive byte")
@@ -60,6 +62,13 @@ class ApiSettings(ServiceSettings):
     session_secret: SecretStr | None = None  # signs console sessions; unset: random per start (restart = sign-out)
     session_ttl: int = Field(default=8 * 3600, ge=60, description="seconds a console sign-in lasts")
     cookie_secure: Literal["auto", "true", "false"] = "auto"  # auto: Secure cookies when the request came over https
+    console_timeout: float = Field(default=5.0, gt=0, description="seconds a console page waits for the retriever "
+                                                                  "(one attempt) before its 503 names it")
+
+    # --- failed sign-ins (console and bearer tokens), per client address ---
+    auth_failures: int = Field(default=10, ge=1, description="failed sign-ins an address may make within "
+                                                             "auth_failure_window before it is answered 429")
+    auth_failure_window: float = Field(default=60.0, gt=0, description="seconds a failed sign-in counts")
 
     log_level: str = "INFO"
 

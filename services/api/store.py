@@ -1,9 +1,12 @@
-"""The API's own records, in SQLite (``<data_dir>/api.sqlite3``): base models, submitted jobs, and the
-lineage index (pool id -> finished jobs whose adaptation retrieved it).
+"""The API's own records, in SQLite (``<data_dir>/api.sqlite3``): base models, submitted jobs, the lineage index
+(pool id -> finished jobs whose adaptation retrieved it) and the serving formats made of finished jobs' checkpoints
+(sha256, size, parity figures).
 
 Redis holds the live state of jobs (status, progress) for ``result_ttl`` seconds; these records outlive it.
-The API is the only writer: workers write ``artifacts/<job>/lineage.json`` and the API indexes it
-(:meth:`Store.index_lineage`), so no SQLite file is ever shared across machines.
+The API is the only writer: a worker uploads a job's lineage over HTTP (``PUT /internal/jobs/<id>/result``,
+see :mod:`t3ar_services.common.job_contract`), and the API writes ``artifacts/<job>/lineage.json`` itself and
+indexes it (:meth:`Store.index_lineage`); workers share no disk with the API, so no SQLite file is ever shared
+across machines.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ CREATE TABLE IF NOT EXISTS lineage_jobs (
 CREATE TABLE IF NOT EXISTS lineage (
     pool_id TEXT NOT NULL, job_id TEXT NOT NULL, PRIMARY KEY (pool_id, job_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS exports (
+    job_id TEXT NOT NULL, format TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+    created_at TEXT NOT NULL, parity TEXT NOT NULL, PRIMARY KEY (job_id, format)
+) WITHOUT ROWID;
 """
 
 
@@ -61,6 +68,18 @@ class JobRow:
     labelled: bool
     skipped: int
     secret_sha256: str | None = None  # the sha256 of the job's own secret (None: queued before issue 29)
+
+
+@dataclass(frozen=True)
+class ExportRow:
+    """A finished job's checkpoint exported to ``format`` (``artifacts/<job>/model.<format>``)."""
+
+    job_id: str
+    format: str
+    sha256: str
+    size: int
+    created_at: str
+    parity: dict[str, Any]  # t3ar.export.Parity.as_dict(): max_abs_diff, top1_agreement, images, images_source
 
 
 class Store:
@@ -160,6 +179,19 @@ class Store:
         rows = self._all("SELECT l.job_id, j.finished_at FROM lineage l JOIN lineage_jobs j ON j.job_id = l.job_id "
                          "WHERE l.pool_id = ? ORDER BY j.finished_at, l.job_id", (pool_id,))
         return [(r[0], r[1]) for r in rows]
+
+
+    # --- exports -----------------------------------------------------------------------------------------
+    def add_export(self, e: ExportRow) -> None:
+        """Record (or replace) the export of one job's checkpoint to one format."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO exports VALUES (?,?,?,?,?,?)",
+                       (e.job_id, e.format, e.sha256, e.size, e.created_at, json.dumps(e.parity)))
+
+    def exports_of(self, job_id: str) -> dict[str, ExportRow]:
+        """The job's recorded exports by format."""
+        rows = self._all("SELECT * FROM exports WHERE job_id = ? ORDER BY format", (job_id,))
+        return {r[1]: ExportRow(r[0], r[1], r[2], int(r[3]), r[4], dict(json.loads(r[5]))) for r in rows}
 
 
 def _model(r: tuple[Any, ...]) -> ModelRow:

@@ -15,6 +15,7 @@ so two uploads of the same job cannot interleave; a finished job's files are nev
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tarfile
@@ -130,11 +131,13 @@ class Artifacts:
         from starlette.concurrency import run_in_threadpool
 
         out = artifacts_dir(self.data_dir, job_id)
-        out.mkdir(parents=True, exist_ok=True)
         tmp = out / f".incoming-{uuid.uuid4().hex}.pt"
         h, size = hashlib.sha256(), 0
         try:
-            with open(tmp, "wb") as fh:
+            with self._lock:  # not between another refused upload's cleanup (below) and its rmdir
+                out.mkdir(parents=True, exist_ok=True)
+                fh = open(tmp, "wb")  # noqa: SIM115  (closed by the with below)
+            with fh:
                 async for chunk in body:
                     size += len(chunk)
                     if size > self.max_checkpoint_bytes:
@@ -157,6 +160,8 @@ class Artifacts:
             return size
         finally:
             tmp.unlink(missing_ok=True)
+            with self._lock, contextlib.suppress(OSError):
+                out.rmdir()  # only when empty: a refused upload leaves nothing behind, not even the job's folder
 
     def put_result(self, job_id: str, report: dict[str, Any], lineage: dict[str, Any],
                    verify: Callable[[Path], None] | None = None) -> bool:

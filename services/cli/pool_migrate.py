@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without the retriever's dependencies
+    from t3ar_services.retriever.backend import MilvusIndex
+    from t3ar_services.retriever.store import Store
 
 
 @click.command("migrate")
@@ -103,11 +108,7 @@ def migrate(data_dir: Path, target: str, milvus_uri: str | None, milvus_collecti
         store.close()
 
 
-def _check(index: object, store: object, n: int) -> None:
-    from t3ar_services.retriever.backend import MilvusIndex
-    from t3ar_services.retriever.store import Store
-
-    assert isinstance(index, MilvusIndex) and isinstance(store, Store)
+def _check(index: MilvusIndex, store: Store, n: int) -> None:
     seqs = store.all_seqs()
     if index.count != len(seqs):
         raise click.ClickException(f"after the copy Milvus holds {index.count} vectors, the database {len(seqs)}")

@@ -1,7 +1,8 @@
 """The app factory both services build on: FastAPI with the error mapping and the one middleware stack.
 
 Middleware, outermost first: request id + access log (every answer carries the id and is logged), metrics
-(times everything below), credentials first (a client without a known token gets 401 before any byte of its
+(times everything below), failed sign-ins per client address (429 past a budget, where a service gives one),
+credentials first (a client without a known token gets 401 before any byte of its
 body is read; not under ``session_prefixes``, the API's web console, whose routes check their session cookie
 before reading a body), the body limit (413), innermost. Outside them all, ``fast`` (a method, a path and an answer
 function, e.g. the retriever's lean search path): that one route answered by
@@ -18,9 +19,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import t3ar
 from t3ar_services.common.auth import RouteScopes, TokenSettings, token_scopes, worker_token
+from t3ar_services.common.auth_failures import AuthFailuresMiddleware, FailureWindow
 from t3ar_services.common.body_limit import BodyLimitMiddleware, LimitFor
 from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matcher
 from t3ar_services.common.fastlane import Answer, FastLane
+from t3ar_services.common.forms import strict_multipart_text
 from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
 from t3ar_services.common.request_id import RequestIdMiddleware
 
@@ -46,11 +49,14 @@ class UnlessUnder:
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
                        fast: tuple[str, str, Answer] | None = None, limit_for: LimitFor | None = None,
-                       session_prefixes: Sequence[str] = (), **fastapi: Any) -> FastAPI:
+                       session_prefixes: Sequence[str] = (), failures: FailureWindow | None = None,
+                       sign_in_paths: Sequence[str] = (), **fastapi: Any) -> FastAPI:
     """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``limit_for``: a
     route's tighter (limit, hint) of its own; ``fastapi``: the app's title, description, lifespan, form limits.
     ``session_prefixes``: paths the credentials-first check leaves to the routes (the API's console, which checks
-    its own session cookie before reading a body)."""
+    its own session cookie before reading a body). ``failures``: a budget of failed sign-ins per client address
+    (:mod:`~t3ar_services.common.auth_failures`; bearer tokens and ``sign_in_paths``)."""
+    strict_multipart_text()  # process-wide; idempotent
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
     install_errors(app)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint, limit_for=limit_for)
@@ -59,6 +65,8 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
     app.add_middleware(UnlessUnder, inner=CredentialsFirstMiddleware, prefixes=session_prefixes,
                        options={"enabled": not settings.auth_disabled, "accepts": accepts,
                                 "scope_of": token_scopes(settings), "needs": routes.needs})
+    if failures is not None and not settings.auth_disabled:  # outside the credentials check: it counts its 401s
+        app.add_middleware(AuthFailuresMiddleware, failures=failures, sign_in_paths=sign_in_paths)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     if fast is not None:  # added last = outermost

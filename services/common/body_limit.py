@@ -3,14 +3,20 @@
 Refused up front from a declared Content-Length, or cut off while streaming (chunked uploads), whatever the
 route would have answered. (Not FastAPI's ``max_body_size``: that one answers a declared Content-Length over
 the limit in plain text.) A route may have a tighter limit of its own (``limit_for``: e.g. the retriever's
-``POST /search``, bounded by what a search of the pool can use), refused the same way before it is read.
+``POST /search``, bounded by what a search of the pool can use), refused the same way before it is read; the
+API gives every route one (:class:`RouteLimits`: a route marks what its body is with :func:`body_size`, and
+unmarked routes, which take a few fields, get a small default).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from fastapi import Depends
+from fastapi.routing import APIRoute
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: ``limit_for(scope)``: a route's own (limit, hint), or None for the service's
@@ -72,3 +78,71 @@ class BodyLimitMiddleware:
 
 class _TooLarge(Exception):
     pass
+
+
+def body_size(kind: str) -> Any:
+    """A route dependency that marks the route's body as ``kind`` (a key of the service's :class:`RouteLimits`
+    table, e.g. ``"archive"``); unmarked routes get the table's default. It does nothing when called: the body
+    limit middleware reads the mark, before the body is read."""
+
+    def body_limit_mark() -> None:
+        return None
+
+    body_limit_mark.t3ar_body = kind  # type: ignore[attr-defined]
+    return Depends(body_limit_mark)
+
+
+class RouteLimits:
+    """``limit_for`` of an app whose routes mark their bodies (:func:`body_size`): the (limit, hint) of the route a
+    request matches, else ``default`` (a route without a mark, or no route at all). The routes are read on first
+    use (all are included by then: the middleware stack is built on the first request); :meth:`attach` names the
+    app once it exists."""
+
+    def __init__(self, limits: Mapping[str, tuple[int, str]], default: tuple[int, str]) -> None:
+        self.app: Any = None
+        self.limits = dict(limits)
+        self.default = default
+        self._table: list[tuple[APIRoute, tuple[int, str]]] | None = None
+
+    def attach(self, app: Any) -> None:
+        self.app = app
+
+    def _fill(self) -> list[tuple[APIRoute, tuple[int, str]]]:
+        table = []
+        for route in _api_routes(self.app.routes):
+            limit = self.default
+            stack = list(route.dependant.dependencies)
+            while stack:
+                dep = stack.pop()
+                kind = getattr(dep.call, "t3ar_body", None)
+                if kind is not None:
+                    limit = self.limits[kind]  # KeyError at the first request: a mark with no limit
+                    break
+                stack.extend(dep.dependencies)
+            table.append((route, limit))
+        return table
+
+    def __call__(self, scope: Scope) -> tuple[int, str]:
+        if self._table is None:
+            self._table = self._fill()
+        partial = None
+        for route, limit in self._table:
+            match = route.matches(scope)[0]
+            if match == Match.FULL:
+                return limit
+            if match == Match.PARTIAL and partial is None:
+                partial = limit  # the path, another method: the router answers 405 unread, not our 413
+        return partial or self.default
+
+
+def _api_routes(routes: list[Any]) -> list[APIRoute]:
+    """The app's API routes, also those of included routers (FastAPI >= 0.165 keeps an included router as one
+    entry of ``app.routes``; its routes, prefix included, stay on the router)."""
+    found: list[APIRoute] = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            found += _api_routes(inner.routes)
+        elif isinstance(route, APIRoute):
+            found.append(route)
+    return found

@@ -9,9 +9,9 @@ inputs by sha256 and the worker moves bytes over HTTP with the API's worker toke
 - ``GET`` :data:`BASE_MODEL_ROUTE`: the base checkpoint, sha256 ``model_sha256``;
 - ``PUT`` :data:`CHECKPOINT_ROUTE` ``?sha256=``: the adapted checkpoint, streamed; the API verifies the digest
   and renames it into place;
-- ``PUT`` :data:`RESULT_ROUTE`: the report and lineage (JSON, naming the checkpoint's sha256); the API writes
-  them last, which finishes the job. A finished job's artifacts are never replaced: the same upload again
-  answers 200 (a retry), a different one 409.
+- ``PUT`` :data:`RESULT_ROUTE`: the report (a :class:`JobReport`) and lineage (JSON, naming the checkpoint's
+  sha256); the API validates both and writes them last, which finishes the job. A finished job's artifacts are
+  never replaced: the same upload again answers 200 (a retry), a different one 409.
 
 Each of a job's routes also needs the job's own secret (:data:`JOB_SECRET_HEADER`), which travels only in the
 job's payload (``JobSpec.job_secret``; the API keeps its sha256): the worker token opens the worker routes,
@@ -37,14 +37,31 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from t3ar.clients.job_report import (
+    REPORT_VERSION,
+    Accuracy,
+    CacheStats,
+    EpochPoint,
+    EvalBrief,
+    JobReport,
+    Neighbour,
+    NeighbourRow,
+    StepPoint,
+    Transfer,
+)
 from t3ar_services.common.files import atomic_file
+
+# The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
+# in the library, which the CLI reads too (the library never imports the services).
+__all__ = ["REPORT_VERSION", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport", "Neighbour",
+           "NeighbourRow", "StepPoint", "Transfer"]
 
 DEFAULT_QUEUE = "t3ar-adapt"
 JOB_FUNCTION = "t3ar_services.worker.jobs.run_adapt_job"
 SERIALIZER = "rq.serializers.JSONSerializer"  # JSON-able arguments, meta and results only; no pickle
 
 CANCEL_KEY = "t3ar:cancel:{job_id}"  # set by the API; polled by the job between steps
-WITHDRAWN_KEY = "t3ar:pool:withdrawn"  # set of withdrawn pool ids; workers drop them from their image cache
+# withdrawn pool ids, which workers drop from their image caches: the bounded feed of t3ar_services.common.withdrawn
 
 TARGET_ROUTE = "/internal/jobs/{job_id}/target"
 BASE_MODEL_ROUTE = "/internal/jobs/{job_id}/base-model"

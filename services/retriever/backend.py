@@ -63,6 +63,30 @@ class PoolIndex(Protocol):
     def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None: ...
     def remove(self, seqs: Iterable[int]) -> None: ...
     def compact(self) -> int: ...
+
+    # what differs between an in-process index (faiss) and one kept outside the process (Milvus)
+    @property
+    def persistent(self) -> bool:
+        """Kept outside this process across restarts: a failed add is undone in the database (the index cannot be
+        rebuilt from it in passing) and nothing is saved at shutdown."""
+        ...
+    @property
+    def pending(self) -> bool:
+        """A failed write left the index possibly disagreeing with the database: :meth:`settle` is due."""
+        ...
+    def settle(self, vectors_of: Callable[[list[int]], dict[int, np.ndarray]]) -> None:
+        """Make the index agree again after failed writes (the caller holds the pool's writer lock)."""
+        ...
+    def remove_before_commit(self, seqs: list[int]) -> None:
+        """A delete's first step, before the rows' deletion is committed: an index outside the process removes
+        them here (NotReadyError when unacknowledged: the rows stay)."""
+        ...
+    def remove_after_commit(self, seqs: list[int]) -> None:
+        """A delete's last step, once the rows are gone: an in-process index tombstones them here."""
+        ...
+    def discard_failed_add(self, seqs: list[int]) -> None:
+        """After an add failed and its rows were deleted: no search may return them; never raises."""
+        ...
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
                allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
         ...
@@ -268,6 +292,30 @@ class MilvusIndex:
     def compact(self) -> int:
         return 0  # Milvus compacts its segments itself
 
+    persistent = True
+
+    def remove_before_commit(self, seqs: list[int]) -> None:
+        """Gone from Milvus (Strong) before the rows' deletion is committed; if the call is not acknowledged the
+        rows stay and, should the delete have reached Milvus without its answer, their vectors are put back at the
+        next :meth:`settle`."""
+        try:
+            self.remove(seqs)
+        except NotReadyError:
+            self.restore_later(seqs)
+            raise
+
+    def remove_after_commit(self, seqs: list[int]) -> None:
+        pass  # removed before the commit
+
+    def discard_failed_add(self, seqs: list[int]) -> None:
+        try:  # a batch that did reach Milvus must not stay searchable
+            self.remove(seqs)
+            self.resync_count()
+        except Exception:  # never searchable meanwhile: excluded, deleted by the next write
+            self.forget(seqs)
+            log.warning("could not withdraw a failed add of %d vectors from Milvus: they are excluded from every "
+                        "search and the next write (or the next start-up check) deletes them", len(seqs))
+
     def resync_count(self) -> None:
         with self._count_lock:
             self._count = self._query_count()
@@ -375,3 +423,28 @@ def mark_synced(index: MilvusIndex, store: Any) -> None:
     if index.failed:
         return
     store.set_meta({SYNC_MARK: f"{index.collection}:{store.state().generation}"})
+
+
+class MilvusBackend:
+    """The milvus backend's life in the service: connect at start (refuse to start without it), make the
+    collection agree with the database in the loader, mark it in sync and close it at shutdown."""
+
+    trains = False  # Milvus builds its own index
+
+    def __init__(self, index: MilvusIndex, target: str) -> None:
+        self.index = index
+        log.info("pool backend: Milvus collection %s at %s", index.collection, target)
+
+    def load(self, pool: Any, reembedded: bool) -> None:
+        if reembedded:  # the collection holds the old vectors under the same ids: replace them all
+            self.index.remove(self.index.live_ids().tolist())
+        open_synced(self.index, pool.store, pool.info.dim, pool.info.repairs)
+        pool.index = self.index
+
+    def close(self, pool: Any, loaded: bool) -> None:
+        if loaded:
+            try:
+                mark_synced(self.index, pool.store)
+            except Exception:
+                log.exception("could not mark the Milvus collection in sync; the next start checks it")
+        self.index.close()

@@ -26,8 +26,8 @@ from t3ar_services.retriever.pool import Pool
 from t3ar_services.retriever.settings import RetrieverSettings
 
 if TYPE_CHECKING:
-    from t3ar_services.retriever.backend import MilvusIndex
     from t3ar_services.retriever.ingest import ImageIngestor
+    from t3ar_services.retriever.startup import PoolBackend
     from t3ar_services.retriever.training import IndexTrainer
 
 
@@ -38,7 +38,7 @@ class RetrieverState:
     pool: Pool | None = None
     ingestor: ImageIngestor | None = None
     load_error: str | None = None
-    milvus: MilvusIndex | None = None  # the milvus backend's collection (None: faiss)
+    backend: PoolBackend | None = None  # faiss in process, or a Milvus collection (set at start-up)
     loader: threading.Thread | None = field(default=None, repr=False)
     trainer: IndexTrainer | None = field(default=None, repr=False)
     fast_searches: int = 0  # searches answered by the lean path (t3ar_services.retriever.fastpath)

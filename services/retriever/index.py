@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,6 +291,22 @@ class VectorIndex:
             self._tomb = self._tomb | gone
             if self._journal is not None:
                 self._journal.removed |= gone
+
+    # the in-process side of PoolIndex (t3ar_services.retriever.backend): what a Milvus collection does differently
+    persistent = False  # rebuilt from the database when it cannot be trusted; saved at shutdown
+    pending = False  # a failed add rebuilds it at once: never left disagreeing
+
+    def settle(self, vectors_of: Callable[[list[int]], dict[int, np.ndarray]]) -> None:
+        pass
+
+    def remove_before_commit(self, seqs: list[int]) -> None:
+        pass  # tombstoned once the rows are gone (remove_after_commit)
+
+    def remove_after_commit(self, seqs: list[int]) -> None:
+        self.remove(seqs)  # tombstoned at once, compacted in the background
+
+    def discard_failed_add(self, seqs: list[int]) -> None:
+        self.remove(seqs)
 
     def compact(self) -> int:
         """Remove tombstoned ids from faiss (an O(N) pass under the write lock). Returns how many."""

@@ -19,14 +19,6 @@ from starlette.types import Scope
 
 from t3ar_services.common.app import create_service_app
 from t3ar_services.common.dirlock import holding
-from t3ar_services.retriever.backend import (
-    MilvusIndex,
-    connect,
-    default_collection,
-    local_file,
-    mark_synced,
-    open_synced,
-)
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.fastpath import SearchAnswer
@@ -36,7 +28,7 @@ from t3ar_services.retriever.openapi import install as install_pool_openapi
 from t3ar_services.retriever.routes import router
 from t3ar_services.retriever.routes_curation import router as curation_router
 from t3ar_services.retriever.settings import RetrieverSettings
-from t3ar_services.retriever.startup import Compactor, load_index, open_pool, reembed, save_index, sweep_orphans
+from t3ar_services.retriever.startup import Compactor, open_backend, open_pool, reembed, sweep_orphans
 from t3ar_services.retriever.training import IndexTrainer
 
 log = logging.getLogger(__name__)
@@ -51,16 +43,11 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, t
             assert state.ingestor is not None
             reembed(pool, state.ingestor.embed_bytes, state.settings.embed_batch_size * 4)
         sweep_orphans(pool)
-        if state.milvus is not None:
-            if needs_reembed:  # the collection holds the old vectors under the same ids: replace them all
-                state.milvus.remove(state.milvus.live_ids().tolist())
-            open_synced(state.milvus, pool.store, pool.info.dim, pool.info.repairs)
-            pool.index = state.milvus
-        else:
-            load_index(pool)
+        assert state.backend is not None
+        state.backend.load(pool, needs_reembed)
         state.metrics.repairs.inc(len(pool.info.repairs))
         compactor.start()
-        if pool.info.index_config.kind == "ivf" and state.milvus is None:  # faiss only
+        if pool.info.index_config.kind == "ivf" and state.backend.trains:
             trainer.start()
             trainer.wanted.set()  # a pool that grew past the training threshold since the index was built
         log.info("retriever ready: %d items, %s index, embedder %s", pool.store.count(),
@@ -119,17 +106,13 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
             raise
         state.pool = pool
         pool.info.backend = settings.backend
-        if settings.backend == "milvus":  # the start-up check: no pymilvus or no Milvus -> refuse to start
-            try:
-                client = connect(settings.milvus_target, settings.milvus_token, settings.milvus_timeout)
-                state.milvus = MilvusIndex(client, settings.milvus_collection or default_collection(pool.info.tag),
-                                           pool.info.dim, local_file(settings.milvus_target))
-            except Exception as e:
-                log.error("retriever cannot start: %s", e)
-                pool.blobs.close()
-                pool.store.close()
-                raise
-            log.info("pool backend: Milvus collection %s at %s", state.milvus.collection, settings.milvus_target)
+        try:  # the start-up check of a Milvus backend: no pymilvus or no Milvus -> refuse to start
+            backend = state.backend = open_backend(settings, pool)
+        except Exception as e:
+            log.error("retriever cannot start: %s", e)
+            pool.blobs.close()
+            pool.store.close()
+            raise
         state.metrics.bind_pool(lambda: float(pool.store.count()),
                                 lambda: float(pool.index.count) if pool.index is not None else 0.0)
         compactor = Compactor(pool, settings.compact_threshold, settings.compact_idle_seconds)
@@ -148,18 +131,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
                 trainer.stop()  # before the save: a build in progress is abandoned, the live index is saved
             if compactor.is_alive():
                 compactor.stop()
-            if state.milvus is not None:
-                if pool.index is not None and not state.load_error:
-                    try:
-                        mark_synced(state.milvus, pool.store)
-                    except Exception:
-                        log.exception("could not mark the Milvus collection in sync; the next start checks it")
-                state.milvus.close()
-            elif pool.index is not None and not state.load_error:
-                try:
-                    save_index(pool)
-                except Exception:
-                    log.exception("could not save the index; the next start rebuilds it from the database")
+            backend.close(pool, loaded=pool.index is not None and not state.load_error)
             pool.blobs.close()
             pool.store.close()
             log.info("retriever stopped")

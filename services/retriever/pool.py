@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from t3ar.errors import InvalidInputError
-from t3ar_services.retriever.backend import MilvusIndex, PoolIndex
+from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import NotFoundError, NotReadyError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
@@ -223,8 +223,8 @@ class Pool:
         return [self.format_id(s) for s in seqs]
 
     def _settle(self, index: PoolIndex) -> None:
-        """Milvus: put the collection right after earlier failed writes (the caller holds the writer lock)."""
-        if isinstance(index, MilvusIndex) and index.pending:
+        """Put the index right after earlier failed writes, if it needs it (the caller holds the writer lock)."""
+        if index.pending:
             index.settle(lambda seqs: {s: v for s in seqs if (v := self.store.vector(s)) is not None})
 
     def _index_add(self, index: PoolIndex, seqs: np.ndarray, vecs: np.ndarray) -> None:
@@ -233,17 +233,10 @@ class Pool:
             index.add(seqs, vecs)
             self.index_grew.set()
         except Exception:
-            if isinstance(index, MilvusIndex):  # Milvus failed: withdraw the committed rows, answer 503
+            if index.persistent:  # e.g. Milvus failed: withdraw the committed rows, answer 503
                 rows = self.store.delete(seqs.tolist())
                 self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
-                try:  # a batch that did reach Milvus must not stay searchable
-                    index.remove(seqs.tolist())
-                    index.resync_count()
-                except Exception:  # never searchable meanwhile: excluded, deleted by the next write
-                    index.forget(seqs.tolist())
-                    log.warning("could not withdraw a failed add of %d vectors from Milvus: they are excluded from "
-                                "every search and the next write (or the next start-up check) deletes them",
-                                len(seqs))
+                index.discard_failed_add(seqs.tolist())
                 raise
             # faiss: the rows are committed, make the index agree again rather than fail the add
             log.exception("index add failed after commit; rebuilding the index from the database")
@@ -267,17 +260,11 @@ class Pool:
             if not existing:
                 return [], not_found
             self.invalidate_persisted()
-            if isinstance(index, MilvusIndex):  # gone from Milvus (Strong) before the row's deletion is committed
-                self._settle(index)
-                try:
-                    index.remove(sorted(existing))
-                except NotReadyError:  # not acknowledged, the rows stay: if the delete reached Milvus without its
-                    index.restore_later(existing)  # answer, their vectors are put back at the next settle
-                    raise
+            self._settle(index)
+            index.remove_before_commit(sorted(existing))  # Milvus: gone (Strong) before the rows' deletion commits
             rows = self.store.delete(sorted(existing))
             self._writes += 1
-            if not isinstance(index, MilvusIndex):  # faiss: tombstoned at once, compacted in the background
-                index.remove(r.seq for r in rows)
+            index.remove_after_commit([r.seq for r in rows])  # faiss: tombstoned at once, compacted later
             self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
             if not self.store.checkpoint():
                 log.warning("WAL checkpoint busy after delete; deleted bytes leave the WAL at the next one")
@@ -318,7 +305,7 @@ class Pool:
         """:meth:`search` with sequence numbers (int64 rows) instead of public ids: the search answer writes
         the ids itself (``t3ar_services.retriever.answer``)."""
         index = self.live_index()
-        if isinstance(index, MilvusIndex) and index.pending:  # rare: only after a failed write
+        if index.pending:  # rare: only after a failed write
             with self._writer:
                 try:
                     self._settle(index)

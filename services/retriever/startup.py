@@ -17,6 +17,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -168,7 +169,7 @@ def load_index(pool: Pool) -> None:
 
 def save_index(pool: Pool) -> None:
     """On clean shutdown: persist the index with the DB state it reflects, for a fast next start."""
-    if not isinstance(pool.index, VectorIndex) or pool.persisted:  # faiss only: Milvus persists itself
+    if not isinstance(pool.index, VectorIndex) or pool.persisted:  # FaissBackend's own step: faiss in process
         return
     state = pool.store.state()
     cfg = pool.info.index_config
@@ -211,3 +212,43 @@ class Compactor(threading.Thread):
         self.stop_event.set()
         self.pool.compact_wanted.set()
         self.join(timeout=30)
+
+
+class PoolBackend(Protocol):
+    """A backend's life in the service (the index itself is a :class:`~t3ar_services.retriever.backend.PoolIndex`):
+    ``load`` puts the pool's index in place (in the background loader), ``close`` ends it at shutdown
+    (``loaded``: the index was loaded and serving)."""
+
+    @property
+    def trains(self) -> bool: ...  # an IVF index is trained in the background as the pool grows
+    def load(self, pool: Pool, reembedded: bool) -> None: ...
+    def close(self, pool: Pool, loaded: bool) -> None: ...
+
+
+class FaissBackend:
+    """faiss in process: loaded from its saved file when that agrees with the database (else rebuilt), saved
+    at a clean shutdown."""
+
+    trains = True
+
+    def load(self, pool: Pool, reembedded: bool) -> None:
+        load_index(pool)
+
+    def close(self, pool: Pool, loaded: bool) -> None:
+        if loaded:
+            try:
+                save_index(pool)
+            except Exception:
+                log.exception("could not save the index; the next start rebuilds it from the database")
+
+
+def open_backend(settings: RetrieverSettings, pool: Pool) -> PoolBackend:
+    """The configured backend; for Milvus the start-up check (no pymilvus, or no Milvus: refuse to start)."""
+    if settings.backend != "milvus":
+        return FaissBackend()
+    from t3ar_services.retriever.backend import MilvusBackend, MilvusIndex, connect, default_collection, local_file
+
+    client = connect(settings.milvus_target, settings.milvus_token, settings.milvus_timeout)
+    index = MilvusIndex(client, settings.milvus_collection or default_collection(pool.info.tag), pool.info.dim,
+                        local_file(settings.milvus_target))
+    return MilvusBackend(index, settings.milvus_target)

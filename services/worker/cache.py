@@ -5,9 +5,9 @@ A base checkpoint is named by its sha256, so it is fetched from the API once per
 the job; it is hashed again on every use, so a file changed on this disk is fetched anew, never used.
 
 Pool ids are never reused by the retriever, so an id -> image-bytes cache never goes stale. Withdrawn ids are
-dropped from the cache at the start of every job (the API records them in Redis, see
-:data:`~t3ar_services.common.job_contract.WITHDRAWN_KEY`) so a withdrawn image does not linger on worker disks, and
-the cache is trimmed (oldest first) to a byte budget.
+dropped from the cache at the start of every job (:meth:`ImageCache.forget_withdrawn`: the ids withdrawn since the
+cache's watermark, read from the API's bounded feed :mod:`t3ar_services.common.withdrawn`) so a withdrawn image
+does not linger on worker disks, and the cache is trimmed (oldest first) to a byte budget.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
+
+from t3ar_services.common import withdrawn
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+WATERMARK_FILE = ".withdrawn-seq"  # the last withdrawal feed entry this cache applied
 
 
 class ImageCache:
@@ -62,11 +65,37 @@ class ImageCache:
             fh.write(data)
         os.replace(tmp, path)
 
+    def forget_withdrawn(self, redis: Any) -> int:
+        """Drop what was withdrawn since this cache last looked (everything, when the feed was trimmed past its
+        watermark), then move the watermark (a file in the cache, shared by the workers using it). Returns how
+        many files were dropped."""
+        mark = self.root / WATERMARK_FILE
+        try:
+            after = int(mark.read_text().strip() or 0)
+        except (OSError, ValueError):
+            after = 0
+        feed = withdrawn.read(redis, after)
+        n = self.clear() if feed.reset else self.forget(feed.ids)
+        if feed.upto != after:
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".", suffix=".tmp")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(str(feed.upto))
+            os.replace(tmp, mark)
+        return n
+
+    def clear(self) -> int:
+        """Drop every cached image."""
+        return self.forget_paths(p for p in self.root.glob("*/*") if p.is_file())
+
     def forget(self, pool_ids: Iterable[str]) -> int:
+        return self.forget_paths(self.path(pid) for pid in pool_ids)
+
+    @staticmethod
+    def forget_paths(paths: Iterable[Path]) -> int:
         n = 0
-        for pid in pool_ids:
+        for path in paths:
             try:
-                self.path(pid).unlink()
+                path.unlink()
                 n += 1
             except FileNotFoundError:
                 pass
@@ -162,6 +191,10 @@ class CachedRetrieverProvider:
     def sources(self, ids: Sequence[str]) -> list[str]:
         self.checkpoint()
         return self.remote.sources(ids)
+
+    def labels(self, ids: Sequence[str]) -> list[str | None]:
+        self.checkpoint()
+        return self.remote.labels(ids)
 
     def all_ids(self) -> list[str]:
         self.checkpoint()

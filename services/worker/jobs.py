@@ -2,7 +2,8 @@
 :class:`~t3ar_services.common.job_contract.JobSpec`).
 
 It runs in the work-horse process. torch and the core are imported here, inside the function, so the
-forking worker parent stays free of torch (DESIGN.md: fork after a torch op can deadlock).
+forking worker parent stays free of torch (rq forks a work horse per job, and a child forked after the
+parent ran a torch op can deadlock).
 
 Inputs and outputs travel over HTTP (:mod:`t3ar_services.worker.transfer`): the base checkpoint (cached by
 sha256 in the worker's data dir) and the target tar are downloaded and checked against the digests the job
@@ -29,9 +30,16 @@ from t3ar_services.common.job_contract import (
     BASE_MODEL_ROUTE,
     MODEL_FILE,
     TARGET_ROUTE,
-    WITHDRAWN_KEY,
+    Accuracy,
+    CacheStats,
+    EpochPoint,
+    EvalBrief,
     JobCanceledError,
+    JobReport,
     JobSpec,
+    NeighbourRow,
+    StepPoint,
+    Transfer,
     old_spec_message,
 )
 from t3ar_services.common.text import readable
@@ -174,10 +182,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     client = None
     if config.uses_retrieval:
         cache = ImageCache(settings.image_cache_dir(), settings.cache_max_bytes)
-        if connection is not None:
-            withdrawn = [m.decode() if isinstance(m, bytes) else str(m) for m in connection.smembers(WITHDRAWN_KEY)]
-            if n := cache.forget(withdrawn):
-                log.info("dropped %d withdrawn pool image(s) from the cache", n)
+        if connection is not None and (n := cache.forget_withdrawn(connection)):
+            log.info("dropped %d withdrawn pool image(s) from the cache", n)
         token = settings.retriever_token.get_secret_value() if settings.retriever_token else None
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)
@@ -205,13 +211,12 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     measured["checkpoint_uploaded"] = time.perf_counter() - t_up
     # the worker total ends here: the report cannot hold the time of its own upload (one small PUT)
     total = time.perf_counter() - t0
-    report = _report(spec, config, outcome, metrics, sha, str(device), provider, total)
-    report["phases"] = phases.build_phases(measured, total, queue_wait=queue_wait)
-    report["transfer"] = transfer
+    report = _report(spec, config, outcome, metrics, sha, str(device), provider, total, transfer)
+    report.phases = phases.build_phases(measured, total, queue_wait=queue_wait)
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
     # readable(): a diverged run's NaN loss is reported as null (the API refuses what JSON answers cannot hold)
-    api.put_result(spec.job_id, readable(json.loads(json.dumps(report, default=str))), lineage)  # finishes the job
+    api.put_result(spec.job_id, readable(report.model_dump(mode="json")), lineage)  # finishes the job
     summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
                "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
     if "after" in metrics:
@@ -221,45 +226,45 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     return summary
 
 
-def _brief_eval(ev: dict[str, Any] | None) -> dict[str, Any] | None:
+def _brief_eval(ev: dict[str, Any] | None) -> EvalBrief | None:
     if ev is None:
         return None
-    return {k: ev[k] for k in ("top1", "mean_class_accuracy", "n") if k in ev} | {
-        "per_class": ev.get("per_class", {})}
+    return EvalBrief.model_validate({k: ev[k] for k in ("top1", "mean_class_accuracy", "n") if k in ev} | {
+        "per_class": ev.get("per_class", {})})
 
 
 _MAX_STEP_POINTS = 500
 
 
 def _report(spec: JobSpec, config: Any, outcome: Any, metrics: dict[str, Any], sha: str, device: str,
-            provider: Any, seconds: float) -> dict[str, Any]:
+            provider: Any, seconds: float, transfer: dict[str, Any]) -> JobReport:
     res = outcome.result
     history = res.history
     per_epoch: dict[int, list[Any]] = {}
     for s in history:
         per_epoch.setdefault(s.epoch, []).append(s)
-    epochs = [{"epoch": e, "loss": sum(s.loss for s in ss) / len(ss),
-               "loss_ce": sum(s.loss_ce for s in ss) / len(ss),
-               "loss_contrastive": sum(s.loss_contrastive for s in ss) / len(ss),
-               "pl_change_rate": ss[-1].pl_change_rate} for e, ss in sorted(per_epoch.items())]
-    report: dict[str, Any] = {
-        "job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
-        "method": config.method, "mode": config.mode, "config": config.model_dump(),
-        "target_size": outcome.lineage.target_size, "checkpoint_sha256": sha,
-        "pool_ids_used": len(outcome.lineage.pool_ids), "retriever": outcome.lineage.retriever,
-        "device": device, "worker_host": socket.gethostname(), "seconds_total": round(seconds, 3),
-        "metrics": {k: v for k, v in metrics.items() if k not in ("before", "after")},
-        "epochs": epochs, "accuracy": None,
-        # for charts (the web console): per step, thinned to at most _MAX_STEP_POINTS points
-        "step_history": [{"step": s.step, "epoch": s.epoch, "loss": s.loss, "loss_ce": s.loss_ce,
-                   "loss_contrastive": s.loss_contrastive, "pl_change_rate": s.pl_change_rate}
-                  for s in history[::max(1, -(-len(history) // _MAX_STEP_POINTS))]],
-        # what retrieval did: a sample of target images and the pool neighbours drawn for them, with scores
-        "neighbour_sample": outcome.neighbour_sample,
-    }
-    if provider is not None:
-        report["image_cache"] = {"hits": provider.hits, "misses": provider.misses}
+    epochs = [EpochPoint(epoch=e, loss=sum(s.loss for s in ss) / len(ss), loss_ce=sum(s.loss_ce for s in ss) / len(ss),
+                         loss_contrastive=sum(s.loss_contrastive for s in ss) / len(ss),
+                         pl_change_rate=ss[-1].pl_change_rate) for e, ss in sorted(per_epoch.items())]
+    accuracy = None
     if "after" in metrics:
-        report["accuracy"] = {"before": _brief_eval(metrics["before"]), "after": _brief_eval(metrics["after"]),
-                              "labels_used_for_training": config.mode == "train"}
-    return report
+        accuracy = Accuracy(before=_brief_eval(metrics["before"]), after=_brief_eval(metrics["after"]),
+                            labels_used_for_training=config.mode == "train")
+    return JobReport(
+        job_id=spec.job_id, model_id=spec.model_id, parent_id=spec.parent_id,
+        method=config.method, mode=config.mode, config=config.model_dump(mode="json"),
+        target_size=outcome.lineage.target_size, checkpoint_sha256=sha,
+        pool_ids_used=len(outcome.lineage.pool_ids), retriever=outcome.lineage.retriever,
+        device=device, worker_host=socket.gethostname(), seconds_total=round(seconds, 3),
+        metrics=json.loads(json.dumps({k: v for k, v in metrics.items() if k not in ("before", "after")},
+                                      default=str)),
+        epochs=epochs, accuracy=accuracy,
+        # for charts (the web console): per step, thinned to at most _MAX_STEP_POINTS points
+        step_history=[StepPoint(step=s.step, epoch=s.epoch, loss=s.loss, loss_ce=s.loss_ce,
+                                loss_contrastive=s.loss_contrastive, pl_change_rate=s.pl_change_rate)
+                      for s in history[::max(1, -(-len(history) // _MAX_STEP_POINTS))]],
+        # what retrieval did: a sample of target images and the pool neighbours drawn for them, with scores
+        neighbour_sample=[NeighbourRow.model_validate(n) for n in outcome.neighbour_sample],
+        image_cache=CacheStats(hits=provider.hits, misses=provider.misses) if provider is not None else None,
+        transfer=Transfer.model_validate(transfer),
+    )

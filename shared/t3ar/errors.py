@@ -38,6 +38,15 @@ class DeviceUnavailableError(T3arError):
     """The requested device (e.g. cuda) is not available on this machine."""
 
 
+class ExportError(T3arError):
+    """An exported model does not reproduce the checkpoint's (the parity check at export failed), or the export
+    could not be made. Nothing is left at the destination."""
+
+
+class MissingDependencyError(T3arError):
+    """An optional package that a feature needs is not installed; the message names the extra to install."""
+
+
 class ToolMissingError(T3arError):
     """An external tool (npm, apt-get, dpkg-deb) needed by the data kit is missing."""
 

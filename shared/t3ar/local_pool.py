@@ -34,9 +34,13 @@ def build_flat_index(vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
 class LocalPool:
     """A read-only pool held in this process."""
 
-    def __init__(self, embedder: Embedder, paths: Sequence[Path], ids: Sequence[str], vectors: np.ndarray) -> None:
+    def __init__(self, embedder: Embedder, paths: Sequence[Path], ids: Sequence[str], vectors: np.ndarray,
+                 labels: Sequence[str | None] | None = None) -> None:
         if len(paths) != len(ids) or len(ids) != len(vectors):
             raise ValueError("paths, ids and vectors must have the same length")
+        if labels is not None and len(labels) != len(ids):
+            raise ValueError("labels must be aligned with the ids (one per image, None = unlabelled)")
+        self._labels: list[str | None] = list(labels) if labels is not None else [None] * len(ids)
         self.embedder = embedder
         self._paths = list(paths)
         self._ids = list(ids)
@@ -45,7 +49,10 @@ class LocalPool:
         self.index = build_flat_index(vectors, np.arange(len(vectors)))
 
     @classmethod
-    def from_imageset(cls, imageset: ImageSet, embedder: Embedder, *, batch_size: int = 128) -> LocalPool:
+    def from_imageset(cls, imageset: ImageSet, embedder: Embedder, *, batch_size: int = 128,
+                      labels: Sequence[str | None] | None = None) -> LocalPool:
+        """Embed every image of ``imageset``; ``labels`` (aligned with its ids, None = unlabelled) are the pool
+        labels."""
         if len(imageset) == 0:
             raise DatasetError("the pool is empty: give a folder or archive with images")
         vecs = []
@@ -54,7 +61,7 @@ class LocalPool:
             vecs.append(embedder.embed(chunk, batch_size=batch_size))
         vectors = np.concatenate(vecs)
         log.info("local pool: %d images embedded with %s", len(vectors), embedder.identity)
-        return cls(embedder, imageset.paths, imageset.ids, vectors)
+        return cls(embedder, imageset.paths, imageset.ids, vectors, labels)
 
     @property
     def identity(self) -> str:
@@ -78,6 +85,10 @@ class LocalPool:
     def sources(self, ids: Sequence[str]) -> list[str]:
         """A local pool's source of an image is the top folder it lies in under the pool's root ('' at the root)."""
         return [i.split("/", 1)[0] if "/" in i else "" for i in ids]
+
+    def labels(self, ids: Sequence[str]) -> list[str | None]:
+        """The pool label of each id (``labels`` given at construction; None = unlabelled)."""
+        return [self._labels[self._row[i]] for i in ids]
 
     def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
         return [open_image(self._paths[self._row[i]]) for i in ids]

@@ -53,6 +53,32 @@ class Retrieved:
     # what retrieval did, for people: SAMPLE_TARGETS targets' drawn neighbours (sample_rows) as (row, [(id, score)])
     # (score None for t3ar-random); reports show it next to the target image
     sample: list[tuple[int, list[tuple[str, float | None]]]] = field(default_factory=list)
+    # the pool label of each of pool_ids (None = unlabelled); empty when the job's config does not read labels
+    # (:func:`reads_pool_labels`)
+    pool_labels: list[str | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LabelledUse:
+    """A retrieved neighbour that served as labelled training data: its pool id, its label and in how many
+    steps it served."""
+
+    pool_id: str
+    label: str
+    uses: int
+
+
+def reads_pool_labels(config: AdaptConfig) -> bool:
+    """Whether a job reads its neighbours' pool labels: labelled neighbours as data, or false negatives told
+    by their label."""
+    return config.uses_retrieval and (config.pool_labels_as_data or config.false_negatives != "keep")
+
+
+def pool_classes(pool_labels: Sequence[str | None], model_classes: Sequence[str]) -> torch.Tensor:
+    """[P] each pool label as an index into the model's classes; -1 for none and for a label that is not one of
+    the model's classes (such an item stays unlabelled: a contrastive negative)."""
+    index = {c: i for i, c in enumerate(model_classes)}
+    return torch.tensor([index.get(lab, -1) if lab else -1 for lab in pool_labels], dtype=torch.long)
 
 
 SAMPLE_TARGETS = 8  # targets whose drawn neighbours a report records (AdaptOutcome.neighbour_sample)
@@ -149,9 +175,10 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
         tensors += [to_tensor_uint8(img, image_size) for img in provider.fetch(pool_ids[start:start + fetch_batch])]
     pool_images = torch.stack(tensors) if tensors else torch.empty(0, 3, image_size, image_size, dtype=torch.uint8)
     t3 = time.perf_counter()
+    labels = provider.labels(pool_ids) if reads_pool_labels(config) else []
     log.info("retrieved %d distinct pool images for %d targets (k=%d, r=%d, %s, redraw=%s, %d near-duplicates "
              "dropped)", len(pool_ids), n, k, config.r, config.method, config.redraw_neighbours, dropped)
-    return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2, candidates, sample)
+    return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2, candidates, sample, labels)
 
 
 def imageset_sha256(imageset: ImageSet) -> str:
@@ -175,6 +202,8 @@ class AdaptOutcome:
     retrieval_seconds: dict[str, float] = field(default_factory=dict)
     # a sample of what retrieval did: [{"target": target id, "neighbours": [{"id", "score"}]}] (Retrieved.sample)
     neighbour_sample: list[dict[str, Any]] = field(default_factory=list)
+    # the neighbours that served as labelled training data, by pool id (labelled neighbours as data)
+    labelled_neighbours: list[LabelledUse] = field(default_factory=list)
     # wall seconds of run_adaptation's parts (PIPELINE_PHASES), for a job's phase table; not in the checkpoint
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -253,12 +282,13 @@ def run_adaptation(
     sources = None
     if retrieved is not None and provider is not None and config.pool_as_data and config.pool_data_sources is not None:
         sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
+    known = pool_classes(retrieved.pool_labels, spec.classes) if (retrieved and retrieved.pool_labels) else None
     t_adapt = time.perf_counter()
     result = adapt(model, x, config, mean=spec.backbone.mean, std=spec.backbone.std, labels=labels,
                    neighbours=retrieved.neighbours if retrieved else None,
                    pool_images=retrieved.pool_images if retrieved else None,
                    candidates=retrieved.candidates if retrieved else None,
-                   device=device, generator=gen, on_step=on_step, pool_sources=sources)
+                   device=device, generator=gen, on_step=on_step, pool_sources=sources, pool_labels=known)
     t_eval = time.perf_counter()
     seconds_adapt_call = t_eval - t_adapt
     after = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None
@@ -275,11 +305,13 @@ def run_adaptation(
     sample = [{"target": adapt_set.ids[i], "neighbours": [{"id": pid, "score": None if sc is None else round(sc, 4)}
                                                           for pid, sc in row]}
               for i, row in (retrieved.sample if retrieved else [])]
+    served = [LabelledUse(retrieved.pool_ids[i], str(retrieved.pool_labels[i]), uses)
+              for i, uses in sorted(result.pool_labelled.items())] if retrieved else []
     phases = {"target_decoded": seconds_decode, "evaluation": seconds_eval,
               "target_embedded": secs.get("embed", 0.0), "pool_searched": secs.get("search", 0.0),
               "neighbours_fetched": secs.get("fetch", 0.0),
               # adapt()'s steps are result.seconds; the rest of the call is its set-up (the bank, the optimiser)
               "bank_initialised": max(0.0, seconds_adapt_call - result.seconds), "steps": result.seconds,
               "lineage": time.perf_counter() - t_lineage}
-    return AdaptOutcome(result, lineage, before, after, secs, sample, phases)
+    return AdaptOutcome(result, lineage, before, after, secs, sample, served, phases)
 

@@ -115,7 +115,8 @@ def running_stack(data: Path, env: Mapping[str, str | None] | None = None,
     full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "shared"), str(ROOT), *inherited_path()]),
                 T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE="32", T3AR_RETRIEVER_EMBED_BATCH_SIZE="16",
                 T3AR_WORKER_MONITOR_INTERVAL="1", T3AR_WORKER_ABANDON_GRACE="3", T3AR_WORKER_PROGRESS_INTERVAL="0.2",
-                T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="1")
+                T3AR_WORKER_TORCH_THREADS="1", T3AR_API_SWEEP_INTERVAL="1",
+                T3AR_API_AUTH_FAILURES="1000000")  # the auth tests send hundreds of wrong tokens from one address
     for key, value in (env or {}).items():
         if value is None:
             full.pop(key, None)

@@ -4,7 +4,7 @@ tool downloads) against the real embedded stack (`t3ar up`: Redis, retriever, AP
 One stack and one browser for the module; a handful of tests in order: sign in and watch a job submitted from
 the CLI finish, its neighbours; the pool, search and hostile strings; models; a user cannot withdraw; an admin
 withdraws (lineage, then gone from search); no page answers 5xx. Each page is screenshotted by this browser:
-into ``$T3AR_CONSOLE_SCREENSHOTS`` when set (``docs/console`` refreshes the README's pictures), else a tmp dir.
+into ``$T3AR_CONSOLE_SCREENSHOTS`` when set (``docs/console`` refreshes docs/console.md's), else a tmp dir.
 """
 
 from __future__ import annotations
@@ -207,6 +207,66 @@ def test_sign_in_and_watch_a_cli_job_finish_with_its_neighbours(admin: Console, 
     assert json.loads(Path(dl.value.path()).read_text())["job_id"] == job_id
 
 
+def test_a_job_page_follows_its_job_from_queued_to_finished_and_offers_three_downloads(
+        admin: Console, console_stack: Stack, model_id: str, job_id: str, shots: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The job page of a queued job (the one worker is busy with another) refreshes itself until the job finished,
+    without a reload by the test; then it stops refreshing and offers the checkpoint, ONNX and safetensors."""
+    with console_stack.api() as api:
+        wait_for(lambda: api.job(job_id)["status"] == "finished", 240, "the first job")  # the worker is free
+    archive = target_zip(tmp_path_factory.mktemp("console-follow") / "target.zip", per_class=2)
+    extra = {k: v for k, v in FAST_JOB.items() if k not in ("k", "epochs", "method")}
+    ids = []
+    for epochs in ("1000", "3"):  # the first holds the worker while the second waits in the queue
+        sub = _cli(console_stack, "submit", str(archive), "--model", model_id, "--method", "t3ar", "--k", "2",
+                   "--epochs", epochs, "--mode", "test", "--config", json.dumps(extra), "--no-follow", "--json")
+        assert sub.returncode == 0, sub.stderr
+        ids.append(str(json.loads(sub.stdout)["id"]))
+    blocker, watched = ids
+    page = admin.page
+    with console_stack.api() as api:
+        wait_for(lambda: api.job(blocker)["status"] == "started", 120, "the blocking job to start")
+        url = f"{admin.base}/jobs/{watched}"
+        admin.go(f"/jobs/{watched}")
+        assert page.text_content("#job-status") == "queued"
+        assert page.locator("meta[http-equiv=refresh]").count() == 1
+        assert page.locator("#download-onnx").count() == 0  # nothing to download yet
+        loads = sum(1 for _, u in admin.statuses if u == url)
+        api.cancel(blocker)
+    # no reload from here: the page refreshes itself while the job waits and runs, until it shows finished
+    page.wait_for_selector("#job-status.finished", timeout=240_000)
+    assert sum(1 for _, u in admin.statuses if u == url) > loads
+    assert page.locator("meta[http-equiv=refresh]").count() == 0  # it stopped following
+    import onnxruntime as ort
+    import torch
+
+    from t3ar.models.checkpoint import load_checkpoint
+
+    with page.expect_download() as dl:
+        page.click("#download-onnx")  # made now, on the first request
+    onnx_file = Path(dl.value.path()).read_bytes()
+    session = ort.InferenceSession(onnx_file, providers=["CPUExecutionProvider"])
+    assert json.loads(session.get_modelmeta().custom_metadata_map["t3ar.classes"]) == list(CLASSES)
+    with page.expect_download() as dl:
+        page.click("#download-safetensors")
+    st = tmp_path_factory.mktemp("console-downloads") / "m.safetensors"
+    shutil.copy(dl.value.path(), st)
+    with page.expect_download() as dl:
+        page.click("#download-checkpoint")
+    a, _ = load_checkpoint(Path(dl.value.path()))
+    b, info = load_checkpoint(st)
+    assert info.spec.classes == CLASSES and all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    admin.go(f"/jobs/{watched}")
+    assert page.locator("#exports tr").count() == 2  # the two exports, with their sha256 and parity
+    # the CLI downloads the same file, checked against the sha256 the job records
+    out = tmp_path_factory.mktemp("cli-download") / "m.onnx"
+    got = _cli(console_stack, "jobs", "download", watched, str(out), "--format", "onnx")
+    assert got.returncode == 0, got.stderr
+    assert out.read_bytes() == onnx_file
+    admin.shot(shots, "job-exports")
+
+
 def test_pool_grid_search_and_hostile_strings_as_text(admin: Console, pool: list[str], shots: Path,
                                                       tmp_path: Path) -> None:
     page = admin.page
@@ -329,7 +389,7 @@ def test_no_console_page_answers_5xx(admin: Console, shots: Path) -> None:
         page.wait_for_load_state("networkidle")
         for href in page.eval_on_selector_all("a[href^='/ui/']", "els => els.map(e => e.getAttribute('href'))"):
             rel = href.removeprefix("/ui")
-            if not rel.endswith(("/checkpoint", "/report")) and rel not in seen:
+            if not rel.split("?")[0].endswith(("/checkpoint", "/report")) and rel not in seen:
                 todo.append(rel)
     assert len(seen) > 10
     bad = [s for s in admin.statuses if s[0] >= 500]

@@ -43,8 +43,10 @@ def test_submit_follow_download_and_withdraw(stack: Stack, pool_ids: list[str], 
 
     listed = _cli(stack, "jobs", "list")
     assert job["id"] in listed.stdout
-    report = json.loads(_cli(stack, "jobs", "report", job["id"]).stdout)
+    report = json.loads(_cli(stack, "jobs", "report", job["id"], "--json").stdout)
     assert report["job_id"] == job["id"]
+    summary = _cli(stack, "jobs", "report", job["id"]).stdout  # read by the report's typed fields
+    assert summary.startswith(f"job {job['id']}: ") and f"checkpoint sha256: {report['checkpoint_sha256']}" in summary
 
     denied = _cli(stack, "withdraw", info.lineage.pool_ids[0])  # user token only
     assert denied.returncode == 1 and "admin token" in denied.stderr

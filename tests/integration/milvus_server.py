@@ -23,7 +23,7 @@ from t3ar.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GRACEFUL_STOP_S = 10
-VERSION = "2.3.5"  # pyproject.toml's milvus-server extra; pymilvus 3.0.2 talks to it (README, "Pool backends")
+VERSION = "2.3.5"  # pyproject.toml's milvus-server extra; pymilvus 3.0.2 talks to it (docs/retriever.md)
 
 
 def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 60) -> int:

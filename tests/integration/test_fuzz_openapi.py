@@ -39,7 +39,7 @@ from t3ar.models.backbones import BackboneSpec
 from t3ar.models.checkpoint import save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.main import create_app as create_api
-from t3ar_services.api.routes import CHECKPOINT_MEDIA_TYPE
+from t3ar_services.api.routes.models import CHECKPOINT_MEDIA_TYPE
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.retriever.main import create_app as create_retriever
 from t3ar_services.retriever.openapi import F32_ROWS_B64, IMAGE_B64
@@ -167,7 +167,7 @@ def api(tmp_path: Path, checkpoint_uploads: None) -> FastAPI:
     settings = ApiSettings(data_dir=tmp_path / "data",  # type: ignore[arg-type]
                            token="user-t", admin_token="admin-t", worker_token="worker-t",
                            retriever_admin_token="r-admin", validate_threads=0, max_upload_bytes=200_000,
-                           sweep_interval=3600)
+                           sweep_interval=3600, auth_failures=1_000_000)  # its auth checks send many wrong tokens
     app = create_api(settings, redis=fakeredis.FakeRedis())
     state: Any = app.state.api
     state.retriever = RetrieverClient("http://r", "r-rw", transport=httpx.MockTransport(_mock_retriever), retries=0)

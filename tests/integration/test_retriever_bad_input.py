@@ -204,3 +204,21 @@ def test_bad_text_is_refused_at_the_door_and_reads_keep_working(server: Retrieve
                 "invalid_request", "surrogate")
     page = httpx.get(server.url + "/pool", headers=ADMIN, params={"limit": 1000}, timeout=60)
     assert page.status_code == 200, page.text
+
+
+def test_invalid_utf8_in_a_multipart_field_is_refused(server: RetrieverProcess,
+                                                      make_png: Callable[..., bytes]) -> None:
+    """Issue 34 G7: bytes ED A0 80 (not UTF-8) in ``source``, ``metadata`` or a file name are 422, as in a JSON
+    body, and nothing is stored (they were stored as other characters, with 200)."""
+    before = _count(server)
+    bad = b"\xed\xa0\x80"
+    for field, value, filename in ((b"source", b"web" + bad, b"a.png"),
+                                   (b"metadata", b'{"caption": "' + bad + b'"}', b"a.png"),
+                                   (b"source", b"web", b"a" + bad + b".png")):
+        body = (b'--b\r\nContent-Disposition: form-data; name="' + field + b'"\r\n\r\n' + value + b"\r\n"
+                b'--b\r\nContent-Disposition: form-data; name="files"; filename="' + filename +
+                b'"\r\nContent-Type: image/png\r\n\r\n' + make_png(41) + b"\r\n--b--\r\n")
+        resp = httpx.post(server.url + "/pool", content=body, timeout=60,
+                          headers={**ADMIN, "Content-Type": "multipart/form-data; boundary=b"})
+        _expect(resp, 422, "invalid_input", "UTF-8")
+    assert _count(server) == before

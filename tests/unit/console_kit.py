@@ -14,6 +14,7 @@ from typing import Any
 import fakeredis
 import httpx
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -103,6 +104,18 @@ def console_client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]
         yield c
 
 
+@pytest.fixture()
+def pool() -> dict[str, Any]:
+    """The mocked retriever's state (:func:`new_pool`); import it with :func:`client` as a module's fixtures."""
+    return new_pool()
+
+
+@pytest.fixture()
+def client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]:
+    """The console's app over ``pool``, running."""
+    yield from console_client(tmp_path, pool)
+
+
 def csrf_of(html: str) -> str:
     m = re.search(r'name="csrf" value="([^"]+)"', html)
     assert m, html[:2000]
@@ -148,7 +161,8 @@ def finished_job(client: TestClient, tmp_path: Path, csrf: str) -> str:
     job_id = str(resp.json()["id"])
     art = artifacts_dir(tmp_path / "data", job_id)
     art.mkdir(parents=True)
-    report = {"epochs": [{"epoch": 0, "loss": 2.0, "loss_ce": 1.0, "loss_contrastive": 1.0, "pl_change_rate": 0.5}],
+    report = {"version": 1, "job_id": job_id,
+              "epochs": [{"epoch": 0, "loss": 2.0, "loss_ce": 1.0, "loss_contrastive": 1.0, "pl_change_rate": 0.5}],
               "step_history": [{"step": i, "epoch": 0, "loss": 2.0 - i / 10, "loss_ce": 1.0, "loss_contrastive": 1.0,
                                 "pl_change_rate": 0.5 - i / 20} for i in range(5)],
               "accuracy": {"before": {"top1": 0.4}, "after": {"top1": 0.6}},

@@ -27,7 +27,8 @@ from t3ar.models.checkpoint import save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.main import create_app
 from t3ar_services.api.settings import ApiSettings
-from t3ar_services.common.job_contract import SERIALIZER, WITHDRAWN_KEY, write_json_atomic
+from t3ar_services.common import withdrawn
+from t3ar_services.common.job_contract import SERIALIZER, write_json_atomic
 
 USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admin-t"}
 
@@ -141,7 +142,9 @@ def test_contribution_life_retry_and_withdrawal(env: Any, tmp_path: Path) -> Non
     expect_error(client.delete(f"/jobs/{job_id}/contribution", headers=USER), 403, "forbidden")
     out = client.delete(f"/jobs/{job_id}/contribution", headers=ADMIN).json()
     assert len(out["withdrawn"]) == 3 and set(pool.items) == {"p-1"}
-    assert {m.decode() for m in redis.smembers(WITHDRAWN_KEY)} == set(out["withdrawn"])
+    assert set(withdrawn.read(redis, 0).ids) == set(out["withdrawn"])  # the workers' caches are told
+    assert state.contributor.records.withdrawal_reasons(out["withdrawn"]) == {
+        i: f"contribution:{job_id}" for i in out["withdrawn"]}
     expect_error(client.delete(f"/jobs/{job_id}/contribution", headers=ADMIN), 404, "not_found", "already withdrawn")
     assert client.get(f"/jobs/{job_id}", headers=USER).json()["contribution"]["status"] == "withdrawn"
 
@@ -177,3 +180,18 @@ def test_failed_job_contributes_nothing_and_bad_requests_are_4xx(env: Any, tmp_p
                  "forbidden")
     expect_error(client.post("/adapt", data={"model_id": "m", "contribute": "maybe"},
                              files={"archive": ("t.zip", b"x")}, headers=USER), 422, "invalid_request")
+
+
+def test_a_withdrawal_lists_only_what_it_withdrew(env: Any, tmp_path: Path) -> None:
+    """Issue 34: items of the contribution that compaction (or a single delete) had removed before are not
+    listed as withdrawn by the contribution's withdrawal."""
+    client, redis, pool, state = env
+    job_id = _submit(client, tmp_path, contribute="true")
+    _finish(redis, state, job_id)
+    assert state.contributor.run_pending() == 1
+    mine = sorted(i for i, it in pool.items.items() if it["source"] == f"target:{job_id}")
+    assert len(mine) == 3
+    del pool.items[mine[0]]  # removed earlier, as compaction removes a near-duplicate
+    out = client.delete(f"/jobs/{job_id}/contribution", headers=ADMIN).json()
+    assert sorted(out["withdrawn"]) == mine[1:], out
+    assert set(pool.items) == {"p-1"}

@@ -29,7 +29,8 @@ from t3ar.models.classifier import ModelSpec, build_classifier
 from t3ar_services.api.jobs import explain_failure
 from t3ar_services.api.main import create_app, sweep_once
 from t3ar_services.api.settings import ApiSettings
-from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, WITHDRAWN_KEY, write_json_atomic
+from t3ar_services.common import withdrawn
+from t3ar_services.common.job_contract import CANCEL_KEY, SERIALIZER, write_json_atomic
 
 USER, ADMIN = {"Authorization": "Bearer user-t"}, {"Authorization": "Bearer admin-t"}
 
@@ -239,7 +240,9 @@ def test_over_large_bodies_get_the_json_error_body(tmp_path: Path) -> None:
                 assert resp.status_code == 413, (path, declared, resp.text)
                 assert resp.headers["content-type"] == "application/json", (path, declared, resp.headers)
                 error = resp.json()["error"]
-                assert error["code"] == "payload_too_large" and "T3AR_API_MAX_UPLOAD_BYTES" in error["message"], error
+                says = {"/adapt": "T3AR_API_MAX_UPLOAD_BYTES",
+                        "/models": "T3AR_API_MAX_MODEL_BYTES"}.get(path, "few fields")
+                assert error["code"] == "payload_too_large" and says in error["message"], error
         assert client.get("/health").status_code == 200
     assert list((settings.data_dir / "jobs").iterdir()) == []
 
@@ -272,13 +275,16 @@ def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None
     write_json_atomic(data / "artifacts" / done / "lineage.json", {"pool_ids": ["p-1"], "created_at": "now"})
     Job.fetch(done, connection=redis, serializer=SERIALIZER).set_status("finished")
     assert client.get(f"/jobs/{done}/report", headers=USER).json() == {
-        "accuracy": None, "contribution": {"requested": False, "status": "not_requested"},
-        "neighbours_from_contributions": []}  # the API adds what it knows about contributions
+        "job_id": done, "accuracy": None, "contribution": {"requested": False, "status": "not_requested"},
+        "neighbours_from_contributions": []}  # the API adds what it knows about contributions (and a report from
+    # before the report had a version gets its job's id)
     assert client.get(f"/jobs/{done}/checkpoint", headers=USER).content[:2] == b"PK"
     assert client.delete("/pool/p-1", headers=USER).status_code == 403
     out = client.delete("/pool/p-1", headers=ADMIN).json()
     assert [j["job_id"] for j in out["jobs"]] == [done] and out["deleted"]
-    assert redis.sismember(WITHDRAWN_KEY, "p-1")
+    assert withdrawn.read(redis, 0).ids == ["p-1"]  # the workers' caches are told
+    # recorded like a contribution's withdrawal or a compaction (issue 34: a single delete was not)
+    assert client.app.state.api.withdrawer.records.withdrawal_reasons(["p-1"]) == {"p-1": "delete"}
     gone = client.delete("/pool/p-1", headers=ADMIN)
     assert gone.status_code == 404 and "already withdrawn" in gone.json()["error"]["message"]
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == done

@@ -137,6 +137,13 @@ def test_upload_is_verified_atomic_idempotent_and_final(env: Any, tmp_path: Path
     mismatch = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, lineage, checkpoint_sha256="1" * 64),
                           headers=W)
     assert mismatch.status_code == 409
+    # the report is part of the contract (JobReport): one that does not fit is refused, and nothing is written
+    for report in ({"job_id": job_id, "not_in_the_contract": 1}, {"job_id": job_id, "version": 99},
+                   {"job_id": job_id, "epochs": [{"loss": "high"}]}, {"accuracy": None}):
+        refused = client.put(f"/internal/jobs/{job_id}/result", json={**_result(job_id, lineage), "report": report},
+                             headers=W)
+        assert refused.status_code == 422, (report, refused.text)
+        assert sorted(p.name for p in out.iterdir()) == ["model.pt"]
     done = client.put(f"/internal/jobs/{job_id}/result", json=_result(job_id, lineage), headers=W)
     assert done.status_code == 200 and done.json() == {"job_id": job_id, "status": "finished", "stored": True}
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == job_id
@@ -179,7 +186,12 @@ def test_checkpoint_over_the_limit_is_413(env: Any, tmp_path: Path) -> None:
     resp = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(big).hexdigest()},
                       content=big, headers=W)
     assert resp.status_code == 413 and "T3AR_API_MAX_MODEL_BYTES" in resp.json()["error"]["message"]
-    assert not list((data / "artifacts" / job_id).iterdir())
+    streamed = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": hashlib.sha256(big).hexdigest()},
+                          content=(big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)), headers=W)
+    assert streamed.status_code == 413, streamed.text
+    corrupt = client.put(f"/internal/jobs/{job_id}/checkpoint", params={"sha256": "0" * 64}, content=b"x", headers=W)
+    assert corrupt.status_code == 422, corrupt.text
+    assert not (data / "artifacts" / job_id).exists()  # a refused upload leaves nothing, not even its folder
 
 
 def test_worker_token_must_differ() -> None:

@@ -1,163 +1,208 @@
-"""safe_extract: validate every member first, enforce limits while streaming, leave nothing behind."""
+"""The labelled emoji archive on fake, tiny npm packages (no network): the Iconify and svgmoji readers, the
+name -> code mapping, the build, the artwork families and the CLI."""
 
 from __future__ import annotations
 
-import io
-import tarfile
-import zipfile
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from PIL import Image
 
-from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
-from t3ar.errors import InvalidInputError, UnsafeArchiveError
+from t3ar.cli.data_cmd import data
+from t3ar.datakit import archive as archive_mod
+from t3ar.datakit.archive import ARCHIVE_STYLES, KIT_FAMILIES, NAME_SOURCES, build_archive, family_of
+from t3ar.datakit.emoji import ALL_STYLES
+from t3ar.datakit.iconify import Icon, NameIndex, codes_of, norm_code, read_iconify, read_svgmoji_sprite
+from t3ar.errors import InvalidInputError
 
-
-def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz") -> Path:
-    with tarfile.open(path, mode) as tf:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            tf.addfile(info, io.BytesIO(data) if data is not None else None)
-    return path
-
-
-def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, link
-    return info
-
-
-def _zip(path: Path, files: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> Path:
-    with zipfile.ZipFile(path, "w", compression) as zf:
-        for name, data in files.items():
-            zf.writestr(name, data)
-    return path
+# emoji.json of the fake metadata package: (unified, name, short name, subcategory)
+EMOJI = [
+    ("1F600", "Grinning Face", "grinning", "face-smiling"),
+    ("1F601", "Beaming Face", "grin", "face-smiling"),
+    ("2764-FE0F", "Red Heart", "heart", "heart"),
+    ("23F0", "Alarm Clock", "alarm_clock", "time"),
+    ("1F1ED-1F1F7", "Croatia Flag", "flag-hr", "country-flag"),
+    ("1F436", "Dog Face", "dog", "animal-mammal"),
+]
+RED = '<rect x="0" y="0" width="{w}" height="{h}" fill="#ff0000"/>'
+LEFT_BLACK = '<rect x="0" y="0" width="{half}" height="{h}" fill="currentColor"/>'
 
 
-DEFAULT = ExtractLimits()
+def _pkg(root: Path, name: str, version: str, licence: str) -> Path:
+    root.mkdir(parents=True)
+    (root / "package.json").write_text(json.dumps({"name": name, "version": version, "license": licence}))
+    return root
 
 
-def _assert_rejected(archive: Path, dest: Path, match: str, limits: ExtractLimits = DEFAULT) -> None:
-    with pytest.raises(UnsafeArchiveError, match=match):
-        safe_extract(archive, dest, limits)
-    assert not dest.exists()
-    assert [p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}")] == []
+def _iconify(root: Path, style: str, icons: dict[str, Any], aliases: dict[str, Any] | None = None,
+             chars: dict[str, str] | None = None, size: int = 32) -> Path:
+    st = ARCHIVE_STYLES[style]
+    pkg = _pkg(root / style, st.package, st.version, "CC-BY-4.0")
+    (pkg / "icons.json").write_text(json.dumps({"prefix": style, "icons": icons, "aliases": aliases or {},
+                                                "width": size, "height": size}))
+    (pkg / "info.json").write_text(json.dumps({"name": style.title(), "author": {"name": "Someone", "url": "u"},
+                                               "license": {"spdx": "CC-BY-4.0", "url": "https://l"}}))
+    if chars is not None:
+        (pkg / "chars.json").write_text(json.dumps(chars))
+    return pkg
 
 
-def test_normal_zip_and_tar_gz_extract(tmp_path: Path) -> None:
-    files = {
-        "set/a/1.png": b"one", "set/b/2.png": b"two", "__MACOSX/set/._1.png": b"junk", "set/.DS_Store": b"x"
+def _body(w: int = 32) -> dict[str, str]:
+    return {"body": RED.format(w=w, h=w)}
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("npm")
+    meta = _pkg(base / "meta", "emoji-datasource-google", "16.0.0", "MIT")
+    (meta / "emoji.json").write_text(json.dumps([
+        {"unified": u, "name": n, "short_names": [s], "subcategory": c, "category": "x"} for u, n, s, c in EMOJI]))
+    out = {"emoji-datasource-google": meta}
+    # the name sources: only "noto" knows names (chars.json); the others are empty sets
+    noto_chars = {"1f600": "grinning-face", "1f601": "beaming-face-with-smiling-eyes", "2764-fe0f": "red-heart",
+                  "23f0": "alarm-clock", "1f1ed-1f1f7": "flag-croatia", "1f436": "dog-face"}
+    out[ARCHIVE_STYLES["noto"].package] = _iconify(base, "noto", {n: _body() for n in noto_chars.values()},
+                                                   chars=noto_chars)
+    for s in NAME_SOURCES[1:]:
+        out[ARCHIVE_STYLES[s].package] = _iconify(base, s, {}, chars={})
+    # a set without chars.json: names found via the index (exact, flag-for-, squashed), an alias, a hidden icon,
+    # an unknown name, an emoji of a class the archive does not keep, and an SVG cairosvg cannot draw
+    out[ARCHIVE_STYLES["emojione"].package] = _iconify(
+        base, "emojione",
+        {"grinning-face": _body(64), "flag-for-croatia": _body(64), "alarmclock": _body(64),
+         "dog-face": {"body": "<rect width='10' <g>"},
+         "mystery-blob": _body(64), "old-name": {**_body(64), "hidden": True}},
+        aliases={"red-heart": {"parent": "grinning-face"}, "grin": {"parent": "old-name"},
+                 "turned": {"parent": "grinning-face", "rotate": 1}}, size=64)
+    sprite = base / "svgmoji" / "sprites"
+    sprite.mkdir(parents=True)
+    (sprite / "all.svg").write_text(
+        '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 10 10">'
+        '<svg viewBox="0 0 8 8" id="1F600"><rect width="8" height="8" fill="#00ff00"/></svg>'
+        '<svg viewBox="0 0 8 8" id="2764-FE0F"><rect width="8" height="8" fill="#0000ff"/></svg></svg>')
+    (base / "svgmoji" / "package.json").write_text(json.dumps({"name": "@svgmoji/noto", "version": "3.2.0",
+                                                               "license": "MIT"}))
+    out["@svgmoji/noto"] = base / "svgmoji"
+    return out
+
+
+def test_norm_code_drops_the_variation_selector_and_unifies_case() -> None:
+    assert norm_code("2764-fe0f") == norm_code("2764") == "2764"
+    assert norm_code("1f1ed_1f1f7") == "1F1ED-1F1F7"
+
+
+def test_iconify_reader_resolves_aliases_and_skips_hidden_icons(packages: dict[str, Path]) -> None:
+    s = read_iconify(packages[ARCHIVE_STYLES["emojione"].package])
+    assert "old-name" not in s.icons and "grin" not in s.icons  # hidden, and an alias of a hidden icon
+    assert "turned" not in s.icons  # rotated: not drawn
+    assert s.icons["red-heart"].body == s.icons["grinning-face"].body
+    assert s.icons["grinning-face"].width == 64 and s.licence == "CC-BY-4.0" and s.chars == {}
+
+
+def test_iconify_reader_rejects_a_package_without_icons(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="not an Iconify JSON package"):
+        read_iconify(tmp_path)
+
+
+def test_an_alias_transform_is_drawn(tmp_path: Path) -> None:
+    """An hFlip alias renders mirrored: the black half moves from the left to the right."""
+    plain = Icon(LEFT_BLACK.format(half=16, h=32), 32, 32)
+    flipped = Icon(plain.body, 32, 32, h_flip=True)
+    a = archive_mod._render_svg(plain.svg(), 32)
+    b = archive_mod._render_svg(flipped.svg(), 32)
+    assert a.getpixel((4, 16)) == (0, 0, 0) and a.getpixel((28, 16)) == (255, 255, 255)
+    assert b.getpixel((4, 16)) == (255, 255, 255) and b.getpixel((28, 16)) == (0, 0, 0)
+
+
+def test_svgmoji_sprite_reader(packages: dict[str, Path]) -> None:
+    svgs = read_svgmoji_sprite(packages["@svgmoji/noto"] / "sprites" / "all.svg")
+    assert set(svgs) == {"1F600", "2764"}
+    img = archive_mod._render_svg(svgs["2764"], 16)
+    assert img.getpixel((8, 8)) == (0, 0, 255)
+
+
+def test_name_index_trusts_chars_first_and_drops_ambiguous_names() -> None:
+    idx = NameIndex([{"heart": "2764"}, {"heart": "2764", "clash": "1F600"}, {"clash": "1F601"}],
+                    [{"unified": "1F499", "name": "Heart", "short_names": ["blue_heart"]},
+                     {"unified": "23F0", "name": "Alarm Clock", "short_names": []}])
+    assert idx.code("heart") == "2764"  # chars.json beats emoji-datasource's "Heart"
+    assert idx.code("clash") is None  # two chars.json codes: ambiguous
+    assert idx.code("blue-heart") == "1F499" and idx.code("alarmclock") == "23F0"
+    assert idx.code("flag-for-nowhere") is None
+
+
+def test_codes_of_prefers_the_sets_own_chars(packages: dict[str, Path]) -> None:
+    noto = read_iconify(packages[ARCHIVE_STYLES["noto"].package])
+    idx = NameIndex([], [])
+    assert codes_of(noto, idx)["1F600"] == "grinning-face"
+
+
+def test_build_keeps_mapped_emoji_of_the_kept_classes(packages: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "archive"
+    rep = build_archive(out, cache=tmp_path / "cache", styles=["emojione", "noto-svgmoji"],
+                        classes=["face-smiling", "heart", "country-flag", "animal-mammal"], size=16,
+                        package_dirs=packages)
+    files = {str(p.relative_to(out)) for p in out.rglob("*.png")}
+    assert files == {
+        "emojione/face-smiling/1f600.png", "emojione/heart/2764-fe0f.png",  # the file name as in the emoji kit
+        "emojione/country-flag/1f1ed-1f1f7.png",
+        "noto-svgmoji/face-smiling/1f600.png", "noto-svgmoji/heart/2764-fe0f.png",
     }
-    out = safe_extract(_zip(tmp_path / "a.zip", files), tmp_path / "z")
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
-        "set/a/1.png", "set/b/2.png",
-    ]
-    assert (out / "set/b/2.png").read_bytes() == b"two"
-    tgz_dir = _info("d")
-    tgz_dir.type = tarfile.DIRTYPE
-    tgz = _tar(tmp_path / "b.tar.gz", [(tgz_dir, None), (_info("d/x.txt"), b"hello")])
-    assert (safe_extract(tgz, tmp_path / "t") / "d/x.txt").read_bytes() == b"hello"
-    (tmp_path / "empty").mkdir()
-    assert safe_extract(tgz, tmp_path / "empty") == tmp_path / "empty"
+    e = rep["styles"]["emojione"]
+    # alarmclock maps (squashed) but its class "time" is not kept; dog-face fails to render; mystery-blob unmapped
+    assert (e["emoji"], e["other_class"], e["failed"], e["unmapped"]) == (3, 1, 1, 1)
+    assert e["per_class"] == {"country-flag": 1, "face-smiling": 1, "heart": 1}
+    assert e["family"] == "emojione" and e["licence"] == "CC-BY-4.0"
+    with Image.open(out / "emojione/heart/2764-fe0f.png") as img:
+        assert img.size == (16, 16) and img.mode == "RGB"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["report"]["n_images"] == 5 and manifest["request"]["classes"] == sorted(
+        ["face-smiling", "heart", "country-flag", "animal-mammal"])
+    licences = (out / "LICENSES.md").read_text()
+    assert "@iconify-json/emojione 1.2.3" in licences and "Someone" in licences
+    again = build_archive(out, cache=tmp_path / "cache", styles=["emojione", "noto-svgmoji"],
+                          classes=["face-smiling", "heart", "country-flag", "animal-mammal"], size=16,
+                          package_dirs={})  # reused before any package is needed
+    assert again["reused"] is True
 
 
-def test_archive_kind_by_content(tmp_path: Path) -> None:
-    zipped = _zip(tmp_path / "x.bin", {"a": b"1"})
-    assert archive_kind(zipped) == "zip"
-    for mode, name in [("w", "p.tar"), ("w:gz", "g.dat"), ("w:bz2", "b.tbz"), ("w:xz", "x.txz")]:
-        assert archive_kind(_tar(tmp_path / name, [(_info("a"), b"1")], mode)) == "tar"
-    (tmp_path / "fake.zip").write_bytes(b"not an archive at all" * 40)
-    assert archive_kind(tmp_path / "fake.zip") is None
-    _assert_rejected(tmp_path / "fake.zip", tmp_path / "out", "not a zip or tar")
+def test_build_rejects_unknown_styles_and_foreign_folders(packages: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="unknown archive styles"):
+        build_archive(tmp_path / "a", cache=tmp_path, styles=["google"], package_dirs=packages)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "mine.txt").write_text("keep")
+    with pytest.raises(InvalidInputError, match="not a t3ar-emoji-archive"):
+        build_archive(tmp_path / "b", cache=tmp_path, styles=["emojione"], package_dirs=packages)
+    assert (tmp_path / "b" / "mine.txt").read_text() == "keep"
 
 
-@pytest.mark.parametrize(
-    ("name", "why"),
-    [("../x", "traversal"), ("a/../../x", "traversal"), ("/etc/passwd", "absolute"),
-     ("C:/win.ini", "absolute"), ("..\\evil.txt", "traversal")],
-)
-def test_rejects_unsafe_names(tmp_path: Path, name: str, why: str) -> None:
-    _assert_rejected(_zip(tmp_path / "bad.zip", {"ok.txt": b"1", name: b"2"}), tmp_path / "z", why)
-    tgz = _tar(tmp_path / "bad.tgz", [(_info("ok.txt"), b"1"), (_info(name), b"2")])
-    _assert_rejected(tgz, tmp_path / "t", why)
+def test_every_style_has_a_family_and_no_name_collides() -> None:
+    assert set(ALL_STYLES) == set(KIT_FAMILIES)
+    assert not set(ARCHIVE_STYLES) & set(ALL_STYLES)
+    assert family_of("google") == family_of("noto") == "noto"  # the source's artwork
+    assert family_of("twitter") == family_of("twemoji") and family_of("openmoji-black") == family_of(
+        "openmoji-iconify")
+    assert family_of("fluent3d") == family_of("fluent-emoji-high-contrast")
+    with pytest.raises(KeyError):
+        family_of("apple")
 
 
-def test_rejects_links_devices_and_duplicates(tmp_path: Path) -> None:
-    ok = (_info("ok.txt"), b"1")
-    _assert_rejected(_tar(tmp_path / "s.tgz", [ok, (_info("l", tarfile.SYMTYPE, "/etc/passwd"), None)]),
-                     tmp_path / "o", "symbolic link")
-    _assert_rejected(_tar(tmp_path / "h.tgz", [ok, (_info("h", tarfile.LNKTYPE, "ok.txt"), None)]),
-                     tmp_path / "o", "hard link")
-    _assert_rejected(_tar(tmp_path / "d.tgz", [ok, (_info("dev", tarfile.CHRTYPE), None)]),
-                     tmp_path / "o", "device")
-    _assert_rejected(_tar(tmp_path / "dup.tgz", [ok, (_info("./ok.txt"), b"2")]), tmp_path / "o", "duplicate")
-    link = zipfile.ZipInfo("link")
-    link.external_attr = (0o120777 << 16)
-    with zipfile.ZipFile(tmp_path / "s.zip", "w") as zf:
-        zf.writestr("ok.txt", b"1")
-        zf.writestr(link, "/etc/passwd")
-    _assert_rejected(tmp_path / "s.zip", tmp_path / "o", "symbolic link")
-
-
-def test_limits_on_count_and_declared_size(tmp_path: Path) -> None:
-    many = _zip(tmp_path / "many.zip", {f"f{i}.txt": b"x" for i in range(6)})
-    _assert_rejected(many, tmp_path / "o", "max_files", ExtractLimits(max_files=5))
-    big = _zip(tmp_path / "big.zip", {"a.bin": b"a" * 3000, "b.bin": b"b" * 3000}, zipfile.ZIP_STORED)
-    _assert_rejected(big, tmp_path / "o", "max_file_bytes", ExtractLimits(max_file_bytes=2000))
-    _assert_rejected(big, tmp_path / "o", "max_total_bytes", ExtractLimits(max_total_bytes=5000))
-    # a tar whose header declares a size over the limit is refused before any data is read
-    _assert_rejected(_tar(tmp_path / "t.tgz", [(_info("x"), b"y" * 5000)]), tmp_path / "o", "declared size",
-                     ExtractLimits(max_file_bytes=4096))
-
-
-def test_zip_bomb_ratio_rejected(tmp_path: Path) -> None:
-    bomb = _zip(tmp_path / "bomb.zip", {"ok.txt": b"1", "zeros.bin": bytes(8 << 20)}, zipfile.ZIP_BZIP2)
-    _assert_rejected(bomb, tmp_path / "o", "zip bomb")
-
-
-def test_lying_declared_size_is_caught_and_rolled_back(tmp_path: Path) -> None:
-    path = _zip(tmp_path / "lie.zip", {"a.txt": b"x" * 100}, zipfile.ZIP_STORED)
-    raw = bytearray(path.read_bytes())
-    # shrink the declared size in the central directory only (offset 24 in the central header)
-    cd = raw.rfind(b"PK\x01\x02")
-    raw[cd + 24 : cd + 28] = (10).to_bytes(4, "little")
-    path.write_bytes(bytes(raw))
-    with pytest.raises(UnsafeArchiveError, match="a.txt.*rolled back"):
-        safe_extract(path, tmp_path / "o")
-    assert not (tmp_path / "o").exists()
-
-
-def test_dest_must_be_new_or_empty(tmp_path: Path) -> None:
-    dest = tmp_path / "full"
-    dest.mkdir()
-    (dest / "keep.txt").write_text("mine")
-    with pytest.raises(InvalidInputError, match="not an empty directory"):
-        safe_extract(_zip(tmp_path / "a.zip", {"a": b"1"}), dest)
-    assert (dest / "keep.txt").read_text() == "mine"
-
-
-def test_errors_name_the_offending_member(tmp_path: Path) -> None:
-    """The member rejected while listing is the one named (not the member before it, nor '?' when first)."""
-    _assert_rejected(_zip(tmp_path / "a.zip", {"ok.txt": b"1", "../evil.txt": b"2"}), tmp_path / "o",
-                     r"member '\.\./evil\.txt' rejected: '\.\.' path component")
-    _assert_rejected(_tar(tmp_path / "a.tgz", [(_info("ok.txt"), b"1"), (_info("l", tarfile.SYMTYPE, "/x"), None)]),
-                     tmp_path / "o", "member 'l' rejected: symbolic link")
-    bomb = _zip(tmp_path / "bomb.zip", {"zeros.bin": bytes(8 << 20), "ok.txt": b"1"}, zipfile.ZIP_BZIP2)
-    _assert_rejected(bomb, tmp_path / "o", "member 'zeros.bin' rejected: compression ratio")
-
-
-def test_whole_archive_ratio_bounds_many_small_members(tmp_path: Path) -> None:
-    """Members under RATIO_MIN_BYTES escape the per-member zip check; the whole archive's ratio catches them
-    before anything is written (zip and tar.gz alike)."""
-    zeros = {f"z{i}.bin": bytes(1_000_000) for i in range(8)}  # 8 MB of zeros in ~8 KB
-    bomb = _zip(tmp_path / "many.zip", zeros)
-    assert bomb.stat().st_size * 100 < 8_000_000
-    _assert_rejected(bomb, tmp_path / "o", r"member 'z\d\.bin' rejected: total declared size \d+ bytes exceeds 100 "
-                                           r"times the archive's \d+ bytes \(limit max_ratio")
-    tgz = _tar(tmp_path / "many.tgz", [(_info(name), data) for name, data in zeros.items()])
-    _assert_rejected(tgz, tmp_path / "o", "max_ratio")
-    # the same archive is fine under a ratio it keeps to; a small archive is never held to the ratio
-    assert len(list(safe_extract(bomb, tmp_path / "ok", ExtractLimits(max_ratio=5000)).iterdir())) == 8
-    small = _zip(tmp_path / "small.zip", {"a.bin": bytes(500_000)})
-    assert (safe_extract(small, tmp_path / "small") / "a.bin").stat().st_size == 500_000
+def test_cli_archive_reuses_and_reports_bad_options(packages: dict[str, Path], tmp_path: Path) -> None:
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "manifest.json").write_text(json.dumps({"report": {"classes": ["heart", "face-smiling"]}}))
+    out = tmp_path / "archive"
+    build_archive(out, cache=tmp_path, styles=["emojione"], classes=["heart", "face-smiling"], size=16,
+                  package_dirs=packages)
+    runner = CliRunner()
+    res = runner.invoke(data, ["archive", "--out", str(out), "--cache", str(tmp_path), "--styles", "emojione",
+                               "--classes-from", str(kit), "--size", "16", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["reused"] is True
+    bad = runner.invoke(data, ["archive", "--out", str(out), "--styles", "apple"])
+    assert bad.exit_code != 0 and "unknown styles" in bad.output
+    res = runner.invoke(data, ["archive", "--out", str(out), "--classes-from", str(tmp_path)])
+    assert res.exit_code != 0 and "not an emoji kit" in res.output

@@ -5,34 +5,22 @@ browser: tests/e2e/test_console_browser.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from console_kit import (
     HOSTILE,
     JS_URL,
-    console_client,
     finished_job,
-    new_pool,
     png_image,
     signed_in,
 )
+from console_kit import client as client  # the fixtures
+from console_kit import pool as pool
 from fastapi.testclient import TestClient
 from rq.job import JobStatus
 
 from t3ar_services.common.job_contract import LINEAGE_FILE, REPORT_FILE, artifacts_dir, write_json_atomic
-
-
-@pytest.fixture()
-def pool() -> dict[str, Any]:
-    return new_pool()
-
-
-@pytest.fixture()
-def client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]:
-    yield from console_client(tmp_path, pool)
 
 
 def test_a_user_session_cannot_withdraw(client: TestClient, pool: dict[str, Any]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +13,18 @@ import httpx
 import pytest
 from console_kit import (
     app_for,
-    console_client,
     csrf_of,
     model_file,
-    new_pool,
     png_image,
     settings_for,
     sign_in,
     signed_in,
 )
+from console_kit import client as client  # the fixtures
+from console_kit import pool as pool
 from fastapi.testclient import TestClient
 
 from t3ar_services.api.console.session import LOGIN_COOKIE, SESSION_COOKIE, Sessions
-
-
-@pytest.fixture()
-def pool() -> dict[str, Any]:
-    return new_pool()
-
-
-@pytest.fixture()
-def client(tmp_path: Path, pool: dict[str, Any]) -> Iterator[TestClient]:
-    yield from console_client(tmp_path, pool)
 
 
 def test_pages_need_a_session_and_redirect_to_sign_in(client: TestClient) -> None:

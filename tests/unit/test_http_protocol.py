@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from uvicorn_kit import serving
 
 from t3ar_services.common.http_protocol import HOLD_MAX, CoalescingHttpToolsProtocol, CoalescingTransport
 
@@ -98,20 +96,8 @@ class CountingProtocol(CoalescingHttpToolsProtocol):
 
 @pytest.fixture()
 def server() -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(_app, host="127.0.0.1", port=port, http=CountingProtocol,
-                                        log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.02)
-    yield port
-    srv.should_exit = True
-    thread.join(10)
+    with serving(_app, http=CountingProtocol) as port:
+        yield port
 
 
 def test_real_uvicorn_sends_head_and_body_in_one_segment_and_answers_stay_the_same(server: int) -> None:

@@ -113,13 +113,15 @@ def test_f3_a_bad_worker_upload_is_refused_whole_and_poisons_nothing(env: Any, t
     result_url = f"/internal/jobs/{job_id}/result"
     for bad in ({**lineage, "created_at": {"an": "object"}}, {**lineage, "pool_ids": ["p-1", "p-2"]},
                 {**lineage, "target_size": 999}, {**lineage, "model_id": "another"}):
-        resp = client.put(result_url, json={"report": {}, "lineage": bad}, headers=W)
+        resp = client.put(result_url, json={"report": {"job_id": job_id}, "lineage": bad}, headers=W)
         assert resp.status_code == 422, resp.text
-    raw = json.dumps({"report": {"x": "SURROGATE"}, "lineage": lineage}).replace("SURROGATE", "\\ud800")
+    raw = json.dumps({"report": {"job_id": job_id, "method": "SURROGATE"}, "lineage": lineage}).replace("SURROGATE",
+                                                                                                      "\\ud800")
     resp = client.put(result_url, content=raw.encode(), headers={**W, "Content-Type": "application/json"})
     expect_error(resp, 422, "invalid_input", "surrogate")
-    resp = client.put(result_url, content=b'{"report": {"loss": NaN}, "lineage": ' + json.dumps(lineage).encode()
-                      + b"}", headers={**W, "Content-Type": "application/json"})
+    resp = client.put(result_url, content=b'{"report": {"job_id": "' + job_id.encode() + b'", "seconds_total": NaN}, '
+                      b'"lineage": ' + json.dumps(lineage).encode() + b"}",
+                      headers={**W, "Content-Type": "application/json"})
     expect_error(resp, 422, "invalid_input", "finite")
     assert sorted(p.name for p in out.iterdir()) == ["model.pt"]  # nothing else was written
     for pid in ("p-1", "p-9"):
@@ -137,7 +139,7 @@ def test_f3_a_bad_worker_upload_is_refused_whole_and_poisons_nothing(env: Any, t
     gone = client.delete("/pool/p-2", headers=ADMIN)
     assert gone.status_code == 200 and gone.json()["deleted"] is True, gone.text
 
-    done = client.put(result_url, json={"report": {"x": 1}, "lineage": lineage}, headers=W)
+    done = client.put(result_url, json={"report": {"job_id": job_id}, "lineage": lineage}, headers=W)
     assert done.status_code == 200, done.text
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == job_id
 
@@ -257,7 +259,7 @@ def test_the_worker_token_alone_opens_no_job(env: Any, tmp_path: Path) -> None: 
     ckpt, sha, lineage = adapted(data, tmp_path, job_id, spec)
     routes = (("GET", f"/internal/jobs/{job_id}/target", {}), ("GET", f"/internal/jobs/{job_id}/base-model", {}),
               ("PUT", f"/internal/jobs/{job_id}/checkpoint", {"params": {"sha256": sha}, "content": ckpt}),
-              ("PUT", f"/internal/jobs/{job_id}/result", {"json": {"report": {}, "lineage": lineage}}))
+              ("PUT", f"/internal/jobs/{job_id}/result", {"json": {"report": {"job_id": job_id}, "lineage": lineage}}))
     for headers in (WORKER, {**WORKER, "X-T3AR-Job-Secret": "x" * 43}, as_worker(other)):
         for method, path, kwargs in routes:
             resp = client.request(method, path, headers=headers, **kwargs)  # type: ignore[arg-type]

@@ -8,13 +8,14 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from t3ar_services.api.console import pages_auth, pages_jobs, pages_models, pages_pool
+from t3ar_services.api.console.answers import ConsoleAnswersMiddleware
 from t3ar_services.api.console.session import Sessions
+from t3ar_services.api.console.thumbs import Thumbnails
 from t3ar_services.api.console.web import (
     PREFIX,
     STATIC_DIR,
     NeedSignIn,
     PageError,
-    SecurityHeadersMiddleware,
     error_page,
     sign_in_redirect,
 )
@@ -25,10 +26,11 @@ __all__ = ["PREFIX", "install_console"]
 
 def install_console(app: FastAPI, settings: ApiSettings) -> None:
     app.state.console_sessions = Sessions(settings)
+    app.state.console_thumbs = Thumbnails()
     app.add_exception_handler(PageError, error_page)
     app.add_exception_handler(NeedSignIn, sign_in_redirect)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     for module in (pages_auth, pages_jobs, pages_pool, pages_models):
         app.include_router(module.router)
     app.include_router(pages_auth.fallback)
-    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(ConsoleAnswersMiddleware)

@@ -92,7 +92,8 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    await checked_form(request)
+    session, _ = await checked_form(request)
+    sessions(request).revoke(session)  # the cookie, or a copy of it, opens nothing from now on
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=PREFIX, httponly=True, samesite="strict",
                            secure=secure_cookies(request))

@@ -1,18 +1,16 @@
 """Jobs: the list, a job's page (config, progress, charts, retrieved neighbours, lineage), downloads, cancel,
-readapt. Each calls the JSON routes' own functions (:mod:`t3ar_services.api.routes_jobs`)."""
+readapt. Each calls the domain layer the JSON routes call (:mod:`t3ar_services.api.domain.jobs`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from t3ar_services.api import routes_jobs
 from t3ar_services.api.console.charts import line_chart
 from t3ar_services.api.console.web import (
     PREFIX,
@@ -21,13 +19,16 @@ from t3ar_services.api.console.web import (
     api_state,
     call,
     checked_form,
+    file_inside,
     png_response,
     render,
-    thumbnail,
+    thumbnails,
 )
-from t3ar_services.api.jobs import artifact, require_job
-from t3ar_services.api.schemas import JobOut
-from t3ar_services.common.job_contract import LINEAGE_FILE
+from t3ar_services.api.deps import links_of
+from t3ar_services.api.domain import exports, jobs
+from t3ar_services.api.jobs import require_job
+from t3ar_services.api.schemas import JobOut, ReportOut
+from t3ar_services.common.job_contract import EpochPoint
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 RUNNING = ("queued", "started")
@@ -65,98 +66,85 @@ def _row(job: JobOut) -> dict[str, Any]:
 @router.get("/jobs")
 def jobs_page(request: Request, session: SessionDep, before: str | None = None) -> Response:
     state = api_state(request)
-    page = call(routes_jobs.list_jobs, request, state, 50, before)
+    page = call(jobs.list_jobs, state, links_of(request), 50, before)
     rows = [_row(j) for j in page.jobs]
     running = any(j.status in RUNNING for j in page.jobs)
     return render(request, "jobs.html", session, rows=rows, total=page.total, next_before=page.next_before,
                   refresh=REFRESH_SECONDS if running else None)
 
 
-def _report(state: Any, job_id: str) -> dict[str, Any] | None:
+def _report(state: Any, job_id: str) -> ReportOut | None:
     """The finished job's report, or None when it is missing (the page still shows the rest)."""
     try:
-        resp = call(routes_jobs.get_report, state, job_id)
+        return call(jobs.report, state, job_id)
     except PageError as e:
         if e.status in (404, 409):
             return None
         raise
-    data = json.loads(bytes(resp.body))
-    return data if isinstance(data, dict) else None
 
 
-def _lineage(state: Any, job_id: str) -> list[str]:
-    path = artifact(state.settings, job_id, LINEAGE_FILE)
-    try:
-        return [str(p) for p in json.loads(path.read_text()).get("pool_ids") or []]
-    except (OSError, ValueError):
+def _charts(report: ReportOut | None) -> list[Any]:
+    if report is None:
         return []
-
-
-def _charts(report: dict[str, Any] | None) -> list[Any]:
-    if not report:
-        return []
-    steps = report.get("step_history") or []
-    epochs = report.get("epochs") or []
-    if len(steps) >= 2:
-        xs = [s.get("step", i) for i, s in enumerate(steps)]
-        rows, axis = steps, "step"
+    rows: list[EpochPoint]
+    if len(report.step_history) >= 2:
+        xs, rows, axis = [p.step for p in report.step_history], list(report.step_history), "step"
     else:
-        xs = [e.get("epoch", i) for i, e in enumerate(epochs)]
-        rows, axis = epochs, "epoch"
-    charts = [line_chart(f"loss terms by {axis}", xs, {k: [r.get(k) for r in rows] for k in
-                                                       ("loss", "loss_ce", "loss_contrastive")}),
-              line_chart(f"pseudo-label change rate by {axis}", xs, {"change rate": [r.get("pl_change_rate")
-                                                                                     for r in rows]}, (0.0, 1.0))]
+        xs, rows, axis = [e.epoch for e in report.epochs], report.epochs, "epoch"
+    charts = [line_chart(f"loss terms by {axis}", xs, {"loss": [r.loss for r in rows],
+                                                       "loss_ce": [r.loss_ce for r in rows],
+                                                       "loss_contrastive": [r.loss_contrastive for r in rows]}),
+              line_chart(f"pseudo-label change rate by {axis}", xs,
+                         {"change rate": [r.pl_change_rate for r in rows]}, (0.0, 1.0))]
     return [c for c in charts if not c.empty]
 
 
-def _accuracy(report: dict[str, Any] | None) -> dict[str, float] | None:
-    acc = (report or {}).get("accuracy") or {}
-    before, after = (acc.get("before") or {}).get("top1"), (acc.get("after") or {}).get("top1")
+def _accuracy(report: ReportOut | None) -> dict[str, float] | None:
+    acc = report.accuracy if report is not None else None
+    before = acc.before.top1 if acc is not None and acc.before is not None else None
+    after = acc.after.top1 if acc is not None and acc.after is not None else None
     if before is None or after is None:
         return None
-    return {"before": float(before), "after": float(after)}
+    return {"before": before, "after": after}
 
 
-def _phases(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _phases(report: ReportOut | None) -> list[dict[str, Any]]:
     """The report's phase table as rows (name, seconds, share of the worker total); queue wait has no share
     (it comes before the worker's total). Empty for reports made before phases existed."""
-    table = (report or {}).get("phases") or {}
-    if not isinstance(table, dict):
-        return []
-    inside = sum(float(v) for k, v in table.items() if k != "queue_wait" and isinstance(v, int | float))
-    rows = []
-    for name, value in table.items():
-        if not isinstance(value, int | float):
-            continue
-        share = None if name == "queue_wait" or inside <= 0 else 100.0 * float(value) / inside
-        rows.append({"name": name.replace("_", " "), "seconds": float(value), "share": share})
-    return rows
+    table = (report.phases if report is not None else None) or {}
+    inside = sum(v for k, v in table.items() if k != "queue_wait")
+    return [{"name": name.replace("_", " "), "seconds": value,
+             "share": None if name == "queue_wait" or inside <= 0 else 100.0 * value / inside}
+            for name, value in table.items()]
 
 
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
     state = api_state(request)
-    job = call(routes_jobs.get_job, request, state, job_id)
+    job = call(jobs.describe, state, links_of(request), job_id)
     report = _report(state, job_id) if job.status == "finished" else None
     return render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
                   accuracy=_accuracy(report), phases=_phases(report),
                   config=json.dumps(job.config, indent=2, sort_keys=True),
-                  neighbours=(report or {}).get("neighbour_sample") or [],
-                  lineage=_lineage(state, job_id) if job.status == "finished" else [],
+                  neighbours=report.neighbour_sample if report is not None else [],
+                  lineage=jobs.retrieved(state, job_id) if job.status == "finished" else [],
                   refresh=REFRESH_SECONDS if job.status in RUNNING else None)
 
 
 @router.get("/jobs/{job_id}/checkpoint")
-def download_checkpoint(request: Request, session: SessionDep, job_id: str) -> FileResponse:
-    return call(routes_jobs.get_checkpoint, api_state(request), job_id)
+def download_checkpoint(request: Request, session: SessionDep, job_id: str, format: str = "pt") -> FileResponse:
+    """The checkpoint (``pt``) or its export (``onnx``, ``safetensors``: made on the first request, as for
+    ``GET /jobs/{id}/checkpoint?format=``); an unknown format is the JSON API's 422, as a page."""
+    got = call(exports.download, api_state(request), job_id, format)
+    headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
+    return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
 
 
 @router.get("/jobs/{job_id}/report")
 def download_report(request: Request, session: SessionDep, job_id: str) -> Response:
-    resp = call(routes_jobs.get_report, api_state(request), job_id)
-    return Response(bytes(resp.body), media_type="application/json",
-                    headers={"Content-Disposition": f'attachment; filename="t3ar-{job_id}-report.json"'})
+    report = call(jobs.report, api_state(request), job_id)
+    return JSONResponse(report.model_dump(mode="json", exclude_unset=True),  # what GET /jobs/{id}/report answers
+                        headers={"Content-Disposition": f'attachment; filename="t3ar-{job_id}-report.json"'})
 
 
 @router.get("/jobs/{job_id}/target/{name:path}")
@@ -164,16 +152,12 @@ def target_image(request: Request, session: SessionDep, job_id: str, name: str) 
     """A thumbnail of one of the job's target images (the validated, extracted copy the API keeps)."""
     state = api_state(request)
     row = call(require_job, state.store, job_id)
-    root = (state.settings.data_dir / row.target_dir).resolve()
-    path = (root / name).resolve()
-    if not path.is_relative_to(root) or not path.is_file():
-        raise PageError(404, f"job {job_id} has no target image {name!r}")
-    return png_response(_thumb(path))
-
-
-def _thumb(path: Path) -> bytes:
-    try:
-        return thumbnail(path.read_bytes())
+    path = file_inside((state.settings.data_dir / row.target_dir).resolve(), name)
+    if path is None:
+        raise PageError(404, f"job {job_id} has no target image {name[:200]!r}")
+    try:  # the extracted target never changes in place: its path, size and time name its content
+        st = path.stat()
+        return png_response(thumbnails(request).get(f"file:{path}:{st.st_size}:{st.st_mtime_ns}", path.read_bytes))
     except Exception as e:  # validated at upload, so unexpected: but never a 500 for one picture
         raise PageError(404, f"the image {path.name!r} cannot be read") from e
 
@@ -181,13 +165,12 @@ def _thumb(path: Path) -> bytes:
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(request: Request, job_id: str) -> Response:
     await checked_form(request)
-    await run_in_threadpool(call, routes_jobs.cancel_job, api_state(request), job_id)
+    await run_in_threadpool(call, jobs.cancel, api_state(request), job_id)
     return RedirectResponse(f"{PREFIX}/jobs/{job_id}", status_code=303)
 
 
 @router.post("/jobs/{job_id}/readapt")
 async def readapt(request: Request, job_id: str) -> Response:
     await checked_form(request)
-    resp = await run_in_threadpool(call, routes_jobs.readapt, request, api_state(request), job_id)
-    new_id = json.loads(bytes(resp.body))["id"]
-    return RedirectResponse(f"{PREFIX}/jobs/{new_id}", status_code=303)
+    done = await run_in_threadpool(call, jobs.readapt, api_state(request), job_id)
+    return RedirectResponse(f"{PREFIX}/jobs/{done.row.id}", status_code=303)

@@ -1,16 +1,18 @@
-"""Base models: the list and an upload form, through the JSON routes' own functions (``GET/POST /models``)."""
+"""Base models: the list and an upload form, through the domain layer the JSON routes call
+(:mod:`t3ar_services.api.domain.models`)."""
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from t3ar_services.api import routes
 from t3ar_services.api.console.web import PREFIX, PageError, SessionDep, api_state, call, checked_form, render
+from t3ar_services.api.domain import models
+from t3ar_services.api.uploads import sent_name
+from t3ar_services.common.body_limit import body_size
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 
@@ -18,12 +20,12 @@ router = APIRouter(prefix=PREFIX, include_in_schema=False)
 @router.get("/models")
 def models_page(request: Request, session: SessionDep, uploaded: str | None = None, created: bool = False) -> \
         Response:
-    models = call(routes.list_models, api_state(request)).models
-    just = next((m for m in models if m.id == uploaded), None)
-    return render(request, "models.html", session, models=models, uploaded=just, created=created)
+    found = call(models.list_models, api_state(request))
+    just = next((m for m in found if m.id == uploaded), None)
+    return render(request, "models.html", session, models=found, uploaded=just, created=created)
 
 
-@router.post("/models")
+@router.post("/models", dependencies=[body_size("model")])
 async def upload(request: Request) -> Response:
     state = api_state(request)
     session, form = await checked_form(request, max_files=1)
@@ -34,7 +36,7 @@ async def upload(request: Request) -> Response:
     name = name if isinstance(name, str) else ""
     if len(name) > 200:
         raise PageError(422, "a model name is at most 200 characters")
-    resp = await run_in_threadpool(call, routes.upload_model, state, file, name)
-    query = urllib.parse.urlencode({"uploaded": json.loads(bytes(resp.body))["id"],
-                                    "created": "true" if resp.status_code == 201 else "false"})
+    done = await run_in_threadpool(call, models.upload, state, file.file, name or (file.filename or ""),
+                                   sent_name(file.filename, "the checkpoint"))
+    query = urllib.parse.urlencode({"uploaded": done.model.id, "created": "true" if done.created else "false"})
     return RedirectResponse(f"{PREFIX}/models?{query}", status_code=303)  # a reload re-posts nothing

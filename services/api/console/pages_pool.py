@@ -2,14 +2,15 @@
 (metadata, near-duplicates, the jobs and checkpoints that used it) and, for admins, withdrawal.
 
 Reads go through the API's own retriever client (the browser never gets a retriever token) for any signed-in
-session; withdrawal calls the JSON route's function (``DELETE /pool/{id}``) and only for an admin session.
+session, bounded for a page (:func:`~t3ar_services.api.console.web.pool_reader`: one attempt within
+``T3AR_API_CONSOLE_TIMEOUT``); lineage, withdrawal (only for an admin session) and readapts call the domain
+layer the JSON routes call (:mod:`t3ar_services.api.domain`).
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import json
 import urllib.parse
 from functools import lru_cache
 from typing import Any
@@ -18,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from t3ar_services.api import routes, routes_jobs
+from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.console.web import (
     PREFIX,
     PageError,
@@ -27,10 +28,14 @@ from t3ar_services.api.console.web import (
     call,
     checked_form,
     png_response,
+    pool_reader,
     render,
     require_admin,
-    thumbnail,
+    thumbnails,
 )
+from t3ar_services.api.deps import links_of
+from t3ar_services.api.domain import jobs, pool
+from t3ar_services.common.body_limit import body_size
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 PAGE = 48
@@ -44,10 +49,10 @@ MAX_READAPTED = 200
 def pool_page(request: Request, session: SessionDep, source: str | None = None, after: str | None = None,
               exact: bool = False) -> Response:
     """``source``: one source's items; an empty one means all sources unless ``exact`` (items without a source)."""
-    state = api_state(request)
-    stats = call(state.retriever.stats)
+    reader = pool_reader(request)
+    stats = call(reader.stats)
     source = source if (source or exact) else None
-    page = call(state.retriever.list_items, after=after or None, limit=PAGE, source=source)
+    page = call(reader.list_items, after=after or None, limit=PAGE, source=source)
     sources = sorted(dict(stats.get("sources") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     return render(request, "pool.html", session, items=page["items"], next_after=page.get("next_after"),
                   total=page.get("total", len(page["items"])), count=stats.get("count", 0), sources=sources,
@@ -59,7 +64,7 @@ def search_page(request: Request, session: SessionDep) -> Response:
     return render(request, "search.html", session, results=None, query=None)
 
 
-@router.post("/pool/search")
+@router.post("/pool/search", dependencies=[body_size("query_image")])
 async def search(request: Request) -> Response:
     session, form = await checked_form(request, max_files=1)
     upload = form.get("image")
@@ -68,20 +73,20 @@ async def search(request: Request) -> Response:
     data = await upload.read(MAX_QUERY_BYTES + 1)
     if len(data) > MAX_QUERY_BYTES:
         raise PageError(413, f"search with an image of at most {MAX_QUERY_BYTES >> 20} MiB")
-    state = api_state(request)
-    result = await run_in_threadpool(call, state.retriever.search_images, [(upload.filename or "query", data)],
+    reader = pool_reader(request)
+    result = await run_in_threadpool(call, reader.search_images, [(upload.filename or "query", data)],
                                      SEARCH_K)
     try:
-        query = base64.b64encode(await run_in_threadpool(thumbnail, data)).decode()
+        query = base64.b64encode(await run_in_threadpool(thumbnails(request).of, data)).decode()
     except Exception as e:  # the retriever decoded it; PIL here did not (it would have said so first)
         raise PageError(422, "the uploaded file is not an image this server can read") from e
     rows = [{"id": i, "score": s} for i, s in zip(result.ids[0], result.scores[0], strict=False) if i]
     return render(request, "search.html", session, results=rows, query=query, filename=upload.filename or "")
 
 
-def _item(state: Any, pool_id: str) -> dict[str, Any] | None:
+def _item(reader: RetrieverClient, pool_id: str) -> dict[str, Any] | None:
     try:
-        return call(state.retriever.get_item, pool_id)
+        return call(reader.get_item, pool_id)
     except PageError as e:
         if e.status == 404:
             return None
@@ -91,14 +96,14 @@ def _item(state: Any, pool_id: str) -> dict[str, Any] | None:
 @router.get("/pool/{pool_id}")
 def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
     """Also for a withdrawn item: its lineage stays (the jobs and checkpoints that used it)."""
-    state = api_state(request)
-    item = _item(state, pool_id)
+    state, reader = api_state(request), pool_reader(request)
+    item = _item(reader, pool_id)
     near: list[dict[str, Any]] = []
     if item is not None and item.get("size"):
-        image = call(state.retriever.get_image, pool_id)
-        res = call(state.retriever.search_images, [image], NEAR_K, exclude_ids=[pool_id])
+        image = call(reader.get_image, pool_id)
+        res = call(reader.search_images, [image], NEAR_K, exclude_ids=[pool_id])
         near = [{"id": i, "score": s} for i, s in zip(res.ids[0], res.scores[0], strict=False) if i]
-    lineage = call(routes.pool_lineage, request, state, pool_id)
+    lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "item.html", session, pool_id=pool_id, item=item, near=near, lineage=lineage)
 
 
@@ -118,16 +123,24 @@ def _gone_png() -> bytes:
 
 @router.get("/pool/{pool_id}/image")
 def item_image(request: Request, session: SessionDep, pool_id: str) -> Response:
+    """The item's thumbnail, made once per image (keyed by the item's sha256: a cached one costs the item's
+    metadata, not its image); a withdrawn or unknown item's is a placeholder (404)."""
+    reader = pool_reader(request)
+    item = _item(reader, pool_id)
     try:
-        data = call(api_state(request).retriever.get_image, pool_id)
+        if item is None:
+            raise PageError(404, f"no pool item {pool_id!r}")
+        sha = item.get("sha256")
+        load = lambda: call(reader.get_image, pool_id)  # noqa: E731
+        thumbs = thumbnails(request)
+        png = thumbs.get(f"sha256:{sha}", load) if sha else thumbs.of(load())
     except PageError as e:
         if e.status != 404:
             raise
         return Response(_gone_png(), status_code=404, media_type="image/png")  # withdrawn, or never added
-    try:
-        return png_response(thumbnail(data))
     except Exception as e:
         raise PageError(404, f"pool item {pool_id!r} has no image this server can read") from e
+    return png_response(png)
 
 
 @router.get("/pool/{pool_id}/withdraw")
@@ -135,10 +148,10 @@ def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Respon
     """What withdrawing would affect, and the confirmation form (admins only)."""
     require_admin(session)
     state = api_state(request)
-    item = _item(state, pool_id)
+    item = _item(pool_reader(request), pool_id)
     if item is None:
         raise PageError(404, f"no pool item {pool_id!r} (already withdrawn, or never added)")
-    lineage = call(routes.pool_lineage, request, state, pool_id)
+    lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "withdraw.html", session, pool_id=pool_id, item=item, lineage=lineage, done=False)
 
 
@@ -146,7 +159,7 @@ def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Respon
 async def withdraw(request: Request, pool_id: str) -> Response:
     session, _ = await checked_form(request)
     require_admin(session)
-    await run_in_threadpool(call, routes.delete_pool_item, request, api_state(request), pool_id)
+    await run_in_threadpool(call, pool.withdraw_item, api_state(request), links_of(request), pool_id)
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/withdrawn", status_code=303)  # a reload re-posts nothing
 
 
@@ -154,9 +167,9 @@ async def withdraw(request: Request, pool_id: str) -> Response:
 def withdrawn_page(request: Request, session: SessionDep, pool_id: str) -> Response:
     """After a withdrawal: the jobs that used the item, and the offer to readapt them."""
     state = api_state(request)
-    if _item(state, pool_id) is not None:
+    if _item(pool_reader(request), pool_id) is not None:
         return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}", status_code=303)
-    lineage = call(routes.pool_lineage, request, state, pool_id)
+    lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=lineage, done=True)
 
 
@@ -165,11 +178,11 @@ async def readapt_affected(request: Request, pool_id: str) -> Response:
     """Readapt every finished job that used the item (after its withdrawal: against the pool without it)."""
     await checked_form(request)
     state = api_state(request)
-    lineage = await run_in_threadpool(call, routes.pool_lineage, request, state, pool_id)
+    lineage = await run_in_threadpool(call, pool.lineage, state, links_of(request), pool_id)
     started = []
     for job in lineage.jobs:
-        resp = await run_in_threadpool(call, routes_jobs.readapt, request, state, job.job_id)
-        started.append(str(json.loads(bytes(resp.body))["id"]))
+        done = await run_in_threadpool(call, jobs.readapt, state, job.job_id)
+        started.append(done.row.id)
     query = urllib.parse.urlencode({"jobs": ",".join(started)})
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/readapted?{query}", status_code=303)
 

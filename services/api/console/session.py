@@ -7,6 +7,12 @@ fingerprint is still that of a token the settings accept. The scope (user or adm
 which token it matches, never from the cookie: a revoked or rotated token (the API restarted with other
 tokens) ends its sessions at the next request. The worker token cannot sign in.
 
+Signing out ends a session on the server too (:meth:`Sessions.revoke`): its nonce is kept, until the cookie
+would have expired anyway, in a revocation list of this process, so a saved copy of the cookie opens nothing.
+The list lives in memory: it does not survive an API restart (a restart with a random session secret ends every
+session anyway; with ``T3AR_API_SESSION_SECRET`` set, a cookie signed out before the restart opens pages again
+until its expiry).
+
 CSRF: every form carries ``HMAC(secret, "csrf:" + nonce)`` of the session's nonce (a synchronizer token the
 page can hold without holding the session); the sign-in form, before any session exists, the same of a random
 pre-session nonce kept in its own short-lived cookie. With auth disabled every session is admin.
@@ -19,6 +25,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +37,7 @@ from t3ar_services.api.settings import ApiSettings
 SESSION_COOKIE = "t3ar_session"
 LOGIN_COOKIE = "t3ar_login"  # the pre-session nonce of the sign-in form's CSRF token
 LOGIN_TTL = 1800
+MAX_REVOKED = 100_000  # signed-out sessions remembered (about 100 bytes each)
 ConsoleScope = Literal["token", "admin"]
 
 
@@ -62,6 +70,8 @@ class Sessions:
         secret = settings.session_secret
         self._key = secret.get_secret_value().encode() if secret is not None else secrets.token_bytes(32)
         self.ttl = settings.session_ttl
+        self.revoked: dict[str, float] = {}  # nonce -> its cookie's expiry, in the order of sign-out
+        self._lock = threading.Lock()
 
     def _mac(self, purpose: str, value: str) -> str:
         return _b64(hmac.new(self._key, f"{purpose}:{value}".encode(), hashlib.sha256).digest())
@@ -114,10 +124,26 @@ class Sessions:
             return None
         if expires <= (time.time() if now is None else now):
             return None
+        if nonce in self.revoked:
+            return None
         scope = self.scope_of_fingerprint(fp)
         if scope is None:
             return None
         return Session(scope=scope, nonce=nonce, expires=expires, csrf=self.csrf_for(nonce))
+
+    def revoke(self, session: Session, now: float | None = None) -> None:
+        """End ``session`` on the server (sign-out). Revocations are forgotten once their cookie expired, so the
+        list holds at most the sessions signed out within one ``session_ttl`` (and at most
+        :data:`MAX_REVOKED`: past that the oldest are dropped, a bound no sign-in rate reaches in practice)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self.revoked[session.nonce] = session.expires
+            # oldest first; one that expires earlier than those before it (a long-lived session signed out
+            # late) is dropped once they are: it is refused meanwhile anyway
+            for nonce, expires in list(self.revoked.items()):
+                if expires > now and len(self.revoked) <= MAX_REVOKED:
+                    break
+                del self.revoked[nonce]
 
     def csrf_ok(self, nonce: str | None, given: object) -> bool:
         return bool(nonce) and isinstance(given, str) and secrets.compare_digest(given, self.csrf_for(str(nonce)))

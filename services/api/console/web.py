@@ -1,15 +1,16 @@
-"""The console's web plumbing: templates (Jinja2, autoescaped), security headers, the session dependency,
-CSRF-checked forms, HTML error pages and image thumbnails.
+"""The console's web plumbing: templates (Jinja2, autoescaped), the security headers (sent by
+:mod:`~t3ar_services.api.console.answers`), the session dependency, CSRF-checked forms, HTML error pages, guarded
+file names, the thumbnail cache.
 
 Every page and action goes through :func:`current_session` (a signed-in session, else a redirect to sign-in);
 every POST through :func:`checked_form`, which checks the session *before* reading the body and the CSRF token
-after. Calls into the JSON API's own functions go through :func:`call`, which turns their domain errors into an
-HTML error page with the status the JSON API would have answered.
+after. Calls into the domain layer (:mod:`t3ar_services.api.domain`, which the JSON routes call too) go through
+:func:`call`, which turns its domain errors into an HTML error page with the status the JSON API would have
+answered.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import urllib.parse
@@ -23,10 +24,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.datastructures import FormData
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from t3ar.clients.retriever import RetrieverClient
 from t3ar.errors import T3arError
 from t3ar_services.api.console.session import SESSION_COOKIE, Session, Sessions
+from t3ar_services.api.console.thumbs import Thumbnails
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import classify
 
@@ -59,32 +61,6 @@ def _env() -> jinja2.Environment:
 TEMPLATES = _env()
 
 
-class SecurityHeadersMiddleware:
-    """The console's headers (CSP, nosniff, no framing) on every answer under ``/ui``, errors included; pages
-    are not cached (they show one session's data)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == PREFIX or path.startswith(PREFIX + "/")):
-            await self.app(scope, receive, send)
-            return
-        static = path.startswith(PREFIX + "/static/")
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in dict(SECURITY_HEADERS)]
-                headers += SECURITY_HEADERS
-                if not static and not any(k.lower() == b"cache-control" for k, _ in headers):
-                    headers.append((b"cache-control", b"no-store"))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
 class NeedSignIn(Exception):
     def __init__(self, next_path: str) -> None:
         self.next_path = next_path
@@ -107,6 +83,13 @@ def sessions(request: Request) -> Sessions:
 def api_state(request: Request) -> ApiState:
     state: ApiState = request.app.state.api
     return state
+
+
+def pool_reader(request: Request) -> RetrieverClient:
+    """The API's retriever client for a page: one attempt, at most ``T3AR_API_CONSOLE_TIMEOUT`` seconds (a
+    page says the retriever is down within seconds, where the JSON API's client waits and retries)."""
+    state = api_state(request)
+    return state.retriever.bounded(state.settings.console_timeout)
 
 
 def current_session(request: Request) -> Session:
@@ -149,7 +132,8 @@ async def checked_form(request: Request, *, max_files: int = 0) -> tuple[Session
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run one of the JSON API's own functions; its domain errors become an error page with the same status."""
+    """Run a domain function (or a retriever client call); its domain errors become an error page with the status
+    the JSON API would have answered."""
     try:
         return fn(*args, **kwargs)
     except T3arError as e:
@@ -199,17 +183,28 @@ def safe_next(value: str | None) -> str:
     return f"{PREFIX}/jobs"
 
 
-def thumbnail(data: bytes, size: int = 128) -> bytes:
-    """Any image the pool or a target holds, re-encoded as a small PNG (a browser only ever gets our PNG)."""
-    from PIL import Image
+MAX_NAME_BYTES = 255  # one path segment, as Linux filesystems allow
+MAX_PATH_BYTES = 1024  # a whole relative path (the kernel's limit is 4096; ours is what a target archive holds)
 
-    with Image.open(io.BytesIO(data)) as img:
-        img.draft("RGB", (size, size))
-        out = img.convert("RGB")
-        out.thumbnail((size, size))
-        buf = io.BytesIO()
-        out.save(buf, "PNG")
-        return buf.getvalue()
+
+def file_inside(root: Path, name: str) -> Path | None:
+    """``root / name`` when that is a file under ``root`` (``root`` resolved), else None. The name is checked
+    before any of it reaches the filesystem: no NUL byte (Python refuses it with an error, not an answer), no
+    segment over 255 bytes and no path over 1 KiB (ENAMETOOLONG); whatever the filesystem still says is "no"."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if b"\x00" in raw or len(raw) > MAX_PATH_BYTES or any(len(p) > MAX_NAME_BYTES for p in raw.split(b"/")):
+        return None
+    try:
+        path = (root / name).resolve()
+        return path if path.is_relative_to(root) and path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def thumbnails(request: Request) -> Thumbnails:
+    """The app's thumbnail cache (:mod:`~t3ar_services.api.console.thumbs`)."""
+    found: Thumbnails = request.app.state.console_thumbs
+    return found
 
 
 def png_response(data: bytes) -> Response:

@@ -158,3 +158,58 @@ def pool_cmd(
     verb = "reused" if report.reused else "built"
     summary = f"{verb} {out}: {report.total} images: {parts} in {report.seconds:.1f}s"
     _emit(report.to_dict(), as_json, summary)
+
+
+def _kit_classes(kit: Path | None) -> list[str] | None:
+    if kit is None:
+        return None
+    try:
+        classes = json.loads((kit / "manifest.json").read_text(encoding="utf-8"))["report"]["classes"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise click.BadParameter(f"{kit}: not an emoji kit (no manifest.json with classes): {e}",
+                                 param_hint="--classes-from") from e
+    return [str(c) for c in classes]
+
+
+@data.command("archive")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+@_cache_option
+@click.option("--styles", default=None, help="Comma-separated archive styles (default: all but noto-svgmoji, an "
+              "older copy of noto).")
+@click.option("--classes-from", "kit", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="An emoji kit built by `t3ar data emoji`: keep only its classes (default: every class).")
+@click.option("--label", type=click.Choice(["subcategory", "category"]), default="subcategory",
+              show_default=True, help="Which emoji-datasource field is the class.")
+@click.option("--size", type=click.IntRange(min=8, max=1024), default=64, show_default=True,
+              help="Output side in pixels.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def archive_cmd(out: Path, cache: Path, styles: str | None, kit: Path | None, label: str, size: int,
+                as_json: bool) -> None:
+    """Build a labelled archive of many emoji styles: OUT/<style>/<class>/<unified>.png.
+
+    \b
+    Fetches @iconify-json/{noto,noto-v1,emojione,emojione-monotone,emojione-v1,
+    fxemoji,streamline-emojis,fluent-emoji,fluent-emoji-flat,
+    fluent-emoji-high-contrast,twemoji,openmoji} (and @svgmoji/noto on request)
+    with `npm pack` (pinned versions), maps icon names to emoji codes, keeps every
+    emoji whose class is kept (styles need not share emoji), renders the SVGs
+    with cairosvg, and writes LICENSES.md and manifest.json (per style: package,
+    artwork family, licence, counts per class). Each style folder is a labelled
+    pool: `t3ar pool ingest OUT/<style> --labels folders`.
+
+    \b
+    Example:
+      t3ar data archive --out data/archive --classes-from data/emoji \\
+          --styles emojione-monotone,fxemoji --json
+    """
+    from t3ar.datakit.archive import ARCHIVE_STYLES, DEFAULT_ARCHIVE, build_archive
+
+    chosen = _split(styles, tuple(ARCHIVE_STYLES), "styles") if styles is not None else list(DEFAULT_ARCHIVE)
+    try:
+        report = build_archive(out, cache=cache, styles=chosen, classes=_kit_classes(kit),
+                               label=label, size=size, progress=sys.stderr.isatty())  # type: ignore[arg-type]
+    except T3arError as e:
+        raise click.ClickException(str(e)) from e
+    verb = "reused" if report["reused"] else "built"
+    parts = ", ".join(f"{s} {r['emoji']}" for s, r in report["styles"].items())
+    _emit(report, as_json, f"{verb} {out}: {report['n_images']} images: {parts} in {report['seconds']:.1f}s")

@@ -6,7 +6,6 @@ The API URL and tokens come from ``--url``/``--token`` or the environment (``T3A
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -216,17 +215,25 @@ def jobs_cancel(job_id: str, url: str, token: str | None, as_json: bool) -> None
 @jobs.command("download")
 @click.argument("job_id")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["pt", "onnx", "safetensors"]), default="pt", show_default=True,
+              help="pt: the t3ar checkpoint; onnx: the whole classifier for ONNX Runtime (uint8 NHWC RGB images in, "
+                   "logits out); safetensors: the weights with spec and lineage as metadata. The API makes an "
+                   "export on its first request, checked for parity on the job's target images.")
 @_api_options()
-def jobs_download(job_id: str, out: Path, url: str, token: str | None, as_json: bool) -> None:
-    """Save a finished job's adapted checkpoint to OUT."""
-    _ask(url, token, lambda client: client.download_checkpoint(job_id, out))
-    echo_result(as_json, {"job_id": job_id, "path": str(out)}, f"wrote {out}")
+def jobs_download(job_id: str, out: Path, fmt: str, url: str, token: str | None, as_json: bool) -> None:
+    """Save a finished job's adapted checkpoint to OUT, as it is or exported for serving."""
+    _ask(url, token, lambda client: client.download_checkpoint(job_id, out, fmt))
+    echo_result(as_json, {"job_id": job_id, "path": str(out), "format": fmt}, f"wrote {out} ({fmt})")
 
 
 @_job_command("report")
 def jobs_report(job_id: str, url: str, token: str | None, as_json: bool) -> None:
-    """A finished job's report (JSON): timings, losses per epoch, accuracy when labels were given."""
-    click.echo(json.dumps(_ask(url, token, lambda client: client.report(job_id)), indent=2))
+    """A finished job's report: what ran, timings, pool items used, accuracy when labels were given; with --json
+    the whole report (losses per epoch and step, the neighbours drawn, the contribution)."""
+    from t3ar.clients.job_report import ServedReport, report_summary
+
+    data = _ask(url, token, lambda client: client.report(job_id))
+    echo_result(as_json, data, report_summary(ServedReport.model_validate(data)))
 
 
 @jobs.command("readapt")

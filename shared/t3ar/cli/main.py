@@ -16,6 +16,7 @@ from t3ar import __version__
 from t3ar.cli.bench_cmd import bench
 from t3ar.cli.compact_cmd import compact
 from t3ar.cli.data_cmd import data
+from t3ar.cli.export_cmd import export_cmd
 from t3ar.cli.job_cmd import jobs, models, submit, withdraw
 from t3ar.cli.model_cmds import adapt_cmd, evaluate_cmd, train_source
 from t3ar.cli.pool_cmd import pool
@@ -66,7 +67,8 @@ def add_plugins(group: click.Group, entry_point_group: str = PLUGIN_GROUP) -> No
         group.add_command(command, ep.name)
 
 
-for _command in (train_source, adapt_cmd, evaluate_cmd, data, pool, bench, submit, jobs, models, withdraw):
+for _command in (train_source, adapt_cmd, evaluate_cmd, export_cmd, data, pool, bench, submit, jobs, models,
+                 withdraw):
     cli.add_command(_command)
 pool.add_command(compact)
 add_plugins(cli)

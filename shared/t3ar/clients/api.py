@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -160,12 +161,22 @@ class ApiClient(HttpClient):
                 raise ApiError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
             time.sleep(poll)
 
-    def download_checkpoint(self, job_id: str, dest: Path) -> Path:
-        """Stream the adapted checkpoint to ``dest`` atomically (temp file + rename)."""
+    def download_checkpoint(self, job_id: str, dest: Path, fmt: str = "pt") -> Path:
+        """Stream the adapted checkpoint to ``dest`` atomically (temp file + rename). ``fmt``: ``pt`` (the t3ar
+        checkpoint), ``onnx`` or ``safetensors`` (made by the API on the first request, which can take seconds;
+        the file must hash to the sha256 the job then records, else nothing is kept)."""
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         self.job(job_id)  # clear errors (unknown job, auth) before streaming
-        self._download(f"/jobs/{_seg(job_id)}/checkpoint", dest, f"GET /jobs/{job_id}/checkpoint")
+        what = f"GET /jobs/{job_id}/checkpoint" + ("" if fmt == "pt" else f"?format={fmt}")
+
+        def recorded(size: int, sha256: str) -> None:
+            want = ((self.job(job_id).get("exports") or {}).get(fmt) or {}).get("sha256")
+            if want is not None and want != sha256:
+                raise ApiError(f"{what}: the file hashes to {sha256}, the job records {want}; nothing was kept")
+
+        path = f"/jobs/{_seg(job_id)}/checkpoint" + ("" if fmt == "pt" else f"?format={quote(fmt, safe='')}")
+        self._download(path, dest, what, None if fmt == "pt" else recorded)
         return dest
 
     def report(self, job_id: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ exception :meth:`HttpClient._error` makes of it; no answer at all becomes ``unav
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -55,6 +56,18 @@ class HttpClient:
                                   timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
         self._lean = _LeanPost.for_url(self.url, headers, timeout) if transport is None else None
 
+    _timeout: httpx.Timeout | None = None  # set on a bounded() copy: every request's own timeout
+
+    def bounded(self, timeout: float) -> Self:
+        """This client for a caller that must answer quickly (a web page): the same connections, credentials and
+        transport, but each request gives up after ``timeout`` seconds and is not retried. The copy shares the
+        original's connections: close the original, not the copy."""
+        other = copy.copy(self)
+        other.retries = 0
+        other._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        other._lean = None  # the lean path has its own, fixed timeout
+        return other
+
     def close(self) -> None:
         self._http.close()
         if self._lean is not None:
@@ -99,6 +112,8 @@ class HttpClient:
                         f[1][1].seek(0)
                 if hasattr(kwargs.get("content"), "seek"):  # a streamed file body, likewise
                     kwargs["content"].seek(0)
+                if self._timeout is not None:
+                    kwargs["timeout"] = self._timeout
                 resp = self._http.request(method, path, **kwargs)
             except _ALWAYS_RETRY + _RETRY_IF_SAFE as e:
                 if last or (isinstance(e, _RETRY_IF_SAFE) and not safe):

@@ -251,6 +251,11 @@ class RetrieverProvider:
         with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
             return [str(item.get("source", "")) for item in ex.map(self.client.get_item, ids)]
 
+    def labels(self, ids: Sequence[str]) -> list[str | None]:
+        """Each item's pool ``label`` (None = unlabelled; one metadata read per id, in parallel)."""
+        with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
+            return [(str(item["label"]) if item.get("label") else None) for item in ex.map(self.client.get_item, ids)]
+
     def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
         """Download and decode (RGB, alpha on white) the pool images, in order."""
         from t3ar.data.images import open_image

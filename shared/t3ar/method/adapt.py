@@ -40,7 +40,7 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.registry import METHOD_STEPS
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import CHANNELS_LAST, Views
-from t3ar.models.classifier import Classifier, freeze_frozen_norms
+from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms
 from t3ar.models.fold import FOLD, folded_frozen_norms
 
 # Target and pool images are kept on the GPU when together they need at most this share of its free memory.
@@ -63,6 +63,8 @@ class StepStats:
     ``pool_data_count`` (T3AR with neighbours as data): how many retrieved neighbours served as data in the step;
     with ``adapt(pool_diagnostic_labels=...)`` also ``pool_data_known``, how many of those have a known label, and
     ``pool_data_correct``, the share of the known ones whose pseudo-label was right (NaN when none was known).
+    ``pool_label_count`` / ``loss_pool_labels`` (labelled neighbours as data): how many labelled pool items
+    trained the step, and their cross-entropy (NaN when none did).
     """
 
     epoch: int
@@ -83,6 +85,8 @@ class StepStats:
     pool_data_count: float = math.nan
     pool_data_known: float = math.nan
     pool_data_correct: float = math.nan
+    pool_label_count: float = math.nan
+    loss_pool_labels: float = math.nan
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -96,6 +100,10 @@ class AdaptResult:
     seconds_per_epoch: float = 0.0
     pool_used: list[int] = field(default_factory=list)
     history: list[StepStats] = field(default_factory=list)
+    #: pool index -> how many steps it served as labelled data (labelled neighbours as data)
+    pool_labelled: dict[int, int] = field(default_factory=dict)
+    #: steps of the second stage (bottleneck and head on the target alone), after ``steps``
+    second_stage_steps: int = 0
 
 
 def place(images: torch.Tensor, device: torch.device, budget: float) -> torch.Tensor:
@@ -166,6 +174,8 @@ def adapt(
     pool_sources: list[str] | None = None,
     pool_diagnostic_labels: torch.Tensor | None = None,
     pool_label_oracle: bool = False,
+    pool_labels: torch.Tensor | None = None,
+    pool_label_draw: str = "retrieved",
 ) -> AdaptResult:
     """Adapt ``model`` in place on ``target`` (uint8 [N,3,S,S]) with ``config.method``.
 
@@ -180,6 +190,12 @@ def adapt(
     neighbours may serve as data (required when that is set). ``pool_diagnostic_labels`` ([P] true class per
     pool image, -1 = unknown) only score the neighbours that served as data, unless ``pool_label_oracle`` (a
     benchmark diagnostic, never a product option) makes the known ones serve with their true labels.
+    ``pool_labels`` ([P] the pool label of each pool image as an index into the model's classes, -1 = none) is
+    what a labelled pool tells (a product input): with ``config.pool_label_weight`` > 0 the labelled neighbours
+    train with their label, and with ``config.false_negatives`` other than 'keep' a labelled neighbour of the
+    query's (pseudo-)class is a false negative by its label. ``pool_label_draw`` says how the labelled data items
+    are drawn (:mod:`t3ar.method.pool_labels`: 'retrieved', the product; 'random' and 'all', benchmark controls
+    that draw from every labelled image in ``pool_images``).
     Returns timings, the history of steps and the pool indices actually used (drawn).
     """
     device = device or next(model.parameters()).device
@@ -215,6 +231,10 @@ def adapt(
         raise ValueError(f"pool_diagnostic_labels must be [P={n_pool}], got {list(pool_diagnostic_labels.shape)}")
     if pool_label_oracle and pool_diagnostic_labels is None:
         raise ValueError("pool_label_oracle needs pool_diagnostic_labels")
+    if pool_labels is not None and pool_labels.shape != (n_pool,):
+        raise ValueError(f"pool_labels must be [P={n_pool}], got {list(pool_labels.shape)}")
+    if pool_label_draw != "retrieved" and not (config.pool_labels_as_data and pool_labels is not None):
+        raise ValueError(f"pool_label_draw={pool_label_draw!r} needs pool_labels and pool_label_weight > 0")
     allowed = None
     if config.pool_as_data and config.pool_data_sources is not None and pool_sources is not None:
         keep = set(config.pool_data_sources)
@@ -228,6 +248,9 @@ def adapt(
     diag = diagnostic_labels.to(device) if diagnostic_labels is not None else None
 
     prepare_training(model, device)
+    if config.bn_start:  # the target's BatchNorm statistics first (bn-adapt), from a stream of its own
+        bn_adapt(model, target, train_groups=config.train_groups, batch_size=config.batch_size,
+                 norm=Normalizer(mean, std, device), generator=stream(config.seed, 9))
     params = method.trainable_params(model, config)
     batch_size = min(config.batch_size, n)
     spe = steps_per_epoch(n, batch_size)
@@ -239,7 +262,8 @@ def adapt(
     setup = MethodSetup(target, config, views, device, labels=labels,
                         pool_images=pool_images if config.uses_retrieval else None, neighbours=nbrs,
                         candidates=cands, diagnostics=diagnostics, pool_allowed=allowed,
-                        pool_labels=pool_diagnostic_labels, pool_oracle=pool_label_oracle)
+                        pool_labels=pool_diagnostic_labels, pool_oracle=pool_label_oracle,
+                        pool_known=pool_labels if config.uses_retrieval else None, pool_label_draw=pool_label_draw)
     with torch.autocast(device.type, enabled=use_amp):
         state = method.create(model, setup)
 
@@ -254,6 +278,8 @@ def adapt(
         for (epoch, idx), prepared, seconds_views in ahead:
             model.train()
             freeze_frozen_norms(model)
+            if config.bn_fixed:
+                eval_norms(model)
             ids = idx.to(target.device)
             stats = StepStats(epoch, step + 1, total, optim.lr, 0.0)
             with torch.autocast(device.type, enabled=use_amp):
@@ -277,12 +303,51 @@ def adapt(
             if on_step is not None:
                 on_step(stats)
             mark = time.perf_counter()
+        final = state.final_labels() if config.second_stage_steps else None
+        if final is not None:
+            result.second_stage_steps = second_stage(model, target, final, config, views, gen, use_amp)
     model.eval()
     result.steps, result.epochs = step, epoch
     result.seconds = time.perf_counter() - t_start
     result.seconds_per_epoch = result.seconds * spe / max(1, step)
     result.pool_used = state.pool_used()
+    result.pool_labelled = state.pool_labelled()
     return result
+
+
+def second_stage(model: Classifier, target: torch.Tensor, labels: torch.Tensor, config: AdaptConfig,
+                 views: Views, gen: torch.Generator, amp: bool) -> int:
+    """SWAT's second stage: ``config.second_stage_steps`` steps that retrain only the bottleneck and head on the
+    target alone, with cross-entropy of weak views against ``labels`` ([N]; -1 = none: such images sit out);
+    the backbone frozen and every BatchNorm layer normalising with its running statistics (the target's, as the
+    first stage left them). Returns the steps taken (0 when fewer than 2 images have a label)."""
+    ok = (labels.cpu() >= 0).nonzero().flatten()
+    if len(ok) < 2:
+        return 0
+    for p in model.parameters():
+        p.requires_grad_(False)
+    params = [p for m in (model.bottleneck, model.head) for p in m.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    steps = config.second_stage_steps
+    optim = Optimiser(params, lr=config.second_stage_lr or config.lr, momentum=config.momentum,
+                      weight_decay=config.weight_decay, total_steps=steps, warmup_frac=0.0, amp=amp)
+    y_all = labels.to(target.device)
+    device = next(model.parameters()).device
+    model.train()
+    eval_norms(model)
+    done = 0
+    for _, pos in scheduled(len(ok), min(config.batch_size, len(ok)), steps, gen):
+        idx = ok[pos].to(target.device)
+        with torch.autocast(device.type, enabled=amp):
+            x = views.weak(target[idx].to(device, non_blocking=True))
+            with torch.no_grad():
+                h = model.backbone(x)
+            logits = model.head(model.bottleneck(h))
+            loss = torch.nn.functional.cross_entropy(logits.float(), y_all[idx].to(device))
+        optim.update(loss)
+        done += 1
+    return done
 
 
 def _bn_adapt(model: Classifier, target: torch.Tensor, config: AdaptConfig, mean: tuple[float, float, float],

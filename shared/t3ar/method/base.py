@@ -7,7 +7,7 @@ per step. The registry of names is :mod:`t3ar.method.registry`.
 
 Random streams (:func:`stream`), one per purpose so that the arms of a comparison share all but what differs:
 1 target views, 2 bank / queue initialisation, 3 per-visit neighbour draws, 4 retrieval (the harness),
-5 pool views, 6 pool images' weak views (neighbours as data).
+5 pool views, 6 pool images' weak views (neighbours as data), 7 labelled data draws, 8 their weak views.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class MethodSetup:
     mode, else None; ``pool_images``: uint8 [P,3,S,S] for retrieval methods; ``neighbours`` ([N, k], fixed) or
     ``candidates`` ([N, m >= k], drawn anew per visit with ``config.redraw_neighbours``): local pool indices on
     the CPU, -1 = missing, at most one of them given; ``diagnostics``: report the costly diagnostics too;
-``pool_allowed``, ``pool_labels``, ``pool_oracle``: see :func:`t3ar.method.adapt.adapt` (neighbours as data).
+``pool_allowed``, ``pool_labels``, ``pool_oracle``, ``pool_known``, ``pool_label_draw``: see
+:func:`t3ar.method.adapt.adapt` (neighbours as data).
     """
 
     target: torch.Tensor
@@ -61,6 +62,8 @@ class MethodSetup:
     pool_allowed: torch.Tensor | None = None  # [P] bool: may serve as data (config.pool_data_sources); None = all
     pool_labels: torch.Tensor | None = None  # [P] true class (-1 unknown): diagnostics (and the oracle arm) only
     pool_oracle: bool = False  # known pool images serve as data with their true labels (a benchmark diagnostic)
+    pool_known: torch.Tensor | None = None  # [P] the pool label of each pool image as a model class (-1 = none)
+    pool_label_draw: str = "retrieved"  # how labelled data items are drawn (t3ar.method.pool_labels.LabelDraw)
 
 
 class MethodStep(ABC):
@@ -102,6 +105,15 @@ class MethodStep(ABC):
     def pool_used(self) -> list[int]:
         """Sorted pool indices the job's steps used (retrieval methods; [] otherwise)."""
         return []
+
+    def pool_labelled(self) -> dict[int, int]:
+        """Pool index -> how many steps it served as labelled data (labelled neighbours as data; {} otherwise)."""
+        return {}
+
+    def final_labels(self) -> torch.Tensor | None:
+        """[N] what each target image is labelled at the end (the filtered pseudo-labels, -1 = none; the true
+        labels in train mode) for a second stage; None = the method keeps none."""
+        return None
 
 
 class StatelessMethod(MethodStep):

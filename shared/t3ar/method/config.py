@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from t3ar.method.presets import Preset, expand
+from t3ar.method.presets import FAMILY, Preset, expand
 
 #: every method's name, declared here once; what adapts with each is :data:`t3ar.method.registry.METHOD_STEPS`
 #: (this module stays free of torch: the services validate configs with it)
@@ -78,6 +78,32 @@ class AdaptConfig(BaseModel):
     pool_data_sources: tuple[str, ...] | None = Field(
         default=None, max_length=64, description="neighbours as data: pool sources (the part of a pool id before its "
                                                  "first '/') whose items may serve as data; None = every source")
+    # labelled neighbours as data (off when pool_label_weight is 0): retrieved pool items that carry a label which
+    # is one of the model's classes train with that label (issue 33); the rest stay contrastive negatives
+    pool_label_weight: float = Field(
+        default=0.0, ge=0, le=100, description="labelled neighbours as data: weight of the cross-entropy of the "
+                                               "retrieved neighbours that carry a pool label of one of the model's "
+                                               "classes (weak views) against that label; 0 = off")
+    pool_label_cap: int = Field(default=64, ge=1, le=1024,
+                                description="labelled neighbours as data: at most this many per step (drawn at "
+                                            "random among the step's labelled neighbours when there are more)")
+    pool_label_balance: bool = Field(
+        default=False, description="labelled neighbours as data: weight each class equally within a step (a "
+                                   "retrieved set is imbalanced); False = every labelled neighbour counts once")
+    # BatchNorm statistics (the T3AR family; issue 33's 'no harm' options)
+    bn_start: bool = Field(
+        default=False, description="T3AR family: set the target's BatchNorm statistics first (what bn-adapt does, "
+                                   "same layers as train_groups), then train")
+    bn_fixed: bool = Field(
+        default=False, description="T3AR family: every BatchNorm layer normalises with its running statistics "
+                                   "during the steps and never updates them (with bn_start: bn-adapt's, kept)")
+    # a second, short stage: the bottleneck and head retrained on the target alone (SWAT)
+    second_stage_steps: int = Field(
+        default=0, ge=0, le=MAX_STEPS, description="T3AR family: steps of a second stage that retrains only the "
+                                                   "bottleneck and head on the target alone (true labels in train "
+                                                   "time, the filtered pseudo-labels in test time); 0 = none")
+    second_stage_lr: float | None = Field(default=None, gt=0, le=10,
+                                          description="the second stage's lr; None = lr")
     # schedule
     epochs: int = Field(default=10, ge=1, le=1000)
     min_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
@@ -129,6 +155,9 @@ class AdaptConfig(BaseModel):
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
+        if (self.bn_start or self.bn_fixed or self.second_stage_steps) and not self.in_family:
+            raise ValueError("bn_start, bn_fixed and second_stage_steps are options of the T3AR family "
+                             "(t3ar, t3ar-random, t3ar-noretrieval)")
         if self.mode == "train" and not self.has_train_mode:
             raise ValueError(f"{self.method} is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
                              "mode 'train'")
@@ -138,6 +167,16 @@ class AdaptConfig(BaseModel):
     def pool_as_data(self) -> bool:
         """Retrieved neighbours serve as pseudo-labelled training data (a retrieval method with a data weight)."""
         return self.uses_retrieval and self.pool_data_weight > 0
+
+    @property
+    def pool_labels_as_data(self) -> bool:
+        """Retrieved neighbours that carry a pool label serve as labelled training data."""
+        return self.uses_retrieval and self.pool_label_weight > 0
+
+    @property
+    def in_family(self) -> bool:
+        """The T3AR family (bank, filtered pseudo-labels, InfoNCE): the options above apply to it only."""
+        return self.method in FAMILY
 
     @property
     def uses_retrieval(self) -> bool:

@@ -45,10 +45,11 @@ from t3ar.method.bank import MemoryBank
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
 from t3ar.method.config import AdaptConfig
 from t3ar.method.pool_data import PoolData, same_class_pool_entries, select_pool_data
+from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights
 from t3ar.method.retrieval import dedup_sample
 from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.views import Views
-from t3ar.models.classifier import Classifier, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
+from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
 
 __all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "joint_enabled",
            "nograd_precision", "step_views"]
@@ -72,6 +73,7 @@ class ContrastiveState:
     pool_allowed: torch.Tensor | None = None  # [P] bool: may serve as data (None = all)
     pool_labels: torch.Tensor | None = None  # [P] true labels (-1 unknown): diagnostics / the oracle arm only
     pool_oracle: bool = False
+    pool_known: torch.Tensor | None = None  # [P] pool labels as model classes (-1 = none): data and negatives
 
     @classmethod
     @torch.no_grad()
@@ -88,6 +90,8 @@ class ContrastiveState:
         was_training = model.training
         model.train()
         freeze_frozen_norms(model)
+        if config.bn_fixed:
+            eval_norms(model)
         init = torch.randperm(n, generator=gen)[: min(config.bank_size, n)]
         with frozen_norm_stats(model):
             for chunk in _chunks(init, min(config.batch_size, n)):
@@ -103,7 +107,8 @@ class ContrastiveState:
         return cls(bank, id_pl, lab, config, shape_bucket, joint_enabled(config, device), pool_pl,
                    setup.pool_allowed if setup is not None else None,
                    setup.pool_labels.to(device) if (setup is not None and setup.pool_labels is not None) else None,
-                   bool(setup and setup.pool_oracle))
+                   bool(setup and setup.pool_oracle),
+                   setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None)
 
     def _forwards(self, model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int, n_pool: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
@@ -184,7 +189,10 @@ class ContrastiveState:
                 self.pool_pl[local_dev] = torch.where(pool_counts > 0, pool_mean.argmax(1), self.pool_pl[local_dev])
                 if cfg.false_negatives != "keep":
                     pool_ids = torch.where(live.from_pool & live.valid, live.ids, 0)
-                    bank_pool_labels = torch.where(live.from_pool, self.pool_pl[pool_ids], -1)
+                    # a pool label, where an item has one, says its class better than its pseudo-label
+                    pool_cls = (self.pool_pl if self.pool_known is None
+                                else torch.where(self.pool_known >= 0, self.pool_known, self.pool_pl))
+                    bank_pool_labels = torch.where(live.from_pool, pool_cls[pool_ids], -1)
                     fn = same_class_pool_entries(live.from_pool & live.valid, bank_pool_labels, y)
                     out["false_negatives"] = (neg & fn).sum(1).float().mean()
                     neg = neg & ~fn
@@ -213,6 +221,19 @@ class ContrastiveState:
             loss_pool = F.cross_entropy(logits_pool.float(), data.labels)
             loss = loss + cfg.pool_data_weight * loss_pool
             out["loss_pool_data"] = loss_pool.detach()
+        if sv.label_rows is not None and self.pool_known is not None:
+            out["pool_label_count"] = torch.tensor(float(len(sv.label_rows)), device=dev)
+            if len(sv.label_rows) and sv.label_weak is not None:
+                # labelled neighbours as data: their weak views against their pool labels, normalised like the
+                # pseudo-labelled ones (never counted into the running statistics)
+                with norms_for_pool_data(model, cfg.pool_data_norm):
+                    logits_lab = model(sv.label_weak)
+                y_lab = self.pool_known[sv.label_rows.to(dev)]
+                per_row = F.cross_entropy(logits_lab.float(), y_lab, reduction="none")
+                w = balance_weights(y_lab) if cfg.pool_label_balance else torch.ones_like(per_row)
+                loss_lab = (per_row * w).mean()
+                loss = loss + cfg.pool_label_weight * loss_lab
+                out["loss_pool_labels"] = loss_lab.detach()
         out["loss_ce"], out["loss_contrastive"] = loss_ce.detach(), loss_con.detach()
         return StepOut(loss, out, y)
 
@@ -250,6 +271,8 @@ class StepViews:
     nbr: torch.Tensor | None  # [B, k] the batch's neighbours, local pool indices on the CPU (-1 = none)
     pool_local: torch.Tensor | None  # [P] the distinct neighbours, in the order of ``strong``'s rows after B
     pool_weak: torch.Tensor | None = None  # [P, 3, S, S] weak views of the distinct neighbours (neighbours as data)
+    label_rows: torch.Tensor | None = None  # [L] local pool indices of the step's labelled data items (CPU)
+    label_weak: torch.Tensor | None = None  # [L, 3, S, S] their weak views
 
 
 @torch.no_grad()
@@ -283,7 +306,15 @@ class T3AR(MethodStep):
         self.k, self.diagnostics = setup.config.k, setup.diagnostics
         self.draws = stream(setup.config.seed, 3)
         self.pool_weak = stream(setup.config.seed, 6) if setup.config.pool_as_data else None
-        self.used = torch.zeros(len(self.pool_images) if self.pool_images is not None else 0, dtype=torch.bool)
+        n_pool = len(self.pool_images) if self.pool_images is not None else 0
+        self.used = torch.zeros(n_pool, dtype=torch.bool)
+        self.label_draw = None
+        if setup.config.pool_labels_as_data and setup.pool_known is not None:
+            mode: LabelDrawMode = setup.pool_label_draw  # type: ignore[assignment]  # checked by LabelDraw
+            self.label_draw = LabelDraw(mode, setup.pool_known, setup.config.pool_label_cap,
+                                        stream(setup.config.seed, 7))
+            self.label_views = stream(setup.config.seed, 8)
+        self.served = torch.zeros(n_pool, dtype=torch.long)
 
     @classmethod
     def create(cls, model: Classifier, setup: MethodSetup) -> T3AR:
@@ -297,17 +328,35 @@ class T3AR(MethodStep):
             nbr: torch.Tensor | None = dedup_sample(self.candidates[idx], self.k, self.draws)
         else:
             nbr = self.neighbours[idx] if self.neighbours is not None else None
-        return step_views(x, nbr, self.pool_images, self.views, pool_weak=self.pool_weak)
+        sv = step_views(x, nbr, self.pool_images, self.views, pool_weak=self.pool_weak)
+        if self.label_draw is not None and self.pool_images is not None:
+            rows = self.label_draw(sv.pool_local)
+            sv.label_rows = rows
+            if len(rows):
+                imgs = self.pool_images[rows.to(self.pool_images.device)].to(x.device)
+                sv.label_weak = self.views.weak_with(imgs, self.label_views)
+        return sv
 
     def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: StepViews) -> StepOut:
         out = self.state.step(model, ids.to(self.device), prepared, diagnostics=self.diagnostics)
         nbr = prepared.nbr
         if nbr is not None:
             self.used[nbr[nbr >= 0]] = True
+        if prepared.label_rows is not None and len(prepared.label_rows):
+            self.used[prepared.label_rows] = True
+            self.served[prepared.label_rows] += 1
         return out
 
     def pool_used(self) -> list[int]:
         return self.used.nonzero().flatten().tolist()
+
+    def pool_labelled(self) -> dict[int, int]:
+        rows = self.served.nonzero().flatten()
+        return {int(i): int(self.served[i]) for i in rows}
+
+    def final_labels(self) -> torch.Tensor | None:
+        st = self.state
+        return (st.labels if st.labels is not None else st.id_pl).detach().clone()
 
 
 def joint_enabled(config: AdaptConfig, device: torch.device) -> bool:

@@ -7,7 +7,7 @@ retrieved images are InfoNCE negatives only, k = 5 drawn from the top 25. ``vali
 ``t3ar bench adapt`` froze on its validation shift (``docs/benchmarks/adaptation-cpu.json``, ``selection.validated``;
 a unit test keeps the two equal). The services and the CLI give a T3AR-family job that names none
 :data:`DEFAULT_PRESET`: the validated configuration where it beat the paper-faithful one on validation, else the
-paper's. The retriever R the benchmark chose is the pool's, not a job option (the README says which).
+paper's. The retriever R the benchmark chose is the pool's, not a job option (docs/benchmarks.md says which).
 
 Pure data, no torch: the services validate configs with it.
 """

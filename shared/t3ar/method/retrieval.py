@@ -63,3 +63,7 @@ class NeighbourProvider(Protocol):
     def sources(self, ids: Sequence[str]) -> list[str]:
         """The source of each of these pool ids (what ``AdaptConfig.pool_data_sources`` names)."""
         ...
+
+    def labels(self, ids: Sequence[str]) -> list[str | None]:
+        """The pool label of each of these pool ids (None = unlabelled): what labelled neighbours train with."""
+        ...

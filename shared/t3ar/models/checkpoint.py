@@ -8,6 +8,10 @@ code)::
      "adapt_config": the frozen AdaptConfig used (or None for a source model),
      "lineage": Lineage (base model hash, target hash, retrieved pool ids, retriever identity),
      "metrics": {...}, "state_dict": {...}}
+
+The same payload may come as a safetensors file (``t3ar export --format safetensors``,
+:mod:`t3ar.models.safetensors_io`): :func:`read_info` and :func:`load_checkpoint` take either, told apart by
+their first bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from t3ar.errors import CheckpointError
 from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
+from t3ar.models.safetensors_io import is_safetensors, payload_from_safetensors
 
 FORMAT = "t3ar.checkpoint"
 VERSION = 1
@@ -77,8 +82,12 @@ def save_checkpoint(
     }
     buf = io.BytesIO()
     torch.save(payload, buf)
-    data = buf.getvalue()
-    path = Path(path)
+    return write_atomic(Path(path), buf.getvalue())
+
+
+def write_atomic(path: Path, data: bytes) -> str:
+    """Write ``data`` to ``path`` all or nothing (temp file in the same folder, fsync, rename); mode 0644.
+    Returns the sha256 of ``data``. An earlier file at ``path`` is replaced only once the new one is whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -94,17 +103,23 @@ def save_checkpoint(
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_payload(path: Path) -> tuple[dict[str, Any], str]:
+def read_payload(path: Path) -> tuple[dict[str, Any], str]:
+    """The checkpoint's dict (``format``, ``version``, ``spec``, ``lineage``, ``adapt_config``, ``metrics``,
+    ``state_dict``) from a ``.pt`` file or a t3ar safetensors file, and the file's sha256. Reading runs no code
+    (``weights_only`` / safetensors). Raises CheckpointError for anything else."""
     if not Path(path).is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     data = Path(path).read_bytes()
-    try:
-        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle / zip errors come in many types
-        raise CheckpointError(
-            f"{path} is not a t3ar checkpoint (cannot be read safely: {type(exc).__name__}); "
-            "create one with `t3ar train-source` or `t3ar adapt`"
-        ) from exc
+    if is_safetensors(data):
+        payload: Any = payload_from_safetensors(data, str(path))
+    else:
+        try:
+            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:  # pickle / zip errors come in many types
+            raise CheckpointError(
+                f"{path} is not a t3ar checkpoint (cannot be read safely: {type(exc).__name__}); "
+                "create one with `t3ar train-source` or `t3ar adapt`"
+            ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a t3ar checkpoint (no '{FORMAT}' header)")
     if payload.get("version") != VERSION:
@@ -112,9 +127,8 @@ def _read_payload(path: Path) -> tuple[dict[str, Any], str]:
     return payload, hashlib.sha256(data).hexdigest()
 
 
-def read_info(path: Path) -> CheckpointInfo:
-    """Read and validate everything but the weights (cheap enough for API upload validation)."""
-    payload, sha = _read_payload(path)
+def info_from_payload(payload: dict[str, Any], sha: str, path: Path) -> CheckpointInfo:
+    """The validated metadata of a :func:`read_payload` dict (CheckpointError when malformed)."""
     try:
         spec = ModelSpec.model_validate(payload["spec"])
         lineage = Lineage.model_validate(payload.get("lineage") or {})
@@ -125,6 +139,11 @@ def read_info(path: Path) -> CheckpointInfo:
     return CheckpointInfo(spec, payload.get("adapt_config"), lineage, dict(payload.get("metrics") or {}), sha)
 
 
+def read_info(path: Path) -> CheckpointInfo:
+    """Read and validate everything but the weights (cheap enough for API upload validation)."""
+    return info_from_payload(*read_payload(path), path)
+
+
 def load_checkpoint(
     path: Path, *, expect: ModelSpec | None = None, device: torch.device | str = "cpu"
 ) -> tuple[Classifier, CheckpointInfo]:
@@ -133,10 +152,16 @@ def load_checkpoint(
     ``expect``: when given, the checkpoint must have the same architecture and class list, else a
     CheckpointError says what differs.
     """
-    payload, _ = _read_payload(path)
-    info = read_info(path)
+    payload, sha = read_payload(path)
+    info = info_from_payload(payload, sha, path)
     if expect is not None:
         check_compatible(info.spec, expect, what=str(path))
+    return classifier_from_payload(payload, info, path).to(device), info
+
+
+def classifier_from_payload(payload: dict[str, Any], info: CheckpointInfo, path: Path) -> Classifier:
+    """The classifier a :func:`read_payload` dict describes, its weights loaded (on the CPU, in train mode as
+    built). CheckpointError when the weights do not fit the declared architecture."""
     model = build_classifier(info.spec.model_copy(update={"backbone": info.spec.backbone.without_weights()}))
     try:
         model.load_state_dict(payload["state_dict"], strict=True)
@@ -145,7 +170,7 @@ def load_checkpoint(
             f"{path}: weights do not fit its declared architecture {info.spec.arch_signature()}: "
             f"{str(exc).splitlines()[0]}"
         ) from exc
-    return model.to(device), info
+    return model
 
 
 def check_compatible(found: ModelSpec, expected: ModelSpec, *, what: str = "checkpoint") -> None:

@@ -139,6 +139,13 @@ def freeze_frozen_norms(model: nn.Module) -> None:
                 m.eval()
 
 
+def eval_norms(model: nn.Module) -> None:
+    """Put every BatchNorm layer in eval mode: it normalises with its running statistics and keeps them
+    (``AdaptConfig.bn_fixed``). Call after ``model.train()``."""
+    for m in iter_batchnorms(model):
+        m.eval()
+
+
 def iter_batchnorms(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):

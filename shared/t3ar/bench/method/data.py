@@ -22,6 +22,7 @@ from PIL import Image
 
 from t3ar.data.datasets import load_tensors, read_labelled, read_unlabelled
 from t3ar.data.images import open_image
+from t3ar.datakit.archive import build_archive
 from t3ar.datakit.emoji import DEFAULT_STYLES, build_emoji
 from t3ar.datakit.pool import build_pool
 from t3ar.embedder import Embedder
@@ -47,10 +48,12 @@ class Kits:
     pool: Path
     emoji_request: dict[str, Any]
     seconds: float
+    archive: Path | None = None  # the labelled emoji archive (``work/archive``), when asked for
 
 
-def build_kits(work: Path, cache: Path) -> Kits:
-    """Build (or reuse) the emoji kit (5 styles, subcategory labels) and the clipart pool kit under ``work``."""
+def build_kits(work: Path, cache: Path, archive_styles: Sequence[str] = ()) -> Kits:
+    """Build (or reuse) the emoji kit (5 styles, subcategory labels) and the clipart pool kit under ``work``, and
+    the labelled emoji archive of ``archive_styles`` (labelled with the kit's classes) when any are given."""
     t0 = time.perf_counter()
     bars = sys.stderr.isatty()
     emoji = build_emoji(work / "emoji", cache=cache, styles=DEFAULT_STYLES, label="subcategory", size=KIT_SIZE,
@@ -59,7 +62,12 @@ def build_kits(work: Path, cache: Path) -> Kits:
     log.info("data kits: %d emoji x %d styles, %d classes; pool %d images", emoji.n_emoji, len(emoji.styles),
              emoji.n_classes, pool.total)
     request = json.loads((work / "emoji" / "manifest.json").read_text())["request"]
-    return Kits(work / "emoji", work / "pool", request, time.perf_counter() - t0)
+    archive = None
+    if archive_styles:
+        archive = work / "archive"
+        build_archive(archive, cache=cache, styles=archive_styles, classes=emoji.classes, label="subcategory",
+                      size=KIT_SIZE, progress=bars)
+    return Kits(work / "emoji", work / "pool", request, time.perf_counter() - t0, archive)
 
 
 @dataclass
@@ -85,7 +93,8 @@ def load_style(emoji_dir: Path, style: str, size: int) -> StyleSet:
 
 @dataclass
 class Component:
-    """One source of pool images. Ids are ``<name>/<file stem>``; emoji components know their labels."""
+    """One source of pool images. Ids are ``<name>/<file stem>``; emoji components (kit and archive styles) know
+    their labels; a component's name is its style's (:func:`t3ar.datakit.archive.family_of` gives its family)."""
 
     name: str
     ids: list[str]
@@ -94,14 +103,22 @@ class Component:
     items: list[str] | None = None  # emoji code per item
 
 
-def pool_components(kits: Kits, styles: Sequence[str], cap: int | None, seed: int = 0) -> dict[str, Component]:
-    """The clipart sources and the given emoji styles as pool components (each capped to ``cap`` items)."""
+def pool_components(kits: Kits, styles: Sequence[str], cap: int | None, seed: int = 0,
+                    archive_styles: Sequence[str] = ()) -> dict[str, Component]:
+    """The clipart sources (unlabelled), the given emoji kit styles and the given archive styles (labelled: their
+    folder names) as pool components, each capped to ``cap`` items. Which of them enter a shift's pool is
+    :func:`t3ar.bench.method.labelled_pool.pool_names`' choice. Archive styles need ``kits.archive``."""
+    if archive_styles and kits.archive is None:
+        raise ValueError("archive styles asked for, but the kits were built without the archive")
     out: dict[str, Component] = {}
     for name in POOL_SOURCES:
         ds = read_unlabelled(kits.pool / name)
         out[name] = Component(name, [f"{name}/{Path(i).stem}" for i in ds.ids], list(ds.paths))
-    for style in styles:
-        ds = read_labelled(kits.emoji / style)
+    folders = [(s, kits.emoji / s) for s in styles] + [(s, kits.archive / s) for s in archive_styles if kits.archive]
+    for style, folder in folders:
+        if style in out:
+            raise ValueError(f"pool component {style!r} given twice")
+        ds = read_labelled(folder)
         assert ds.labels is not None and ds.classes is not None
         codes = [Path(i).stem for i in ds.ids]
         out[style] = Component(style, [f"{style}/{c}" for c in codes], list(ds.paths),

@@ -152,7 +152,7 @@ class OracleProvider:
     that tells whether false negatives are what hurts. Never a product option."""
 
     def __init__(self, base: BenchPool, side: Mapping[str, tuple[str, str]], query_labels: Sequence[str]) -> None:
-        self.base, self.side, self.labels = base, side, list(query_labels)
+        self.base, self.side, self.query_labels = base, side, list(query_labels)
 
     @property
     def identity(self) -> str:
@@ -167,7 +167,7 @@ class OracleProvider:
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         scores, ids = self.base.search(queries, k)
         out = [[pid if self.side.get(pid, ("", ""))[0] != lab else "" for pid in row]
-               for row, lab in zip(ids, self.labels, strict=True)]
+               for row, lab in zip(ids, self.query_labels, strict=True)]
         return scores, out
 
     def all_ids(self) -> list[str]:
@@ -178,6 +178,9 @@ class OracleProvider:
 
     def sources(self, ids: Sequence[str]) -> list[str]:
         return self.base.sources(ids)
+
+    def labels(self, ids: Sequence[str]) -> list[str | None]:
+        return self.base.labels(ids)
 
 
 def _curves(history: Sequence[StepStats]) -> list[dict[str, float]]:

@@ -21,6 +21,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 BACKEND_NAMES = ("faiss", "milvus")
+SERVER_KEY = "milvus-server"  # backends[SERVER_KEY]: the last real server measured, kept by later runs
 NO_SERVER = "no Milvus server was given (`t3ar bench retrieval --milvus-uri http://HOST:19530`)"
 
 
@@ -146,9 +147,6 @@ def backends_markdown(b: dict[str, Any], *, title: str | None = None) -> list[st
     side = [b[name] for name in names]
     zero = all(x["deleted_returned_after_2xx"] == 0 for x in side)
 
-    def row(label: str, cell: Any) -> str:
-        return f"| {label} | " + " | ".join(cell(x) for x in side) + " |"
-
     why = (b.get("milvus_server") or {}).get("skipped", NO_SERVER)
     server = "" if "milvus_server" in names else f" A Milvus server was not measured in this run: {why}."
     return [
@@ -161,18 +159,74 @@ def backends_markdown(b: dict[str, Any], *, title: str | None = None) -> list[st
         "truth), then measured over HTTP alternately. Deletes: `DELETE /pool/{id}` of a vector, then a search for "
         "that vector itself." + server,
         "",
-        "| | " + " | ".join(cols) + " |",
-        "|---|" + "---|" * len(cols),
-        row("service start (empty pool)", lambda x: f"{x['start_s']:.1f} s"),
-        row("ingest, vectors/s", lambda x: f"{x['ingest_vectors_per_s']:,.0f}"),
-        row(f"search QPS, batches of {b['batch']}", lambda x: f"{x['qps']:,.0f}"),
-        row("one query, p50 / p99", lambda x: f"{x['single']['p50_ms']:.1f} / {x['single']['p99_ms']:.1f} ms"),
-        row(f"`DELETE`, p50 / p99 (n = {side[0]['delete']['n']})",
-            lambda x: f"{x['delete']['p50_ms']:.1f} / {x['delete']['p99_ms']:.1f} ms"),
-        row("deleted ids returned after the 2xx (goal 0)", lambda x: f"{x['deleted_returned_after_2xx']}"),
+        *_table(cols, side, b["batch"]),
         "",
         f"Goal (deleted ids returned = 0 on all): {'met' if zero else '**missed**'}. Top-1 ids of faiss and "
         f"milvus-lite agree on {b['same_top1_share']:.1%} of the batch queries (exact searches; ties may order "
         "differently).",
+        "",
+    ]
+
+
+def _table(cols: list[str], side: list[dict[str, Any]], batch: int) -> list[str]:
+    """The figures of the backends ``side`` (one column each, headed ``cols``) as a markdown table."""
+
+    def row(label: str, cell: Any) -> str:
+        return f"| {label} | " + " | ".join(cell(x) for x in side) + " |"
+
+    return [
+        "| | " + " | ".join(cols) + " |",
+        "|---|" + "---|" * len(cols),
+        row("service start (empty pool)", lambda x: f"{x['start_s']:.1f} s"),
+        row("ingest, vectors/s", lambda x: f"{x['ingest_vectors_per_s']:,.0f}"),
+        row(f"search QPS, batches of {batch}", lambda x: f"{x['qps']:,.0f}"),
+        row("one query, p50 / p99", lambda x: f"{x['single']['p50_ms']:.1f} / {x['single']['p99_ms']:.1f} ms"),
+        row(f"`DELETE`, p50 / p99 (n = {side[0]['delete']['n']})",
+            lambda x: f"{x['delete']['p50_ms']:.1f} / {x['delete']['p99_ms']:.1f} ms"),
+        row("deleted ids returned after the 2xx (goal 0)", lambda x: f"{x['deleted_returned_after_2xx']}"),
+    ]
+
+
+def server_column(b: dict[str, Any], **context: Any) -> dict[str, Any] | None:
+    """The real Milvus server's column of a backends section ``b`` with its size, the server's version and
+    ``context`` (when and how it was measured), or None when ``b`` measured no server."""
+    column = b.get("milvus_server")
+    if not isinstance(column, dict) or "qps" not in column:
+        return None
+    return {**column, "vectors": b.get("vectors"), "batch": b.get("batch"),
+            "milvus_server_version": b.get("milvus_server_version"), **context}
+
+
+def keep_server_column(b: dict[str, Any], previous: dict[str, Any], *, measured_at: str, command: str) -> None:
+    """Set ``b[SERVER_KEY]``, the last real Milvus server measured: this section's own when it measured one
+    (stamped with ``measured_at`` and ``command``), else the one ``previous`` (the results this run replaces)
+    held, in its ``backends`` or in a ``--only backends`` run's ``backends_separate``, marked carried over. A
+    run given no ``--milvus-uri`` so never drops the server's figures."""
+    own = server_column(b, measured_at=measured_at, command=command, carried_over=False)
+    if own:
+        b[SERVER_KEY] = own
+        return
+    old = (previous.get("backends") or {}).get(SERVER_KEY)
+    if not old:
+        sep = previous.get("backends_separate") or {}
+        old = server_column(sep, measured_at=sep.get("measured_at"), command=sep.get("command"),
+                            load_average_start=sep.get("load_average_start"))
+    if old:
+        b[SERVER_KEY] = {**old, "carried_over": True}
+
+
+def server_markdown(column: dict[str, Any]) -> list[str]:
+    """retrieval.md's lines for a real server's column measured apart from the run around it."""
+    version = column.get("milvus_server_version") or ""
+    note = f" {column['note']}" if column.get("note") else ""
+    return [
+        "### The last real Milvus server measured (not in this run)",
+        "",
+        *_table([f"Milvus server {version}".strip()], [column], column.get("batch") or 256),
+        "",
+        f"Measured on {column.get('measured_at') or 'an unknown date'} by `{column.get('command') or '?'}` "
+        f"({column.get('vectors') or 0:,} vectors), apart from the table above: compare it with the columns "
+        f"measured beside it, not with these.{note} Kept as `backends[\"{SERVER_KEY}\"]` in retrieval.json until a "
+        "run measures a server again.",
         "",
     ]

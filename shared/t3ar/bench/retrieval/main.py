@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from t3ar.bench.retrieval.ann import bench_ann
+from t3ar.bench.retrieval.backends import SERVER_KEY, keep_server_column, server_column
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.ports import free_port
 
@@ -341,7 +342,11 @@ def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | Non
         section = _backends_section(work, n, quick, milvus_uri)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    results["backends_separate"] = {**section, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick,
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    column = server_column(section, measured_at=stamp, command=command, load_average_start=load, carried_over=True)
+    if column:  # the full run's table keeps the newest server column (measured apart from it: carried over)
+        results["backends"][SERVER_KEY] = column
+    results["backends_separate"] = {**section, "measured_at": stamp, "quick": quick,
                                     "command": command, "load_average_start": load,
                                     "load_average_end": os.getloadavg(), "wall_seconds": time.time() - t0}
     previous.write_text(json.dumps(results, indent=2, sort_keys=True))
@@ -442,6 +447,11 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int
             keep_device_figure(out_dir / "retrieval.json", results["ann"])
             keep_real_structure(out_dir / "retrieval.json", results["ann"], results["started_at"])
         results["backends"] = _backends_section(work, sizes["backends_n"], quick, milvus_uri)
+        command = "t3ar bench retrieval" + (" --quick" if quick else "") + \
+            (f" --backends-vectors {backends_vectors}" if backends_vectors else "") + \
+            (" --milvus-uri URI" if milvus_uri else "")
+        keep_server_column(results["backends"], _previous_run(out_dir / "retrieval.json"),
+                           measured_at=results["started_at"], command=command)
         results["wall_seconds"] = time.time() - t0
         results["load_average_end"] = os.getloadavg()
     finally:

@@ -66,13 +66,18 @@ def _backends(r: dict[str, Any]) -> list[str]:
     b = r.get("backends")
     if not b:
         return []
-    from t3ar.bench.retrieval.backends import backends_markdown
+    from t3ar.bench.retrieval.backends import SERVER_KEY, backends_markdown, server_column, server_markdown
 
     if "skipped" in b:
         out = ["## Pool backends: faiss vs milvus-lite", "", f"Skipped: {b['skipped']}.", ""]
     else:
         out = backends_markdown(b)
     sep = r.get("backends_separate")
+    kept = b.get(SERVER_KEY)
+    shown = sep and "skipped" not in sep and server_column(sep) and sep.get("measured_at") == (kept or {}).get(
+        "measured_at")  # the separate run's table below shows this very column
+    if kept and kept.get("carried_over") and not shown:
+        out += server_markdown(kept)
     if sep and "skipped" not in sep:
         load = sep["load_average_start"][0]
         out += backends_markdown(sep, title="### The backends measured separately (a Milvus server included)") + [

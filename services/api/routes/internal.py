@@ -12,10 +12,11 @@ else 409; a canceled or failed job (e.g. failed as abandoned while a partitioned
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import WORKER, ApiState, StateDep
@@ -25,11 +26,13 @@ from t3ar_services.api.registry import model_path, require_model
 from t3ar_services.api.store import JobRow
 from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.verify import check_checkpoint, check_result
+from t3ar_services.common.body_limit import body_size
 from t3ar_services.common.errors import AuthError
 from t3ar_services.common.job_contract import JOB_SECRET_HEADER, SHA256_PATTERN, secret_digest
+from t3ar_services.common.json_body import json_body_doc, read_json
 
-_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": s.ErrorBody} for c in (401, 403, 404, 409, 413, 422, 503)}
-router = APIRouter(prefix="/internal", responses=_ERRORS, dependencies=WORKER, tags=["workers"])
+router = APIRouter(prefix="/internal", responses=s.error_responses(401, 403, 404, 409, 413, 422, 503),
+                   dependencies=WORKER, tags=["workers"])
 _OCTET = {"requestBody": {"required": True, "content": {"application/octet-stream": {
     "schema": {"type": "string", "format": "binary"}}}}}
 Sha256 = Annotated[str, Query(pattern=SHA256_PATTERN, description="sha256 of the body (lower-case hex)")]
@@ -81,13 +84,12 @@ def _check_running(state: ApiState, job_id: str) -> None:
         raise ConflictError(f"job {job_id} is {st.status}, not running: its artifacts are not accepted")
 
 
-@router.put("/jobs/{job_id}/checkpoint", response_model=s.CheckpointStored, openapi_extra=_OCTET)
+@router.put("/jobs/{job_id}/checkpoint", response_model=s.CheckpointStored, openapi_extra=_OCTET,
+            dependencies=[body_size("checkpoint")])
 async def put_checkpoint(request: Request, state: StateDep, job_id: str, sha256: Sha256) -> s.CheckpointStored:
     """Store the adapted checkpoint (the raw body, streamed) if it hashes to ``sha256`` and is a t3ar checkpoint
     of this job (its base model, target images and config: 422 ``bad_checkpoint`` otherwise); nothing is stored
     on any 4xx. Idempotent: the same checkpoint again is 200; a finished job's is never replaced (409)."""
-    from starlette.concurrency import run_in_threadpool
-
     row = await run_in_threadpool(require_job_secret, request, state, job_id)
     if await run_in_threadpool(state.artifacts.refuse_if_finished, job_id, sha256, "checkpoint"):
         return s.CheckpointStored(job_id=job_id, sha256=sha256, size=0, stored=False)
@@ -98,19 +100,28 @@ async def put_checkpoint(request: Request, state: StateDep, job_id: str, sha256:
     return s.CheckpointStored(job_id=job_id, sha256=sha256, size=size, stored=True)
 
 
-@router.put("/jobs/{job_id}/result", response_model=s.ResultStored,
-            responses={400: {"model": s.ErrorBody, "description": "unparsable JSON body"}})
-def put_result(request: Request, state: StateDep, job_id: str, body: s.WorkerResult) -> s.ResultStored:
-    """Finish the job: its report and lineage, naming the checkpoint uploaded before (409 when that is missing or
-    differs; 422, with nothing written, when the lineage is not the one inside that checkpoint or the report
-    holds what JSON cannot answer with). The lineage is indexed at once (``GET /pool/{id}/lineage``)."""
-    row = require_job_secret(request, state, job_id)
+@router.put("/jobs/{job_id}/result", response_model=s.ResultStored, dependencies=[body_size("result")],
+            openapi_extra=json_body_doc(s.WorkerResult))
+async def put_result(request: Request, state: StateDep, job_id: str) -> s.ResultStored:
+    """Finish the job: its report and lineage (a :class:`~t3ar_services.api.schemas.WorkerResult`), naming the
+    checkpoint uploaded before (409 when that is missing or differs; 422, with nothing written, when the lineage
+    is not the one inside that checkpoint or the report holds what JSON cannot answer with). The job's secret is
+    checked before the body is read (bounded by ``T3AR_API_MAX_RESULT_BYTES``). The lineage is indexed at once
+    (``GET /pool/{id}/lineage``)."""
+    row = await run_in_threadpool(require_job_secret, request, state, job_id)
+    body = await read_json(request, s.WorkerResult)
+    return await run_in_threadpool(_store_result, state, row, body)
+
+
+def _store_result(state: ApiState, row: JobRow, body: s.WorkerResult) -> s.ResultStored:
+    job_id = row.id
     sha = body.lineage.checkpoint_sha256
     if not state.artifacts.refuse_if_finished(job_id, sha, "result"):
         _check_running(state, job_id)
     lineage = {**body.lineage.model_dump(mode="json"), "job_id": job_id}
-    stored = state.artifacts.put_result(job_id, body.report, lineage,
-                                        verify=lambda path: check_result(path, row, lineage, body.report))
+    report = body.report.model_dump(mode="json")
+    stored = state.artifacts.put_result(job_id, report, lineage,
+                                        verify=lambda path: check_result(path, row, lineage, report))
     if stored:
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
                                   checkpoint_sha256=sha)

@@ -1,0 +1,241 @@
+"""Jobs: submit (validated before enqueueing), readapt, cancel, list, describe, and a finished job's report and
+checkpoint. Blocking work (extraction, image decoding, Redis): callers run these off the event loop (FastAPI's
+thread pool for sync routes, ``run_in_threadpool`` in the console)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pydantic import ValidationError
+
+from t3ar.errors import InvalidInputError, T3arError
+from t3ar.jobsize import kept_images
+from t3ar_services.api import schemas as s
+from t3ar_services.api.deps import ApiState
+from t3ar_services.api.domain import Links
+from t3ar_services.api.errors import ConflictError, NotFoundError, classify
+from t3ar_services.api.jobs import JobState, artifact, require_job
+from t3ar_services.api.registry import require_model
+from t3ar_services.api.store import JobRow
+from t3ar_services.api.transfer import target_tar
+from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
+from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, JobReport, new_job_secret
+from t3ar_services.common.text import readable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetUpload:
+    """A submission: the target archive (a readable binary stream and the name the client gave it), the base
+    model, the ``config`` form field as sent (a JSON object of AdaptConfig fields) and the two switches."""
+
+    archive: BinaryIO
+    filename: str | None
+    model_id: str
+    config: str = "{}"
+    skip_bad_images: bool = False
+    contribute: bool = False
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An enqueued job: its record, what was skipped on the way, and whether its target joins the pool."""
+
+    row: JobRow
+    warnings: list[str] = field(default_factory=list)
+    contribute: bool = False
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _check_pool(state: ApiState, config: Any) -> None:
+    """Retrieval methods need at least k pool items; say so now rather than fail in the worker."""
+    if not config.uses_retrieval:
+        return
+    count = int(state.retriever.stats()["count"])
+    if count < config.k:
+        raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves k={config.k} per "
+                                "image: ingest more (t3ar pool ingest) or lower k")
+
+
+def _check_size(state: ApiState, config: Any, n_kept: int, model_id: str) -> None:
+    """The operator's per-job caps (steps, memory), with the base model's input size and head (its bottleneck
+    width is in its architecture signature, ``...|bottleneck=256|...``)."""
+    model = require_model(state.store, state.settings, model_id)
+    found = re.search(r"\|bottleneck=(\d+)\|", model.arch)
+    check_job_size(state.settings, config, n_kept, model.image_size, int(found.group(1)) if found else None,
+                   len(model.classes))
+
+
+def _enqueue(state: ApiState, row: JobRow, secret: str) -> None:
+    model = require_model(state.store, state.settings, row.model_id)
+    state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir), secret)
+    state.metrics.jobs_submitted.labels(str(row.config.get("method")), "readapt" if row.parent_id else "adapt").inc()
+
+
+def submit(state: ApiState, upload: TargetUpload) -> Accepted:
+    """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
+    pool large enough) and enqueue an adaptation job. Nothing is enqueued, and nothing stays on disk, when any
+    check fails (a :class:`~t3ar.errors.T3arError`, counted as a rejected upload)."""
+    settings = state.settings
+    job_id = uuid.uuid4().hex
+    job_dir = settings.data_dir / "jobs" / job_id
+    try:
+        model = require_model(state.store, settings, upload.model_id)
+        given, cfg = parse_config(upload.config)
+        archive = job_dir / "upload"
+        save_upload(upload.archive, archive, settings.max_upload_bytes, "the target archive",
+                    "T3AR_API_MAX_UPLOAD_BYTES")
+        prepared, cfg = prepare_target(archive, job_dir, settings, model.classes, given, cfg,
+                                       skip_bad_images=upload.skip_bad_images,
+                                       sent=sent_name(upload.filename, "archive"))
+        archive.unlink()
+        _check_size(state, cfg, prepared.n_kept, model.id)
+        _check_pool(state, cfg)
+        secret, digest = new_job_secret()
+        row = JobRow(id=job_id, model_id=model.id, parent_id=None, created_at=_now(), config=cfg.model_dump(),
+                     target_dir=prepared.target_dir.relative_to(settings.data_dir).as_posix(),
+                     n_images=prepared.n_images, labelled=prepared.labelled, skipped=len(prepared.skipped),
+                     secret_sha256=digest)
+        state.store.add_job(row)
+        if upload.contribute:
+            state.contributor.records.request(job_id)  # before enqueueing: a quick job finds it
+        try:
+            _enqueue(state, row, secret)
+        except BaseException:
+            state.contributor.records.forget(job_id)
+            state.store.delete_job(job_id)
+            raise
+        return Accepted(row, [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]], upload.contribute)
+    except T3arError as e:
+        state.metrics.uploads_rejected.labels(classify(e)[1]).inc()
+        discard(job_dir)
+        raise
+    except BaseException:
+        discard(job_dir)
+        raise
+
+
+def readapt(state: ApiState, job_id: str) -> Accepted:
+    """Re-run a job with the same base model, target and config against the *current* pool (so without withdrawn
+    items); the new job records ``parent_id``. 409 when the target is no longer stored."""
+    from t3ar.method.config import AdaptConfig
+
+    orig = require_job(state.store, job_id)
+    require_model(state.store, state.settings, orig.model_id)
+    if not (state.settings.data_dir / orig.target_dir).is_dir():
+        raise ConflictError(f"the target images of job {job_id} are no longer stored; submit them again")
+    cfg = AdaptConfig.model_validate(orig.config)
+    _check_size(state, cfg, kept_images(orig.n_images, cfg.fraction), orig.model_id)  # the caps may have changed
+    _check_pool(state, cfg)
+    secret, digest = new_job_secret()
+    row = JobRow(id=uuid.uuid4().hex, model_id=orig.model_id, parent_id=orig.id, created_at=_now(),
+                 config=orig.config, target_dir=orig.target_dir, n_images=orig.n_images, labelled=orig.labelled,
+                 skipped=orig.skipped, secret_sha256=digest)
+    state.store.add_job(row)
+    try:
+        _enqueue(state, row, secret)
+    except BaseException:
+        state.store.delete_job(row.id)
+        raise
+    return Accepted(row)
+
+
+def cancel(state: ApiState, job_id: str) -> str:
+    """``canceled`` (a queued job, at once) or ``canceling`` (a running one stops at its next step)."""
+    return state.jobs.cancel(require_job(state.store, job_id))
+
+
+def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobOut:
+    finished = st.status == "finished"
+    return s.JobOut(
+        id=row.id, url=links("get_job", row.id), status=st.status,  # type: ignore[arg-type]
+        model_id=row.model_id, parent_id=row.parent_id, created_at=row.created_at,
+        enqueued_at=st.enqueued_at, started_at=st.started_at, ended_at=st.ended_at, queue_position=st.position,
+        worker=st.worker, config=row.config,
+        target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
+        progress=s.Progress.model_validate(st.progress) if st.progress else None, error=st.error, result=st.result,
+        checkpoint_url=links("get_checkpoint", row.id) if finished else None,
+        report_url=links("get_report", row.id) if finished else None,
+        exports=exports_view(state, links, row.id) if finished else {},
+        contribution=s.Contribution(**state.contributor.describe(row.id, st.status)),
+        neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
+        if finished else [],
+    )
+
+
+def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:
+    """The serving formats made of the job's checkpoint so far (:mod:`.exports`), by format."""
+    base = links("get_checkpoint", job_id)
+    return {fmt: s.ExportOut(format=e.format, url=f"{base}?format={fmt}", sha256=e.sha256,  # type: ignore[arg-type]
+                             size=e.size, created_at=e.created_at, parity=s.ExportParity.model_validate(e.parity))
+            for fmt, e in state.store.exports_of(job_id).items()}
+
+
+def list_jobs(state: ApiState, links: Links, limit: int = 50, before: str | None = None) -> s.JobList:
+    """Jobs, newest first; the next page starts ``before`` this page's ``next_before``."""
+    rows = state.store.list_jobs(limit=limit, before=before)
+    rq_jobs = state.jobs.fetch_many([r.id for r in rows])
+    out = [job_view(state, links, r, state.jobs.state(r, j)) for r, j in zip(rows, rq_jobs, strict=True)]
+    return s.JobList(jobs=out, total=state.store.count_jobs(), next_before=rows[-1].id if len(rows) == limit else None)
+
+
+def describe(state: ApiState, links: Links, job_id: str) -> s.JobOut:
+    """Status, progress, timings, and the error when failed (404 for an unknown job)."""
+    row = require_job(state.store, job_id)
+    return job_view(state, links, row, state.jobs.state(row))
+
+
+def finished_artifact(state: ApiState, job_id: str, name: str) -> Path:
+    """The path of a finished job's artifact ``name``: 409 while the job is not finished, 404 when missing."""
+    row = require_job(state.store, job_id)
+    st = state.jobs.state(row)
+    if st.status != "finished":
+        raise ConflictError(f"job {job_id} is {st.status}, not finished: no {name} yet"
+                            + (f" ({st.error})" if st.error else ""))
+    path = artifact(state.settings, job_id, name)
+    if not path.is_file():
+        raise NotFoundError(f"job {job_id} finished but its {name} is missing from the artifact store")
+    return path
+
+
+def checkpoint(state: ApiState, job_id: str) -> Path:
+    """The adapted checkpoint's file (t3ar format)."""
+    return finished_artifact(state, job_id, MODEL_FILE)
+
+
+def report(state: ApiState, job_id: str) -> s.ReportOut:
+    """The finished job's report, with its contribution as it stands now (not at finishing) and the earlier
+    contributions its retrieved neighbours came from. A report stored before the report had a version is read
+    for the fields the contract names."""
+    path = finished_artifact(state, job_id, REPORT_FILE)
+    found = readable(json.loads(path.read_text()))  # a report stored before issue 29 may hold NaN
+    extra = {"contribution": state.contributor.describe(job_id, "finished"),
+             "neighbours_from_contributions": state.contributor.neighbours(job_id)}
+    try:
+        return s.ReportOut.model_validate({**found, **extra})
+    except ValidationError:
+        if "version" in found:  # written by a versioned worker, so it was validated on arrival: a damaged file
+            raise ConflictError(f"job {job_id}'s stored report does not fit the job contract") from None
+        log.warning("job %s: a report from before the contract named it; unknown fields left out", job_id)
+        known = {"job_id": job_id} | {k: v for k, v in found.items() if k in JobReport.model_fields}
+        return s.ReportOut.model_validate({**known, **extra})
+
+
+def retrieved(state: ApiState, job_id: str) -> list[str]:
+    """The pool ids a finished job retrieved (its stored lineage); empty when there is none to read."""
+    path = artifact(state.settings, job_id, LINEAGE_FILE)
+    try:
+        return [str(p) for p in json.loads(path.read_text()).get("pool_ids") or []]
+    except (OSError, ValueError):
+        return []

@@ -1,0 +1,113 @@
+"""Adaptation jobs: submit (validated before enqueueing), list, describe, cancel, download, report, readapt
+(:mod:`t3ar_services.api.domain.jobs`).
+
+Blocking work (extraction, image decoding, Redis) runs in sync ``def`` routes, i.e. FastAPI's thread pool.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import FileResponse, JSONResponse
+
+from t3ar_services.api import schemas as s
+from t3ar_services.api.deps import USER, LinksDep, StateDep
+from t3ar_services.api.domain import Links, exports, jobs
+from t3ar_services.common.body_limit import body_size
+from t3ar_services.common.forms import only_fields
+
+# What JSON Schema cannot state about the upload, named in the document: the archive part is one of these
+# archive types (of readable images), and `config` is a JSON object of valid AdaptConfig options.
+ARCHIVE_MEDIA_TYPES = ("application/zip", "application/x-tar", "application/gzip")
+ADAPT_CONFIG_FORMAT = "t3ar-adapt-config"
+
+router = APIRouter(responses=s.error_responses(401, 403, 404, 409, 413, 422, 503), dependencies=USER, tags=["jobs"])
+
+
+def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
+    row = done.row
+    url = links("get_job", row.id)
+    body = s.JobAccepted(id=row.id, url=url, parent_id=row.parent_id, config=row.config,
+                         target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
+                         contribute=done.contribute, warnings=done.warnings)
+    return JSONResponse(body.model_dump(), status_code=202, headers={"Location": url})
+
+
+@router.post("/adapt", status_code=202, response_model=s.JobAccepted,
+              dependencies=[body_size("archive"),
+                            only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
+              responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
+              openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
+                  "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
+def adapt(
+    state: StateDep, links: LinksDep,
+    archive: Annotated[UploadFile, File(description="zip/tar(.gz) of target images; labels.csv (path,label) at "
+                                                    "its root switches to train-time mode")],
+    model_id: Annotated[str, Form(min_length=1, description="a base model id from POST /models")],
+    config: Annotated[str, Form(description="JSON object of AdaptConfig fields, e.g. "
+                                            "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}",
+                                json_schema_extra={"format": ADAPT_CONFIG_FORMAT})] = "{}",
+    skip_bad_images: Annotated[bool, Form(description="drop unreadable files instead of refusing it")] = False,
+    contribute: Annotated[bool, Form(description="once the job finished successfully, add its target images to "
+                                                 "the pool (source target:<job id>; exact and near-duplicates of "
+                                                 "pool items skipped); off by default")] = False,
+) -> JSONResponse:
+    """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
+    pool large enough) and enqueue an adaptation job. Nothing is enqueued when any check fails (4xx).
+    With ``contribute=true`` the target joins the pool once the job finished (never when it fails or is
+    canceled); withdraw it as one unit with ``DELETE /jobs/{id}/contribution`` (admin)."""
+    upload = jobs.TargetUpload(archive.file, archive.filename, model_id, config, skip_bad_images, contribute)
+    return _accepted(links, jobs.submit(state, upload))
+
+
+@router.get("/jobs", response_model=s.JobList)
+def list_jobs(state: StateDep, links: LinksDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+              before: str | None = None) -> s.JobList:
+    """Jobs, newest first. Page with ``before`` = the previous page's ``next_before``."""
+    return jobs.list_jobs(state, links, limit, before)
+
+
+@router.get("/jobs/{job_id}", response_model=s.JobOut)
+def get_job(state: StateDep, links: LinksDep, job_id: str) -> s.JobOut:
+    """Status, progress (epoch, step, losses, pseudo-label change rate), timings, and the error when failed."""
+    return jobs.describe(state, links, job_id)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=s.CancelResponse)
+def cancel_job(state: StateDep, job_id: str) -> s.CancelResponse:
+    """A queued job is canceled at once; a running one stops at its next step (status ``canceling`` until then)."""
+    return s.CancelResponse(id=job_id, status=jobs.cancel(state, job_id))  # type: ignore[arg-type]
+
+
+@router.get("/jobs/{job_id}/checkpoint", response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "headers": {"X-Checksum-Sha256": {"schema": {"type": "string"}, "description":
+                                         "the file's sha256 (an export's; also in the job's `exports`)"}}}})
+def get_checkpoint(state: StateDep, job_id: str, fmt: Annotated[
+        Literal["pt", "onnx", "safetensors"], Query(alias="format", description=(
+            "pt: the t3ar checkpoint (load with t3ar.models.checkpoint.load_checkpoint); onnx: the whole "
+            "classifier, uint8 NHWC RGB images in (preprocessing inside), logits out, classes and lineage in its "
+            "metadata; safetensors: the weights with spec and lineage as header metadata (t3ar loads it too). "
+            "An export is made on its first request (checked for parity on the job's target images), kept, and "
+            "its sha256 recorded in the job's `exports`."))] = "pt") -> FileResponse:
+    """The adapted checkpoint, as it is or exported for serving (``?format=onnx|safetensors``)."""
+    got = exports.download(state, job_id, fmt)
+    headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
+    return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
+
+
+@router.get("/jobs/{job_id}/report", response_model=s.ReportOut, response_model_exclude_unset=True)
+def get_report(state: StateDep, job_id: str) -> s.ReportOut:
+    """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given;
+    ``contribution`` (whether its target joined the pool: added / skipped counts) and
+    ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from). The
+    fields are the report's as stored (a report from before the report had a version has fewer)."""
+    return jobs.report(state, job_id)
+
+
+@router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted)
+def readapt(state: StateDep, links: LinksDep, job_id: str) -> JSONResponse:
+    """Re-run a job with the same base model, target and config against the *current* pool (so without withdrawn
+    items). The new job records ``parent_id``."""
+    return _accepted(links, jobs.readapt(state, job_id))

@@ -1,0 +1,76 @@
+"""The one path by which items leave the pool, whatever asked for it: a single ``DELETE /pool/{id}``, a
+contribution's withdrawal, a compaction.
+
+:meth:`Withdrawer.withdraw` deletes at the retriever with the admin token (once it returns, no search returns
+the ids and their bytes are gone there), records every deleted id in the ``withdrawals`` table with why, tells
+the workers' image caches (the bounded feed of :mod:`t3ar_services.common.withdrawn`), counts the deletes and
+indexes the lineage of newly finished jobs, so the answer's lineage (who used what was removed) is complete.
+What was deleted before a failure half-way is recorded and announced all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from redis import Redis
+
+from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.contrib_store import ContributionStore
+from t3ar_services.api.metrics import ApiMetrics
+from t3ar_services.common import withdrawn
+
+log = logging.getLogger(__name__)
+
+DELETE_CHUNK = 10_000  # ids per POST /pool/delete
+
+
+class Withdrawer:
+    def __init__(self, records: ContributionStore, admin: Callable[[], RetrieverClient], redis: Redis,
+                 metrics: ApiMetrics, sync_lineage: Callable[[], object]) -> None:
+        self.records = records
+        self.admin = admin  # the API's admin retriever client, looked up at each use
+        self.redis = redis
+        self.metrics = metrics
+        self.sync_lineage = sync_lineage
+
+    def withdraw(self, ids: Sequence[str], reason: str, *, missing_ok: bool = False,
+                 gone: list[str] | None = None) -> list[str]:
+        """Delete ``ids`` from the pool (see the module docstring); returns the ids this call deleted.
+
+        ``missing_ok``: an id the pool does not hold counts as gone, else the retriever's not-found error is
+        raised (one id: nothing deleted; several: the chunks before it stay deleted). Every id known out of the
+        pool (deleted now, or found missing) is recorded with ``reason`` (``delete``, ``contribution:<job id>``,
+        ``compaction:<plan id>``), announced to the caches and appended to ``gone`` (read it after an error)."""
+        gone = gone if gone is not None else []
+        deleted: list[str] = []
+        try:
+            if len(ids) == 1 and not missing_ok:
+                self.admin().delete(ids[0])  # idempotent under retries: a retried DELETE that finds it gone is done
+                deleted.append(ids[0])
+                gone.append(ids[0])
+            else:
+                for start in range(0, len(ids), DELETE_CHUNK):
+                    chunk = list(ids[start:start + DELETE_CHUNK])
+                    deleted += list(self.admin().delete_many(chunk, missing_ok=missing_ok)["deleted"])
+                    gone += chunk  # all or none per call: with missing_ok what it did not delete was gone already
+        finally:
+            if gone:
+                self._after(gone, len(deleted), reason)
+        return deleted
+
+    def _after(self, gone: list[str], deleted: int, reason: str) -> None:
+        """Never raises: the withdrawal itself is done, and its caller answers with a success."""
+        self.metrics.pool_deletes.inc(deleted)
+        try:
+            self.records.record_withdrawals(gone, reason)
+        except Exception:
+            log.exception("%d pool id(s) withdrawn (%s) but not recorded", len(gone), reason)
+        try:  # an id announced twice (a resumed withdrawal) costs a worker one failed unlink
+            withdrawn.publish(self.redis, gone)
+        except Exception as e:  # the withdrawal itself succeeded; caches are also bounded and trimmed
+            log.warning("could not tell the workers' caches about %d withdrawn id(s): %s", len(gone), e)
+        try:
+            self.sync_lineage()  # skips (and logs once) a record it cannot index
+        except Exception as e:
+            log.warning("lineage sync after a withdrawal failed: %s", e)

@@ -1,0 +1,147 @@
+"""The report of an adaptation job, as a versioned model: a worker builds it, the API validates it where it
+arrives (``PUT /internal/jobs/{id}/result``: a report that does not fit is refused, as a bad checkpoint is) and
+serves it (``GET /jobs/{id}/report``), and the console and ``t3ar jobs report`` read its typed fields.
+
+It lives in the library because the CLI reads it too (the library never imports the services); the job contract
+(:mod:`t3ar_services.common.job_contract`) names it as part of the contract between API and workers.
+
+Versioning: :data:`REPORT_VERSION` is the shape a producer writes. Adding an *optional* field (``name: T | None =
+None``, or a list with an empty default) is one line and keeps the version: a report without it still reads.
+Renaming, removing, changing a field's meaning or adding a required field bumps the version; a report of a
+version this side does not know is refused (a worker newer than its API says so instead of losing fields), and
+unknown fields are refused (a field the contract does not name never reaches the store).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: the report shape this code writes and reads (see the module docstring for when it changes)
+REPORT_VERSION = 1
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EpochPoint(_Part):
+    """Means over an epoch's steps (and the pseudo-label change rate at its end)."""
+
+    epoch: int
+    loss: float | None = None
+    loss_ce: float | None = None
+    loss_contrastive: float | None = None
+    pl_change_rate: float | None = None
+
+
+class StepPoint(EpochPoint):
+    """One optimiser step (thinned to at most 500 points)."""
+
+    step: int
+
+
+class Neighbour(_Part):
+    id: str | None = Field(default=None, description="the pool id; None for a random draw")
+    score: float | None = Field(default=None, description="similarity under the retriever; None for random")
+
+
+class NeighbourRow(_Part):
+    """A target image and the pool neighbours drawn for it."""
+
+    target: str
+    neighbours: list[Neighbour] = Field(default_factory=list)
+
+
+class EvalBrief(_Part):
+    top1: float | None = None
+    mean_class_accuracy: float | None = None
+    n: int | None = None
+    per_class: dict[str, Any] = Field(default_factory=dict)
+
+
+class Accuracy(_Part):
+    """Accuracy on the target's labels before and after the adaptation (only for a labelled target)."""
+
+    before: EvalBrief | None = None
+    after: EvalBrief | None = None
+    labels_used_for_training: bool = False
+
+
+class CacheStats(_Part):
+    hits: int = Field(ge=0)
+    misses: int = Field(ge=0)
+
+
+class Transfer(_Part):
+    """How the worker got the job's inputs and sent its checkpoint."""
+
+    base_model_cached: bool | None = None
+    target_bytes: int | None = Field(default=None, ge=0)
+    seconds_download: float | None = None
+    seconds_upload_checkpoint: float | None = None
+
+
+class JobReport(_Part):
+    """What a finished job did: its config, the checkpoint it made, timings, losses per epoch and per step,
+    accuracy when the target had labels, the image cache's use and a sample of the neighbours it drew."""
+
+    version: int = Field(default=REPORT_VERSION, description="the report's shape (REPORT_VERSION when written)")
+    job_id: str
+    model_id: str | None = None
+    parent_id: str | None = None
+    method: str | None = None
+    mode: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict, description="the AdaptConfig the job ran with")
+    target_size: int | None = Field(default=None, ge=0)
+    checkpoint_sha256: str | None = None
+    pool_ids_used: int | None = Field(default=None, ge=0)
+    retriever: str | None = None
+    device: str | None = None
+    worker_host: str | None = None
+    seconds_total: float | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict, description="the adapted checkpoint's own metrics")
+    epochs: list[EpochPoint] = Field(default_factory=list)
+    step_history: list[StepPoint] = Field(default_factory=list)
+    accuracy: Accuracy | None = None
+    neighbour_sample: list[NeighbourRow] = Field(default_factory=list)
+    image_cache: CacheStats | None = None
+    transfer: Transfer | None = None
+    phases: dict[str, float] | None = Field(
+        default=None, description="seconds per phase (queue_wait, then the worker's phases, which add up to "
+                                  "seconds_total with 'other' the rest; t3ar_services.worker.phases); None in a "
+                                  "report from before issue 35")
+
+    @field_validator("version")
+    @classmethod
+    def _known(cls, v: int) -> int:
+        if not 1 <= v <= REPORT_VERSION:
+            raise ValueError(f"report version {v} is not one this side reads (1 to {REPORT_VERSION}): upgrade the "
+                             "API before its workers")
+        return v
+
+
+class ServedReport(JobReport):
+    """A report as the API serves it (``GET /jobs/{id}/report``): the job's report, read by its typed fields; what
+    the API adds about the job's state now (its contribution) is left to the JSON."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+def report_summary(report: JobReport) -> str:
+    """A few lines a person reads: what ran, how long, what it used, and the accuracy when labels were given."""
+    steps = report.metrics.get("steps")
+    lines = [f"job {report.job_id}: {report.method or '?'} ({report.mode or '?'}) on {report.target_size or '?'} "
+             f"target images, {steps if steps is not None else '?'} steps in "
+             f"{report.seconds_total if report.seconds_total is not None else '?'} s on {report.device or '?'}",
+             f"pool items used: {report.pool_ids_used if report.pool_ids_used is not None else '?'}"
+             + (f" (image cache {report.image_cache.hits} hits, {report.image_cache.misses} misses)"
+                if report.image_cache else ""),
+             f"checkpoint sha256: {report.checkpoint_sha256 or '?'}"]
+    acc = report.accuracy
+    if acc is not None and acc.before is not None and acc.after is not None \
+            and acc.before.top1 is not None and acc.after.top1 is not None:
+        lines.append(f"accuracy {100 * acc.before.top1:.1f}% -> {100 * acc.after.top1:.1f}% on the target labels"
+                     + (" (used for training)" if acc.labels_used_for_training else ""))
+    return "\n".join(lines)
