@@ -6,6 +6,10 @@ metadata, through the retriever's ordinary add (``POST /pool``, near-duplicate p
 duplicate (same sha256) of what the pool holds is skipped as ``exists`` and R's near-duplicate (cosine >= the
 pool's ``T3AR_RETRIEVER_DUPLICATE_THRESHOLD``, default 0.98) as ``duplicate``; both are counted.
 
+Labels (issue 33): a **train-time** job's target images join the pool with their class as the pool label (the
+target's class folders or labels.csv, which the job trained on); a test-time job's images join unlabelled, its
+pseudo-labels never become labels. An image the pool already holds keeps the label it has.
+
 The contributor runs in a background thread of the API (woken when a worker's result arrives, and every
 ``T3AR_API_SWEEP_INTERVAL`` seconds), so a worker never waits for it and a retriever outage only delays it: a
 failed attempt stays ``pending`` and is retried, also after a restart. A retry adds nothing twice: the pool
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from t3ar.clients.retriever import RetrieverClient
-from t3ar.errors import without_paths
+from t3ar.errors import T3arError, without_paths
 from t3ar_services.api.contrib_store import ContributionRow, ContributionStore, now
 from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.store import Store
@@ -49,6 +53,30 @@ def target_files(folder: Path) -> list[Path]:
     """The images of a validated target folder (everything but labels.csv), in a stable order."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()
                   and p.relative_to(folder).as_posix() not in NOT_A_TARGET_IMAGE)
+
+
+def target_labels(folder: Path, files: list[Path]) -> dict[Path, str]:
+    """The class name of each labelled image of a train-time target folder (its labels.csv, read as the worker
+    read it: :func:`t3ar.data.target.read_target`); an image without a class is left out (it joins unlabelled)."""
+    from t3ar.data.target import read_target
+
+    try:
+        found = read_target(folder, strict=False)
+    except T3arError as e:  # the job trained on it, so this is rare: the images join unlabelled
+        log.warning("the target of %s has no labels to contribute (%s): its images join unlabelled", folder, e)
+        return {}
+    if found.labels is None or found.classes is None:
+        return {}
+    by_path = {p.resolve(): found.classes[y] for p, y in zip(found.paths, found.labels, strict=True)}
+    return {f: by_path[f.resolve()] for f in files if f.resolve() in by_path}
+
+
+def _by_label(files: list[Path], labels: dict[Path, str]) -> list[tuple[str | None, list[Path]]]:
+    """The files grouped by label (one label per upload), each group in file order, the groups by first file."""
+    groups: dict[str | None, list[Path]] = {}
+    for f in files:
+        groups.setdefault(labels.get(f), []).append(f)
+    return list(groups.items())
 
 
 class Contributor:
@@ -133,12 +161,15 @@ class Contributor:
             return
         source = source_of(row.job_id)
         meta = {"job_id": row.job_id, "model_id": job.model_id}
+        labels = target_labels(folder, files) if job.config.get("mode") == "train" and job.labelled else {}
         near = rejected = 0
-        for start in range(0, len(files), BATCH):
-            batch = [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in files[start:start + BATCH]]
-            out = self.clients()[0].add_images(batch, source=source, metadata=meta, duplicate_policy="skip")
-            near += int(out["duplicates"])
-            rejected += int(out["rejected"])
+        for label, group in _by_label(files, labels):
+            for start in range(0, len(group), BATCH):
+                batch = [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in group[start:start + BATCH]]
+                out = self.clients()[0].add_images(batch, source=source, metadata=meta, duplicate_policy="skip",
+                                                   label=label)
+                near += int(out["duplicates"])
+                rejected += int(out["rejected"])
         ours = [it["id"] for it in self.clients()[1].iter_items(source=source)]
         self.records.record_items(row.job_id, ours)
         self.records.set_status(row.job_id, "done", only_from=("pending",), images=len(files), added=len(ours),

@@ -39,7 +39,7 @@ from t3ar_services.api.withdrawals import Withdrawer
 from t3ar_services.common.app import create_service_app
 from t3ar_services.common.auth_failures import FailureWindow
 from t3ar_services.common.body_limit import RouteLimits
-from t3ar_services.common.dirlock import holding
+from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.common.forms import close_form_schemas
 from t3ar_services.common.withdrawn import migrate_legacy
 
@@ -128,16 +128,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
     state = build_state(settings, redis)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # one serving API per data directory (jobs, artifacts, the SQLite records)
-        async with holding(settings.data_dir, "this API (T3AR_API_DATA_DIR)", log), _serving(app):
-            yield
-
-    @asynccontextmanager
     async def _serving(app: FastAPI) -> AsyncIterator[None]:
-        if settings.auth_disabled:
-            log.warning("AUTH IS DISABLED (T3AR_API_AUTH_DISABLED=true): anyone who can reach this port can submit "
-                        "jobs, download checkpoints and withdraw pool items; use only on a trusted local machine")
         if not settings.auth_disabled and settings.worker_token is None:
             log.warning("T3AR_API_WORKER_TOKEN is not set: no worker can fetch a job's inputs or upload its "
                         "checkpoint, so every job will fail; set it and give it to the workers as "
@@ -163,6 +154,9 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             state.store.close()
             log.info("api stopped")
 
+    # one serving API per data directory (jobs, artifacts, the SQLite records)
+    lifespan = data_dir_lifespan(settings.data_dir, "this API (T3AR_API_DATA_DIR)", settings.auth_disabled,
+                                 "submit jobs, download checkpoints and withdraw pool items", _serving, log)
     limits = route_limits(settings)
     failures = FailureWindow(settings.auth_failures, settings.auth_failure_window)
     app = create_service_app(

@@ -33,7 +33,7 @@ def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str
         size = save_upload(src, tmp, settings.max_model_bytes, "the checkpoint", "T3AR_API_MAX_MODEL_BYTES")
         try:
             info = read_info(tmp)
-            load_checkpoint(tmp)  # the weights must fit the architecture the checkpoint declares
+            model, _ = load_checkpoint(tmp)  # the weights must fit the architecture the checkpoint declares
         except CheckpointError as e:
             raise CheckpointError(as_sent(str(e), tmp, sent)) from e
         except Exception as e:  # architecture construction can fail in many ways on a forged spec
@@ -42,7 +42,7 @@ def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str
         model_id = info.sha256[:16]
         row = ModelRow(id=model_id, name=name or model_id, sha256=info.sha256, size=size,
                        arch=info.spec.arch_signature(), image_size=info.spec.image_size,
-                       classes=list(info.spec.classes),
+                       classes=list(info.spec.classes), feature_dim=model.feature_dim,
                        uploaded_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
         final = model_path(settings.data_dir, model_id)
         if not final.exists():

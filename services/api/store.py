@@ -23,7 +23,8 @@ from typing import Any
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
-    arch TEXT NOT NULL, image_size INTEGER NOT NULL, classes TEXT NOT NULL, uploaded_at TEXT NOT NULL
+    arch TEXT NOT NULL, image_size INTEGER NOT NULL, classes TEXT NOT NULL, uploaded_at TEXT NOT NULL,
+    feature_dim INTEGER
 );
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, model_id TEXT NOT NULL, parent_id TEXT, created_at TEXT NOT NULL,
@@ -54,6 +55,7 @@ class ModelRow:
     image_size: int
     classes: list[str]
     uploaded_at: str
+    feature_dim: int | None = None  # the model's feature width (its bank's); None: registered before issue 34
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class Store:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
         if "secret_sha256" not in columns:  # a data dir from before issue 29
             self._db.execute("ALTER TABLE jobs ADD COLUMN secret_sha256 TEXT")
+        if "feature_dim" not in {r[1] for r in self._db.execute("PRAGMA table_info(models)")}:  # before issue 34
+            self._db.execute("ALTER TABLE models ADD COLUMN feature_dim INTEGER")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -119,9 +123,10 @@ class Store:
     def add_model(self, m: ModelRow) -> bool:
         """Insert; False when the id exists already (same file uploaded twice)."""
         with self._tx() as db:
-            cur = db.execute("INSERT OR IGNORE INTO models VALUES (?,?,?,?,?,?,?,?)",
+            cur = db.execute("INSERT OR IGNORE INTO models (id, name, sha256, size, arch, image_size, classes, "
+                             "uploaded_at, feature_dim) VALUES (?,?,?,?,?,?,?,?,?)",
                              (m.id, m.name, m.sha256, m.size, m.arch, m.image_size, json.dumps(m.classes),
-                              m.uploaded_at))
+                              m.uploaded_at, m.feature_dim))
             return cur.rowcount == 1
 
     def get_model(self, model_id: str) -> ModelRow | None:
@@ -195,7 +200,8 @@ class Store:
 
 
 def _model(r: tuple[Any, ...]) -> ModelRow:
-    return ModelRow(r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), list(json.loads(r[6])), r[7])
+    return ModelRow(r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), list(json.loads(r[6])), r[7],
+                    int(r[8]) if len(r) > 8 and r[8] is not None else None)
 
 
 def _job(r: tuple[Any, ...]) -> JobRow:

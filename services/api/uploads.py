@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from t3ar.errors import DatasetError, InvalidInputError
+from t3ar.method.config import AdaptConfig
 from t3ar_services.api.errors import PayloadTooLargeError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.common.text import parse_json_object
@@ -67,9 +68,8 @@ def _bounds(model: Any, loc: tuple[Any, ...]) -> str:
     return f" (allowed: {loc[0]} {' and '.join(parts)})" if parts else ""
 
 
-def parse_config(raw: str) -> tuple[dict[str, Any], Any]:
+def parse_config(raw: str) -> tuple[dict[str, Any], AdaptConfig]:
     """The ``config`` form field (a JSON object of AdaptConfig fields) -> (dict as given, AdaptConfig)."""
-    from t3ar.method.config import AdaptConfig
     from t3ar.method.presets import with_default
 
     # strict JSON: Infinity, NaN, 1e999, 5,000-digit integers, lone surrogates and 100,000-deep nesting are 422s
@@ -95,8 +95,8 @@ class PreparedTarget:
 
 
 def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_classes: list[str],
-                   config_given: dict[str, Any], config: Any, *, skip_bad_images: bool,
-                   sent: str = "the archive") -> tuple[PreparedTarget, Any]:
+                   config_given: dict[str, Any], config: AdaptConfig, *, skip_bad_images: bool,
+                   sent: str = "the archive") -> tuple[PreparedTarget, AdaptConfig]:
     """Extract and validate; returns the prepared target and the final AdaptConfig (mode resolved). Errors call
     the archive ``sent`` (the client's file name) and its members ``<sent>/<member path>``.
 
@@ -105,7 +105,7 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     evaluation only (the report then gives accuracy before/after).
     """
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
-    from t3ar.data.datasets import class_map_check, stratified_subsample
+    from t3ar.data.datasets import adapted_rows, class_map_check
     from t3ar.data.target import read_target
     from t3ar.errors import T3arError, UnsafeArchiveError
 
@@ -142,16 +142,13 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
         raise DatasetError("mode 'train' (train-time adaptation) needs labels: add labels.csv (path,label) at the "
                            "archive root, or use mode 'test'")
     config = config.model_copy(update={"mode": mode})
-    kept = stratified_subsample(images.labels, len(images), config.fraction, config.seed)
-    if len(kept) < 2:
-        raise DatasetError(f"fraction={config.fraction} of {len(images)} images leaves {len(kept)}; "
-                           "adaptation needs at least 2: raise fraction or send more images")
+    kept = adapted_rows(images.labels, len(images), config.fraction, config.seed)
     prepared = PreparedTarget(target_dir, len(images), images.labelled, mode, list(images.classes or []),
                               [(rel, as_sent(why, target_dir, sent)) for rel, why in images.skipped], len(kept))
     return prepared, config
 
 
-def check_job_size(settings: ApiSettings, config: Any, n_kept: int, image_size: int, feature_dim: int | None,
+def check_job_size(settings: ApiSettings, config: AdaptConfig, n_kept: int, image_size: int, feature_dim: int | None,
                    num_classes: int) -> None:
     """Refuse (422) a job over the operator's per-job caps: planned optimiser steps
     (``T3AR_API_MAX_JOB_STEPS``) and the memory of its bank, target and pool images

@@ -28,14 +28,14 @@ def target_lineage_sha256(settings: ApiSettings, row: JobRow) -> str:
     """The ``target_sha256`` a checkpoint of this job carries: the content hash of the images it adapts to
     (the job's target, subsampled by the config's ``fraction`` and ``seed``), as :func:`t3ar.pipeline
     .run_adaptation` computes it."""
-    from t3ar.data.datasets import stratified_subsample
+    from t3ar.data.datasets import adapted_rows
     from t3ar.data.target import read_target
     from t3ar.pipeline import imageset_sha256
 
     images = read_target(resolve_inside(settings.data_dir, row.target_dir), strict=True,
                          num_workers=settings.validate_threads)
     fraction, seed = float(row.config.get("fraction", 1.0)), int(row.config.get("seed", 0))
-    return imageset_sha256(images.subset(stratified_subsample(images.labels, len(images), fraction, seed)))
+    return imageset_sha256(images.subset(adapted_rows(images.labels, len(images), fraction, seed)))
 
 
 def check_checkpoint(path: Path, settings: ApiSettings, row: JobRow, model: ModelRow) -> None:

@@ -51,10 +51,9 @@ def migrate(data_dir: Path, target: str, milvus_uri: str | None, milvus_collecti
         connect,
         default_collection,
         local_file,
-        mark_synced,
         release_local,
-        sync,
     )
+    from t3ar_services.retriever.milvus_sync import mark_synced, sync
     from t3ar_services.retriever.settings import RetrieverSettings
     from t3ar_services.retriever.store import Store
 

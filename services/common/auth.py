@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
@@ -20,7 +20,7 @@ from pydantic import SecretStr
 from starlette.routing import Match
 from starlette.types import Scope as AsgiScope
 
-from t3ar_services.common.credentials import token_matches
+from t3ar_services.common.credentials import Scope, scope_refusal, token_matches
 from t3ar_services.common.errors import AuthError
 
 
@@ -33,9 +33,6 @@ class TokenSettings(Protocol):
 
     @property
     def auth_disabled(self) -> bool: ...
-
-
-Scope = Literal["token", "admin", "worker"]
 
 
 def worker_token(settings: TokenSettings) -> SecretStr | None:
@@ -56,21 +53,6 @@ def scope_of(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None
     if token_matches(creds.credentials, [worker_token(settings)]):
         return "worker"
     raise AuthError("invalid bearer token", status=401)
-
-
-WORKER_ELSEWHERE = ("the worker token opens only the worker routes (/internal/...); use the user or admin token")
-
-
-def scope_refusal(have: Scope, need: Scope, message: str = "") -> str | None:
-    """The one scope rule (routes and the credentials-first middleware): why a token of scope ``have`` may not
-    use a route that needs ``need`` (``message``: the route's words for a missing admin/worker scope), or None."""
-    if need == "worker":
-        return None if have == "worker" else message or "this route needs the worker token"
-    if have == "worker":
-        return WORKER_ELSEWHERE
-    if need == "admin" and have != "admin":
-        return message or "this route needs the admin token"
-    return None
 
 
 def require(settings: TokenSettings, creds: HTTPAuthorizationCredentials | None, *, admin: str = "",

@@ -6,7 +6,8 @@ dependencies run, so a route's bearer check alone lets a client without a token 
 first, for every request that carries a body without a known token, before anything reads the body, and
 403 for a known token without the scope the route needs (``needs``: the route's scope, from its auth
 dependency; e.g. the worker token on ``POST /adapt``), with the rule and words of
-:func:`t3ar_services.common.auth.scope_refusal`. The routes' own dependencies check again.
+:func:`scope_refusal` (here, below the route checks of :mod:`t3ar_services.common.auth`, which use it too). The
+routes' own dependencies check again.
 
 One rule for a repeated ``Authorization`` header, on every path but the open ones: 400, whatever the values
 (a parser that takes the first and one that takes the last would otherwise disagree).
@@ -17,11 +18,29 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Iterable
+from typing import Literal
 
 from pydantic import SecretStr
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Scope as AsgiScope
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+Scope = Literal["token", "admin", "worker"]
+
+WORKER_ELSEWHERE = ("the worker token opens only the worker routes (/internal/...); use the user or admin token")
+
+
+def scope_refusal(have: Scope, need: Scope, message: str = "") -> str | None:
+    """The one scope rule (routes and the credentials-first middleware): why a token of scope ``have`` may not
+    use a route that needs ``need`` (``message``: the route's words for a missing admin/worker scope), or None."""
+    if need == "worker":
+        return None if have == "worker" else message or "this route needs the worker token"
+    if have == "worker":
+        return WORKER_ELSEWHERE
+    if need == "admin" and have != "admin":
+        return message or "this route needs the admin token"
+    return None
 
 
 def token_matches(given: str, tokens: Iterable[SecretStr | None]) -> bool:
@@ -65,7 +84,7 @@ def authorization(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None,
     return found, False
 
 
-def _carries_body(scope: Scope) -> bool:
+def _carries_body(scope: AsgiScope) -> bool:
     if scope.get("method") in BODY_METHODS:
         return True
     headers = dict(scope.get("headers") or [])
@@ -83,7 +102,7 @@ class CredentialsFirstMiddleware:
     def __init__(self, app: ASGIApp, *, accepts: Callable[[str], bool], enabled: bool,
                  open_paths: Iterable[str] = ("/health", "/ready", "/metrics"),
                  scope_of: Callable[[str], str | None] | None = None,
-                 needs: Callable[[Scope], tuple[str, str] | None] | None = None) -> None:
+                 needs: Callable[[AsgiScope], tuple[str, str] | None] | None = None) -> None:
         self.app = app
         self.accepts = accepts
         self.enabled = enabled
@@ -91,7 +110,7 @@ class CredentialsFirstMiddleware:
         self.scope_of = scope_of
         self.needs = needs
 
-    def _refusal(self, scope: Scope, header: bytes | None) -> tuple[int, str, str] | None:
+    def _refusal(self, scope: AsgiScope, header: bytes | None) -> tuple[int, str, str] | None:
         """(status, code, message) of the answer to send now, or None when the request may go on."""
         problem = bearer_problem(header, self.accepts)
         if problem is not None:
@@ -101,13 +120,11 @@ class CredentialsFirstMiddleware:
         need = self.needs(scope)
         if need is None:
             return None
-        from t3ar_services.common.auth import scope_refusal
-
         have = self.scope_of(header.decode("latin-1").strip().partition(" ")[2].strip())
         why = scope_refusal(have or "token", need[0], need[1])  # type: ignore[arg-type]
         return None if why is None else (403, "forbidden", why)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.enabled or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return

@@ -13,8 +13,10 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 LOCK_FILE = ".t3ar.lock"
 
@@ -100,3 +102,25 @@ async def holding(data_dir: Path, who: str, log: logging.Logger) -> AsyncIterato
         yield
     finally:
         lock.release()
+
+
+Serving = Callable[[Any], AbstractAsyncContextManager[None]]
+
+
+def data_dir_lifespan(data_dir: Path, who: str, auth_disabled: bool, open_to: str, serving: Serving,
+                      log: logging.Logger) -> Serving:
+    """The lifespan of a service that serves one data directory: its lock held throughout (:func:`holding`), a
+    loud warning when auth is disabled (``open_to``: what anyone who reaches the port can then do; ``who`` names
+    the service and its data-dir setting, the auth setting is named after it), then ``serving(app)``."""
+    setting = who.split("(", 1)[-1].split("_DATA_DIR")[0] + "_AUTH_DISABLED"
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with holding(data_dir, who, log):
+            if auth_disabled:
+                log.warning("AUTH IS DISABLED (%s=true): anyone who can reach this port can %s; use only on a "
+                            "trusted local machine", setting, open_to)
+            async with serving(app):
+                yield
+
+    return lifespan

@@ -38,12 +38,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from t3ar.clients.job_report import (
+    MAX_LABELLED_LISTED,
     REPORT_VERSION,
     Accuracy,
     CacheStats,
     EpochPoint,
     EvalBrief,
     JobReport,
+    LabelledNeighbour,
     Neighbour,
     NeighbourRow,
     StepPoint,
@@ -53,7 +55,8 @@ from t3ar_services.common.files import atomic_file
 
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
 # in the library, which the CLI reads too (the library never imports the services).
-__all__ = ["REPORT_VERSION", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport", "Neighbour",
+__all__ = ["REPORT_VERSION", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport", "LabelledNeighbour",
+           "MAX_LABELLED_LISTED", "Neighbour",
            "NeighbourRow", "StepPoint", "Transfer"]
 
 DEFAULT_QUEUE = "t3ar-adapt"

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from starlette.types import Scope
 
 from t3ar_services.common.app import create_service_app
-from t3ar_services.common.dirlock import holding
+from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.fastpath import SearchAnswer
@@ -72,16 +72,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
     state = RetrieverState(settings=settings, metrics=RetrieverMetrics())
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # one serving process per pool directory: a second one would not see the first's deletes
-        async with holding(settings.data_dir, "this retriever (T3AR_RETRIEVER_DATA_DIR)", log), _serving(app):
-            yield
-
-    @asynccontextmanager
     async def _serving(app: FastAPI) -> AsyncIterator[None]:
-        if settings.auth_disabled:
-            log.warning("AUTH IS DISABLED (T3AR_RETRIEVER_AUTH_DISABLED=true): anyone who can reach this port "
-                        "can add, search and delete; use only on a trusted local machine")
         identity = dim = None
         if not settings.vectors_only:
             from t3ar.device import resolve_device
@@ -136,6 +127,9 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
             pool.store.close()
             log.info("retriever stopped")
 
+    # one serving process per pool directory: a second one would not see the first's deletes
+    lifespan = data_dir_lifespan(settings.data_dir, "this retriever (T3AR_RETRIEVER_DATA_DIR)", settings.auth_disabled,
+                                 "add, search and delete", _serving, log)
     app = create_service_app(
         title="t3ar retriever", lifespan=lifespan,
         description="The auxiliary pool: durable, reversible embedding index (add / search / get / delete).",

@@ -30,6 +30,7 @@ from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import NotFoundError, NotReadyError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
+from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import NewItem, Store
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class Pool:
         self._writes = 0
         self._source_cache: dict[str, tuple[int, np.ndarray]] = {}
         self._cache_lock = threading.Lock()
+        self.labels = LabelMap(store.labelled_rows())  # the labelled items' labels, for search answers
         self.last_delete = 0.0
         self.compact_wanted = threading.Event()
         self.index_grew = threading.Event()  # wakes the background IVF trainer
@@ -133,8 +135,9 @@ class Pool:
         return {sha: self.format_id(seq) for sha, seq in self.store.find_sha(list(shas)).items()}
 
     def add(self, entries: Sequence[Candidate | AddOutcome], *, source: str, metadata: dict[str, Any],
-            policy: Literal["skip", "keep"]) -> list[AddOutcome]:
-        """Commit the candidates (vectors filled in), report per entry in input order.
+            policy: Literal["skip", "keep"], label: str | None = None) -> list[AddOutcome]:
+        """Commit the candidates (vectors filled in), each with ``label`` (None: unlabelled), report per entry in
+        input order. An ``exists`` entry keeps the label it was stored with (an add never relabels).
 
         Exact duplicates (same sha256 as an item in the pool or earlier in the batch) are ``exists`` and
         never stored twice. Near-duplicates (cosine >= threshold) get ``duplicate_of``; with policy
@@ -164,7 +167,8 @@ class Pool:
                 self.invalidate_persisted()
                 seqs = self.store.insert([
                     NewItem(c.sha256, source, metadata, c.name, c.media_type, len(c.data), c.width, c.height,
-                            _vec(c)) for _, c in to_insert])
+                            _vec(c), label=label) for _, c in to_insert])
+                self.labels.add(seqs, label)  # before the index: a search that finds them knows their label
                 self._writes += 1
                 seq_of = {i: s for (i, _), s in zip(to_insert, seqs, strict=True)}
                 vecs = np.stack([_vec(c) for _, c in to_insert])
@@ -212,12 +216,14 @@ class Pool:
                 accepted.add(i)
         return accepted, dup_of
 
-    def add_vectors(self, vectors: np.ndarray, *, source: str, metadata: dict[str, Any]) -> list[str]:
+    def add_vectors(self, vectors: np.ndarray, *, source: str, metadata: dict[str, Any],
+                    label: str | None = None) -> list[str]:
         """Vector-only items (vectors-only pools): normalised, committed, indexed; no duplicate check."""
         index = self.live_index()
         with self._writer:
             self.invalidate_persisted()
-            seqs = self.store.insert_vectors(vectors, source, metadata)
+            seqs = self.store.insert_vectors(vectors, source, metadata, label)
+            self.labels.add(seqs, label)
             self._writes += 1
             self._index_add(index, np.asarray(seqs, dtype=np.int64), vectors)
         return [self.format_id(s) for s in seqs]
@@ -330,11 +336,19 @@ class Pool:
             out.append((row_i, row_s))
         return out
 
+    def result_labels(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[list[str | None]] | None:
+        """The label of each result of these search rows (None: unlabelled), or None when the pool holds no
+        labelled item (the answer then leaves labels out: no bytes spent on nulls). See :mod:`.labelmap`."""
+        if not len(self.labels):
+            return None
+        return self.labels.lookup_rows([seqs for seqs, _ in rows])
+
     def stats(self) -> dict[str, Any]:
         index = self.index
         return {
             "count": self.store.count(), "dim": self.info.dim, "identity": self.info.identity,
             "kind": self.info.kind, "pool_tag": self.info.tag, "sources": self.store.sources(),
+            "labels": self.store.labels(),
             "backend": self.info.backend,
             "index": {"type": index.kind if index else self.info.index_config.kind,
                       "configured_type": self.info.index_config.kind,

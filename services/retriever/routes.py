@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+from t3ar.data.pool_labels import check_label
 from t3ar.errors import InvalidInputError
 from t3ar_services.common.offloop import OffLoopJsonRoute
 from t3ar_services.common.text import check_text, parse_json_object, readable
@@ -48,6 +49,12 @@ def _check_source(source: str) -> str:
     return source
 
 
+# What check_label accepts (a class name; issue 33: the rule is the library's, t3ar.data.pool_labels)
+# (empty, or no control character and no whitespace at either end)
+_CTRL = "\\x00-\\x1f\\x7f-\\x9f"
+LABEL_SCHEMA = {"maxLength": 200, "pattern": f"^(?:[^\\s{_CTRL}](?:[^{_CTRL}]*[^\\s{_CTRL}])?)?$"}
+
+
 def _parse_metadata(raw: str) -> dict[str, Any]:
     if len(raw) > 65536:
         raise InvalidInputError("metadata is larger than 64 KiB of JSON; keep per-item metadata small")
@@ -59,6 +66,7 @@ def _item_out(pool: PoolDep, row: Any) -> s.ItemOut:
     # readable(): a row stored before the door refused lone surrogates is still answered (issue 29, F2)
     return s.ItemOut(id=pool.format_id(row.seq), sha256=row.sha256, source=readable(row.source),
                      metadata=readable(row.metadata), filename=readable(row.filename), media_type=row.media_type,
+                     label=readable(row.label),
                      size=row.size, width=row.width,
                      height=row.height, added_at=row.added_at)
 
@@ -95,6 +103,8 @@ def add_images(
     files: Annotated[list[UploadFile], File(description="images and/or zip/tar archives of images")],
     source: Annotated[str, Form(description="source tag for every item", json_schema_extra=SOURCE_SCHEMA)] = "",
     metadata: Annotated[str, Form(description="JSON object stored with every item")] = "{}",
+    label: Annotated[str, Form(description="class label of every item (empty: unlabelled)",
+                               json_schema_extra=LABEL_SCHEMA)] = "",
     atomic: Annotated[bool, Form(description="commit nothing if any item is rejected")] = False,
     duplicate_policy: Annotated[Literal["skip", "keep"] | None, Form()] = None,
 ) -> s.AddResponse:
@@ -103,7 +113,7 @@ def add_images(
     item is usable the answer is 422 ``items_rejected`` with the per-item results. An unsafe archive
     rejects the whole request (422 ``unsafe_archive``). Exact repeats are ``exists``; near-duplicates are
     skipped (``duplicate``) or kept per policy, with ``duplicate_of``."""
-    src, meta = _check_source(source), _parse_metadata(metadata)
+    src, meta, lab = _check_source(source), _parse_metadata(metadata), check_label(label)
     items = expand_uploads([(f.filename or "upload", f.file) for f in files], settings)
     entries = ingestor.prepare(items, pool.known_shas)
     rejected = [e for e in entries if isinstance(e, AddOutcome) and e.status == "rejected"]
@@ -113,7 +123,8 @@ def add_images(
         first = rejected[0].error["message"] if rejected[0].error else ""
         raise ItemsRejectedError(f"{len(rejected)} of {len(entries)} item(s) rejected, {why}; first: {first}",
                                  [_result(o).model_dump() for o in rejected])
-    outcomes = pool.add(entries, source=src, metadata=meta, policy=duplicate_policy or settings.duplicate_policy)
+    outcomes = pool.add(entries, source=src, metadata=meta, policy=duplicate_policy or settings.duplicate_policy,
+                        label=lab)
     counts = {st: sum(o.status == st for o in outcomes) for st in ("added", "exists", "duplicate", "rejected")}
     for st, n in counts.items():
         if n:
@@ -135,8 +146,11 @@ _OCTET = {"requestBody": {"required": True, "content": {"application/octet-strea
              openapi_extra=_OCTET)
 async def add_vectors(request: Request, pool: PoolDep, settings: SettingsDep,
                       identity: Annotated[str, Query(description="embedder identity of these vectors")],
-                      source: Annotated[str, Query(json_schema_extra=SOURCE_SCHEMA)] = "") -> s.VectorsAddResponse:
+                      source: Annotated[str, Query(json_schema_extra=SOURCE_SCHEMA)] = "",
+                      label: Annotated[str, Query(description="class label of every vector (empty: unlabelled)",
+                                                  json_schema_extra=LABEL_SCHEMA)] = "") -> s.VectorsAddResponse:
     """Vectors-only pools: bulk-add vectors (float32 little-endian, row-major [n, dim]; normalised here)."""
+    lab = check_label(label)
     if pool.info.kind != "vectors":
         raise PoolConflictError("this pool stores images: add images with POST /pool (vectors are computed here)")
     if identity != pool.info.identity:
@@ -146,7 +160,8 @@ async def add_vectors(request: Request, pool: PoolDep, settings: SettingsDep,
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
     if not np.isfinite(vecs).all() or (norms == 0).any():
         raise InvalidInputError("vectors contain NaN/infinity or all-zero rows; send finite non-zero vectors")
-    ids = await run_in_threadpool(pool.add_vectors, vecs / norms, source=_check_source(source), metadata={})
+    ids = await run_in_threadpool(pool.add_vectors, vecs / norms, source=_check_source(source), metadata={},
+                                  label=lab)
     return s.VectorsAddResponse(ids=ids)
 
 
@@ -161,14 +176,19 @@ def _decode_f32(raw: bytes, dim: int, max_rows: int) -> np.ndarray:
 
 @router.get("/pool", response_model=s.ItemPage, dependencies=RW, tags=["pool"])
 def list_items(pool: PoolDep, after: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-               source: str | None = None) -> s.ItemPage:
-    """Items in id order; follow ``next_after`` for the next page."""
+               source: str | None = None,
+               label: Annotated[str | None, Query(description="only items with this class label")] = None
+               ) -> s.ItemPage:
+    """Items in id order; follow ``next_after`` for the next page. ``source`` / ``label``: only those items."""
     after_seq = 0 if after is None else pool.parse_id(after)
     if after_seq is None:
         raise InvalidInputError(f"after={after!r} is not an id of this pool; pass the previous next_after")
-    rows = pool.store.page(after=after_seq, limit=limit, source=source)
+    check_text(source, "source")
+    check_text(label, "label")
+    rows = pool.store.page(after=after_seq, limit=limit, source=source, label=label)
     nxt = pool.format_id(rows[-1].seq) if len(rows) == limit else None
-    return s.ItemPage(items=[_item_out(pool, r) for r in rows], next_after=nxt, total=pool.store.count(source))
+    return s.ItemPage(items=[_item_out(pool, r) for r in rows], next_after=nxt,
+                      total=pool.store.count(source, label))
 
 
 @router.post("/pool/exists", response_model=s.ExistsResponse, dependencies=RW, tags=["pool"],
@@ -289,7 +309,7 @@ def search_json(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.S
                             source=body.source, blocking=blocking)
     state.metrics.searches.inc()
     state.metrics.search_queries.inc(len(queries))
-    return search_answer(pool.info.identity, body.k, pool.info.tag, rows)
+    return search_answer(pool.info.identity, body.k, pool.info.tag, rows, pool.result_labels(rows))
 
 
 def _check_n(n: int, limit: int) -> None:

@@ -70,6 +70,7 @@ class ItemOut(BaseModel):
     width: int | None
     height: int | None
     added_at: float = Field(description="unix time")
+    label: str | None = Field(default=None, description="class label (null: unlabelled)")
 
 
 class ItemPage(BaseModel):
@@ -135,6 +136,8 @@ class SearchRequest(_Strict):
 class SearchResult(BaseModel):
     ids: list[str] = Field(description="best first; fewer than k when fewer items qualify")
     scores: list[float] = Field(description="inner products (cosine for unit vectors), rounded to 6 decimals")
+    labels: list[str | None] | None = Field(default=None, description="the class label of each id (null: "
+                                            "unlabelled); absent when no item of the pool carries a label")
 
 
 class SearchResponse(BaseModel):
@@ -161,6 +164,7 @@ class StatsResponse(BaseModel):
     kind: Literal["images", "vectors"]
     pool_tag: str
     sources: dict[str, int]
+    labels: dict[str, int] = Field(default_factory=dict, description="items per class label (labelled items only)")
     backend: Literal["faiss", "milvus"] = Field(description="where the vector index lives (T3AR_RETRIEVER_BACKEND)")
     index: IndexInfo
     duplicate_threshold: float

@@ -246,7 +246,8 @@ def open_backend(settings: RetrieverSettings, pool: Pool) -> PoolBackend:
     """The configured backend; for Milvus the start-up check (no pymilvus, or no Milvus: refuse to start)."""
     if settings.backend != "milvus":
         return FaissBackend()
-    from t3ar_services.retriever.backend import MilvusBackend, MilvusIndex, connect, default_collection, local_file
+    from t3ar_services.retriever.backend import MilvusIndex, connect, default_collection, local_file
+    from t3ar_services.retriever.milvus_sync import MilvusBackend
 
     client = connect(settings.milvus_target, settings.milvus_token, settings.milvus_timeout)
     index = MilvusIndex(client, settings.milvus_collection or default_collection(pool.info.tag), pool.info.dim,

@@ -3,6 +3,8 @@
 WAL journal with ``synchronous=FULL``: a committed transaction survives power loss. ``secure_delete`` zeroes
 deleted rows' bytes, and :meth:`Store.checkpoint` (after deletes) moves them out of the WAL file too.
 ``seq`` (INTEGER PRIMARY KEY AUTOINCREMENT) is the faiss id and is never reused after a delete.
+``label`` (a class name, NULL = unlabelled; issue 33) came after the first data dirs: a database without the
+column gets it on open (``ALTER TABLE ... ADD COLUMN``, every old item unlabelled), no migration step needed.
 Writes go through one connection guarded by the caller's writer lock; reads use one connection per thread.
 """
 
@@ -13,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,14 @@ CREATE TABLE IF NOT EXISTS items (
     width INTEGER,
     height INTEGER,
     added_at REAL NOT NULL,
-    vector BLOB NOT NULL
+    vector BLOB NOT NULL,
+    label TEXT
 ) STRICT;
 CREATE INDEX IF NOT EXISTS items_source ON items(source, seq);
 CREATE TABLE IF NOT EXISTS reembed (seq INTEGER PRIMARY KEY, vector BLOB NOT NULL) STRICT;
 """
-_COLS = "seq, sha256, source, metadata, filename, media_type, size, width, height, added_at"
+_COLS = "seq, sha256, source, metadata, filename, media_type, size, width, height, added_at, label"
+_LABEL_INDEX = "CREATE INDEX IF NOT EXISTS items_label ON items(label, seq) WHERE label IS NOT NULL"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class _Item:
     size: int
     width: int | None
     height: int | None
+    label: str | None = field(default=None, kw_only=True)  # a class name; None = unlabelled
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class DbState:
 
 def _row(r: tuple[Any, ...]) -> ItemRow:
     return ItemRow(seq=r[0], sha256=r[1], source=r[2], metadata=json.loads(r[3]), filename=r[4], media_type=r[5],
-                   size=r[6], width=r[7], height=r[8], added_at=r[9])
+                   size=r[6], width=r[7], height=r[8], added_at=r[9], label=r[10])
 
 
 def id_checksum(seqs: np.ndarray) -> int:
@@ -94,6 +99,9 @@ class Store:
         self._conns_lock = threading.Lock()
         self._w = self._connect()
         self._w.executescript(_SCHEMA)
+        if "label" not in {r[1] for r in self._w.execute("PRAGMA table_info(items)")}:  # a pre-label data dir
+            self._w.execute("ALTER TABLE items ADD COLUMN label TEXT")
+        self._w.execute(_LABEL_INDEX)
         self._w.execute("INSERT OR IGNORE INTO meta VALUES ('generation', '0')")
         self._w.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
 
@@ -147,17 +155,18 @@ class Store:
             for it in items:
                 cur = c.execute(
                     "INSERT INTO items (sha256, source, metadata, filename, media_type, size, width, height,"
-                    " added_at, vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " added_at, vector, label) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (it.sha256, it.source, json.dumps(it.metadata, separators=(",", ":")), it.filename,
                      it.media_type, it.size, it.width, it.height, now,
-                     np.ascontiguousarray(it.vector, dtype="<f4").tobytes()))
+                     np.ascontiguousarray(it.vector, dtype="<f4").tobytes(), it.label))
                 assert cur.lastrowid is not None
                 seqs.append(cur.lastrowid)
             self._bump()
         return seqs
 
-    def insert_vectors(self, vectors: np.ndarray, source: str, metadata: dict[str, Any]) -> list[int]:
-        """Bulk insert of vector-only items (no image) in one transaction."""
+    def insert_vectors(self, vectors: np.ndarray, source: str, metadata: dict[str, Any],
+                       label: str | None = None) -> list[int]:
+        """Bulk insert of vector-only items (no image) in one transaction, all with this label."""
         now, meta = time.time(), json.dumps(metadata, separators=(",", ":"))
         vecs = np.ascontiguousarray(vectors, dtype="<f4")
         with self._txn() as c:
@@ -167,8 +176,8 @@ class Store:
             seqs = list(range(start, start + len(vecs)))
             c.executemany(
                 "INSERT INTO items (seq, sha256, source, metadata, filename, media_type, size, width, height,"
-                " added_at, vector) VALUES (?, NULL, ?, ?, NULL, NULL, 0, NULL, NULL, ?, ?)",
-                ((s, source, meta, now, v.tobytes()) for s, v in zip(seqs, vecs, strict=True)))
+                " added_at, vector, label) VALUES (?, NULL, ?, ?, NULL, NULL, 0, NULL, NULL, ?, ?, ?)",
+                ((s, source, meta, now, v.tobytes(), label) for s, v in zip(seqs, vecs, strict=True)))
             self._bump()
         return seqs
 
@@ -216,18 +225,30 @@ class Store:
             out.update(conn.execute(f"SELECT sha256, seq FROM items WHERE sha256 IN ({marks})", chunk).fetchall())
         return out
 
-    def page(self, *, after: int, limit: int, source: str | None) -> list[ItemRow]:
-        if source is None:
-            q, args = f"SELECT {_COLS} FROM items WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
-        else:
-            q = f"SELECT {_COLS} FROM items WHERE source = ? AND seq > ? ORDER BY seq LIMIT ?"
-            args = (source, after, limit)  # type: ignore[assignment]
-        return [_row(r) for r in self._r.execute(q, args)]
+    def page(self, *, after: int, limit: int, source: str | None, label: str | None = None) -> list[ItemRow]:
+        """Items after ``after`` in id order, only those with this source and/or label when given."""
+        where, args = self._filter(source, label)
+        q = f"SELECT {_COLS} FROM items WHERE {where} seq > ? ORDER BY seq LIMIT ?"
+        return [_row(r) for r in self._r.execute(q, (*args, after, limit))]
 
-    def count(self, source: str | None = None) -> int:
-        if source is None:
-            return int(self._r.execute("SELECT count(*) FROM items").fetchone()[0])
-        return int(self._r.execute("SELECT count(*) FROM items WHERE source = ?", (source,)).fetchone()[0])
+    def count(self, source: str | None = None, label: str | None = None) -> int:
+        where, args = self._filter(source, label)
+        return int(self._r.execute(f"SELECT count(*) FROM items WHERE {where} 1", args).fetchone()[0])
+
+    @staticmethod
+    def _filter(source: str | None, label: str | None) -> tuple[str, tuple[str, ...]]:
+        """A WHERE prefix (each condition followed by AND) and its arguments."""
+        conds = [(c, v) for c, v in (("source = ? AND ", source), ("label = ? AND ", label)) if v is not None]
+        return "".join(c for c, _ in conds), tuple(v for _, v in conds)
+
+    def labels(self) -> dict[str, int]:
+        """Each label and how many items carry it (unlabelled items are not counted)."""
+        return dict(self._r.execute(
+            "SELECT label, count(*) FROM items WHERE label IS NOT NULL GROUP BY label ORDER BY label"))
+
+    def labelled_rows(self) -> list[tuple[int, str]]:
+        """(seq, label) of every labelled item, in seq order."""
+        return list(self._r.execute("SELECT seq, label FROM items WHERE label IS NOT NULL ORDER BY seq"))
 
     def sources(self) -> dict[str, int]:
         return dict(self._r.execute("SELECT source, count(*) FROM items GROUP BY source ORDER BY source"))

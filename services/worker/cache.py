@@ -37,6 +37,18 @@ _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 WATERMARK_FILE = ".withdrawn-seq"  # the last withdrawal feed entry this cache applied
 
 
+def trim_oldest(paths: list[Path], budget: int) -> None:
+    """Delete the oldest of ``paths`` (by modification time: written, or touched when used) until the rest take at
+    most ``budget`` bytes."""
+    files = [(p.stat().st_mtime, p.stat().st_size, p) for p in paths]
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files):
+        if total <= budget:
+            break
+        p.unlink(missing_ok=True)
+        total -= size
+
+
 class ImageCache:
     """Files ``<root>/<sha1(id)[:2]>/<id>``; writes are atomic (temp + rename) so concurrent workers may share it."""
 
@@ -103,13 +115,7 @@ class ImageCache:
 
     def trim(self) -> None:
         """Delete the least recently written files until the cache fits ``max_bytes``."""
-        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.glob("*/*") if p.is_file()]
-        total = sum(size for _, size, _ in files)
-        for _, size, p in sorted(files):
-            if total <= self.max_bytes:
-                break
-            p.unlink(missing_ok=True)
-            total -= size
+        trim_oldest([p for p in self.root.glob("*/*") if p.is_file()], self.max_bytes)
 
 
 class ModelCache:
@@ -145,14 +151,9 @@ class ModelCache:
         return path, False
 
     def trim(self, keep: Path) -> None:
-        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.root.iterdir()
-                 if p.is_file() and not p.name.startswith(".") and p != keep]
-        total = sum(size for _, size, _ in files) + (keep.stat().st_size if keep.is_file() else 0)
-        for _, size, p in sorted(files):
-            if total <= self.max_bytes:
-                break
-            p.unlink(missing_ok=True)
-            total -= size
+        """Delete the least recently used files (but ``keep``) until the cache fits ``max_bytes``."""
+        trim_oldest([p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".") and p != keep],
+                    self.max_bytes - (keep.stat().st_size if keep.is_file() else 0))
 
 
 class CachedRetrieverProvider:

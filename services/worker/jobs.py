@@ -26,8 +26,10 @@ from typing import Any
 
 from t3ar.errors import T3arError
 from t3ar.logs import REQUEST_ID, request_id_from
+from t3ar.method.config import AdaptConfig
 from t3ar_services.common.job_contract import (
     BASE_MODEL_ROUTE,
+    MAX_LABELLED_LISTED,
     MODEL_FILE,
     TARGET_ROUTE,
     Accuracy,
@@ -37,6 +39,7 @@ from t3ar_services.common.job_contract import (
     JobCanceledError,
     JobReport,
     JobSpec,
+    LabelledNeighbour,
     NeighbourRow,
     StepPoint,
     Transfer,
@@ -102,7 +105,6 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
 
     import t3ar.pipeline  # noqa: F401  (imported here so the phase table counts it as the work horse's imports)
     from t3ar.device import resolve_device
-    from t3ar.method.config import AdaptConfig
 
     t0 = time.perf_counter()
     # the phase table starts at the fork (the worker parent's mark) when there is one, else here
@@ -159,7 +161,7 @@ def _fetch_inputs(spec: JobSpec, settings: WorkerSettings, api: Any, work: Path)
     return model_file, target_dir, transfer
 
 
-def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, progress: Any, connection: Any,
+def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device: Any, progress: Any, connection: Any,
            api: Any, model_file: Path, target_dir: Path, work: Path, transfer: dict[str, Any],
            t0: float, measured: dict[str, float], queue_wait: float | None) -> dict[str, Any]:
     from t3ar.clients.retriever import RetrieverClient
@@ -171,10 +173,10 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     t = time.perf_counter()
     model, info = load_checkpoint(model_file, device=device)
     target = read_target(target_dir, strict=True)
-    from t3ar.data.datasets import stratified_subsample
+    from t3ar.data.datasets import adapted_rows
     from t3ar_services.worker.memory import check_job_memory
 
-    kept = len(stratified_subsample(target.labels, len(target), config.fraction, config.seed))
+    kept = len(adapted_rows(target.labels, len(target), config.fraction, config.seed))
     check_job_memory(config, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
     measured["model_loaded"] = time.perf_counter() - t
 
@@ -219,6 +221,9 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: Any, device: Any, pr
     api.put_result(spec.job_id, readable(report.model_dump(mode="json")), lineage)  # finishes the job
     summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
                "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
+    if report.labelled_neighbours_total:  # labelled neighbours: the first few (report: more)
+        summary["labelled_neighbours_total"] = report.labelled_neighbours_total
+        summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]
@@ -234,9 +239,10 @@ def _brief_eval(ev: dict[str, Any] | None) -> EvalBrief | None:
 
 
 _MAX_STEP_POINTS = 500
+_SUMMARY_LABELLED = 20  # labelled neighbours named in the job's result (the report lists up to MAX_LABELLED_LISTED)
 
 
-def _report(spec: JobSpec, config: Any, outcome: Any, metrics: dict[str, Any], sha: str, device: str,
+def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str, Any], sha: str, device: str,
             provider: Any, seconds: float, transfer: dict[str, Any]) -> JobReport:
     res = outcome.result
     history = res.history
@@ -265,6 +271,10 @@ def _report(spec: JobSpec, config: Any, outcome: Any, metrics: dict[str, Any], s
                       for s in history[::max(1, -(-len(history) // _MAX_STEP_POINTS))]],
         # what retrieval did: a sample of target images and the pool neighbours drawn for them, with scores
         neighbour_sample=[NeighbourRow.model_validate(n) for n in outcome.neighbour_sample],
+        # the neighbours that served as labelled training data (issue 33), the most used first
+        labelled_neighbours=[LabelledNeighbour(pool_id=u.pool_id, label=u.label, uses=u.uses) for u in sorted(
+            outcome.labelled_neighbours, key=lambda u: (-u.uses, u.pool_id))[:MAX_LABELLED_LISTED]],
+        labelled_neighbours_total=len(outcome.labelled_neighbours),
         image_cache=CacheStats(hits=provider.hits, misses=provider.misses) if provider is not None else None,
         transfer=Transfer.model_validate(transfer),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from t3ar.errors import T3arError
+from t3ar.method.config import AdaptConfig
 
 
 class JobTooLargeError(T3arError):
@@ -31,7 +32,7 @@ def available_bytes(device: Any) -> int | None:
     return None
 
 
-def check_job_memory(config: Any, n_kept: int, image_size: int, feature_dim: int, num_classes: int, device: Any,
+def check_job_memory(config: AdaptConfig, n_kept: int, image_size: int, feature_dim: int, num_classes: int, device: Any,
                      available: int | None = None) -> int:
     """Raise :class:`JobTooLargeError` when the job's fixed tensors do not fit ``available`` (default: what
     ``device`` has free); the bytes needed otherwise."""

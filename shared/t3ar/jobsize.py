@@ -10,7 +10,10 @@ the device), not the model or a batch's activations. No torch here: the API impo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from t3ar.method.config import AdaptConfig
 
 #: the bank's feature width when the model has no bottleneck and the backbone's is not known here
 UNKNOWN_FEATURE_DIM = 2048
@@ -25,7 +28,7 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     return full + (1 if 2 * rest >= batch_size and rest >= 2 else 0)
 
 
-def planned_steps(config: Any, n: int) -> int:
+def planned_steps(config: AdaptConfig, n: int) -> int:
     """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``."""
     if config.method in ("source", "bn-adapt"):  # no optimiser (bn-adapt: one no-gradient pass)
         return 0
@@ -38,7 +41,7 @@ def kept_images(n_images: int, fraction: float) -> int:
     return max(2, min(n_images, math.ceil(n_images * fraction)))
 
 
-def memory_bytes(config: Any, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
+def memory_bytes(config: AdaptConfig, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
     """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px."""
     if config.method in ("source", "bn-adapt", "tent", "shot-im"):
         bank = 0

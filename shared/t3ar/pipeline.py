@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from t3ar.data.datasets import ImageSet, class_map_check, load_tensors, stratified_subsample
+from t3ar.data.datasets import ImageSet, adapted_rows, class_map_check, load_tensors
 from t3ar.data.images import to_tensor_uint8
 from t3ar.device import seed_everything
 from t3ar.errors import DatasetError, InvalidInputError
@@ -256,9 +256,7 @@ def run_adaptation(
     if config.mode == "train" and not target.labelled:
         raise DatasetError("train-time mode needs a labelled target (class folders or labels.csv)")
     full = target_tensor if target_tensor is not None else load_tensors(target, spec.image_size)
-    keep = stratified_subsample(target.labels, len(target), config.fraction, config.seed)
-    if len(keep) < 2:
-        raise DatasetError(f"{len(keep)} target image(s) after fraction={config.fraction}: need at least 2")
+    keep = adapted_rows(target.labels, len(target), config.fraction, config.seed)
     adapt_set, x = target.subset(keep), full[keep]
     labels = labels_for_model(adapt_set, spec.classes) if config.mode == "train" else None
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from stack_helpers import CLASSES, Stack, png, running_stack, target_zip, tiny_checkpoint
+from stack_helpers import CLASSES, Stack, png, running_stack, target_zip, upload_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +24,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture(scope="session")
 def model_id(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> str:
-    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("models") / "base.pt")
-    with stack.api() as api:
-        return str(api.upload_model(ckpt, "tiny")["id"])
+    return upload_tiny_model(stack, tmp_path_factory.mktemp("models"), "tiny")
 
 
 @pytest.fixture(scope="session")

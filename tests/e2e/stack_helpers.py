@@ -86,6 +86,13 @@ def target_zip(path: Path, *, per_class: int = 3, labels: bool = True, seed: int
     return path
 
 
+def upload_tiny_model(stack: Any, folder: Path, name: str) -> str:
+    """A tiny base model uploaded to ``stack``'s API; its id."""
+    ckpt = tiny_checkpoint(folder / "base.pt")
+    with stack.api() as api:
+        return str(api.upload_model(ckpt, name)["id"])
+
+
 def tiny_checkpoint(path: Path, classes: tuple[str, ...] = CLASSES) -> Path:
     from t3ar.models.backbones import BackboneSpec
     from t3ar.models.checkpoint import save_checkpoint

@@ -31,6 +31,7 @@ from stack_helpers import (
     running_stack,
     target_zip,
     tiny_checkpoint,
+    upload_tiny_model,
     wait_for,
 )
 
@@ -152,9 +153,7 @@ def user(browser: Any, console_stack: Stack) -> Iterator[Console]:
 
 @pytest.fixture(scope="module")
 def model_id(console_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> str:
-    ckpt = tiny_checkpoint(tmp_path_factory.mktemp("console-models") / "base.pt")
-    with console_stack.api() as api:
-        return str(api.upload_model(ckpt, "tiny emoji classifier")["id"])
+    return upload_tiny_model(console_stack, tmp_path_factory.mktemp("console-models"), "tiny emoji classifier")
 
 
 @pytest.fixture(scope="module")

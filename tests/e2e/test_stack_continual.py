@@ -7,7 +7,6 @@ dry-run changes nothing and its real run removes exactly what the dry-run listed
 
 from __future__ import annotations
 
-import io
 import sqlite3
 import zipfile
 from collections.abc import Iterator
@@ -15,35 +14,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import stack_helpers
-from PIL import Image, ImageDraw
 from stack_helpers import FAST_JOB, LONG_JOB, Stack, tiny_checkpoint, wait_for
 
+from t3ar.bench.retrieval.service import shapes_png
 from t3ar.clients.api import ApiAuthError, ApiInputError, ApiNotFoundError
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
 
 pytestmark = pytest.mark.slow
-
-
-def shapes_png(seed: int, size: int = 64, *, nudge: bool = False) -> bytes:
-    """A few coloured shapes (pairwise cosine < 0.9 under the default R for seeds 0..59); ``nudge`` changes one
-    pixel: other bytes, the same picture to R (a near-duplicate)."""
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (size, size), tuple(int(x) for x in rng.integers(0, 256, 3)))
-    draw = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(2, 6))):
-        x0, y0 = (int(v) for v in rng.integers(0, size, 2))
-        box = [x0, y0, x0 + int(rng.integers(8, 40)), y0 + int(rng.integers(8, 40))]
-        (draw.rectangle if rng.integers(0, 2) else draw.ellipse)(box, fill=tuple(int(x) for x in
-                                                                                  rng.integers(0, 256, 3)))
-    arr = np.asarray(img).copy()
-    if nudge:
-        arr[0, 0] = (arr[0, 0].astype(int) + 7) % 256
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def unlabelled_zip(path: Path, files: dict[str, bytes]) -> Path:

@@ -9,7 +9,6 @@ Milvus: ``milvus_server`` is one real Milvus standalone server for the session (
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
@@ -20,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 from milvus_server import MilvusServer, MilvusServerError, MilvusServerUnavailable, stop_process
-from PIL import Image, ImageDraw
 
+from t3ar.bench.retrieval.service import shapes_png
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.ports import free_port
 
@@ -111,18 +109,7 @@ def retriever_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Retri
 
 def retriever_png(seed: int, size: int = 64) -> bytes:
     """A PNG of a few coloured shapes (pairwise cosine < 0.9 under the default embedder for seeds 0..59)."""
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (size, size), tuple(int(x) for x in rng.integers(0, 256, 3)))
-    draw = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(2, 6))):
-        x0, y0 = (int(v) for v in rng.integers(0, size, 2))
-        box = [x0, y0, x0 + int(rng.integers(8, 40)), y0 + int(rng.integers(8, 40))]
-        colour = tuple(int(x) for x in rng.integers(0, 256, 3))
-        (draw.rectangle if rng.integers(0, 2) else draw.ellipse)(box, fill=colour)
-    arr = np.asarray(img).astype(int) + rng.integers(-30, 30, (size, size, 3)) * (seed % 2)
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
+    return shapes_png(seed, size, noise=True)
 
 
 @pytest.fixture(scope="session")

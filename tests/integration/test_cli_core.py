@@ -130,3 +130,33 @@ def test_wrong_classes_and_bad_checkpoint(data: dict[str, Path], tmp_path: Path)
     (tmp_path / "fake.pt").write_bytes(b"\x00" * 100)
     res = CliRunner().invoke(cli, ["evaluate", "--model", str(tmp_path / "fake.pt"), "--data", str(other)])
     assert res.exit_code == 1 and "not a t3ar checkpoint" in res.output
+
+
+def test_adapt_with_a_labelled_local_pool_names_the_neighbours_that_served_as_data(data: dict[str, Path]) -> None:
+    """Issue 33: ``--pool-labels folders`` labels POOL/<class>/ images; a folder that is not one of the model's
+    classes and loose images are unlabelled, so only model-class images serve as labelled data, with their
+    folder's label, and the output says which."""
+    pool = data["root"] / "labelled-pool"
+    for i in range(12):
+        _draw(pool / CLASSES[i % 2] / f"l{i}.png", CLASSES[i % 2], 160, 200 + i)
+        _draw(pool / "triangle" / f"t{i}.png", CLASSES[i % 2], 160, 300 + i)  # not a model class
+        _draw(pool / f"loose{i}.png", CLASSES[i % 2], 160, 400 + i)
+    got = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool", str(pool),
+                  "--pool-labels", "folders", "--method", "t3ar", "--k", "4", "--epochs", "1", "--batch-size", "8",
+                  "--retriever-image-size", "32", "--config", '{"pool_label_weight": 1.0}',
+                  "--out", str(data["root"] / "labelled.pt"))
+    served = got["labelled_neighbours"]
+    assert isinstance(served, list) and served
+    for use in served:
+        assert use["label"] in CLASSES and use["pool_id"].startswith(use["label"] + "/") and use["uses"] >= 1
+    text = CliRunner().invoke(cli, ["adapt", "--model", str(data["base"]), "--target", str(data["target"]),
+                                    "--pool", str(pool), "--pool-labels", "folders", "--method", "t3ar", "--k", "4",
+                                    "--epochs", "1", "--batch-size", "8", "--retriever-image-size", "32",
+                                    "--config", '{"pool_label_weight": 1.0}', "--out",
+                                    str(data["root"] / "labelled2.pt")], catch_exceptions=False)
+    assert text.exit_code == 0 and "served as labelled data (" in text.output, text.output
+    without = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool", str(pool),
+                      "--method", "t3ar", "--k", "4", "--epochs", "1", "--batch-size", "8",
+                      "--retriever-image-size", "32", "--config", '{"pool_label_weight": 1.0}',
+                      "--out", str(data["root"] / "unlabelled.pt"))
+    assert without["labelled_neighbours"] == []  # no --pool-labels: the pool carries no label

@@ -188,3 +188,42 @@ def test_provider_serves_the_adaptation_harness(retriever_module: RetrieverProce
     assert got.pool_images.shape[1:] == (3, 32, 32) and len(got.pool_ids) == got.pool_images.shape[0]
     assert all(img.mode == "RGB" for img in provider.fetch(got.pool_ids[:2]))
     client.close()
+
+
+def test_labels_are_stored_listed_filtered_and_travel_with_search_results(
+        retriever_module: RetrieverProcess, seeded: dict[str, str], make_png: Callable[..., bytes]) -> None:
+    """Issue 33, on every backend: an item's class label is stored with it, answered by item GETs and listings
+    (``?label=`` filters), counted in stats, and each search result carries its ids' labels, so a worker's
+    provider knows its neighbours' labels without reading any item."""
+    with retriever_module.client() as c:
+        dogs = c.add_images([(f"d{i}.png", make_png(80 + i)) for i in range(3)], source="zoo", label="dog")
+        cat = c.add_images([("c.png", make_png(90))], source="zoo", label="cat")
+        again = c.add_images([("d0-again.png", make_png(80))], label="fox")  # an add never relabels
+        dog_ids = [it["id"] for it in dogs["items"]]
+        assert again["items"][0]["status"] == "exists" and again["items"][0]["id"] == dog_ids[0]
+        assert c.get_item(dog_ids[0])["label"] == "dog" and c.get_item(seeded["s3.png"])["label"] is None
+        page = c.list_items(label="dog", limit=2)
+        assert page["total"] == 3 and [it["id"] for it in page["items"]] == dog_ids[:2]
+        assert [it["id"] for it in c.iter_items(label="dog", page_size=2)] == dog_ids
+        assert c.list_items(label="cat", source="zoo")["total"] == 1 and c.list_items(label="cat", source="a")[
+            "total"] == 0
+        assert c.stats()["labels"] == {"cat": 1, "dog": 3}
+        res = c.search_images([make_png(81), make_png(90), make_png(5)], k=2)
+        assert res.ids[0][0] == dog_ids[1] and res.labels[0][0] == "dog"
+        assert res.ids[1][0] == cat["items"][0]["id"] and res.labels[1][0] == "cat"
+        assert res.ids[2][0] == seeded["s5.png"] and res.labels[2][0] is None
+    client = RetrieverClient(retriever_module.url, "test-rw-token")
+    gets = 0
+    real_get = client.get_item
+
+    def counting_get(item_id: str) -> dict[str, object]:
+        nonlocal gets
+        gets += 1
+        return real_get(item_id)
+
+    client.get_item = counting_get  # type: ignore[method-assign]
+    provider = RetrieverProvider(client)
+    _, ids = provider.search(client.embed([make_png(82), make_png(3)]), 2)
+    assert provider.labels([ids[0][0], ids[1][0]]) == ["dog", None] and gets == 0
+    assert provider.labels([cat["items"][0]["id"]]) == ["cat"] and gets == 1  # never returned by a search
+    client.close()

@@ -119,6 +119,7 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
     rp = retriever_factory(data, VEC_ENV)
     with rp.client() as c:
         ids = c.add_vectors(vecs, identity=f"synthetic-{DIM}", source="s")
+        labelled = c.add_vectors(_vectors(4, seed=9), identity=f"synthetic-{DIM}", source="s", label="dog")
         c.delete_many(ids[:5])
         before = c.search(vecs[:20], k=10)
         tag = c.stats()["pool_tag"]
@@ -141,7 +142,9 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
     rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         st = c.stats()
-        assert st["repairs"] == [] and st["count"] == 295 and st["sources"] == {"s": 295}
+        assert st["repairs"] == [] and st["count"] == 299 and st["sources"] == {"s": 299}
+        assert st["labels"] == {"dog": 4} and c.get_item(labelled[0])["label"] == "dog"  # labels kept (issue 33)
+        assert c.search(_vectors(4, seed=9)[:1], k=1).labels == [["dog"]]
         after = c.search(vecs[:20], k=10)
         assert after.ids == before.ids and np.allclose(after.scores, before.scores, atol=1e-5)
         c.delete(ids[5])
@@ -151,7 +154,8 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
     rp = retriever_factory(data, VEC_ENV)
     with rp.client() as c:
         st = c.stats()
-        assert st["repairs"] == [] and st["count"] == 294 and st["index"]["type"] == "flat"
+        assert st["repairs"] == [] and st["count"] == 298 and st["index"]["type"] == "flat"
+        assert c.list_items(label="dog")["total"] == 4
         assert c.search(vecs[6:7], k=1).ids == [[ids[6]]] and ids[5] not in _found(c, vecs[:20])
     bad = runner.invoke(migrate, ["--data-dir", str(data), "--to", "milvus", "--milvus-uri", "http://127.0.0.1:9"])
     assert bad.exit_code == 1 and "cannot use the Milvus server at 'http://127.0.0.1:9'" in bad.output

@@ -75,6 +75,44 @@ def test_pool_commands(retriever_module: RetrieverProcess, tmp_path: Path, make_
     assert code == 1 and "unreachable" in out
 
 
+def test_pool_ingest_with_labels(retriever_module: RetrieverProcess, tmp_path: Path,
+                                 make_png: Callable[..., bytes]) -> None:
+    """Issue 33: ``--labels folders`` labels DIR/<class>/ images with <class> (loose ones none); ``--labels
+    FILE.csv`` labels the paths it names and leaves the others unlabelled; a bad CSV stops before any upload."""
+    src = tmp_path / "archive"
+    for i, rel in enumerate(["owl/a.png", "owl/deep/b.png", "emu/c.png", "loose.png"]):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(make_png(400 + i))
+    url = retriever_module.url
+    code, out = _run(["ingest", str(src), "--source", "lab", "--labels", "folders", "--in-flight", "1"], url)
+    assert code == 0 and "4 added" in out and "3 of the uploaded images carried a label" in out, out
+    with retriever_module.client() as c:
+        got = {it["filename"]: it["label"] for it in c.iter_items(source="lab")}
+        assert got == {"owl/a.png": "owl", "owl/deep/b.png": "owl", "emu/c.png": "emu", "loose.png": None}
+        assert c.list_items(label="owl", source="lab")["total"] == 2
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(3):
+        (flat / f"{i}.png").write_bytes(make_png(420 + i))
+    csv = tmp_path / "labels.csv"
+    csv.write_text("path,label\n0.png,yak\n2.png,gnu\nnot-here.png,ox\n")
+    code, out = _run(["ingest", str(flat), "--source", "csv", "--labels", str(csv), "--json"], url)
+    summary = json.loads(out[out.index("{"):])
+    assert code == 0 and summary["labelled"] == 2 and summary["csv_rows_unmatched"] == 1, out
+    with retriever_module.client() as c:
+        assert {it["filename"]: it["label"] for it in c.iter_items(source="csv")} == {
+            "0.png": "yak", "1.png": None, "2.png": "gnu"}
+    code, out = _run(["search", str(flat / "0.png"), "--k", "1"], url, "test-rw-token")
+    assert code == 0 and out.strip().endswith("yak"), out
+
+    csv.write_text("0.png,\x01\n")
+    code, out = _run(["ingest", str(tmp_path / "flat"), "--source", "bad", "--labels", str(csv)], url)
+    assert code == 2 and "row 1" in out, out
+    code, out = _run(["ingest", str(flat), "--labels", "folder"], url)
+    assert code == 2 and "folders" in out, out
+
+
 def test_serve_retriever_runs_and_stops_gracefully(tmp_path: Path) -> None:
     from conftest import free_port
 

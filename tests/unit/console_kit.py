@@ -41,7 +41,11 @@ def item_json(pid: str) -> dict[str, Any]:
     return {"id": pid, "sha256": "0" * 64, "source": HOSTILE, "metadata": {"caption": HOSTILE, "url": JS_URL,
                                                                           HOSTILE: "key"},
             "filename": f"{HOSTILE}.png", "media_type": "image/png", "size": 100, "width": 16, "height": 16,
-            "added_at": 0.0}
+            "added_at": 0.0, "label": LABELS.get(pid)}
+
+
+#: the class labels of the mocked pool's items (issue 33): one plain, one hostile; others unlabelled
+LABELS = {"p-1": "red", "p-2": HOSTILE}
 
 
 def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
@@ -49,16 +53,20 @@ def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
         path = req.url.path
         if path == "/stats":
             return httpx.Response(200, json={"count": len(pool["ids"]), "identity": "fake",
-                                             "sources": {HOSTILE: len(pool["ids"])}})
+                                             "sources": {HOSTILE: len(pool["ids"])},
+                                             "labels": {LABELS[p]: 1 for p in pool["ids"] if p in LABELS}})
         if path == "/pool" and req.method == "GET":
             pool.setdefault("listed", []).append(dict(req.url.params))
             items = [item_json(p) for p in sorted(pool["ids"])]
             if "source" in req.url.params:
                 items = [it for it in items if it["source"] == req.url.params["source"]]
+            if "label" in req.url.params:
+                items = [it for it in items if it["label"] == req.url.params["label"]]
             return httpx.Response(200, json={"items": items, "next_after": None, "total": len(items)})
         if path == "/search":
             ids = sorted(pool["ids"])
-            return httpx.Response(200, json={"results": [{"ids": ids, "scores": [0.9] * len(ids)}],
+            return httpx.Response(200, json={"results": [{"ids": ids, "scores": [0.9] * len(ids),
+                                                          "labels": [LABELS.get(i) for i in ids]}],
                                              "identity": "fake"})
         m = re.fullmatch(r"/pool/([^/]+)(/image)?", path)
         if m:
@@ -167,7 +175,10 @@ def finished_job(client: TestClient, tmp_path: Path, csrf: str) -> str:
                                 "pl_change_rate": 0.5 - i / 20} for i in range(5)],
               "accuracy": {"before": {"top1": 0.4}, "after": {"top1": 0.6}},
               "neighbour_sample": [{"target": "imgs/a0.png", "neighbours": [{"id": "p-1", "score": 0.91},
-                                                                            {"id": "p-2", "score": 0.5}]}]}
+                                                                            {"id": "p-2", "score": 0.5}]}],
+              "labelled_neighbours": [{"pool_id": "p-1", "label": "red", "uses": 3},
+                                      {"pool_id": "p-2", "label": HOSTILE, "uses": 1}],
+              "labelled_neighbours_total": 2}
     write_json_atomic(art / REPORT_FILE, report)
     (art / "model.pt").write_bytes(model)
     write_json_atomic(art / LINEAGE_FILE, {"pool_ids": ["p-1", "p-2"], "checkpoint_sha256": "0" * 64})

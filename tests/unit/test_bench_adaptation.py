@@ -170,7 +170,10 @@ def test_grid_flags_methods_below_source() -> None:
 
 
 def test_grid_arms_pair_the_family_and_label_every_arm() -> None:
-    arms = grid_arms(QUICK, _selection())
+    import dataclasses
+
+    # the grid without the labelled protocol (test_bench_labelled.py covers its arms)
+    arms = grid_arms(dataclasses.replace(QUICK, labelled=False, grid_skip=()), _selection())
     labels = {a["label"] for a in arms}
     assert labels == {"bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-paper", "t3ar", ORACLE,
                       "supervised"}

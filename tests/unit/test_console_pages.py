@@ -130,6 +130,33 @@ def test_the_pool_grid_filters_by_source_including_no_source(client: TestClient,
     assert [p.get("source") for p in pool["listed"]] == [None, None, HOSTILE, ""]
 
 
+def test_the_pool_grid_shows_and_filters_by_label(client: TestClient, pool: dict[str, Any]) -> None:
+    """Issue 33: each item's class label is shown, the labels are offered as a filter, ``?label=`` is passed to
+    the retriever's listing (and kept by the next-page link), and an item's page names its label."""
+    signed_in(client)
+    page = client.get("/ui/pool")
+    assert page.status_code == 200 and 'id="label-filter"' in page.text and '<option value="red"' in page.text
+    assert 'class="caption label" title="class label">red<' in page.text
+    only = client.get("/ui/pool", params={"label": "red"})
+    assert only.text.count('<li><a href="/ui/pool/') == 1 and 'labelled “red”' in only.text
+    assert pool["listed"][-1].get("label") == "red" and pool["listed"][0].get("label") is None
+    item = client.get("/ui/pool/p-1")
+    assert item.status_code == 200 and 'id="item-label"><a href="/ui/pool?label=red">red</a>' in item.text
+    assert "0.900 · red" in item.text  # its near-duplicates' labels too
+
+
+def test_the_job_page_lists_the_labelled_neighbours(client: TestClient, tmp_path: Path) -> None:
+    csrf = signed_in(client)
+    job_id = finished_job(client, tmp_path, csrf)
+    page = client.get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200 and "Labelled neighbours as data (2)" in page.text
+    table = page.text[page.text.index('id="labelled-neighbours"'):]
+    assert '<a href="/ui/pool/p-1">p-1</a></td><td>red</td><td>3</td>' in table
+    assert HOSTILE not in page.text  # escaped
+    report = client.get(f"/jobs/{job_id}/report", headers={"Authorization": "Bearer user-t"}).json()
+    assert report["labelled_neighbours"][0] == {"pool_id": "p-1", "label": "red", "uses": 3}
+
+
 def test_a_search_image_is_bounded(client: TestClient) -> None:
     from t3ar_services.api.console.pages_pool import MAX_QUERY_BYTES
 

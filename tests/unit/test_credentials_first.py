@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import fakeredis
+from asgi_probe import AsgiProbe
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
@@ -18,17 +19,8 @@ from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_m
 def _run(mw: CredentialsFirstMiddleware, method: str,
          headers: dict[str, str]) -> tuple[list[dict[str, Any]], int, bool]:
     """Call the middleware once; return what it sent, how often the body was read, whether the app ran."""
-    sent: list[dict[str, Any]] = []
-    reads = 0
+    probe = AsgiProbe(b"x" * 1000)
     reached = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal reads
-        reads += 1
-        return {"type": "http.request", "body": b"x" * 1000, "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
 
     async def app(scope: Any, rcv: Any, snd: Any) -> None:
         nonlocal reached
@@ -40,8 +32,8 @@ def _run(mw: CredentialsFirstMiddleware, method: str,
     mw.app = app
     scope = {"type": "http", "method": method, "path": "/adapt",
              "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
-    asyncio.run(mw(scope, receive, send))  # type: ignore[arg-type]
-    return sent, reads, reached
+    asyncio.run(mw(scope, probe.receive, probe.send))  # type: ignore[arg-type]
+    return probe.sent, probe.reads, reached
 
 
 def test_middleware_refuses_before_reading_and_passes_known_tokens() -> None:

@@ -5,15 +5,12 @@ tests/integration/test_retriever_bad_input.py."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-
-from t3ar_services.retriever.main import create_app
-from t3ar_services.retriever.settings import RetrieverSettings
+from retriever_kit import vector_retriever
 
 ADMIN = {"Authorization": "Bearer admin-t"}
 BAD = b"\xed\xa0\x80"
@@ -21,13 +18,7 @@ BAD = b"\xed\xa0\x80"
 
 @pytest.fixture()
 def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
-                                 embedder="none", vector_dim=8, vector_identity="synthetic")
-    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
-        deadline = time.monotonic() + 30
-        while c.get("/ready").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with vector_retriever(tmp_path / "pool", 8) as c:
         yield c
 
 

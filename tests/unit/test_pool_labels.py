@@ -152,3 +152,14 @@ def test_family_only_options_are_refused_elsewhere() -> None:
     for opt in ({"bn_start": True}, {"bn_fixed": True}, {"second_stage_steps": 3}):
         with pytest.raises(ValueError, match="T3AR family"):
             AdaptConfig(method="adacontrast", **opt)
+
+
+def test_an_ema_teacher_computes_the_keys_and_stays_out_of_the_optimiser() -> None:
+    plain, _ = _run(known=None)
+    taught, res = _run(known=None, teacher_ema=0.9)
+    assert not _same(plain, taught) and all(math.isfinite(h.loss) for h in res.history)
+    # with momentum ~0 the teacher is the current model at every step: the same first step as without one (up to
+    # the float rounding of the training loop's folded frozen layers, which the teacher copy does not fold)
+    _, res_plain = _run(known=None)
+    _, res_zero = _run(known=None, teacher_ema=1e-12)
+    assert res_zero.history[0].loss == pytest.approx(res_plain.history[0].loss, rel=1e-3)

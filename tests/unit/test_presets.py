@@ -7,7 +7,7 @@ import pytest
 
 from t3ar.errors import InvalidInputError
 from t3ar.method.config import AdaptConfig
-from t3ar.method.presets import DEFAULT_PRESET, PRESETS, expand, with_default
+from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, FAMILY, PRESETS, expand, with_default
 
 REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "adaptation-cpu.json"
 
@@ -25,7 +25,10 @@ def test_a_preset_fills_what_the_config_does_not_give() -> None:
 
 
 def test_the_services_default_preset_applies_to_the_t3ar_family_only() -> None:
-    assert with_default({})["preset"] == DEFAULT_PRESET  # the method defaults to t3ar
+    default = with_default({})
+    assert default["method"] == DEFAULT_METHOD["test"]
+    assert default.get("preset") == (DEFAULT_PRESET if default["method"] in FAMILY else None)
+    assert with_default({"mode": "train"})["method"] == DEFAULT_METHOD["train"]
     assert with_default({"method": "t3ar-noretrieval"})["preset"] == DEFAULT_PRESET
     assert "preset" not in with_default({"method": "shot-im"})
     assert with_default({"method": "t3ar", "preset": "paper"})["preset"] == "paper"
@@ -46,5 +49,9 @@ def test_the_product_follows_the_committed_method_benchmark() -> None:
     """The validated preset is what the cpu plan froze on validation, and it is the default only where it beat
     the paper-faithful T3AR there."""
     sel = json.loads(REPORT.read_text())["selection"]
-    assert PRESETS["validated"] == {k: v for k, v in sel["validated"]["options"].items()}
+    # the labelled protocol's frozen options: the validated T3AR's, its no-harm options and labelled neighbours as
+    # data (which act only where the pool carries labels)
+    assert PRESETS["validated"] == sel["labelled"]["options"]
+    assert {k: v for k, v in sel["validated"]["options"].items()}.items() <= PRESETS["validated"].items()
     assert DEFAULT_PRESET == ("validated" if sel["validated_beats_paper"] else "paper")
+    assert DEFAULT_METHOD["test"] == sel["default"]["method"]

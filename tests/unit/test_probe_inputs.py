@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,7 @@ import numpy as np
 import pytest
 from error_envelope import expect_error
 from fastapi.testclient import TestClient
-
-from t3ar_services.retriever.main import create_app
-from t3ar_services.retriever.settings import RetrieverSettings
+from retriever_kit import vector_retriever
 
 ADMIN = {"Authorization": "Bearer admin-t"}
 DIM = 8
@@ -25,13 +22,7 @@ DIM = 8
 
 @pytest.fixture()
 def pool(tmp_path: Path) -> Iterator[tuple[TestClient, list[str]]]:
-    settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
-                                 embedder="none", vector_dim=DIM, vector_identity="synthetic", max_queries=4)
-    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
-        deadline = time.monotonic() + 30
-        while client.get("/ready").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with vector_retriever(tmp_path / "pool", DIM, max_queries=4) as client:
         vecs = np.random.default_rng(0).normal(size=(10, DIM)).astype("<f4")
         ids = client.post("/pool/vectors", headers=ADMIN, params={"identity": "synthetic"},
                           content=vecs.tobytes()).json()["ids"]

@@ -145,3 +145,30 @@ def test_an_empty_id_is_unknown_without_a_request() -> None:
     for call in (_client(handler).get_item, _client(handler).get_image, _client(handler).delete):
         with pytest.raises(RetrieverNotFoundError, match="no pool item ''"):
             call("")
+
+
+def test_provider_labels_come_from_the_search_answers_without_item_reads() -> None:
+    """Issue 33: a neighbour's label travels with the search answer; only an id no search returned costs a
+    metadata read."""
+    gets: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/search":
+            return httpx.Response(200, json={"identity": "r", "k": 2, "results": [
+                {"ids": ["t-1", "t-2"], "scores": [0.9, 0.8], "labels": ["dog", None]},
+                {"ids": ["t-3"], "scores": [0.7], "labels": ["cat"]}]})
+        gets.append(request.url.path)
+        return httpx.Response(200, json={"id": "t-9", "label": "fox", "source": ""})
+
+    provider = RetrieverProvider(_client(handler))
+    provider.search(np.ones((2, 4), np.float32), 2)
+    assert provider.labels(["t-3", "t-1", "t-2"]) == ["cat", "dog", None] and gets == []
+    assert provider.labels(["t-9", "t-1"]) == ["fox", "dog"] and gets == ["/pool/t-9"]
+
+
+def test_search_without_labels_reads_as_unlabelled() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"identity": "r", "k": 2, "results": [{"ids": ["t-1"], "scores": [0.9]}]})
+
+    res = _client(handler).search(np.ones((1, 4), np.float32), 2)
+    assert res.labels == [[None]]

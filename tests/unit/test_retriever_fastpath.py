@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from error_envelope import expect_error
 from fastapi.testclient import TestClient
+from retriever_kit import vector_retriever
 
 from t3ar_services.retriever.main import create_app
 from t3ar_services.retriever.settings import RetrieverSettings
@@ -125,13 +126,7 @@ def test_the_fast_lane_keeps_auth_request_ids_metrics_and_the_access_log(
 
 
 def test_the_fast_lane_leaves_the_body_limit_to_the_stack(tmp_path: Path) -> None:
-    settings = RetrieverSettings(data_dir=tmp_path / "pool", token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
-                                 embedder="none", vector_dim=DIM, vector_identity="synthetic", max_upload_bytes=100)
-    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
-        deadline = time.monotonic() + 30
-        while client.get("/ready").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with vector_retriever(tmp_path / "pool", DIM, max_upload_bytes=100) as client:
         big = {"vectors_b64": _b64(np.ones((8, DIM))), "k": 1}  # 8 x 32 bytes of base64 and more: over 100
         expect_error(client.post("/search", headers=ADMIN, json=big), 413, "payload_too_large")
         small = client.post("/search", headers=ADMIN, json={"vectors_b64": _b64(np.ones((1, DIM)))})

@@ -135,3 +135,30 @@ def test_search_answer_bytes_are_orjson_of_the_public_ids_and_rounded_floats() -
                 {"ids": [f"{tag}-{s}" for s in q.tolist()], "scores": np.round(sc.astype(np.float64), 6).tolist()}
                 for q, sc in rows]})
             assert search_answer("clip:ViT-B-32", 50, tag, rows) == old
+    # with labels (issue 33): each row also carries its ids' labels, byte for byte orjson's encoding
+    rows = [(seqs[i, :n], scores[i, :n]) for i, n in enumerate((3, 0, 2))]
+    labels = [["dog", None, "caf\u00e9 \"x\""], [], [None, "cat"]]
+    for tag in ("3fa9c1", 'we"ird\\tag'):
+        old = orjson.dumps({"identity": "i", "k": 3, "results": [
+            {"ids": [f"{tag}-{s}" for s in q.tolist()], "scores": np.round(sc.astype(np.float64), 6).tolist(),
+             "labels": lab} for (q, sc), lab in zip(rows, labels, strict=True)]})
+        assert search_answer("i", 3, tag, rows, labels) == old
+
+
+def test_a_bad_label_is_refused_on_every_door_and_nothing_is_stored(pool: tuple[TestClient, list[str]]) -> None:
+    """Issue 33: the label of POST /pool/vectors is checked (POST /pool's: tests/integration/
+    test_retriever_bad_input.py); a refused request stores nothing; listings filter by label."""
+    client, ids = pool
+    vec = np.ones((1, DIM), dtype="<f4").tobytes()
+    for label in ("a\nb", " x", "y" * 201):
+        resp = client.post("/pool/vectors", headers=ADMIN, params={"identity": "synthetic", "label": label},
+                           content=vec)
+        _expect(resp, 422, "invalid_input", "label")
+    assert client.get("/pool", headers=ADMIN).json()["total"] == len(ids)
+    resp = client.post("/pool/vectors", headers=ADMIN, params={"identity": "synthetic", "label": "dog"}, content=vec)
+    assert resp.status_code == 200, resp.text
+    [new] = resp.json()["ids"]
+    listed = client.get("/pool", headers=ADMIN, params={"label": "dog"}).json()
+    assert [it["id"] for it in listed["items"]] == [new] and listed["total"] == 1
+    assert client.get(f"/pool/{new}", headers=ADMIN).json()["label"] == "dog"
+    assert client.get(f"/pool/{ids[0]}", headers=ADMIN).json()["label"] is None

@@ -1,5 +1,6 @@
-"""The pool: a paged thumbnail grid with counts per source, search by an uploaded image, an item's page
-(metadata, near-duplicates, the jobs and checkpoints that used it) and, for admins, withdrawal.
+"""The pool: a paged thumbnail grid with counts per source and per class label (filters by either), search by an
+uploaded image, an item's page (metadata, label, near-duplicates, the jobs and checkpoints that used it) and, for
+admins, withdrawal.
 
 Reads go through the API's own retriever client (the browser never gets a retriever token) for any signed-in
 session, bounded for a page (:func:`~t3ar_services.api.console.web.pool_reader`: one attempt within
@@ -47,16 +48,19 @@ MAX_READAPTED = 200
 
 @router.get("/pool")
 def pool_page(request: Request, session: SessionDep, source: str | None = None, after: str | None = None,
-              exact: bool = False) -> Response:
-    """``source``: one source's items; an empty one means all sources unless ``exact`` (items without a source)."""
+              exact: bool = False, label: str | None = None) -> Response:
+    """``source``: one source's items; an empty one means all sources unless ``exact`` (items without a source).
+    ``label``: only the items with this class label (an empty one: any label or none)."""
     reader = pool_reader(request)
     stats = call(reader.stats)
     source = source if (source or exact) else None
-    page = call(reader.list_items, after=after or None, limit=PAGE, source=source)
+    label = label or None
+    page = call(reader.list_items, after=after or None, limit=PAGE, source=source, label=label)
     sources = sorted(dict(stats.get("sources") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    labels = sorted(dict(stats.get("labels") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     return render(request, "pool.html", session, items=page["items"], next_after=page.get("next_after"),
                   total=page.get("total", len(page["items"])), count=stats.get("count", 0), sources=sources,
-                  source=source)
+                  source=source, labels=labels, label=label)
 
 
 @router.get("/pool/search")
@@ -80,7 +84,8 @@ async def search(request: Request) -> Response:
         query = base64.b64encode(await run_in_threadpool(thumbnails(request).of, data)).decode()
     except Exception as e:  # the retriever decoded it; PIL here did not (it would have said so first)
         raise PageError(422, "the uploaded file is not an image this server can read") from e
-    rows = [{"id": i, "score": s} for i, s in zip(result.ids[0], result.scores[0], strict=False) if i]
+    rows = [{"id": i, "score": s, "label": lab}
+            for i, s, lab in zip(result.ids[0], result.scores[0], result.labels[0], strict=False) if i]
     return render(request, "search.html", session, results=rows, query=query, filename=upload.filename or "")
 
 
@@ -102,7 +107,8 @@ def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
     if item is not None and item.get("size"):
         image = call(reader.get_image, pool_id)
         res = call(reader.search_images, [image], NEAR_K, exclude_ids=[pool_id])
-        near = [{"id": i, "score": s} for i, s in zip(res.ids[0], res.scores[0], strict=False) if i]
+        near = [{"id": i, "score": s, "label": lab}
+                for i, s, lab in zip(res.ids[0], res.scores[0], res.labels[0], strict=False) if i]
     lineage = call(pool.lineage, state, links_of(request), pool_id)
     return render(request, "item.html", session, pool_id=pool_id, item=item, near=near, lineage=lineage)
 

@@ -7,23 +7,23 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
 from t3ar.errors import InvalidInputError, T3arError
 from t3ar.jobsize import kept_images
+from t3ar.method.config import AdaptConfig
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.domain import Links
 from t3ar_services.api.errors import ConflictError, NotFoundError, classify
 from t3ar_services.api.jobs import JobState, artifact, require_job
-from t3ar_services.api.registry import require_model
-from t3ar_services.api.store import JobRow
+from t3ar_services.api.registry import model_path, require_model
+from t3ar_services.api.store import JobRow, ModelRow
 from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
 from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, JobReport, new_job_secret
@@ -58,7 +58,7 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
-def _check_pool(state: ApiState, config: Any) -> None:
+def _check_pool(state: ApiState, config: AdaptConfig) -> None:
     """Retrieval methods need at least k pool items; say so now rather than fail in the worker."""
     if not config.uses_retrieval:
         return
@@ -68,13 +68,20 @@ def _check_pool(state: ApiState, config: Any) -> None:
                                 "image: ingest more (t3ar pool ingest) or lower k")
 
 
-def _check_size(state: ApiState, config: Any, n_kept: int, model_id: str) -> None:
-    """The operator's per-job caps (steps, memory), with the base model's input size and head (its bottleneck
-    width is in its architecture signature, ``...|bottleneck=256|...``)."""
+def _check_size(state: ApiState, config: AdaptConfig, n_kept: int, model_id: str) -> None:
+    """The operator's per-job caps (steps, memory), with the base model's input size, feature width and head."""
     model = require_model(state.store, state.settings, model_id)
-    found = re.search(r"\|bottleneck=(\d+)\|", model.arch)
-    check_job_size(state.settings, config, n_kept, model.image_size, int(found.group(1)) if found else None,
-                   len(model.classes))
+    check_job_size(state.settings, config, n_kept, model.image_size, _feature_dim(state, model), len(model.classes))
+
+
+def _feature_dim(state: ApiState, model: ModelRow) -> int | None:
+    """The model's feature width, recorded at upload; for a model registered before it was, its spec's bottleneck
+    width (read from its checkpoint; None without a bottleneck: the size check assumes a wide backbone)."""
+    if model.feature_dim is not None:
+        return model.feature_dim
+    from t3ar.models.checkpoint import read_info
+
+    return read_info(model_path(state.settings.data_dir, model.id)).spec.bottleneck_dim
 
 
 def _enqueue(state: ApiState, row: JobRow, secret: str) -> None:
@@ -129,8 +136,6 @@ def submit(state: ApiState, upload: TargetUpload) -> Accepted:
 def readapt(state: ApiState, job_id: str) -> Accepted:
     """Re-run a job with the same base model, target and config against the *current* pool (so without withdrawn
     items); the new job records ``parent_id``. 409 when the target is no longer stored."""
-    from t3ar.method.config import AdaptConfig
-
     orig = require_job(state.store, job_id)
     require_model(state.store, state.settings, orig.model_id)
     if not (state.settings.data_dir / orig.target_dir).is_dir():

@@ -107,3 +107,4 @@ def service_options(what: str, url_env: str, default_url: str, token_env: Sequen
 def pct(x: object) -> str:
     """A fraction as a percentage with one decimal; ``-`` for None (not measured)."""
     return "-" if x is None else f"{100 * float(x):.1f}%"  # type: ignore[arg-type]
+

@@ -16,6 +16,7 @@ import click
 from t3ar.cli.common import echo_result, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
+from t3ar.clients.job_report import labelled_summary
 from t3ar.method.config import METHODS
 from t3ar.method.presets import PRESET_NAMES
 
@@ -47,6 +48,9 @@ def _summary(job: dict[str, Any]) -> str:
                      f"{c['skipped_near']} near-duplicates skipped")
     for n in job.get("neighbours_from_contributions") or []:
         line += f"\n    used {n['items_used']} pool image(s) contributed by job {n['job_id']}"
+    res = job.get("result") or {}
+    if res.get("labelled_neighbours"):  # issue 33: which neighbours served as labelled data, with their labels
+        line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"))
     return line
 
 
@@ -106,7 +110,8 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.command("submit")
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
 @click.option("--model", "model", required=True, help="A model id (t3ar models list), or a checkpoint file to upload.")
-@click.option("--method", type=click.Choice(METHODS), default=None, help="Adaptation method (server default: t3ar).")
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help="Adaptation method [default: the server's, the method benchmark's choice].")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
               help="T3AR family: a named configuration (paper | validated); the server's default is the one the "
                    "method benchmark chose.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,9 +13,11 @@ from pydantic import ValidationError
 
 from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
 from t3ar.cli.json_arg import json_object
+from t3ar.clients.job_report import labelled_summary
+from t3ar.data.pool_labels import resolve_pool_labels
 from t3ar.errors import DatasetError
 from t3ar.method.config import METHODS, AdaptConfig
-from t3ar.method.presets import DEFAULT_PRESET, PRESET_NAMES, with_default
+from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, PRESET_NAMES, with_default
 
 if TYPE_CHECKING:
     from t3ar.data.datasets import ImageSet
@@ -128,7 +131,13 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Adapted checkpoint to write.")
 @click.option("--pool", type=click.Path(exists=True, path_type=Path), default=None,
               help="Auxiliary pool (folder/archive of images) for t3ar / t3ar-random.")
-@click.option("--method", type=click.Choice(METHODS), default="t3ar", show_default=True)
+@click.option("--pool-labels", default=None, metavar="folders|FILE.csv",
+              help="Class labels of the --pool images: 'folders' (an image under POOL/<class>/ carries <class>, a "
+                   "loose one none) or a CSV of path,label rows. A label that is not one of the model's classes "
+                   "counts as none. Labelled neighbours serve as data when the config's pool_label_weight > 0.")
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help="Adaptation method [default: the method benchmark's choice, "
+                   f"{DEFAULT_METHOD['test']} (test time) / {DEFAULT_METHOD['train']} (train time)].")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
               help=f"T3AR family: a named configuration (paper | validated); default {DEFAULT_PRESET}, the one "
                    "the method benchmark chose. Options given here win over the preset's.")
@@ -164,7 +173,8 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @device_option
 @json_option
 @domain_errors
-def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, method: str, preset: str | None,
+def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool_labels: str | None,
+              method: str | None, preset: str | None,
               k: int, r: int,
               epochs: int, min_steps: int, batch_size: int, lr: float, fraction: float, use_labels: bool,
               eval_path: Path | None, train_groups: str, bank_size: int, retriever: str,
@@ -190,13 +200,14 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
                "fraction": fraction, "train_groups": _groups(train_groups), "bank_size": bank_size, "seed": seed}
     # options left at their defaults (AdaptConfig's own) are not given, so that a preset's values apply
     given = {name: v for name, v in options.items() if not _defaulted(name)}
-    fields = {"method": method, "mode": "train" if use_labels else "test", **given,
+    fields = {**({"method": method} if method else {}), "mode": "train" if use_labels else "test", **given,
               **({"preset": preset} if preset else {}), **extra}
     try:
         cfg = AdaptConfig.model_validate(with_default(fields))
     except ValidationError as e:
         raise click.BadParameter("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
                                            for err in e.errors()), param_hint="--config / options") from e
+    method = cfg.method  # the default's when none was given
     if contribute and (pool is None or not pool.is_dir()):
         raise click.UsageError("--contribute adds the target to the pool folder: pass --pool DIR (a folder)")
     dev = resolve_device(device)
@@ -209,7 +220,8 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
             raise click.UsageError(f"--method {method} retrieves from a pool: pass --pool DIR")
         emb = Embedder(EmbedderSpec.parse(retriever, weights_path=retriever_weights, pretrained_tag=retriever_tag,
                                           image_size=retriever_image_size), device=dev)
-        provider = LocalPool.from_imageset(read_unlabelled(pool), emb)
+        pool_set = read_unlabelled(pool)
+        provider = LocalPool.from_imageset(pool_set, emb, labels=_local_pool_labels(pool, pool_set, pool_labels))
     bar = StepBar(f"adapt:{method}", enabled=not as_json)
     outcome = run_adaptation(model, info, tgt, cfg, provider=provider if cfg.uses_retrieval else None, device=dev,
                              eval_set=ev, on_step=bar)
@@ -218,7 +230,8 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
     sha = save_checkpoint(out, model, info.spec, adapt_config=cfg.model_dump(), lineage=outcome.lineage,
                           metrics=metrics)
     payload = {"checkpoint": str(out), "sha256": sha, "method": method, "adapted_on": outcome.lineage.target_size,
-               "pool_ids_used": len(outcome.lineage.pool_ids), **metrics}
+               "pool_ids_used": len(outcome.lineage.pool_ids), **metrics,
+               "labelled_neighbours": [asdict(u) for u in outcome.labelled_neighbours]}
     if contribute:
         from t3ar.local_contribute import contribute_local
 
@@ -228,11 +241,32 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, meth
     emit(payload, as_json, _adapt_summary)
 
 
+def _local_pool_labels(pool: Path, pool_set: ImageSet, spec: str | None) -> list[str | None] | None:
+    """The labels of a local pool's images under ``--pool-labels`` (paths relative to the pool folder, or to the
+    extracted archive's root); None without the option."""
+    if spec is None:
+        return None
+    base = pool if pool.is_dir() else pool_set.root
+    rels = [_relative(p, base) or pid for p, pid in zip(pool_set.paths, pool_set.ids, strict=True)]
+    resolved = resolve_pool_labels(rels, spec)
+    log.info("local pool: %d of %d images carry a label (%s)", resolved.labelled, len(rels), spec)
+    return resolved.labels
+
+
+def _relative(path: Path, base: Path | None) -> str | None:
+    try:
+        return path.resolve().relative_to(base.resolve()).as_posix() if base is not None else None
+    except ValueError:
+        return None
+
+
 def _adapt_summary(p: dict[str, Any]) -> str:
     line = (f"wrote {p['checkpoint']} ({p['method']}, {p['adapted_on']} target images, {p['steps']} steps, "
             f"{p['seconds_per_epoch']} s/epoch, {p['pool_ids_used']} pool images used)")
     if "before" in p:
         line += f"\naccuracy {pct(p['before']['top1'])} -> {pct(p['after']['top1'])} on {p['after']['n']} images"
+    if p.get("labelled_neighbours"):
+        line += "\n" + labelled_summary(p["labelled_neighbours"])
     if c := p.get("contribution"):
         line += (f"\n{'already contributed' if c['repeated'] else 'contributed'} {c['added']} of {c['images']} "
                  f"target images to the pool as {c['source']} ({c['skipped_exact']} exact and {c['skipped_near']} "

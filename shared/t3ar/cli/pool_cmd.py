@@ -16,6 +16,7 @@ from t3ar.cli.common import echo_result, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverInputError
+from t3ar.data.pool_labels import PoolLabels, resolve_pool_labels
 from t3ar.errors import T3arError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,22 +39,33 @@ def _image_files(root: Path) -> list[Path]:
                   and not any(part.startswith(".") or part == "__MACOSX" for part in p.relative_to(root).parts))
 
 
-def _batches(items: list[Path], size: int) -> Iterator[list[Path]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
+def _label_batches(items: list[Path], label_of: dict[Path, str | None], size: int) -> Iterator[list[Path]]:
+    """Batches of at most ``size`` files in file order, each of one label (a request carries one label): a new
+    batch starts where the label changes."""
+    batch: list[Path] = []
+    for f in items:
+        if batch and (len(batch) == size or label_of[batch[0]] != label_of[f]):
+            yield batch
+            batch = []
+        batch.append(f)
+    if batch:
+        yield batch
 
 
 @pool.command("ingest")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--source", default="", help="Source tag stored with every item.")
 @click.option("--metadata", default="{}", help="JSON object stored with every item.")
+@click.option("--labels", "labels_spec", default=None, metavar="folders|FILE.csv",
+              help="Class labels: 'folders' (an image under PATH/<class>/ carries <class>, a loose image none) or a "
+                   "CSV of path,label rows (paths relative to PATH; an image not in it carries none).")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--in-flight", default=2, show_default=True, type=click.IntRange(1, 8),
               help="Upload requests in flight at once. 1 commits the batches in file order, so the pool's content "
                    "does not depend on timing (near-duplicate skipping keeps whichever copy is committed first).")
 @_common()
-def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: int, url: str, token: str | None,
-           as_json: bool) -> None:
+def ingest(path: Path, source: str, metadata: str, labels_spec: str | None, batch_size: int, in_flight: int, url: str,
+           token: str | None, as_json: bool) -> None:
     """Add every image under PATH (a folder, a zip/tar archive, or one image) to the pool.
 
     Resumable: files whose sha256 is already in the pool are skipped before upload, so re-running after an
@@ -62,9 +74,13 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: i
     near-duplicate skipping on, which of two near-identical images is kept then varies from run to run:
     use ``--in-flight 1`` for a reproducible pool.
 
+    Labels (``--labels``) are stored with the items added by this run; an image already in the pool keeps the
+    label it has (an ingest never relabels). For an archive, paths are relative to the extracted archive.
+
     \b
     Example:
       t3ar pool ingest data/clipart.tar.gz --source openclipart --url http://127.0.0.1:8701
+      t3ar pool ingest data/emoji-archive --labels folders --source emoji-archive
     """
     from tqdm import tqdm
 
@@ -82,18 +98,28 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: i
             files = [path]
         if not files:
             raise click.ClickException(f"{path}: no image files (.png/.jpg/.webp/...) found")
+        root = path if path.is_dir() else (tmp / "x" if tmp is not None else None)
+        rels = [f.relative_to(root).as_posix() if root is not None else f.name for f in files]
+        try:
+            resolved = resolve_pool_labels(rels, labels_spec) if labels_spec else PoolLabels([None] * len(files))
+        except T3arError as e:
+            raise click.BadParameter(str(e), param_hint="--labels") from e
+        label_of = dict(zip(files, resolved.labels, strict=True))
         with RetrieverClient(url, token) as client:
             shas = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
             present = client.exists(list(shas.values()))
             todo = [f for f in files if shas[f] not in present]
             summary: dict[str, Any] = {"files": len(files), "skipped_existing": len(files) - len(todo), "added": 0,
-                                       "exists": 0, "duplicates": 0, "rejected": 0, "rejected_items": []}
+                                       "exists": 0, "duplicates": 0, "rejected": 0, "rejected_items": [],
+                                       "labelled": sum(label_of[f] is not None for f in todo),
+                                       "csv_rows_unmatched": len(resolved.unmatched)}
             with tqdm(total=len(files), initial=len(files) - len(todo), unit="img", desc="ingest",
                       disable=None) as bar, ThreadPoolExecutor(max_workers=in_flight) as ex:
                 def send(batch: list[Path]) -> dict[str, Any]:
                     try:
                         return client.add_images([(str(f.relative_to(path) if path.is_dir() else f.name),
-                                                   f.read_bytes()) for f in batch], source=source, metadata=meta)
+                                                   f.read_bytes()) for f in batch], source=source, metadata=meta,
+                                                 label=label_of[batch[0]])
                     except RetrieverInputError as e:
                         if not e.items:
                             raise
@@ -102,7 +128,7 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: i
 
                 pending: list[tuple[Future[dict[str, Any]], int]] = []
                 try:
-                    for batch in _batches(todo, batch_size):
+                    for batch in _label_batches(todo, label_of, batch_size):
                         pending.append((ex.submit(send, batch), len(batch)))
                         if len(pending) >= in_flight:  # >1 in flight: upload/decode overlaps embedding
                             _collect(pending.pop(0), summary, bar)
@@ -117,6 +143,10 @@ def ingest(path: Path, source: str, metadata: str, batch_size: int, in_flight: i
     text = (f"{summary['files']} files: {summary['added']} added, {summary['skipped_existing']} already in the "
             f"pool, {summary['exists']} exact repeats, {summary['duplicates']} near-duplicates skipped, "
             f"{summary['rejected']} rejected")
+    if labels_spec:
+        text += f"; {summary['labelled']} of the uploaded images carried a label"
+        if resolved.unmatched:
+            text += f" ({len(resolved.unmatched)} CSV row(s) named no image, e.g. {resolved.unmatched[0]})"
     for item in summary["rejected_items"][:20]:
         text += f"\n  rejected {item['name']}: {(item.get('error') or {}).get('message', '')}"
     echo_result(as_json, summary, text)
@@ -160,8 +190,10 @@ def search(image: Path, k: int, r: int, source: str | None, url: str, token: str
     """Nearest pool items to IMAGE (embedded by the retriever with the pool's embedder)."""
     with RetrieverClient(url, token) as client:
         res = client.search_images([image], k, r=r, source=source)
-    rows = [{"id": i, "score": sc} for i, sc in zip(res.ids[0], res.scores[0], strict=True)]
-    text = "\n".join(f"{row['score']:.4f}  {row['id']}" for row in rows) or "(the pool is empty)"
+    rows = [{"id": i, "score": sc, "label": lab} for i, sc, lab in zip(res.ids[0], res.scores[0], res.labels[0],
+                                                                         strict=True)]
+    text = "\n".join(f"{row['score']:.4f}  {row['id']}" + (f"  {row['label']}" if row["label"] else "")
+                     for row in rows) or "(the pool is empty)"
     echo_result(as_json, {"identity": res.identity, "results": rows}, text)
 
 
@@ -175,5 +207,6 @@ def stats(url: str, token: str | None, as_json: bool) -> None:
     lines = [f"items:      {st['count']}", f"dim:        {st['dim']}", f"embedder:   {st['identity']}",
              f"index:      {idx['type']} ({idx['vectors']} vectors, {idx['tombstones']} tombstones)",
              f"duplicates: {st['duplicate_policy']} at cosine >= {st['duplicate_threshold']}",
-             "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st["sources"].items()) or "-")]
+             "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st["sources"].items()) or "-"),
+             "labels:     " + (", ".join(f"{k}={v}" for k, v in (st.get("labels") or {}).items()) or "-")]
     echo_result(as_json, st, "\n".join(lines))

@@ -14,6 +14,7 @@ unknown fields are refused (a field the contract does not name never reaches the
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -83,11 +84,25 @@ class Transfer(_Part):
     seconds_upload_checkpoint: float | None = None
 
 
+class LabelledNeighbour(_Part):
+    """A pool neighbour that served as labelled training data (issue 33): its pool label (a class of the model)
+    and how many optimiser steps it served in."""
+
+    pool_id: str
+    label: str
+    uses: int = Field(ge=1)
+
+
+#: the most labelled neighbours a report lists (the most used first); ``labelled_neighbours_total`` counts all
+MAX_LABELLED_LISTED = 2000
+
+
 class JobReport(_Part):
     """What a finished job did: its config, the checkpoint it made, timings, losses per epoch and per step,
     accuracy when the target had labels, the image cache's use and a sample of the neighbours it drew."""
 
-    version: int = Field(default=REPORT_VERSION, description="the report's shape (REPORT_VERSION when written)")
+    version: int = Field(default=REPORT_VERSION, description="the report's shape (REPORT_VERSION when written)",
+                         json_schema_extra={"minimum": 1, "maximum": REPORT_VERSION})  # checked by _known
     job_id: str
     model_id: str | None = None
     parent_id: str | None = None
@@ -106,6 +121,12 @@ class JobReport(_Part):
     step_history: list[StepPoint] = Field(default_factory=list)
     accuracy: Accuracy | None = None
     neighbour_sample: list[NeighbourRow] = Field(default_factory=list)
+    labelled_neighbours: list[LabelledNeighbour] = Field(
+        default_factory=list, max_length=MAX_LABELLED_LISTED,
+        description="the pool neighbours that served as labelled training data, with their label and steps served "
+                    "(the most used first; empty when none did)")
+    labelled_neighbours_total: int | None = Field(default=None, ge=0, description="how many neighbours served as "
+                                                  "labelled data (all of them, listed or not)")
     image_cache: CacheStats | None = None
     transfer: Transfer | None = None
     phases: dict[str, float] | None = Field(
@@ -139,9 +160,27 @@ def report_summary(report: JobReport) -> str:
              + (f" (image cache {report.image_cache.hits} hits, {report.image_cache.misses} misses)"
                 if report.image_cache else ""),
              f"checkpoint sha256: {report.checkpoint_sha256 or '?'}"]
+    if report.labelled_neighbours:
+        lines.append(labelled_summary([u.model_dump() for u in report.labelled_neighbours],
+                                      total=report.labelled_neighbours_total))
     acc = report.accuracy
     if acc is not None and acc.before is not None and acc.after is not None \
             and acc.before.top1 is not None and acc.after.top1 is not None:
         lines.append(f"accuracy {100 * acc.before.top1:.1f}% -> {100 * acc.after.top1:.1f}% on the target labels"
                      + (" (used for training)" if acc.labels_used_for_training else ""))
     return "\n".join(lines)
+
+
+def labelled_summary(uses: Sequence[Mapping[str, Any]], *, total: int | None = None, shown: int = 10) -> str:
+    """One line on the neighbours that served as labelled training data (``{"pool_id", "label", "uses"}``, what
+    :class:`t3ar.pipeline.LabelledUse` and :attr:`JobReport.labelled_neighbours` hold): how many (``total`` when
+    the list is a part), per label, and the first ``shown`` with their label and the steps each served in."""
+    per_label: dict[str, int] = {}
+    for u in uses:
+        per_label[str(u["label"])] = per_label.get(str(u["label"]), 0) + 1
+    labels = ", ".join(f"{lab} {n}" for lab, n in sorted(per_label.items(), key=lambda kv: (-kv[1], kv[0])))
+    first = ", ".join(f"{u['pool_id']} ({u['label']}, {u['uses']} step{'s' if u['uses'] != 1 else ''})"
+                      for u in uses[:shown])
+    n = total if total is not None else len(uses)
+    more = f", and {n - min(shown, len(uses))} more" if n > min(shown, len(uses)) else ""
+    return f"{n} pool neighbour{'s' if n != 1 else ''} served as labelled data ({labels}): {first}{more}"

@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,8 @@ class SearchResult:
     ids: list[list[str]]
     scores: list[list[float]]
     identity: str
+    # the class label of each id (None: unlabelled); all None when the pool holds no labelled item
+    labels: list[list[str | None]] = field(default_factory=list)
 
 
 def _as_file(item: ImageInput, i: int) -> tuple[str, bytes]:
@@ -105,21 +107,27 @@ class RetrieverClient(HttpClient):
 
     # --- pool --------------------------------------------------------------------------------------------
     def add_images(self, images: Sequence[ImageInput], *, source: str = "", metadata: dict[str, Any] | None = None,
-                   atomic: bool = False, duplicate_policy: str | None = None) -> dict[str, Any]:
-        """Upload images and/or zip/tar archives; returns the per-item report (``items``, counts).
-        Raises RetrieverInputError (with ``items``) when nothing could be committed."""
+                   atomic: bool = False, duplicate_policy: str | None = None,
+                   label: str | None = None) -> dict[str, Any]:
+        """Upload images and/or zip/tar archives, each new one with class ``label`` (None: unlabelled); returns
+        the per-item report (``items``, counts). Raises RetrieverInputError (with ``items``) when nothing could
+        be committed."""
         files = [("files", _as_file(x, i)) for i, x in enumerate(images)]
         data: dict[str, str] = {"source": source, "metadata": json.dumps(metadata or {}),
                                 "atomic": "true" if atomic else "false"}
+        if label:
+            data["label"] = label
         if duplicate_policy:
             data["duplicate_policy"] = duplicate_policy
         return dict(self._json("POST", "/pool", files=files, data=data))
 
-    def add_vectors(self, vectors: np.ndarray, *, identity: str, source: str = "") -> list[str]:
-        """Vectors-only pools (admin token): bulk-add float32 vectors; returns their ids in order."""
+    def add_vectors(self, vectors: np.ndarray, *, identity: str, source: str = "",
+                    label: str | None = None) -> list[str]:
+        """Vectors-only pools (admin token): bulk-add float32 vectors, each with class ``label`` (None:
+        unlabelled); returns their ids in order."""
         body = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
         out = self._json("POST", "/pool/vectors", safe=False, content=body,
-                         params={"identity": identity, "source": source},
+                         params={"identity": identity, "source": source, "label": label or ""},
                          headers={"Content-Type": "application/octet-stream"})
         return list(out["ids"])
 
@@ -131,18 +139,22 @@ class RetrieverClient(HttpClient):
                 "found"])
         return found
 
-    def list_items(self, *, after: str | None = None, limit: int = 100, source: str | None = None) -> dict[str, Any]:
+    def list_items(self, *, after: str | None = None, limit: int = 100, source: str | None = None,
+                   label: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
         if after:
             params["after"] = after
         if source is not None:
             params["source"] = source
+        if label is not None:
+            params["label"] = label
         return dict(self._json("GET", "/pool", params=params))
 
-    def iter_items(self, *, source: str | None = None, page_size: int = 1000) -> Iterator[dict[str, Any]]:
+    def iter_items(self, *, source: str | None = None, page_size: int = 1000,
+                   label: str | None = None) -> Iterator[dict[str, Any]]:
         after = None
         while True:
-            page = self.list_items(after=after, limit=page_size, source=source)
+            page = self.list_items(after=after, limit=page_size, source=source, label=label)
             yield from page["items"]
             after = page["next_after"]
             if after is None:
@@ -194,8 +206,9 @@ class RetrieverClient(HttpClient):
 
     def _search(self, body: dict[str, Any]) -> SearchResult:
         out = self._post_json_fast("/search", body)
-        return SearchResult([row["ids"] for row in out["results"]], [row["scores"] for row in out["results"]],
-                            out["identity"])
+        rows = out["results"]
+        return SearchResult([row["ids"] for row in rows], [row["scores"] for row in rows], out["identity"],
+                            [row.get("labels") or [None] * len(row["ids"]) for row in rows])
 
 
 class RetrieverProvider:
@@ -206,6 +219,7 @@ class RetrieverProvider:
         self.batch_size = batch_size
         self.fetch_workers = fetch_workers
         self._identity: str | None = None
+        self._labels: dict[str, str | None] = {}  # pool id -> label, as the search answers gave them
 
     @property
     def identity(self) -> str:
@@ -239,6 +253,7 @@ class RetrieverProvider:
         for start in range(0, n, self.batch_size):
             res = self.client.search(queries[start:start + self.batch_size], k, identity=self._identity)
             for i, (row_ids, row_s) in enumerate(zip(res.ids, res.scores, strict=True)):
+                self._labels.update(zip(row_ids, res.labels[i], strict=True))
                 scores[start + i, :len(row_s)] = row_s
                 ids.append(list(row_ids) + [""] * (k - len(row_ids)))
         return scores, ids
@@ -252,9 +267,14 @@ class RetrieverProvider:
             return [str(item.get("source", "")) for item in ex.map(self.client.get_item, ids)]
 
     def labels(self, ids: Sequence[str]) -> list[str | None]:
-        """Each item's pool ``label`` (None = unlabelled; one metadata read per id, in parallel)."""
-        with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
-            return [(str(item["label"]) if item.get("label") else None) for item in ex.map(self.client.get_item, ids)]
+        """Each item's pool ``label`` (None = unlabelled): what the search answers carried (no call), and one
+        metadata read per id that no search of this provider returned (in parallel)."""
+        unseen = [i for i in dict.fromkeys(ids) if i not in self._labels]
+        if unseen:
+            with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
+                self._labels.update((i, str(item["label"]) if item.get("label") else None)
+                                    for i, item in zip(unseen, ex.map(self.client.get_item, unseen), strict=True))
+        return [self._labels[i] for i in ids]
 
     def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
         """Download and decode (RGB, alpha on white) the pool images, in order."""

@@ -28,11 +28,12 @@ import torch
 
 from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
 from t3ar.data.images import is_image_name, open_image, to_tensor_uint8
-from t3ar.data.sampling import class_map_check, stratified_subsample
+from t3ar.data.sampling import adapted_rows, class_map_check, stratified_subsample
 from t3ar.errors import DatasetError, ImageDecodeError
 
 __all__ = [
     "ImageSet",
+    "adapted_rows",
     "class_map_check",
     "find_labels_csv",
     "load_tensors",
@@ -238,31 +239,33 @@ def _read_csv(csv_path: Path, strict: bool) -> tuple[list[_Item], list[tuple[str
     return items, skipped
 
 
-def read_labelled(
-    source: Path,
-    *,
-    strict: bool = False,
-    work_dir: Path | None = None,
-    limits: ExtractLimits = _DEFAULT_LIMITS,
-    num_workers: int = 0,
-) -> ImageSet:
+def _open_root(source: Path, work_dir: Path | None, limits: ExtractLimits, *, labelled: bool) -> Path:
+    """The folder a set's images are read from: ``source`` itself, or the archive it names safely extracted, with a
+    lone wrapper folder descended. DatasetError when it does not exist or is another kind of file."""
+    layout = _LABELLED_LAYOUT if labelled else _UNLABELLED_LAYOUT
+    if not source.exists():
+        raise DatasetError(f"{source}: does not exist; {layout}")
+    extracted = _materialise(source, work_dir, limits)
+    if source.is_file() and extracted is None:
+        kinds = "a directory, archive or CSV" if labelled else "a directory or an archive"
+        raise DatasetError(f"{source}: not {kinds}; {layout}")
+    return _unwrap(extracted or source, labelled=labelled)
+
+
+def read_labelled(source: Path, *, strict: bool = False, work_dir: Path | None = None,
+                  limits: ExtractLimits = _DEFAULT_LIMITS, num_workers: int = 0) -> ImageSet:
     """Read a labelled set (see the module docstring for layouts); classes sorted alphabetically.
 
     Classes with no readable image do not appear in ``classes``. Raises DatasetError when nothing usable is
     found, ImageDecodeError (strict) for the first unreadable file, UnsafeArchiveError for a bad archive.
     """
     source = Path(source)
-    if not source.exists():
-        raise DatasetError(f"{source}: does not exist; {_LABELLED_LAYOUT}")
     skipped: list[tuple[str, str]] = []
     if source.is_file() and source.suffix.lower() == ".csv":
         items, skipped = _read_csv(source, strict)
         root = source.parent
     else:
-        extracted = _materialise(source, work_dir, limits)
-        if source.is_file() and extracted is None:
-            raise DatasetError(f"{source}: not a directory, archive or CSV; {_LABELLED_LAYOUT}")
-        root = _unwrap(extracted or source, labelled=True)
+        root = _open_root(source, work_dir, limits, labelled=True)
         class_dirs, loose = _listdir(root)
         for f in loose:
             if is_image_name(f.name):
@@ -283,26 +286,15 @@ def find_labels_csv(root: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def read_unlabelled(
-    source: Path,
-    *,
-    strict: bool = False,
-    work_dir: Path | None = None,
-    limits: ExtractLimits = _DEFAULT_LIMITS,
-    num_workers: int = 0,
-) -> ImageSet:
+def read_unlabelled(source: Path, *, strict: bool = False, work_dir: Path | None = None,
+                    limits: ExtractLimits = _DEFAULT_LIMITS, num_workers: int = 0) -> ImageSet:
     """Read every image under a directory (recursively) or inside an archive; ``labels`` is None.
 
     A lone wrapper directory is descended so ids do not depend on how the archive was made. A root
     ``labels.csv`` is never applied (and not reported as skipped): use :func:`find_labels_csv` on ``.root``.
     """
     source = Path(source)
-    if not source.exists():
-        raise DatasetError(f"{source}: does not exist; {_UNLABELLED_LAYOUT}")
-    extracted = _materialise(source, work_dir, limits)
-    if source.is_file() and extracted is None:
-        raise DatasetError(f"{source}: not a directory or an archive; {_UNLABELLED_LAYOUT}")
-    root = _unwrap(extracted or source, labelled=False)
+    root = _open_root(source, work_dir, limits, labelled=False)
     labels_csv = find_labels_csv(root)
     items: list[_Item] = [
         (p, p.relative_to(root).as_posix(), None) for p in _walk_files(root) if p != labels_csv

@@ -1,4 +1,5 @@
-"""Label bookkeeping for datasets: mapping dataset classes onto a model's, and seeded stratified subsamples.
+"""Label bookkeeping for datasets: mapping dataset classes onto a model's, seeded stratified subsamples, and the
+rows of a target an adaptation uses (:func:`adapted_rows`).
 
 Both are re-exported by :mod:`t3ar.data.datasets`.
 """
@@ -54,3 +55,14 @@ def stratified_subsample(labels: Sequence[int] | None, n_items: int, fraction: f
         members = by_class[lab]
         chosen.extend(rng.sample(members, min(len(members), max(1, round(fraction * len(members))))))
     return sorted(chosen)
+
+
+def adapted_rows(labels: Sequence[int] | None, n_items: int, fraction: float, seed: int) -> list[int]:
+    """The rows of a target an adaptation uses: the stratified subsample that its config's ``fraction`` and
+    ``seed`` choose. The one definition that the pipeline, the API's validation and checkpoint check and the
+    worker's memory check share. DatasetError when fewer than 2 rows remain (adaptation needs 2)."""
+    keep = stratified_subsample(labels, n_items, fraction, seed)
+    if len(keep) < 2:
+        raise DatasetError(f"fraction={fraction} of {n_items} images leaves {len(keep)}; adaptation needs at least "
+                           "2: raise fraction or send more images")
+    return keep

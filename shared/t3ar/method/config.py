@@ -97,6 +97,10 @@ class AdaptConfig(BaseModel):
     bn_fixed: bool = Field(
         default=False, description="T3AR family: every BatchNorm layer normalises with its running statistics "
                                    "during the steps and never updates them (with bn_start: bn-adapt's, kept)")
+    teacher_ema: float = Field(
+        default=0.0, ge=0, lt=1, description="T3AR family: keys, pool features and the logits behind the filtered "
+                                             "pseudo-labels come from an EMA teacher of the model with this momentum "
+                                             "(AdaContrast's 0.999); 0 = the current model (the paper's m = 0)")
     # a second, short stage: the bottleneck and head retrained on the target alone (SWAT)
     second_stage_steps: int = Field(
         default=0, ge=0, le=MAX_STEPS, description="T3AR family: steps of a second stage that retrains only the "
@@ -155,8 +159,8 @@ class AdaptConfig(BaseModel):
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
-        if (self.bn_start or self.bn_fixed or self.second_stage_steps) and not self.in_family:
-            raise ValueError("bn_start, bn_fixed and second_stage_steps are options of the T3AR family "
+        if (self.bn_start or self.bn_fixed or self.second_stage_steps or self.teacher_ema) and not self.in_family:
+            raise ValueError("bn_start, bn_fixed, teacher_ema and second_stage_steps are options of the T3AR family "
                              "(t3ar, t3ar-random, t3ar-noretrieval)")
         if self.mode == "train" and not self.has_train_mode:
             raise ValueError(f"{self.method} is a test-time method (no labels); use t3ar-noretrieval or t3ar with "

@@ -34,6 +34,7 @@ of the two weighted loss terms at the query feature (``grad_norm_ce``, ``grad_no
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from t3ar.method import losses
+from t3ar.method.adacontrast import momentum_update
 from t3ar.method.bank import MemoryBank
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
 from t3ar.method.config import AdaptConfig
@@ -74,6 +76,7 @@ class ContrastiveState:
     pool_labels: torch.Tensor | None = None  # [P] true labels (-1 unknown): diagnostics / the oracle arm only
     pool_oracle: bool = False
     pool_known: torch.Tensor | None = None  # [P] pool labels as model classes (-1 = none): data and negatives
+    teacher: Classifier | None = None  # the EMA teacher of config.teacher_ema (None: the current model, m = 0)
 
     @classmethod
     @torch.no_grad()
@@ -104,14 +107,20 @@ class ContrastiveState:
         model.train(was_training)
         n_pool = len(setup.pool_images) if (setup is not None and setup.pool_images is not None) else 0
         pool_pl = torch.full((n_pool,), -1, dtype=torch.long, device=device) if n_pool else None
-        return cls(bank, id_pl, lab, config, shape_bucket, joint_enabled(config, device), pool_pl,
+        teacher = None
+        if config.teacher_ema > 0:  # AdaContrast's key encoder: an EMA copy, never trained by the optimiser
+            teacher = copy.deepcopy(model)
+            for p in teacher.parameters():
+                p.requires_grad_(False)
+        return cls(bank, id_pl, lab, config, shape_bucket, joint_enabled(config, device) and teacher is None, pool_pl,
                    setup.pool_allowed if setup is not None else None,
                    setup.pool_labels.to(device) if (setup is not None and setup.pool_labels is not None) else None,
                    bool(setup and setup.pool_oracle),
-                   setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None)
+                   setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None,
+                   teacher)
 
-    def _forwards(self, model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int, n_pool: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+    def _forwards(self, model: Classifier, key_model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int,
+                  n_pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
                              torch.Tensor | None]:
         """(q_feat, q_logits) of the weak views with gradient; (k, k_logits) of the batch's strong views and
         (p, p_logits), its neighbours' features and logits (None without), without gradient; k and p normalised.
@@ -135,10 +144,10 @@ class ContrastiveState:
                 k_logits = model.head(feats_all[:b])
                 p_logits = model.head(feats_all[b:b + n_pool]).float() if n_pool else None
         else:
-            with torch.no_grad(), segmented_batch_stats(model, segments), nograd_precision(cfg, dev):
-                feats_all = model.features(xs)
-                k_logits = model.head(feats_all[:b])
-                p_logits = model.head(feats_all[b:b + n_pool]).float() if n_pool else None
+            with torch.no_grad(), segmented_batch_stats(key_model, segments), nograd_precision(cfg, dev):
+                feats_all = key_model.features(xs)
+                k_logits = key_model.head(feats_all[:b])
+                p_logits = key_model.head(feats_all[b:b + n_pool]).float() if n_pool else None
         with torch.no_grad():
             k = F.normalize(feats_all[:b].float(), dim=1)
             p = F.normalize(feats_all[b:b + n_pool].float(), dim=1) if n_pool else None
@@ -157,7 +166,13 @@ class ContrastiveState:
         cfg, bank, dev = self.config, self.bank, ids.device
         b, nbr, pool_local = len(ids), sv.nbr, sv.pool_local
         n_pool = 0 if pool_local is None else len(pool_local)
-        q_feat, q_logits, k, k_logits, p, p_logits = self._forwards(model, sv.weak, sv.strong, b, n_pool)
+        key_model = model
+        if self.teacher is not None:  # the teacher follows the model (its modes too), then computes the keys
+            momentum_update(self.teacher, model, cfg.teacher_ema)
+            for mt, ms in zip(self.teacher.modules(), model.modules(), strict=True):
+                mt.training = ms.training
+            key_model = self.teacher
+        q_feat, q_logits, k, k_logits, p, p_logits = self._forwards(model, key_model, sv.weak, sv.strong, b, n_pool)
         q = F.normalize(q_feat.float(), dim=1)
         out: dict[str, torch.Tensor] = {}
         data = None

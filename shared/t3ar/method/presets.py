@@ -34,6 +34,13 @@ PRESETS: dict[Preset, dict[str, Any]] = {
 DEFAULT_PRESET: Preset = "validated"
 
 
+#: the method of a job whose config names none, per mode (services, CLI): at test time what the method benchmark's
+#: validation shift prefers (the validated T3AR where it beats bn-adapt there, else the best of bn-adapt, AdaContrast
+#: and the validated T3AR: ``selection.default`` of docs/benchmarks/adaptation-cpu.json, a unit test keeps the two
+#: equal); at train time the T3AR family (bn-adapt and AdaContrast have no train-time mode)
+DEFAULT_METHOD: dict[str, str] = {"test": "t3ar", "train": "t3ar"}
+
+
 def expand(given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` with its preset's options filled in under the ones it sets itself (unchanged without a preset or
     with an unknown one: validation then names the bad value)."""
@@ -44,10 +51,14 @@ def expand(given: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def with_default(given: Mapping[str, Any], method_default: str = "t3ar") -> dict[str, Any]:
-    """``given`` naming :data:`DEFAULT_PRESET` when it is a T3AR-family config that names no preset (what the
-    services and the CLI submit)."""
+def with_default(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` with the defaults of a job (what the services and the CLI submit): the mode's
+    :data:`DEFAULT_METHOD` when it names no method, and :data:`DEFAULT_PRESET` when it is a T3AR-family config
+    that names no preset."""
     out = dict(given)
-    if "preset" not in out and out.get("method", method_default) in FAMILY:
+    mode = out.get("mode", "test")
+    if "method" not in out:
+        out["method"] = DEFAULT_METHOD.get(mode if isinstance(mode, str) else "test", "t3ar")
+    if "preset" not in out and out["method"] in FAMILY:
         out["preset"] = DEFAULT_PRESET
     return out

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from t3ar.bench.retrieval.ann import mixture_vectors
-from t3ar.bench.retrieval.main import _rss_bytes, _service
+from t3ar.bench.retrieval.service import cpu_seconds, retriever_service, rss_bytes
 
 DIM = 512
 CHUNK = 100_000
@@ -49,17 +49,11 @@ def _planted(n: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarray, n
     return x.astype(np.float32), target, planted
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (what the scan cost, whatever else the machine runs)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(items: int, share: float, threshold: float, nprobe: int, work: Path) -> dict[str, Any]:
     vecs, target, planted = _planted(items, share, seed=11)
     env = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
            "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
-    with _service(work / "pool", env) as (client, proc):
+    with retriever_service(work / "pool", env) as (client, proc):
         t0 = time.perf_counter()
         ids: list[str] = []
         for start in range(0, items, CHUNK):
@@ -70,11 +64,11 @@ def run(items: int, share: float, threshold: float, nprobe: int, work: Path) -> 
                     ids += client.add_vectors(vecs[lo:hi], identity="synthetic", source=src)
         load_s = time.perf_counter() - t0
         del vecs  # 2 GiB at 1 M: the retriever's scan needs the memory more than this process
-        rss_before = _rss_bytes(proc.pid)
-        t1, c1 = time.perf_counter(), _cpu_seconds(proc.pid)
+        rss_before = rss_bytes(proc.pid)
+        t1, c1 = time.perf_counter(), cpu_seconds(proc.pid)
         out = client.near_duplicates(threshold=threshold, sources=["target:*"], nprobe=nprobe)
-        scan_s, scan_cpu = time.perf_counter() - t1, _cpu_seconds(proc.pid) - c1
-        rss_after = _rss_bytes(proc.pid)
+        scan_s, scan_cpu = time.perf_counter() - t1, cpu_seconds(proc.pid) - c1
+        rss_after = rss_bytes(proc.pid)
     row = {pid: i for i, pid in enumerate(ids)}
     removed = np.array([row[r["id"]] for r in out["remove"]], dtype=np.int64)
     found = int(planted[removed].sum()) if len(removed) else 0

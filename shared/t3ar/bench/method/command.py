@@ -43,6 +43,29 @@ def _only_fractions(plan: BenchPlan, spec: str) -> BenchPlan:
                                notes=(*plan.notes, f"restricted to fractions {spec} (--fractions)"))
 
 
+def _restricted(plan: BenchPlan, seeds: str | None, shifts: str | None) -> BenchPlan:
+    """``plan`` on a subset of its evaluation seeds and/or shifts (a note says which)."""
+    import dataclasses
+
+    notes = list(plan.notes)
+    if seeds is not None:
+        try:
+            want = tuple(int(s) for s in seeds.split(","))
+        except ValueError as exc:
+            raise click.BadParameter(f"{seeds!r}: give seeds as N,N,...", param_hint="--seeds") from exc
+        if not want or not set(want) <= set(plan.seeds):
+            raise click.BadParameter(f"choose among the plan's seeds {list(plan.seeds)}", param_hint="--seeds")
+        plan = dataclasses.replace(plan, seeds=want)
+        notes.append(f"restricted to seeds {list(want)} (--seeds)")
+    if shifts is not None:
+        names = tuple(s.strip() for s in shifts.split(",") if s.strip())
+        if not names or not set(names) <= set(plan.eval_shifts):
+            raise click.BadParameter(f"choose among the plan's shifts {list(plan.eval_shifts)}", param_hint="--shifts")
+        plan = dataclasses.replace(plan, eval_shifts=names)
+        notes.append(f"restricted to the evaluation shifts {list(names)} (--shifts)")
+    return dataclasses.replace(plan, notes=tuple(notes))
+
+
 @click.command("adapt")
 @click.option("--plan", "plan_name", type=click.Choice(["quick", "cpu", "paper", "drift", "contrastive"]),
               default="quick", show_default=True,
@@ -65,8 +88,12 @@ def _only_fractions(plan: BenchPlan, spec: str) -> BenchPlan:
 @click.option("--fractions", default=None, metavar="F,F,...",
               help="Run only these of the plan's fractions (test- and train-time), e.g. 0.1,0.3 for the low-data "
                    "cells. Runs are cached per run, so a later full run reuses them.")
+@click.option("--seeds", default=None, metavar="N,N,...",
+              help="Run only these of the plan's evaluation seeds (a smaller grid; the report says so).")
+@click.option("--shifts", default=None, metavar="S,S,...",
+              help="Run only these of the plan's evaluation shifts (a smaller grid; the report says so).")
 def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Path, device: str,
-                workers: int | None, fractions: str | None) -> None:
+                workers: int | None, fractions: str | None, seeds: str | None, shifts: str | None) -> None:
     """Method benchmark: does retrieval make adaptation better? Chooses every hyper-parameter on a validation shift
     (google -> fluent3d), then compares source / TENT / SHOT-IM / AdaContrast / T3AR without retrieval / T3AR
     with random retrieval / T3AR on three evaluation shifts, paired over seeds with 95 % CIs, in test-time and
@@ -91,6 +118,8 @@ def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Pat
         plan = dataclasses.replace(plan, workers=workers)
     if fractions is not None:
         plan = _only_fractions(plan, fractions)
+    if seeds is not None or shifts is not None:
+        plan = _restricted(plan, seeds, shifts)
     out_dir = out_dir or (work_dir / "quick" if plan_name == "quick" else Path("docs/benchmarks"))
     try:
         if plan_name in ("drift", "contrastive"):

@@ -50,7 +50,8 @@ def _arm(phase: str, shift: str, seed: int, fraction: float, method: str, lr: fl
 
 
 #: what tells the arms of a phase apart (a field an arm lacks matches records that lack it too)
-ARM_FIELDS = ("phase", "shift", "fraction", "method", "lr", "options", "mode", "retriever", "oracle_pool_labels")
+ARM_FIELDS = ("phase", "shift", "fraction", "method", "lr", "options", "mode", "retriever", "oracle_pool_labels",
+              "label_draw")
 
 
 def _mean(records: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> float:
@@ -75,7 +76,8 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     quality = quality_table(ctx)
     retriever = choose_retriever(quality, p.validation_shift, p.retrievers)
     fam = "t3ar-noretrieval"
-    arms = [a for m in (*BASELINES, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
+    baselines = [m for m in BASELINES if m not in p.grid_skip]  # a baseline the grid does not run needs no lr
+    arms = [a for m in (*baselines, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
     arms += [a for g in p.bn_groups for a in _seeded(p, "select", "bn-adapt", NO_LR, **_opts({"train_groups": g}))]
     arms += [a for m in ("supervised", fam) for lr in p.lr_grid
              for a in _seeded(p, "select-train", m, lr, mode="train")]
@@ -86,13 +88,13 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
                             "method": method, "lr": lr, **_opts(options or {}), **extra})
 
     lr_table = [{"method": m, "mode": "test", "lr": lr, "top1": top("select", m, lr)}
-                for m in (*BASELINES, fam) for lr in p.lr_grid]
+                for m in (*baselines, fam) for lr in p.lr_grid]
     lr_table += [{"method": m, "mode": "train", "lr": lr, "top1": top("select-train", m, lr, mode="train")}
                  for m in ("supervised", fam) for lr in p.lr_grid]
     def best_lr(phase: str, method: str, **extra: Any) -> float:
         return max(p.lr_grid, key=lambda lr: top(phase, method, lr, **extra))  # a tie keeps the lower lr
 
-    lrs = {m: best_lr("select", m) for m in (*BASELINES, fam)}
+    lrs = {m: best_lr("select", m) for m in (*baselines, fam)}
     train_lrs = {m: best_lr("select-train", m, mode="train") for m in ("supervised", fam)}
     bn_table = [{"train_groups": g, "top1": top("select", "bn-adapt", NO_LR, {"train_groups": g})} for g in p.bn_groups]
     bn_groups = max(p.bn_groups, key=lambda g: top("select", "bn-adapt", NO_LR, {"train_groups": g}))
@@ -137,8 +139,8 @@ def _family(sel: Mapping[str, Any], label: str, mode: str = "test") -> tuple[str
     """(method, lr, extra arm fields) of a T3AR-family arm as frozen."""
     lr = sel["train_lr" if mode == "train" else "lr"]["t3ar-noretrieval"]
     term = dict(sel["term"])
-    if label == "t3ar-noretrieval":
-        return "t3ar-noretrieval", lr, _opts(term)
+    if label == "t3ar-noretrieval":  # the validated T3AR's retrieval-off twin: the term and the family's options
+        return "t3ar-noretrieval", lr, _opts({**term, **sel.get("family_options", {})})
     if label == "t3ar-paper":
         return "t3ar", lr, _opts(term)
     v = sel["validated"]
@@ -153,6 +155,8 @@ def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
         for seed in p.seeds:
             for f in p.fractions:
                 for label in TEST_ARMS[1:]:
+                    if label in p.grid_skip:
+                        continue
                     curves = p.curves and seed == p.seeds[0] and math.isclose(f, p.select_fraction) \
                         and label in ("t3ar-noretrieval", "t3ar-paper", "t3ar")
                     if label == "bn-adapt":
@@ -167,12 +171,19 @@ def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
             method, lr, extra = _family(sel, "t3ar")
             options = dict(extra.get("options", {}))
             options["pool_data_weight"] = options.get("pool_data_weight") or 1.0
-            arms.append(_arm("main", shift, seed, fa, method, lr, label=ORACLE, oracle_pool_labels=True,
-                             **{**extra, "options": options}))
+            if ORACLE not in p.grid_skip:
+                arms.append(_arm("main", shift, seed, fa, method, lr, label=ORACLE, oracle_pool_labels=True,
+                                 **{**extra, "options": options}))
+            if p.labelled:
+                from t3ar.bench.method.labelled import labelled_arms
+
+                arms += labelled_arms(p, sel, shift, seed)
             for f in p.train_fractions:
                 arms.append(_arm("train", shift, seed, f, "supervised", sel["train_lr"]["supervised"], mode="train",
                                  label="supervised"))
                 for label in TRAIN_ARMS[1:]:
+                    if label in p.train_skip:
+                        continue
                     method, lr, extra = _family(sel, label, "train")
                     arms.append(_arm("train", shift, seed, f, method, lr, mode="train", label=label, **extra))
     return arms
@@ -197,7 +208,9 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     """Cells, paired differences (to bn-adapt, retrieval alone, to the paper-faithful T3AR) and the verdict."""
     seeds, shifts = list(p.seeds), list(p.eval_shifts)
     phases = {"test": "main", "train": "train"}
-    arms = {"test": [*TEST_ARMS, ORACLE], "train": list(TRAIN_ARMS)}
+    from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS, goals, label_use_summary
+
+    arms = {"test": [*TEST_ARMS, ORACLE, *LABEL_ARMS], "train": [*TRAIN_ARMS, *(a for a in LABEL_ARMS if a != ALL_ARM)]}
     fractions = {"test": p.fractions, "train": p.train_fractions}
     cells: dict[str, dict[str, dict[str, Any]]] = {"test": {}, "train": {}}
     vs_bn: dict[str, dict[str, dict[str, Any]]] = {"test": {}, "train": {}}
@@ -235,19 +248,19 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
                                 "≥ +1.5 points, 95 % CI above 0", "value": d["mean"], "ci": [d["lo"], d["hi"]],
                        "met": bool(d["mean"] >= 0.015 and d["lo"] > 0)})
     for f in p.train_fractions:
-        if f in p.low_fractions:
+        if f in p.low_fractions and not math.isnan(alone["train"][str(f)]["mean"]):  # (its twin may be skipped)
             d = alone["train"][str(f)]
             checks.append({"check": f"train-time {100 * f:g} %: retrieval alone > 0, 95 % CI above 0",
                            "value": d["mean"], "ci": [d["lo"], d["hi"]], "met": bool(d["lo"] > 0)})
     for f in p.low_fractions:
         row = cells["test"][str(f)]
-        others = {m: c["mean"] for m, c in row.items() if m not in ("t3ar", ORACLE)}
+        others = {m: c["mean"] for m, c in row.items() if m not in ("t3ar", ORACLE, *LABEL_ARMS)}
         best = max(others, key=lambda m: others[m])
         gap = row["t3ar"]["mean"] - others[best]
         checks.append({"check": f"test-time {100 * f:g} %: validated T3AR ≥ the best other method ({best})",
                        "value": gap, "met": bool(gap >= 0)})
     below = [(m, f) for f in p.fractions for m, c in cells["test"][str(f)].items()
-             if m not in ("source", ORACLE) and c["mean"] < cells["test"][str(f)]["source"]["mean"]]
+             if m not in ("source", ORACLE, ALL_ARM) and c["mean"] < cells["test"][str(f)]["source"]["mean"]]
     checks.append({"check": "no method below source-only on average", "value": below, "met": not below})
     t_below = [(sh, f) for f in p.fractions for sh in shifts
                if cells["test"][str(f)]["t3ar"][sh] < cells["test"][str(f)]["source"][sh]]
@@ -257,7 +270,12 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     oracle = {str(f): paired(per_seed(records, shifts, seeds, f, ORACLE, "main"),
                              per_seed(records, shifts, seeds, f, "t3ar", "main"))
               for f in p.fractions if str(f) in cells["test"] and ORACLE in cells["test"][str(f)]}
-    return {"cells": cells, "vs_bn_adapt_all": vs_bn,
+    labelled = {}
+    if p.labelled:
+        labelled = {"goals": goals(p, records),
+                    "label_use": {mode: {str(f): label_use_summary(records, phases[mode], f) for f in fractions[mode]}
+                                  for mode in phases}}
+    return {**labelled, "cells": cells, "vs_bn_adapt_all": vs_bn,
             "vs_bn_adapt": {m: {f: _ci(d["t3ar"]) for f, d in v.items() if "t3ar" in d} for m, v in vs_bn.items()},
             "retrieval_alone": {m: {f: _ci(d) for f, d in v.items()} for m, v in alone.items()},
             "retrieval_alone_paired": alone, "vs_paper": vs_paper, "oracle_vs_validated": oracle,

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from t3ar.bench.method.grid import ORACLE, TEST_ARMS, TRAIN_ARMS
+from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS
+from t3ar.bench.method.labelled_report import COLOURS, NAMES, goals_plot, goals_section, selection_section, use_section
 from t3ar.bench.method.quality import DEPTHS
 from t3ar.bench.method.report import ci, pct, pyplot, save_fig, write_results
 
@@ -17,11 +19,13 @@ LABELS = {"source": "source only", "bn-adapt": "bn-adapt (target BatchNorm stati
           "shot-im": "SHOT-IM", "adacontrast": "AdaContrast", "t3ar-noretrieval": "T3AR without retrieval",
           "t3ar-paper": "T3AR, paper-faithful", "t3ar": "**T3AR, validated**",
           ORACLE: "oracle: validated T3AR, true labels on emoji neighbours (diagnostic)",
-          "supervised": "supervised fine-tuning"}
+          "supervised": "supervised fine-tuning", **NAMES}
 STYLE = {"source": ("grey", ":"), "bn-adapt": ("black", "--"), "tent": ("tab:orange", "--"),
          "shot-im": ("tab:green", "--"), "adacontrast": ("tab:cyan", "-"), "t3ar-noretrieval": ("tab:blue", "-"),
          "t3ar-paper": ("tab:purple", "-."), "t3ar": ("tab:red", "-"), ORACLE: ("tab:pink", ":"),
-         "supervised": ("tab:brown", "--")}
+         "supervised": ("tab:brown", "--"), **COLOURS}
+TEST_ROWS = (*TEST_ARMS, ORACLE, *LABEL_ARMS)
+TRAIN_ROWS = (*TRAIN_ARMS, *(a for a in LABEL_ARMS if a != ALL_ARM))
 OPTION_NAMES = {"temperature": "τ", "contrastive_weight": "InfoNCE weight", "diversity_weight": "diversity weight"}
 
 
@@ -177,6 +181,8 @@ def render_grid(res: Mapping[str, Any], stem: str) -> str:
              + f"; a cold run executes every run ({res['run_seconds_total'] / 60:.0f} min of run time in all, "
              f"spread over {p['workers']} processes).", ""]
     lines += [f"> {n}" for n in p["notes"]]
+    goals = goals_section(res)
+    lines += ["", "## Goals (labelled pool, issue 33)", "", *goals] if goals else []
     lines += ["", "## Verdict", "", *_checks(res), "", "## Protocol", "",
               f"- Source f_S: EfficientNet-Lite0 (packaged ImageNet weights) fine-tuned on the Google emoji style, one "
               f"per seed; 96 subcategories at {p['image_size']} px. Per target style a fixed split: "
@@ -197,20 +203,25 @@ def render_grid(res: Mapping[str, Any], stem: str) -> str:
               "T3AR without retrieval; T3AR paper-faithful (k = 5 drawn from the top 25, retrieved images as InfoNCE "
               "negatives only, the default R); T3AR as validated; an oracle diagnostic. The family's schedule and "
               "term are shared, so T3AR without retrieval is the validated T3AR's retrieval-off twin.",
-              "", "## Choices made on the validation shift", "", *_selection(res),
+              *(["- Labelled pool: the emoji items of the pool carry their class as a pool label; the unlabelled "
+                 "arms see the same pool without labels; the labelled arms, their random-labelled control and "
+                 "the whole-pool reference are described in the goals above (and t3ar/bench/method/labelled.py)."]
+                if p.get("labelled") else []),
+              "", "## Choices made on the validation shift", "", *_selection(res), *selection_section(res),
               "", "## Retrieval quality", "",
               "Top-k pool neighbours of every adaptation image by each R, against the emoji side labels (clipart has "
               "none: it counts as another class in 'of all'). Reported for every shift; only validation chose R.", "",
               *_quality(res),
               "", "## Test-time results (evaluation shifts, held-out images)", "",
               "Top-1 %, mean over the evaluation shifts, ± std over seeds:", "",
-              *_cells(res, "test", [*TEST_ARMS, ORACLE], p["fractions"]), "", "Per shift (mean over seeds):", "",
-              *_per_shift(res, "test", [*TEST_ARMS, ORACLE], p["fractions"]), "",
+              *_cells(res, "test", TEST_ROWS, p["fractions"]), "", "Per shift (mean over seeds):", "",
+              *_per_shift(res, "test", TEST_ROWS, p["fractions"]), "",
               "Paired differences (points, mean over seeds [95 % CI]):", "", *_diffs(res, "test", p["fractions"]),
               "", "## Train-time results (labelled adaptation part)", "",
-              *_cells(res, "train", TRAIN_ARMS, p["train_fractions"]), "",
+              *_cells(res, "train", TRAIN_ROWS, p["train_fractions"]), "",
               "Paired differences (points [95 % CI]; bn-adapt needs no labels, its test-time runs are the reference):",
               "", *_diffs(res, "train", p["train_fractions"]),
+              *(["", "## Labelled items used", "", *use_section(res)] if res.get("label_use") else []),
               "", "## Neighbours as data", "",
               "In the validated T3AR's runs: how many distinct neighbours served as training data per step, how many "
               "of those have a known label (other emoji styles; side labels, for this report only) and how many of "
@@ -228,8 +239,8 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
         return
     p = res["plan"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, mode, arms, fractions in ((axes[0], "test", [*TEST_ARMS, ORACLE], p["fractions"]),
-                                      (axes[1], "train", TRAIN_ARMS, p["train_fractions"])):
+    for ax, mode, arms, fractions in ((axes[0], "test", TEST_ROWS, p["fractions"]),
+                                      (axes[1], "train", TRAIN_ROWS, p["train_fractions"])):
         for m in arms:
             got = [res["cells"][mode][str(f)].get(m) for f in fractions]
             if any(g is None for g in got):
@@ -264,3 +275,4 @@ def _plots(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:
 def write_grid_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> None:
     write_results(res, render_grid(res, stem), out_dir, stem)
     _plots(res, out_dir, stem)
+    goals_plot(res, out_dir, stem)

@@ -133,6 +133,10 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
     ctx = build_context(plan, work, cache, device)
     t_ctx = time.perf_counter() - t_start
     sel = select_design(ctx, cache)
+    if plan.labelled:
+        from t3ar.bench.method.labelled import select_labelled
+
+        sel = select_labelled(ctx, cache, sel)
     log.info("validation choices: lr %s, train lr %s, bn-adapt groups %s, family term %s, R %s, T3AR options %s "
              "(validated %.4f vs paper-faithful %.4f)", sel["lr"], sel["train_lr"], sel["bn_groups"], sel["term"],
              sel["retriever"], sel["options"], sel["validated_top1"], sel["paper_top1"])

@@ -34,6 +34,10 @@ CONTRASTIVE_SETTINGS: tuple[Setting, ...] = ((("contrastive_weight", 0.3),), (("
 #: (named here, not imported: the CLI imports this module and must not load torch through the data kit; a unit test
 #: keeps it equal to the kit's styles but the source's)
 EMOJI_SOURCES: tuple[str, ...] = ("twitter", "openmoji", "openmoji-black", "fluent3d")
+#: the labelled archive's styles in the cpu plan's pool (named here, not imported: see EMOJI_SOURCES; a unit test
+#: keeps it equal to t3ar.bench.method.labelled_pool.ARCHIVE_POOL_STYLES)
+ARCHIVE: tuple[str, ...] = ("noto", "noto-v1", "emojione", "emojione-monotone", "emojione-v1", "fxemoji",
+                            "streamline-emojis", "fluent-emoji", "fluent-emoji-high-contrast")
 #: the retrieval options the validated T3AR may keep (each off by default in AdaptConfig), tried in this order
 RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("neighbours as data (weight 1, threshold 0.5)", (("pool_data_weight", 1.0),)),
@@ -43,6 +47,22 @@ RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("plain top-k (r = 1)", (("r", 1),)),
     ("false negatives masked", (("false_negatives", "mask"),)),
     ("false negatives as positives", (("false_negatives", "positive"),)),
+)
+#: the T3AR family's 'no harm' options (issue 33), tried greedily on validation on top of the validated T3AR, in this
+#: order: BatchNorm statistics from the target first (bn-adapt) and then moving or fixed, an EMA teacher, a lower lr,
+#: SWAT's second stage (bottleneck and head on the target's filtered pseudo-labels)
+NO_HARM_OPTIONS: tuple[tuple[str, Setting], ...] = (
+    ("bn-adapt first, statistics moving", (("bn_start", True),)),
+    ("bn-adapt first, statistics fixed", (("bn_start", True), ("bn_fixed", True))),
+    ("EMA teacher for keys and pseudo-labels (m = 0.999, AdaContrast's)", (("teacher_ema", 0.999),)),
+    ("lr a third of the family's", (("lr", "third"),)),
+    ("second stage: 10 steps of bottleneck and head on the target alone", (("second_stage_steps", 10),)),
+)
+#: labelled neighbours as data: tried greedily on validation after weight 1 (the start)
+LABEL_OPTIONS: tuple[tuple[str, Setting], ...] = (
+    ("labelled weight 2", (("pool_label_weight", 2.0),)),
+    ("class-balanced labelled term", (("pool_label_balance", True),)),
+    ("second stage: 10 steps of bottleneck and head on the target alone", (("second_stage_steps", 10),)),
 )
 #: the T3AR family's contrastive-term candidates of the grid protocol (besides AdaptConfig's own), one at a time
 FAMILY_TERMS: tuple[Setting, ...] = ((("temperature", 0.2),), (("temperature", 0.5),), (("diversity_weight", 1.0),))
@@ -93,6 +113,18 @@ class BenchPlan:
     #: the validated T3AR's retrieval options, tried greedily in this order on validation (name, AdaptConfig pairs)
     retrieval_options: tuple[tuple[str, Setting], ...] = RETRIEVAL_OPTIONS
     pool_cap: int | None = None
+    #: the labelled-pool protocol (issue 33, :mod:`t3ar.bench.method.labelled`): the family's no-harm options and
+    #: labelled neighbours chosen on validation, the labelled arms and their controls in the grid, the goals
+    labelled: bool = False
+    no_harm_options: tuple[tuple[str, Setting], ...] = NO_HARM_OPTIONS
+    label_options: tuple[tuple[str, Setting], ...] = LABEL_OPTIONS
+    whole_pool_fractions: tuple[float, ...] = (0.3,)  # where the whole-labelled-pool reference runs (its cost)
+    #: labelled emoji archive styles in the pool (t3ar.datakit.archive; the target's and the source's artwork
+    #: families kept out per shift, t3ar.bench.method.labelled_pool.pool_names); () = the kit's styles only
+    archive_styles: tuple[str, ...] = ()
+    #: grid arms not run (test-time labels of grid.TEST_ARMS / ORACLE; train-time of grid.TRAIN_ARMS)
+    grid_skip: tuple[str, ...] = ()
+    train_skip: tuple[str, ...] = ()
     curves: bool = True  # per-epoch diagnostics of the contrastive methods (seed 0, select fraction)
     workers: int = 1  # parallel run processes (GPU plans: the device is mostly idle at these sizes)
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -107,17 +139,27 @@ QUICK = BenchPlan(name="quick", eval_shifts=("twitter",), seeds=(0, 1), fraction
                   retrievers=("efficientnet_lite0", "efficientnet_lite1"),
                   retrieval_options=(RETRIEVAL_OPTIONS[0], RETRIEVAL_OPTIONS[4]),
                   max_adapt=160, max_eval=240, source_epochs=1, pool_cap=150,
-                  options=(("pool_negatives", "all"),),
+                  options=(("pool_negatives", "all"),), labelled=True,
+                  no_harm_options=(NO_HARM_OPTIONS[1], NO_HARM_OPTIONS[3]), label_options=(LABEL_OPTIONS[1],),
+                  grid_skip=("tent", "shot-im"),
                   notes=("smoke run: shows the pipeline works; not results",))
-CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.1, 0.3), epochs=30, max_steps=40,
-                lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=LITES,
-                workers=2,
+CPU = BenchPlan(name="cpu", fractions=(0.1, 0.3), train_fractions=(0.3,), epochs=30, max_steps=40,
+                lr_grid=(1e-3, 3e-3), contrastive_settings=FAMILY_TERMS, retrievers=("efficientnet_lite0",),
+                workers=2, labelled=True, grid_skip=("tent", "shot-im", "oracle", "t3ar-paper"),
+                train_skip=("t3ar-paper", "t3ar-noretrieval"), archive_styles=ARCHIVE,
                 notes=("the low-data fractions, at most 40 optimiser steps per run (36 at 30 %: 6 epochs; 40 at 10 %: "
                        "20 epochs), two single-thread processes on 2 cores: the step budget is what fits the time. A "
                        "probe on the validation shift before this protocol existed (30 %, seeds 0-1, 60 steps) gave "
                        "T3AR without retrieval 50.1 % at lr 1e-3 and 47.5 % at 3e-3, bn-adapt 50.0 %, training every "
                        "group 38 %: "
-                       "more steps did not let the losses beat BatchNorm statistics there",))
+                       "more steps did not let the losses beat BatchNorm statistics there",
+                       "the labelled-pool protocol (issue 33): the pool holds the clipart (unlabelled), the kit's "
+                       "emoji styles and the labelled archive's styles, less the target's and the source's artwork "
+                       "families; TENT and SHOT-IM (and their lr choice), the oracle diagnostic and the paper-faithful "
+                       "arm are not re-run (the 2026-11-26 run before this one has them, in git history), nor the "
+                       "train-time paper-faithful and retrieval-off arms; train time at 30 % only; R is Lite0, the "
+                       "one the run before chose among Lite0/1/2 on validation (embedding the larger pool three times "
+                       "did not fit the time)",))
 PAPER = BenchPlan(name="paper", workers=12, retrievers=LITES, contrastive_settings=FAMILY_TERMS,
                   notes=("the paper's 30-epoch schedule; on one H100 with 12 run processes the low-data cells "
                          "(--fractions 0.1,0.3) took about 20 minutes before the contrastive term was chosen on "

@@ -35,8 +35,11 @@ from t3ar.bench.method.data import (
     side_table,
     source_model,
 )
+from t3ar.bench.method.label_use import label_use
+from t3ar.bench.method.labelled_pool import pool_names
 from t3ar.bench.method.plans import BenchPlan
 from t3ar.bench.method.protocol import SOURCE_STYLE, cap_indices, fraction_subset, split_adapt_eval
+from t3ar.data.images import to_tensor_uint8
 from t3ar.datakit.emoji import DEFAULT_STYLES
 from t3ar.device import seed_everything
 from t3ar.embedder import Embedder, EmbedderSpec
@@ -116,7 +119,7 @@ def pool_name(shift: str, retriever: str | None, plan: BenchPlan) -> str:
 
 def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device) -> Context:
     """Data kits, target splits, per-seed source models and per-shift pools (all cached under ``work``)."""
-    kits = build_kits(work, cache)
+    kits = build_kits(work, cache, plan.archive_styles)
     source_set = load_style(kits.emoji, SOURCE_STYLE, plan.image_size)
     targets: dict[str, Target] = {}
     for shift in (plan.validation_shift, *plan.eval_shifts):
@@ -132,14 +135,15 @@ def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device
                          train_groups=plan.train_groups, seed=seed)
         sources[seed] = source_model(work, source_set, tc, plan.image_size, kits.emoji_request, device)
     emoji_pool = [s for s in DEFAULT_STYLES if s != SOURCE_STYLE]
-    comps = pool_components(kits, emoji_pool, plan.pool_cap)
+    comps = pool_components(kits, emoji_pool, plan.pool_cap, archive_styles=plan.archive_styles)
     pools = {}
     images: dict[str, Any] = {}  # decoded pool images, shared by every pool
     for retriever in plan.retrievers:
         embedder = Embedder(EmbedderSpec(backbone=PRESETS[retriever], image_size=plan.retriever_size), device)
         store = EmbeddingStore(embedder, embedder.identity, work / "embeddings")
         for shift, tgt in targets.items():
-            names = list(POOL_SOURCES) + [s for s in emoji_pool if s != shift]
+            names = (pool_names(shift, list(POOL_SOURCES), emoji_pool, plan.archive_styles) if plan.archive_styles
+                     else list(POOL_SOURCES) + [s for s in emoji_pool if s != shift])
             pool = BenchPool(embedder, [comps[n] for n in names], [store.component(comps[n]) for n in names],
                              store.queries(tgt.style, tgt.adapt_idx), images)
             ids_hash = hashlib.sha256("\n".join(pool.all_ids()).encode()).hexdigest()[:16]
@@ -202,7 +206,7 @@ def _curves(history: Sequence[StepStats]) -> list[dict[str, float]]:
 #: differ only there share their cached runs)
 RUN_FIELDS = ("epochs", "max_steps", "min_steps", "batch_size", "warmup_frac", "k", "image_size", "eval_share",
               "split_seed", "max_adapt", "max_eval", "source_epochs", "source_lr", "train_groups",
-              "retriever_size", "pool_cap")
+              "retriever_size", "pool_cap", "archive_styles")
 
 
 def arm_key(ctx: Context, arm: Mapping[str, Any]) -> str:
@@ -256,6 +260,9 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                              "seed": seed, **options})
         retrieved = None
         pool_kw: dict[str, Any] = {}
+        pool_ids: list[str] = []
+        pool_x: torch.Tensor | None = None
+        draw = arm.get("label_draw")  # a labelled arm: the pool's labels reach the method (else it sees none)
         if cfg.uses_retrieval:
             pool, pool_key = ctx.pools[pool_name(arm["shift"], arm.get("retriever"), ctx.plan)]
             provider: Any = OracleProvider(pool, ctx.side, tgt.style.label_names(subset)) if arm.get("oracle") \
@@ -263,13 +270,26 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
             retrieved = retrieve(provider, x, cfg, src.spec.image_size, stream(seed, 4))
             record["pool"] = pool_key
             record["pool_images_fetched"] = len(retrieved.pool_ids)
-            if cfg.pool_as_data or cfg.false_negatives != "keep":
-                classes = {c: i for i, c in enumerate(src.spec.classes)}
-                pool_kw = {"pool_sources": [pid.split("/", 1)[0] for pid in retrieved.pool_ids],
-                           "pool_diagnostic_labels": torch.tensor(
-                               [classes.get(ctx.side.get(pid, ("", ""))[0], -1) for pid in retrieved.pool_ids],
-                               dtype=torch.long),
-                           "pool_label_oracle": bool(arm.get("oracle_pool_labels"))}
+            pool_ids, pool_x = list(retrieved.pool_ids), retrieved.pool_images
+            n_retrieved = len(pool_ids)
+            if draw in ("random", "all"):  # the controls draw from every labelled pool item: append them
+                lab_ids, lab_x = labelled_tensors(pool, pool_key, ctx.side, src.spec.image_size)
+                pool_ids, pool_x = pool_ids + lab_ids, torch.cat([pool_x, lab_x])
+                record["pool_labelled_items"] = len(lab_ids)
+            classes = {c: i for i, c in enumerate(src.spec.classes)}
+            truth = torch.tensor([classes.get(ctx.side.get(pid, ("", ""))[0], -1) for pid in pool_ids],
+                                 dtype=torch.long)
+            if cfg.pool_as_data or cfg.false_negatives != "keep" or draw:
+                pool_kw = {"pool_sources": [pid.split("/", 1)[0] for pid in pool_ids],
+                           "pool_diagnostic_labels": truth, "pool_label_oracle": bool(arm.get("oracle_pool_labels"))}
+            if draw:
+                known = truth.clone()
+                # an appended copy of a retrieved item is never drawn (the retrieved one is): equal chances
+                seen = set(pool_ids[:n_retrieved])
+                for j in range(n_retrieved, len(pool_ids)):
+                    if pool_ids[j] in seen:
+                        known[j] = -1
+                pool_kw.update(pool_labels=known, pool_label_draw=draw)
         curves = bool(arm.get("curves"))
         eval_curve: list[dict[str, float]] = []
         norm = Normalizer(b.mean, b.std, ctx.device)
@@ -280,8 +300,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                 eval_curve.append({"epoch": float(st.epoch), "step": float(st.step), "top1": float(rep["top1"])})  # type: ignore[arg-type]
 
         res = adapt(model, x, cfg, mean=b.mean, std=b.std, labels=y if cfg.mode == "train" else None,
-                    neighbours=retrieved.neighbours if retrieved else None,
-                    pool_images=retrieved.pool_images if retrieved else None,
+                    neighbours=retrieved.neighbours if retrieved else None, pool_images=pool_x,
                     candidates=getattr(retrieved, "candidates", None) if retrieved else None,
                     device=ctx.device, generator=torch.Generator().manual_seed(seed),
                     diagnostic_labels=y if curves else None, diagnostics=curves,
@@ -294,6 +313,10 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
             record["curves"] = _curves(res.history)
         if cfg.pool_as_data:  # how many neighbours served as data per step, and how many had the right label
             record["pool_data"] = pool_data_summary(res.history)
+        if draw and retrieved is not None:  # what the labelled items were (reporting only)
+            retrieving = retrieved.candidates if retrieved.candidates is not None else retrieved.neighbours
+            record["label_use"] = label_use(res.pool_labelled, pool_ids, pool_kw["pool_labels"], res.steps,
+                                            retrieving if draw == "retrieved" else None, y)
     rep = evaluate(model, tgt.eval_x, tgt.eval_y, src.spec.classes,
                    Normalizer(b.mean, b.std, ctx.device))
     record.update({"top1": rep["top1"], "mean_class_accuracy": rep["mean_class_accuracy"],
@@ -303,6 +326,21 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
     return {**record, "cached": False}
+
+
+#: per process: the labelled items of a pool as tensors (ids, uint8 [L,3,S,S]), keyed by the pool's key
+_LABELLED: dict[tuple[str, int], tuple[list[str], torch.Tensor]] = {}
+
+
+def labelled_tensors(pool: BenchPool, pool_key: str, side: Mapping[str, tuple[str, str]], size: int
+                     ) -> tuple[list[str], torch.Tensor]:
+    """Every labelled item of ``pool`` (its ids in ``side``) decoded once per process at ``size``."""
+    key = (pool_key, size)
+    if key not in _LABELLED:
+        ids = [pid for pid in pool.all_ids() if pid in side]
+        imgs = [to_tensor_uint8(img, size) for img in pool.fetch(ids)]
+        _LABELLED[key] = (ids, torch.stack(imgs) if imgs else torch.empty(0, 3, size, size, dtype=torch.uint8))
+    return _LABELLED[key]
 
 
 def source_record(ctx: Context, shift: str, seed: int) -> dict[str, Any]:

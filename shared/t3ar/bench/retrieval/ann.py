@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from t3ar.bench.retrieval.service import percentiles
+
 log = logging.getLogger(__name__)
 K = 50
 DIM = 512
@@ -118,11 +120,6 @@ def real_structure(folder: Path = REAL_EMBEDDINGS) -> dict[str, Any] | None:
     return {"source": str(folder), **structure(real)}
 
 
-def _pcts(seconds: list[float]) -> dict[str, float]:
-    ms = np.asarray(seconds) * 1000
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "n": len(ms)}
-
-
 def _ivf_sweep(base: np.ndarray, queries: np.ndarray, nlist: int, n_single: int) -> dict[str, Any]:
     import faiss
 
@@ -156,7 +153,7 @@ def _ivf_sweep(base: np.ndarray, queries: np.ndarray, nlist: int, n_single: int)
             t = time.perf_counter()
             ivf.search(q[None], K, params=params)
             times.append(time.perf_counter() - t)
-        sweep.append({"nprobe": nprobe, "recall_at_50": recall, "single": _pcts(times)})
+        sweep.append({"nprobe": nprobe, "recall_at_50": recall, "single": percentiles(times, with_max=False)})
         log.info("ann: nprobe %d recall@50 %.3f p50 %.1f ms", nprobe, recall, sweep[-1]["single"]["p50_ms"])
     exact_times = []
     for q in queries[: max(3, n_single // 20)]:
@@ -166,7 +163,7 @@ def _ivf_sweep(base: np.ndarray, queries: np.ndarray, nlist: int, n_single: int)
     del ivf, quantizer
     gc.collect()
     return {"nlist": nlist, "train_seconds": t_train, "add_seconds": t_add, "exact_batch_seconds": t_exact,
-            "exact_single": _pcts(exact_times), "sweep": sweep}
+            "exact_single": percentiles(exact_times, with_max=False), "sweep": sweep}
 
 
 def _operating_point(sweep: list[dict[str, Any]], goal: float = 0.95) -> dict[str, Any]:
@@ -201,7 +198,7 @@ def bench_device(base: np.ndarray, queries: np.ndarray, n_single: int) -> dict[s
     t = time.perf_counter()
     faiss.knn(queries[:256], base, K, metric=faiss.METRIC_INNER_PRODUCT)
     t_cpu_batch = time.perf_counter() - t
-    out = {"available": True, "device": torch.cuda.get_device_name(0), "single": _pcts(t_single),
+    out = {"available": True, "device": torch.cuda.get_device_name(0), "single": percentiles(t_single, with_max=False),
            "batch256_seconds": t_batch, "cpu_faiss_batch256_seconds": t_cpu_batch}
     del dev
     torch.cuda.empty_cache()

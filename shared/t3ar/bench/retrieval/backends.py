@@ -45,7 +45,7 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
     "milvus_server": {...}}`` (``milvus_server``: ``{"skipped": reason}`` without ``milvus_server_uri``)."""
     from contextlib import ExitStack
 
-    from t3ar.bench.retrieval.main import BATCH, DIM, K, _pcts, _service, _unit_vectors
+    from t3ar.bench.retrieval.service import BATCH, DIM, K, percentiles, retriever_service, unit_vectors
 
     chunk = 50_000
     env = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
@@ -64,18 +64,18 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
         clients = {}
         for name in names:
             t0 = time.perf_counter()
-            client, _ = stack.enter_context(_service(work / f"backend-{name}", envs[name]))
+            client, _ = stack.enter_context(retriever_service(work / f"backend-{name}", envs[name]))
             out[name] = {"start_s": time.perf_counter() - t0}
             clients[name] = client
         for name, client in clients.items():  # ingest one after the other (each uses the cores it can get)
             log.info("backends: loading %d vectors into %s", n, name)
             t0 = time.perf_counter()
             for start in range(0, n, chunk):
-                client.add_vectors(_unit_vectors(min(chunk, n - start), seed=1000 + start // chunk),
+                client.add_vectors(unit_vectors(min(chunk, n - start), seed=1000 + start // chunk),
                                    identity="synthetic")
             out[name]["ingest_vectors_per_s"] = n / (time.perf_counter() - t0)
             assert client.stats()["count"] == n
-        queries = _unit_vectors(BATCH * n_batches + n_single, seed=21)
+        queries = unit_vectors(BATCH * n_batches + n_single, seed=21)
         batches = [queries[i * BATCH:(i + 1) * BATCH] for i in range(n_batches)]
         for client in clients.values():
             client.search(batches[0], K)  # warm-up
@@ -98,11 +98,11 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
                 times[name].append(time.perf_counter() - t)
         for name in names:
             out[name]["qps"] = BATCH * n_batches / spent[name]
-            singles[name] = out[name]["single"] = _pcts(times[name])
+            singles[name] = out[name]["single"] = percentiles(times[name])
         out["same_top1_share"] = same_top1 / (BATCH * n_batches)  # both are exact: ids agree up to ties
         rng = np.random.default_rng(5)
         victims = sorted(int(s) for s in rng.choice(np.arange(1, n + 1), size=n_deletes, replace=False))
-        chunks = {s: _unit_vectors(min(chunk, n - s), seed=1000 + s // chunk)
+        chunks = {s: unit_vectors(min(chunk, n - s), seed=1000 + s // chunk)
                   for s in sorted({(v - 1) // chunk * chunk for v in victims})}
         vec = {v: chunks[(v - 1) // chunk * chunk][(v - 1) % chunk] for v in victims}
         tag_of = {}
@@ -116,7 +116,7 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
                 client.delete(pid)
                 t_del.append(time.perf_counter() - t)
                 returned += pid in client.search(vec[v][None], 10).ids[0]
-            out[name]["delete"] = _pcts(t_del)
+            out[name]["delete"] = percentiles(t_del)
             out[name]["deleted_returned_after_2xx"] = returned
     if milvus_server_uri:
         _drop_collection(milvus_server_uri, tag_of["milvus_server"])

@@ -18,20 +18,16 @@ Services run as real uvicorn subprocesses on 127.0.0.1; nothing runs concurrentl
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import logging
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,78 +35,28 @@ import numpy as np
 
 from t3ar.bench.retrieval.ann import bench_ann
 from t3ar.bench.retrieval.backends import SERVER_KEY, keep_server_column, server_column
+from t3ar.bench.retrieval.service import (
+    BATCH,
+    DIM,
+    K,
+    cpu_seconds,
+    percentiles,
+    retriever_service,
+    rss_bytes,
+    shapes_png,
+    unit_vectors,
+)
 from t3ar.clients.retriever import RetrieverClient
-from t3ar.ports import free_port
 
 log = logging.getLogger(__name__)
-DIM, K, BATCH = 512, 50, 256
 WARMUP_BATCHES = 3
-RW, ADMIN = "bench-rw", "bench-admin"
-
-
-def _unit_vectors(n: int, seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal((n, DIM), dtype=np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and all its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_bytes(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-@contextmanager
-def _service(data_dir: Path, env: dict[str, str]) -> Iterator[tuple[RetrieverClient, subprocess.Popen[bytes]]]:
-    port = free_port()  # not from bind(0): the milvus retriever's lite server binds port 0 before uvicorn binds
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-                "T3AR_RETRIEVER_DATA_DIR": str(data_dir), "T3AR_RETRIEVER_TOKEN": RW,
-                "T3AR_RETRIEVER_ADMIN_TOKEN": ADMIN, **env}
-    logf = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed below
-    # `t3ar serve retriever` (a command the services plug into the CLI): the library never names the services
-    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "serve", "retriever", "--data-dir", str(data_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                            env=full_env, stdout=logf, stderr=logf)
-    client = RetrieverClient(f"http://127.0.0.1:{port}", ADMIN, timeout=600)
-    try:
-        deadline = time.monotonic() + 900
-        while not client.ready():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"retriever failed to start; see {logf.name}")
-            time.sleep(0.2)
-        yield client, proc
-    finally:
-        client.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        logf.close()
-
-
-def _pcts(seconds: list[float]) -> dict[str, float]:
-    ms = np.asarray(seconds) * 1000
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "max_ms": float(ms.max()), "n": len(ms)}
 
 
 def _load_vectors(client: RetrieverClient, n: int, chunk: int = 50_000) -> float:
     """Bulk-load n synthetic vectors (seeded chunk by chunk); returns vectors/s."""
     t0 = time.perf_counter()
     for start in range(0, n, chunk):
-        client.add_vectors(_unit_vectors(min(chunk, n - start), seed=1000 + start // chunk), identity="synthetic")
+        client.add_vectors(unit_vectors(min(chunk, n - start), seed=1000 + start // chunk), identity="synthetic")
     return n / (time.perf_counter() - t0)
 
 
@@ -119,12 +65,12 @@ def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int
 
     from t3ar.local_pool import build_flat_index
 
-    vecs = np.concatenate([_unit_vectors(min(50_000, n - s), seed=1000 + s // 50_000) for s in range(0, n, 50_000)])
+    vecs = np.concatenate([unit_vectors(min(50_000, n - s), seed=1000 + s // 50_000) for s in range(0, n, 50_000)])
     local = build_flat_index(vecs, np.arange(1, n + 1))
-    queries = _unit_vectors(BATCH * n_batches + n_single, seed=7)
+    queries = unit_vectors(BATCH * n_batches + n_single, seed=7)
     env = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
            "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
-    with _service(work / "search", env) as (client, proc):
+    with retriever_service(work / "search", env) as (client, proc):
         load_rate = _load_vectors(client, n)
         batches = [queries[i * BATCH:(i + 1) * BATCH] for i in range(n_batches)]
         # The baseline uses the service's thread policy: all cores for a batch, one thread for a single query.
@@ -139,11 +85,11 @@ def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int
                     sum_faiss += time.perf_counter() - t
                     cpu_faiss += time.process_time() - c
                 else:
-                    c = _cpu_seconds(proc.pid)  # before the clock starts: reading /proc takes ~0.03-0.1 ms
+                    c = cpu_seconds(proc.pid)  # before the clock starts: reading /proc takes ~0.03-0.1 ms
                     t = time.perf_counter()
                     res = client.search(b, K)
                     sum_http += time.perf_counter() - t
-                    cpu_http += _cpu_seconds(proc.pid) - c
+                    cpu_http += cpu_seconds(proc.pid) - c
         faiss_qps = BATCH * n_batches * rounds / sum_faiss
         http_qps = BATCH * n_batches * rounds / sum_http
         assert len(res.ids) == BATCH and len(res.ids[0]) == K
@@ -156,13 +102,13 @@ def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int
             local.search(q[None], K)
             t_local.append(time.perf_counter() - t)
             c_local += time.process_time() - c
-            cs = _cpu_seconds(proc.pid)  # before the clocks start (not part of the round trip)
+            cs = cpu_seconds(proc.pid)  # before the clocks start (not part of the round trip)
             t, c = time.perf_counter(), time.process_time()
             client.search(q[None], K)
             t_http.append(time.perf_counter() - t)
             c_client += time.process_time() - c
-            c_http += _cpu_seconds(proc.pid) - cs
-    lp, hp = _pcts(t_local), _pcts(t_http)
+            c_http += cpu_seconds(proc.pid) - cs
+    lp, hp = percentiles(t_local), percentiles(t_http)
     return {"vectors": n, "dim": DIM, "k": K, "batch": BATCH, "bulk_load_vectors_per_s": load_rate,
             "faiss_qps": faiss_qps, "http_qps": http_qps, "qps_ratio": http_qps / faiss_qps,
             "faiss_cpu_s_per_batch": cpu_faiss / (n_batches * rounds),
@@ -175,22 +121,6 @@ def _bench_search(work: Path, n: int, n_batches: int, n_single: int, rounds: int
             "single_cpu_client_ms": c_client / len(singles) * 1000}
 
 
-def _png(seed: int, size: int = 64) -> bytes:
-    from PIL import Image, ImageDraw
-
-    rng = np.random.default_rng(seed)
-    img = Image.new("RGB", (size, size), tuple(int(x) for x in rng.integers(0, 256, 3)))
-    draw = ImageDraw.Draw(img)
-    for _ in range(int(rng.integers(2, 6))):
-        x, y = (int(v) for v in rng.integers(0, size, 2))
-        box = [x, y, x + int(rng.integers(8, 40)), y + int(rng.integers(8, 40))]
-        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-        (draw.rectangle if rng.integers(0, 2) else draw.ellipse)(box, fill=colour)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def forward_worker(batch: int) -> None:
     """Run in a clean process (faiss' and torch's OpenMP pools in one process slow each other down): reads a
     number of batches per stdin line, embeds that many decoded batches, prints the seconds it took."""
@@ -200,7 +130,7 @@ def forward_worker(batch: int) -> None:
     from t3ar.embedder import Embedder, EmbedderSpec
 
     embedder = Embedder(EmbedderSpec())
-    tensors = torch.stack([to_tensor_uint8(open_image(_png(50_000 + s)), embedder.spec.image_size)
+    tensors = torch.stack([to_tensor_uint8(open_image(shapes_png(50_000 + s)), embedder.spec.image_size)
                            for s in range(4 * batch)])
     for w in range(WARMUP_BATCHES):  # oneDNN needs a few calls to reach its pace
         embedder.embed(tensors[w % 4 * batch:(w % 4 + 1) * batch], batch_size=batch)
@@ -217,7 +147,7 @@ def forward_worker(batch: int) -> None:
 def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight: int = 2) -> dict[str, Any]:
     """Alternate blocks of ``block`` batches: bare forward (worker process), then HTTP ingest (two requests in
     flight, as ``t3ar pool ingest`` does), so that both see the same machine load."""
-    pngs = [_png(s) for s in range(n)]
+    pngs = [shapes_png(s) for s in range(n)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     worker = subprocess.Popen([sys.executable, "-c", f"from {forward_worker.__module__} import forward_worker; "
                                f"forward_worker({batch})"], env=env, stdin=subprocess.PIPE,
@@ -226,9 +156,9 @@ def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight
     t_forward = t_http = cpu_forward = cpu_http = 0.0
     added = 0
     try:
-        with _service(work / "ingest", {"T3AR_RETRIEVER_DUPLICATE_POLICY": "keep"}) as (client, proc):
+        with retriever_service(work / "ingest", {"T3AR_RETRIEVER_DUPLICATE_POLICY": "keep"}) as (client, proc):
             for w in range(WARMUP_BATCHES):  # the same warm-up as the forward pass gets
-                client.add_images([(f"warm{i}.png", _png(10_000 + w * batch + i)) for i in range(batch)])
+                client.add_images([(f"warm{i}.png", shapes_png(10_000 + w * batch + i)) for i in range(batch)])
             assert worker.stdout.readline().strip() == "ready"
             with ThreadPoolExecutor(max_workers=in_flight) as ex:
                 for first in range(0, n, block * batch):
@@ -237,11 +167,11 @@ def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight
                     worker.stdin.flush()
                     wall, cpu = (float(x) for x in worker.stdout.readline().split())
                     t_forward, cpu_forward = t_forward + wall, cpu_forward + cpu
-                    t0, c0 = time.perf_counter(), _cpu_seconds(proc.pid)
+                    t0, c0 = time.perf_counter(), cpu_seconds(proc.pid)
                     reports = list(ex.map(lambda s: client.add_images(
                         [(f"{i}.png", pngs[i]) for i in range(s, min(n, s + batch))]), starts))
                     t_http += time.perf_counter() - t0
-                    cpu_http += _cpu_seconds(proc.pid) - c0
+                    cpu_http += cpu_seconds(proc.pid) - c0
                     added += sum(r["added"] for r in reports)
     finally:
         worker.stdin.close()
@@ -259,28 +189,28 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
            "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
     data = work / "million"
     out: dict[str, Any] = {"vectors": n, "dim": DIM, "raw_vector_bytes": n * DIM * 4}
-    with _service(data, env) as (client, proc):
+    with retriever_service(data, env) as (client, proc):
         out["bulk_load_vectors_per_s"] = _load_vectors(client, n)
-        out["rss_after_load_bytes"] = _rss_bytes(proc.pid)
-    with _service(data, env) as (client, proc):  # the steady state: a fresh process that loaded the saved index
+        out["rss_after_load_bytes"] = rss_bytes(proc.pid)
+    with retriever_service(data, env) as (client, proc):  # the steady state: a fresh process loaded the saved index
         out["restart_repairs"] = client.stats()["repairs"]
-        out["rss_bytes"] = _rss_bytes(proc.pid)
-        queries = _unit_vectors(n_single, seed=11)
+        out["rss_bytes"] = rss_bytes(proc.pid)
+        queries = unit_vectors(n_single, seed=11)
         client.search(queries[:1], K)
         t_single = []
         for q in queries:
             t = time.perf_counter()
             client.search(q[None], K)
             t_single.append(time.perf_counter() - t)
-        out["search_single"] = _pcts(t_single)
+        out["search_single"] = percentiles(t_single)
         t = time.perf_counter()
-        client.search(_unit_vectors(BATCH, seed=12), K)
+        client.search(unit_vectors(BATCH, seed=12), K)
         out["search_batch256_s"] = time.perf_counter() - t
         rng = np.random.default_rng(3)
         victims = [int(s) for s in rng.choice(np.arange(1, n + 1), size=n_deletes, replace=False)]
         tag = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
         vectors = {}
-        chunks = {s: _unit_vectors(min(50_000, n - s), seed=1000 + s // 50_000) for s in
+        chunks = {s: unit_vectors(min(50_000, n - s), seed=1000 + s // 50_000) for s in
                   sorted({(v - 1) // 50_000 * 50_000 for v in victims})}
         for v in victims:
             vectors[v] = chunks[(v - 1) // 50_000 * 50_000][(v - 1) % 50_000]
@@ -293,7 +223,7 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
             t_del.append(time.perf_counter() - t)
             if pid in client.search(vectors[v][None], 10).ids[0]:
                 visible_after += 1
-        out["delete"] = _pcts(t_del)
+        out["delete"] = percentiles(t_del)
         out["deleted_still_returned"] = visible_after
         time.sleep(3)  # let the compactor run, then measure single-query latency again
         t_after = []
@@ -301,8 +231,8 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
             t = time.perf_counter()
             client.search(q[None], K)
             t_after.append(time.perf_counter() - t)
-        out["search_single_after_deletes"] = _pcts(t_after)
-        out["rss_end_bytes"] = _rss_bytes(proc.pid)
+        out["search_single_after_deletes"] = percentiles(t_after)
+        out["rss_end_bytes"] = rss_bytes(proc.pid)
     out["rss_ratio"] = (out["rss_bytes"] or 0) / out["raw_vector_bytes"]
     out["disk_bytes"] = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
     return out

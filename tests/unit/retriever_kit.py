@@ -1,0 +1,29 @@
+"""A vectors-only retriever app in-process (TestClient), ready to serve: what several retriever unit tests start."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from t3ar_services.retriever.main import create_app
+from t3ar_services.retriever.settings import RetrieverSettings
+
+ADMIN = {"Authorization": "Bearer admin-t"}
+
+
+@contextmanager
+def vector_retriever(data_dir: Path, dim: int, **settings: Any) -> Iterator[TestClient]:
+    """A retriever of ``dim``-d vectors (tokens ``rw-t`` and ``admin-t``) on ``data_dir``, once ``/ready``."""
+    config = RetrieverSettings(data_dir=data_dir, token="rw-t", admin_token="admin-t",  # type: ignore[arg-type]
+                               embedder="none", vector_dim=dim, vector_identity="synthetic", **settings)
+    with TestClient(create_app(config), raise_server_exceptions=False) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        yield client
