@@ -46,6 +46,7 @@ from t3ar_services.common.job_contract import (
     old_spec_message,
 )
 from t3ar_services.common.text import readable
+from t3ar_services.worker import phases
 from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,9 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
     log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id,
              job_spec.config.get("method", "t3ar"))
+    queue_wait = phases.queue_seconds(getattr(job, "enqueued_at", None), phases.forked_at)
     try:
-        return _run(job_spec, settings, progress, connection)
+        return _run(job_spec, settings, progress, connection, queue_wait)
     except JobCanceledError:
         log.info("job %s canceled", job_spec.job_id)
         raise
@@ -97,12 +99,18 @@ def _message(e: BaseException) -> str:
     return text if isinstance(e, T3arError) else f"{type(e).__name__}: {text}"
 
 
-def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any) -> dict[str, Any]:
+def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any,
+         queue_wait: float | None = None) -> dict[str, Any]:
     import torch
 
+    import t3ar.pipeline  # noqa: F401  (imported here so the phase table counts it as the work horse's imports)
     from t3ar.device import resolve_device
 
     t0 = time.perf_counter()
+    # the phase table starts at the fork (the worker parent's mark) when there is one, else here
+    since_fork = max(0.0, time.time() - phases.forked_at) if phases.forked_at is not None else 0.0
+    measured: dict[str, float] = {"horse_start_imports": since_fork}
+    t0 -= since_fork
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     config = AdaptConfig.model_validate(spec.config)
@@ -117,10 +125,12 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     api = WorkerApiClient(settings.api_url, token, timeout=settings.api_timeout, retries=settings.api_retries)
     api.bind_job(spec.job_secret)
     try:
+        t = time.perf_counter()
         model_file, target_dir, transfer = _fetch_inputs(spec, settings, api, work)
+        measured["inputs_fetched"] = time.perf_counter() - t
         progress.check_cancel(force=True)
         return _adapt(spec, settings, config, device, progress, connection, api, model_file, target_dir, work,
-                      transfer, t0)
+                      transfer, t0, measured, queue_wait)
     finally:
         api.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -153,13 +163,14 @@ def _fetch_inputs(spec: JobSpec, settings: WorkerSettings, api: Any, work: Path)
 
 def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device: Any, progress: Any, connection: Any,
            api: Any, model_file: Path, target_dir: Path, work: Path, transfer: dict[str, Any],
-           t0: float) -> dict[str, Any]:
+           t0: float, measured: dict[str, float], queue_wait: float | None) -> dict[str, Any]:
     from t3ar.clients.retriever import RetrieverClient
     from t3ar.data.target import read_target
     from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
     from t3ar.pipeline import run_adaptation
     from t3ar_services.worker.cache import CachedRetrieverProvider, ImageCache
 
+    t = time.perf_counter()
     model, info = load_checkpoint(model_file, device=device)
     target = read_target(target_dir, strict=True)
     from t3ar.data.datasets import adapted_rows
@@ -167,6 +178,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
 
     kept = len(adapted_rows(target.labels, len(target), config.fraction, config.seed))
     check_job_memory(config, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
+    measured["model_loaded"] = time.perf_counter() - t
 
     provider = None
     client = None
@@ -190,13 +202,19 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
 
     res = outcome.result
     metrics = outcome.checkpoint_metrics()  # the same keys as a checkpoint made by `t3ar adapt`
+    measured.update(outcome.phase_seconds)
+    t = time.perf_counter()
     sha = save_checkpoint(work / MODEL_FILE, model, info.spec, adapt_config=config.model_dump(),
                           lineage=outcome.lineage, metrics=metrics)
     t_up = time.perf_counter()
+    measured["checkpoint_written"] = t_up - t
     api.upload_checkpoint(spec.job_id, work / MODEL_FILE, sha)
     transfer["seconds_upload_checkpoint"] = round(time.perf_counter() - t_up, 3)
-    report = _report(spec, config, outcome, metrics, sha, str(device), provider, time.perf_counter() - t0,
-                     transfer)
+    measured["checkpoint_uploaded"] = time.perf_counter() - t_up
+    # the worker total ends here: the report cannot hold the time of its own upload (one small PUT)
+    total = time.perf_counter() - t0
+    report = _report(spec, config, outcome, metrics, sha, str(device), provider, total, transfer)
+    report.phases = phases.build_phases(measured, total, queue_wait=queue_wait)
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
     # readable(): a diverged run's NaN loss is reported as null (the API refuses what JSON answers cannot hold)

@@ -33,6 +33,7 @@ from t3ar.urls import redact_url
 from t3ar_services.common.job_contract import JOB_FUNCTION, SERIALIZER
 from t3ar_services.common.lifeline import die_with_parent
 from t3ar_services.common.registries import clean_registries
+from t3ar_services.worker import phases
 from t3ar_services.worker.metrics import WorkerMetrics
 from t3ar_services.worker.metrics import serve as serve_metrics
 from t3ar_services.worker.settings import WorkerSettings
@@ -101,6 +102,7 @@ class AdaptWorker(Worker):
 
     def fork_work_horse(self, job: Job, queue: Queue) -> None:
         self._supervisor = os.getpid()
+        phases.mark_fork()  # the horse inherits it: the start of its job's phase table
         super().fork_work_horse(job, queue)
 
     def main_work_horse(self, job: Job, queue: Queue) -> None:

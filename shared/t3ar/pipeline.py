@@ -204,6 +204,8 @@ class AdaptOutcome:
     neighbour_sample: list[dict[str, Any]] = field(default_factory=list)
     # the neighbours that served as labelled training data, by pool id (labelled neighbours as data)
     labelled_neighbours: list[LabelledUse] = field(default_factory=list)
+    # wall seconds of run_adaptation's parts (PIPELINE_PHASES), for a job's phase table; not in the checkpoint
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def checkpoint_metrics(self) -> dict[str, Any]:
         """The ``metrics`` an adapted checkpoint stores: the same keys and rounding whoever made it (the CLI's
@@ -215,6 +217,12 @@ class AdaptOutcome:
         if self.before is not None and self.after is not None:
             out["before"], out["after"] = self.before, self.after
         return out
+
+
+#: the keys of AdaptOutcome.phase_seconds: target decoded, evaluation (before + after), target embedded, pool
+#: searched, neighbour images fetched, bank initialised (adapt()'s set-up before its first step), steps, lineage
+PIPELINE_PHASES = ("target_decoded", "evaluation", "target_embedded", "pool_searched", "neighbours_fetched",
+                   "bank_initialised", "steps", "lineage")
 
 
 def labels_for_model(imageset: ImageSet, model_classes: Sequence[str]) -> torch.Tensor:
@@ -243,6 +251,7 @@ def run_adaptation(
     labelled (the usual transductive test-time protocol), else none.
     """
     spec = info.spec
+    t_start = time.perf_counter()
     gen = seed_everything(config.seed)
     if config.mode == "train" and not target.labelled:
         raise DatasetError("train-time mode needs a labelled target (class folders or labels.csv)")
@@ -258,7 +267,10 @@ def run_adaptation(
         ev_x = full if ev is target else load_tensors(ev, spec.image_size)
         ev_y = labels_for_model(ev, spec.classes)
     model.to(device)
+    t_eval = time.perf_counter()
     before = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None
+    seconds_eval = time.perf_counter() - t_eval
+    seconds_decode = t_eval - t_start
 
     retrieved: Retrieved | None = None
     if config.uses_retrieval:
@@ -269,12 +281,17 @@ def run_adaptation(
     if retrieved is not None and provider is not None and config.pool_as_data and config.pool_data_sources is not None:
         sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
     known = pool_classes(retrieved.pool_labels, spec.classes) if (retrieved and retrieved.pool_labels) else None
+    t_adapt = time.perf_counter()
     result = adapt(model, x, config, mean=spec.backbone.mean, std=spec.backbone.std, labels=labels,
                    neighbours=retrieved.neighbours if retrieved else None,
                    pool_images=retrieved.pool_images if retrieved else None,
                    candidates=retrieved.candidates if retrieved else None,
                    device=device, generator=gen, on_step=on_step, pool_sources=sources, pool_labels=known)
+    t_eval = time.perf_counter()
+    seconds_adapt_call = t_eval - t_adapt
     after = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None
+    t_lineage = time.perf_counter()
+    seconds_eval += t_lineage - t_eval
     used = [retrieved.pool_ids[i] for i in result.pool_used] if retrieved else []
     lineage = Lineage(
         base_model_sha256=info.sha256, target_sha256=imageset_sha256(adapt_set), target_size=len(adapt_set),
@@ -288,5 +305,11 @@ def run_adaptation(
               for i, row in (retrieved.sample if retrieved else [])]
     served = [LabelledUse(retrieved.pool_ids[i], str(retrieved.pool_labels[i]), uses)
               for i, uses in sorted(result.pool_labelled.items())] if retrieved else []
-    return AdaptOutcome(result, lineage, before, after, secs, sample, served)
+    phases = {"target_decoded": seconds_decode, "evaluation": seconds_eval,
+              "target_embedded": secs.get("embed", 0.0), "pool_searched": secs.get("search", 0.0),
+              "neighbours_fetched": secs.get("fetch", 0.0),
+              # adapt()'s steps are result.seconds; the rest of the call is its set-up (the bank, the optimiser)
+              "bank_initialised": max(0.0, seconds_adapt_call - result.seconds), "steps": result.seconds,
+              "lineage": time.perf_counter() - t_lineage}
+    return AdaptOutcome(result, lineage, before, after, secs, sample, served, phases)
 

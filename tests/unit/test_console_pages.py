@@ -195,3 +195,20 @@ def test_cancel_and_readapt_from_the_job_page(client: TestClient, tmp_path: Path
     assert 'id="cancel"' in page.text
     client.post(f"/ui/jobs/{new}/cancel", data={"csrf": csrf})
     assert 'id="job-status">canceled<' in client.get(f"/ui/jobs/{new}").text
+
+
+def test_job_page_shows_the_phase_table(client: TestClient, tmp_path: Path) -> None:
+    from t3ar_services.worker.phases import build_phases
+
+    csrf = signed_in(client)
+    job_id = finished_job(client, tmp_path, csrf)
+    assert 'id="phases"' not in client.get(f"/ui/jobs/{job_id}").text  # a report from before phases: no table
+    path = tmp_path / "data" / "artifacts" / job_id / REPORT_FILE
+    report = __import__("json").loads(path.read_text())
+    report["phases"] = build_phases({"steps": 6.0, "inputs_fetched": 1.5}, 10.0, queue_wait=0.25)
+    write_json_atomic(path, report)
+    page = client.get(f"/ui/jobs/{job_id}").text
+    table = page[page.index('id="phases"'):page.index("</table>", page.index('id="phases"'))]
+    assert "queue wait</th><td>0.25 s</td>" in table  # before the worker's total: no share
+    assert "steps</th><td>6.00 s (60 %)" in table and "inputs fetched</th><td>1.50 s (15 %)" in table
+    assert "other</th><td>2.50 s (25 %)" in table

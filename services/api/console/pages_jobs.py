@@ -108,13 +108,24 @@ def _accuracy(report: ReportOut | None) -> dict[str, float] | None:
     return {"before": before, "after": after}
 
 
+def _phases(report: ReportOut | None) -> list[dict[str, Any]]:
+    """The report's phase table as rows (name, seconds, share of the worker total); queue wait has no share
+    (it comes before the worker's total). Empty for reports made before phases existed."""
+    table = (report.phases if report is not None else None) or {}
+    inside = sum(v for k, v in table.items() if k != "queue_wait")
+    return [{"name": name.replace("_", " "), "seconds": value,
+             "share": None if name == "queue_wait" or inside <= 0 else 100.0 * value / inside}
+            for name, value in table.items()]
+
+
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
     state = api_state(request)
     job = call(jobs.describe, state, links_of(request), job_id)
     report = _report(state, job_id) if job.status == "finished" else None
     return render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
-                  accuracy=_accuracy(report), config=json.dumps(job.config, indent=2, sort_keys=True),
+                  accuracy=_accuracy(report), phases=_phases(report),
+                  config=json.dumps(job.config, indent=2, sort_keys=True),
                   neighbours=report.neighbour_sample if report is not None else [],
                   lineage=jobs.retrieved(state, job_id) if job.status == "finished" else [],
                   refresh=REFRESH_SECONDS if job.status in RUNNING else None)

@@ -202,3 +202,37 @@ def continual(plan_name: str, out_dir: Path | None, work_dir: Path, frozen: Path
 
 
 bench.add_command(adapt_bench, "adapt")
+
+
+@bench.command("job")
+@click.option("--model", "model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=Path(".cache/demo/source.pt"), show_default=True, help="Base checkpoint (the demo's).")
+@click.option("--target", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=Path(".cache/demo/target"), show_default=True, help="Target folder (the demo's).")
+@click.option("--pool", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=Path(".cache/demo/pool"), show_default=True, help="Pool folder, ingested once (the demo's).")
+@click.option("--config", "config_json", default='{"method": "t3ar", "mode": "test", "k": 5, "epochs": 2, '
+              '"batch_size": 32}', show_default=True, help="The job's AdaptConfig as JSON (the demo's job).")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="torch threads of both arms (the demo's OMP_NUM_THREADS).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("docs/benchmarks"), show_default=True, help="Where job-overhead.md/.json are written.")
+def job(model: Path, target: Path, pool: Path, config_json: str, rounds: int, threads: int, out_dir: Path) -> None:
+    """A job through the embedded stack vs the same adaptation in-process, side by side (issue 35).
+
+    Starts `t3ar up` in a temporary folder, ingests the pool, then per round submits the job and downloads its
+    checkpoint, and runs the same adaptation in this process. Writes the median ratio (stack wall ÷ in-process
+    wall) and the stack job's per-phase medians. Run `bash scripts/demo.sh` first for the default inputs.
+    """
+    from t3ar.bench.job.main import run_job_benchmark
+
+    configure_logging("INFO")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = json.loads(config_json)
+    if not isinstance(config, dict):
+        raise click.BadParameter("--config must be a JSON object")
+    summary = run_job_benchmark(model, target, pool, config, out_dir, rounds=rounds, threads=threads)
+    click.echo(json.dumps({k: summary[k] for k in ("ratio", "stack_wall_s", "in_process_wall_s", "phases")},
+                          indent=2))
+    click.echo(f"wrote {out_dir / 'job-overhead.md'} and {out_dir / 'job-overhead.json'}")

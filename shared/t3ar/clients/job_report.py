@@ -129,6 +129,10 @@ class JobReport(_Part):
                                                   "labelled data (all of them, listed or not)")
     image_cache: CacheStats | None = None
     transfer: Transfer | None = None
+    phases: dict[str, float] | None = Field(
+        default=None, description="seconds per phase (queue_wait, then the worker's phases, which add up to "
+                                  "seconds_total with 'other' the rest; t3ar_services.worker.phases); None in a "
+                                  "report from before issue 35")
 
     @field_validator("version")
     @classmethod

@@ -1,0 +1,157 @@
+"""The job-overhead benchmark's runs: one embedded stack (``t3ar up`` as a subprocess; the library never imports
+the services), the pool ingested once, then per round the same job through the stack (``POST /adapt`` ->
+finished -> checkpoint downloaded) and in this process (:func:`t3ar.pipeline.run_adaptation` on the same
+checkpoint, target, config and seed, neighbours from the same retriever, checkpoint saved), in alternating order.
+
+The in-process arm uses the stack's retriever rather than ``t3ar adapt --pool``'s in-memory faiss pool so both
+arms retrieve the same neighbours (the stack's pool was embedded at ingest; re-embedding the pool at every run
+would charge the in-process arm for work the stack does once) and make bit-identical weights
+(tests/e2e/test_stack_job_pinned.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from t3ar.bench.job.report import Round, summarise, write
+
+log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    """Runs one arm of a round; :class:`StackRunner` for real, a fake in unit tests."""
+
+    def stack(self) -> tuple[float, dict[str, Any]]: ...  # (wall seconds, the job's report)
+
+    def in_process(self) -> float: ...  # wall seconds
+
+
+def run_rounds(runner: Runner, rounds: int, job: dict[str, Any], out_dir: Path,
+               on_round: Callable[[Round], None] | None = None) -> dict[str, Any]:
+    """``rounds`` rounds, the arms alternating which goes first; writes the report after each round (so an
+    interrupted run keeps the rounds it finished) and returns the last summary."""
+    if rounds < 1:
+        raise ValueError("no rounds measured: rounds must be >= 1")
+    done: list[Round] = []
+    summary: dict[str, Any] = {}
+    for i in range(rounds):
+        if i % 2 == 0:
+            stack_wall, report = runner.stack()
+            in_wall = runner.in_process()
+        else:
+            in_wall = runner.in_process()
+            stack_wall, report = runner.stack()
+        r = Round(stack_wall, in_wall, dict(report.get("phases") or {}), float(report.get("seconds_total") or 0.0))
+        done.append(r)
+        if on_round is not None:
+            on_round(r)
+        # written after every round: an interrupted run keeps what it measured (the report names its rounds)
+        summary = summarise(done, {**job, "rounds_planned": rounds})
+        write(out_dir, summary)
+    return summary
+
+
+@contextmanager
+def embedded_stack(data_dir: Path, threads: int, start_timeout: float = 600) -> Iterator[dict[str, Any]]:
+    """``t3ar up`` (one worker on ``threads`` torch threads, CPU) in ``data_dir``; yields its stack.json."""
+    env = dict(os.environ, T3AR_WORKER_TORCH_THREADS=str(threads), T3AR_WORKER_DEVICE="cpu")
+    log_file = open(data_dir / "up.log", "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data_dir / "stack"),
+                             "--api-port", "0", "--retriever-port", "0", "--workers", "1"],
+                            env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + start_timeout
+        info_file = data_dir / "stack" / "stack.json"
+        while not info_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"t3ar up did not start; see {data_dir / 'up.log'}")
+            time.sleep(0.5)
+        yield json.loads(info_file.read_text())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log_file.close()
+
+
+class StackRunner:
+    """The real arms: a running stack (``info``: its stack.json) with the pool ingested and the model uploaded."""
+
+    def __init__(self, info: dict[str, Any], model: Path, target: Path, config: dict[str, Any], threads: int,
+                 work: Path) -> None:
+        from t3ar.clients.api import ApiClient
+
+        self.info, self.model, self.target, self.config, self.threads, self.work = (
+            info, model, target, config, threads, work)
+        self.api = ApiClient(info["api_url"], info["tokens"]["api_token"])
+        self.model_id = str(self.api.upload_model(model, "bench-job")["id"])
+
+    def stack(self) -> tuple[float, dict[str, Any]]:
+        t = time.perf_counter()
+        accepted = self.api.adapt(self.target, self.model_id, self.config)
+        job = self.api.wait(accepted["id"], poll=0.2, timeout=3600)
+        if job["status"] != "finished":
+            raise RuntimeError(f"the stack's job ended {job['status']}: {job.get('error')}")
+        self.api.download_checkpoint(accepted["id"], self.work / "stack.pt")
+        wall = time.perf_counter() - t
+        return wall, self.api.report(accepted["id"])
+
+    def in_process(self) -> float:
+        import torch
+
+        from t3ar.clients.retriever import RetrieverClient, RetrieverProvider
+        from t3ar.data.target import read_target
+        from t3ar.method.config import AdaptConfig
+        from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
+        from t3ar.pipeline import run_adaptation
+
+        torch.set_num_threads(self.threads)
+        t = time.perf_counter()
+        model, info = load_checkpoint(self.model)
+        config = AdaptConfig.model_validate(self.config)
+        with RetrieverClient(self.info["retriever_url"], self.info["tokens"]["retriever_token"]) as client:
+            outcome = run_adaptation(model, info, read_target(self.target, strict=True), config,
+                                     provider=RetrieverProvider(client), device=torch.device("cpu"))
+        save_checkpoint(self.work / "in-process.pt", model, info.spec, adapt_config=config.model_dump(),
+                        lineage=outcome.lineage, metrics=outcome.checkpoint_metrics())
+        return time.perf_counter() - t
+
+
+def ingest(info: dict[str, Any], pool: Path, source: str) -> None:
+    """``t3ar pool ingest`` as the demo runs it (one request in flight: the same images kept every run)."""
+    env = dict(os.environ)
+    for assignment in shlex.split(info["exports"])[1:]:
+        key, _, value = assignment.partition("=")
+        env[key] = value
+    subprocess.run([sys.executable, "-m", "t3ar.cli.main", "pool", "ingest", str(pool), "--source", source,
+                    "--in-flight", "1"], env=env, check=True)
+
+
+def run_job_benchmark(model: Path, target: Path, pool: Path, config: dict[str, Any], out_dir: Path, *,
+                      rounds: int = 3, threads: int = 1, source: str = "openclipart") -> dict[str, Any]:
+    """Start a stack, ingest ``pool``, run ``rounds`` side-by-side rounds, write job-overhead.{md,json}."""
+    with tempfile.TemporaryDirectory(prefix="t3ar-bench-job-") as tmp:
+        work = Path(tmp)
+        with embedded_stack(work, threads) as info:
+            ingest(info, pool, source)
+            runner = StackRunner(info, model, target, config, threads, work)
+            job = {"model": model.name, "target": str(target), "pool": str(pool), "config": config,
+                   "threads": threads}
+            return run_rounds(runner, rounds, job, out_dir,
+                              on_round=lambda r: log.info("round: stack %.1fs, in-process %.1fs (ratio %.2f)",
+                                                          r.stack_wall, r.in_process_wall,
+                                                          r.stack_wall / r.in_process_wall))

@@ -1,0 +1,48 @@
+"""``t3ar bench job``'s rounds and report (shared/t3ar/bench/job) with a fake runner: the ratio is the median of
+the per-round ratios, the phases their per-phase medians, the arms alternate, and both files are written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from t3ar.bench.job.main import run_rounds
+
+
+class FakeRunner:
+    def __init__(self, stacks: list[float], ins: list[float], steps: list[float]) -> None:
+        self.stacks, self.ins, self.steps = stacks, ins, steps
+        self.calls: list[str] = []
+
+    def stack(self) -> tuple[float, dict[str, Any]]:
+        self.calls.append("stack")
+        i = self.calls.count("stack") - 1
+        return self.stacks[i], {"phases": {"queue_wait": 0.1 * (i + 1), "steps": self.steps[i], "other": 1.0},
+                                "seconds_total": self.stacks[i] - 1}
+
+    def in_process(self) -> float:
+        self.calls.append("in")
+        return self.ins[self.calls.count("in") - 1]
+
+
+def test_ratio_and_phases_are_medians_of_side_by_side_rounds(tmp_path: Path) -> None:
+    runner = FakeRunner([30.0, 24.0, 40.0], [20.0, 20.0, 20.0], [10.0, 30.0, 20.0])
+    summary = run_rounds(runner, 3, {"config": {"k": 5}}, tmp_path)
+    assert runner.calls == ["stack", "in", "in", "stack", "stack", "in"]  # the order alternates
+    assert summary["ratio"] == pytest.approx(1.5)  # ratios 1.5, 1.2, 2.0
+    assert summary["phases"] == {"queue_wait": 0.2, "steps": 20.0, "other": 1.0}
+    assert summary["stack_wall_s"] == 30.0 and summary["in_process_wall_s"] == 20.0
+    on_disk = json.loads((tmp_path / "job-overhead.json").read_text())
+    assert on_disk["ratio"] == summary["ratio"] and len(on_disk["rounds"]) == 3 and on_disk["commit"]
+    md = (tmp_path / "job-overhead.md").read_text()
+    assert "ratio (stack wall ÷ in-process wall, median): 1.50" in md and "| steps | 20.00 |" in md
+    assert "| queue wait | 0.20 |" in md and summary["commit"] in md
+
+
+def test_no_rounds_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no rounds"):
+        run_rounds(FakeRunner([], [], []), 0, {}, tmp_path)
+    assert not (tmp_path / "job-overhead.json").exists()
