@@ -38,7 +38,8 @@ class _FakeClient:
     def exists(self, shas: list[str]) -> set[str]:
         return set()
 
-    def add_images(self, items: list[tuple[str, bytes]], *, source: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    def add_images(self, items: list[tuple[str, bytes]], *, source: str, metadata: dict[str, Any],
+                   label: str | None = None) -> dict[str, Any]:
         names = [n for n, _ in items]
         with self.lock:
             self.active += 1
