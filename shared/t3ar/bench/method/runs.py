@@ -390,6 +390,12 @@ def run_all(ctx: Context, arms: Sequence[Mapping[str, Any]], cache: Path,
                 progress(out[i] or {})
         else:
             todo.append(i)
+    if todo and len(todo) <= ctx.plan.workers:  # a few runs: in this process (a pool's start builds the context)
+        for i in todo:
+            out[i] = run_arm(ctx, arms[i])
+            if progress:
+                progress(out[i] or {})
+        todo = []
     if todo:
         import multiprocessing as mp
 
