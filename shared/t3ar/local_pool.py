@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 import torch
 from PIL import Image
@@ -20,11 +20,18 @@ from t3ar.data.images import open_image
 from t3ar.embedder import Embedder
 from t3ar.errors import DatasetError
 
+if TYPE_CHECKING:
+    import faiss
+
 log = logging.getLogger(__name__)
 
 
 def build_flat_index(vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
     """Exact inner-product index with our own int64 ids (IndexIDMap2 supports remove/reconstruct)."""
+    # imported here, not at module level: the benchmark's GPU grid runner imports the bench code (BenchPool is a
+    # LocalPool) on a machine without faiss and never builds an index there
+    import faiss
+
     index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
     if len(vectors):
         index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids.astype(np.int64))

@@ -26,7 +26,9 @@ import torch
 from t3ar.bench.method.data import (
     POOL_SOURCES,
     BenchPool,
+    Component,
     EmbeddingStore,
+    Kits,
     SourceModel,
     StyleSet,
     build_kits,
@@ -47,6 +49,7 @@ from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
+from t3ar.method.retrieval import NeighbourProvider
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
@@ -107,7 +110,7 @@ class Context:
     work: Path
     targets: dict[str, Target]
     sources: dict[int, SourceModel]
-    pools: dict[str, tuple[BenchPool, str]]
+    pools: dict[str, tuple[NeighbourProvider, str]]  # a BenchPool, or a precomputed one (t3ar.bench.method.pack)
     side: dict[str, tuple[str, str]]
     code: str
 
@@ -117,26 +120,31 @@ def pool_name(shift: str, retriever: str | None, plan: BenchPlan) -> str:
     return f"{shift}|{retriever or plan.retrievers[0]}"
 
 
-def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device) -> Context:
-    """Data kits, target splits, per-seed source models and per-shift pools (all cached under ``work``)."""
-    kits = build_kits(work, cache, plan.archive_styles)
+def load_targets(plan: BenchPlan, kits: Kits, shifts: Sequence[str] | None = None
+                 ) -> tuple[StyleSet, dict[str, Target]]:
+    """The source style and each shift's target (default: the validation shift and the evaluation shifts) with its
+    fixed adaptation/evaluation split (:func:`split_adapt_eval`, capped as the plan says), at ``plan.image_size``.
+    Raises RuntimeError when a target's class list differs from the source's."""
     source_set = load_style(kits.emoji, SOURCE_STYLE, plan.image_size)
     targets: dict[str, Target] = {}
-    for shift in (plan.validation_shift, *plan.eval_shifts):
+    for shift in (shifts if shifts is not None else (plan.validation_shift, *plan.eval_shifts)):
         style = load_style(kits.emoji, shift, plan.image_size)
         if style.classes != source_set.classes:
             raise RuntimeError(f"{shift}: class list differs from the source style's")
         a, e = split_adapt_eval(style.labels.tolist(), plan.eval_share, plan.split_seed)
         targets[shift] = Target(shift, style, cap_indices(a, plan.max_adapt, plan.split_seed),
                                 cap_indices(e, plan.max_eval, plan.split_seed))
-    sources = {}
-    for seed in sorted(set(plan.seeds) | set(plan.select_seeds)):
-        tc = TrainConfig(epochs=plan.source_epochs, lr=plan.source_lr, batch_size=plan.batch_size,
-                         train_groups=plan.train_groups, seed=seed)
-        sources[seed] = source_model(work, source_set, tc, plan.image_size, kits.emoji_request, device)
+    return source_set, targets
+
+
+def build_pools(plan: BenchPlan, kits: Kits, targets: Mapping[str, Target], work: Path, device: torch.device
+                ) -> tuple[dict[str, tuple[NeighbourProvider, str]], dict[str, Component]]:
+    """Per shift of ``targets`` and retriever of the plan, the shift's pool (embeddings cached under
+    ``work/embeddings``) and its key (R, component names, ids hash), keyed by :func:`pool_name`; and every pool
+    component by name (their labels make the side table)."""
     emoji_pool = [s for s in DEFAULT_STYLES if s != SOURCE_STYLE]
     comps = pool_components(kits, emoji_pool, plan.pool_cap, archive_styles=plan.archive_styles)
-    pools = {}
+    pools: dict[str, tuple[NeighbourProvider, str]] = {}
     images: dict[str, Any] = {}  # decoded pool images, shared by every pool
     for retriever in plan.retrievers:
         embedder = Embedder(EmbedderSpec(backbone=PRESETS[retriever], image_size=plan.retriever_size), device)
@@ -148,6 +156,23 @@ def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device
                              store.queries(tgt.style, tgt.adapt_idx), images)
             ids_hash = hashlib.sha256("\n".join(pool.all_ids()).encode()).hexdigest()[:16]
             pools[pool_name(shift, retriever, plan)] = (pool, f"{store.tag}|{'+'.join(names)}|{ids_hash}")
+    return pools, comps
+
+
+def source_config(plan: BenchPlan, seed: int) -> TrainConfig:
+    """How the source model f_S of ``seed`` is trained (the plan's source schedule)."""
+    return TrainConfig(epochs=plan.source_epochs, lr=plan.source_lr, batch_size=plan.batch_size,
+                       train_groups=plan.train_groups, seed=seed)
+
+
+def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device) -> Context:
+    """Data kits, target splits, per-seed source models and per-shift pools (all cached under ``work``)."""
+    kits = build_kits(work, cache, plan.archive_styles)
+    source_set, targets = load_targets(plan, kits)
+    sources = {seed: source_model(work, source_set, source_config(plan, seed), plan.image_size, kits.emoji_request,
+                                  device)
+               for seed in sorted(set(plan.seeds) | set(plan.select_seeds))}
+    pools, comps = build_pools(plan, kits, targets, work, device)
     return Context(plan, device, work, targets, sources, pools, side_table(list(comps.values())), code_hash())
 
 
@@ -155,7 +180,8 @@ class OracleProvider:
     """A pool that never returns neighbours of the query's true class (the emoji side labels): a diagnostic arm
     that tells whether false negatives are what hurts. Never a product option."""
 
-    def __init__(self, base: BenchPool, side: Mapping[str, tuple[str, str]], query_labels: Sequence[str]) -> None:
+    def __init__(self, base: NeighbourProvider, side: Mapping[str, tuple[str, str]], query_labels: Sequence[str]
+                 ) -> None:
         self.base, self.side, self.query_labels = base, side, list(query_labels)
 
     @property
@@ -332,7 +358,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
 _LABELLED: dict[tuple[str, int], tuple[list[str], torch.Tensor]] = {}
 
 
-def labelled_tensors(pool: BenchPool, pool_key: str, side: Mapping[str, tuple[str, str]], size: int
+def labelled_tensors(pool: NeighbourProvider, pool_key: str, side: Mapping[str, tuple[str, str]], size: int
                      ) -> tuple[list[str], torch.Tensor]:
     """Every labelled item of ``pool`` (its ids in ``side``) decoded once per process at ``size``."""
     key = (pool_key, size)
