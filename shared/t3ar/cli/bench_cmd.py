@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from t3ar.bench.method.command import adapt_bench, default_cache
+from t3ar.bench.method.gpu_command import gpu_pack
 from t3ar.logs import configure_logging
 
 
@@ -202,6 +203,7 @@ def continual(plan_name: str, out_dir: Path | None, work_dir: Path, frozen: Path
 
 
 bench.add_command(adapt_bench, "adapt")
+bench.add_command(gpu_pack, "gpu-pack")
 
 
 @bench.command("job")

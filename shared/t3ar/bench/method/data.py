@@ -139,7 +139,8 @@ def side_table(components: Sequence[Component]) -> dict[str, tuple[str, str]]:
             for pid, lab, item in zip(c.ids, c.labels, c.items, strict=True)}
 
 
-def _content_key(image: torch.Tensor) -> bytes:
+def content_key(image: torch.Tensor) -> bytes:
+    """A uint8 image's identity by content (how a known target image finds its precomputed query vector)."""
     return hashlib.blake2b(image.contiguous().numpy().tobytes(), digest_size=16).digest()
 
 
@@ -193,7 +194,7 @@ class EmbeddingStore:
         vecs = self._cached(f"queries-{target.style}", [target.style, list(target.images.shape),
                                                        [target.items[i] for i in idx]],
                             lambda: self.embedder.embed(x))
-        return {_content_key(img): v for img, v in zip(x, vecs, strict=True)}
+        return {content_key(img): v for img, v in zip(x, vecs, strict=True)}
 
 
 class BenchPool(LocalPool):
@@ -211,7 +212,7 @@ class BenchPool(LocalPool):
         self._path_of = dict(zip(ids, paths, strict=True))
 
     def embed(self, images: torch.Tensor) -> np.ndarray:
-        found = [self._known.get(_content_key(img)) for img in images]
+        found = [self._known.get(content_key(img)) for img in images]
         if all(v is not None for v in found):
             return np.stack([v for v in found if v is not None]) if found else \
                 np.empty((0, self.embedder.dim), np.float32)
