@@ -1,9 +1,10 @@
 """The rq job: :func:`run_adapt_job` (a top-level function with one JSON argument, see
 :class:`~t3ar_services.common.job_contract.JobSpec`).
 
-It runs in the work-horse process. torch and the core are imported here, inside the function, so the
-forking worker parent stays free of torch (rq forks a work horse per job, and a child forked after the
-parent ran a torch op can deadlock).
+It runs in the work-horse process; every torch op runs here, never in the forking worker parent (rq forks a
+work horse per job, and a child forked after the parent ran a torch op can deadlock). torch and the core are
+imported inside the function: the parent has usually imported them already (:mod:`.preload`), so that costs
+nothing, and a parent with ``T3AR_WORKER_PRELOAD=false`` stays free of torch.
 
 Inputs and outputs travel over HTTP (:mod:`t3ar_services.worker.transfer`): the base checkpoint (cached by
 sha256 in the worker's data dir) and the target tar are downloaded and checked against the digests the job
@@ -103,7 +104,7 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
          queue_wait: float | None = None) -> dict[str, Any]:
     import torch
 
-    import t3ar.pipeline  # noqa: F401  (imported here so the phase table counts it as the work horse's imports)
+    import t3ar.pipeline  # noqa: F401  (without a preloading parent: counted as the work horse's imports)
     from t3ar.device import resolve_device
 
     t0 = time.perf_counter()

@@ -1,8 +1,10 @@
 """The worker process: an rq worker on the adaptation queue.
 
-Why the default forking worker: each job runs in a fresh work-horse forked from a parent that never imports
-torch (this module and rq only; the job imports torch), which avoids the fork-after-torch deadlock and gives
-every job a clean process whose memory is returned when it ends. A crashed work-horse is failed by the
+Why the default forking worker: each job runs in a fresh work-horse forked from a parent that has imported
+torch and the core but never ran a torch op (:mod:`t3ar_services.worker.preload`: no thread pool or CUDA
+context exists to be forked, so no fork-after-torch deadlock; ``T3AR_WORKER_PRELOAD=false``: the parent
+imports rq only and each horse imports torch itself), and every job gets a clean process whose memory is
+returned when it ends. A crashed work-horse is failed by the
 parent at once; a dead parent (machine loss, SIGKILL) stops heart-beating and the job is failed as abandoned
 ``monitor_interval + abandon_grace`` seconds later by whoever cleans the started-job registry (the API does
 so every few seconds). A work horse dies with its parent (a parent-death signal), so a killed worker never
@@ -36,6 +38,7 @@ from t3ar_services.common.registries import clean_registries
 from t3ar_services.worker import phases
 from t3ar_services.worker.metrics import WorkerMetrics
 from t3ar_services.worker.metrics import serve as serve_metrics
+from t3ar_services.worker.preload import PreloadError, check_untouched, preload
 from t3ar_services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -179,10 +182,14 @@ def build_worker(settings: WorkerSettings, connection: Redis | None = None) -> A
 
 def run(settings: WorkerSettings, *, burst: bool = False) -> bool:
     """Work until stopped (SIGTERM/SIGINT: warm shutdown after the current job; twice: abort it)."""
-    if "torch" in sys.modules:
-        log.warning("torch is already imported in the worker parent; forked jobs may deadlock. "
-                    "Start the worker with `python -m t3ar_services.worker` or `t3ar worker`.")
     conn = preflight(settings)
+    try:
+        if settings.preload:
+            preload()
+        else:
+            check_untouched()
+    except PreloadError as e:
+        raise StartupError(f"{e}: start the worker with `python -m t3ar_services.worker` or `t3ar worker`") from e
     worker = build_worker(settings, conn)
     if settings.metrics_port and worker.metrics is not None:
         worker.metrics_server = serve_metrics(worker.metrics, settings.metrics_port, settings.metrics_host)

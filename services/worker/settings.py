@@ -40,6 +40,8 @@ class WorkerSettings(BaseSettings):
 
     device: str = "auto"  # auto = CUDA when present, else CPU
     torch_threads: int | None = Field(default=None, ge=1)
+    preload: bool = Field(default=True, description="import torch and the core in the parent before forking "
+                                                    "work horses (imports only; see worker/preload.py)")
 
     cache_dir: Path | None = None  # fetched pool images; default <data_dir>/cache/pool-images
     cache_max_bytes: int = Field(default=2 * GiB, ge=0)

@@ -42,9 +42,19 @@ def running_stack(data: Path) -> Iterator[Stack]:
         yield stack
 
 
-def _contribution(api: Any, job_id: str, want: str = "done") -> dict[str, Any]:
-    return dict(wait_for(lambda: (c := api.job(job_id)["contribution"])["status"] == want and c, 60,
-                         f"contribution of {job_id} {want}"))
+def _contribution(api: Any, job_id: str, want: str = "done", stack: Stack | None = None) -> dict[str, Any]:
+    """Wait for a job's contribution to reach ``want``. The API makes it in its background sweep through the
+    retriever (embedding the target), which on two busy cores can take a while: on a timeout, say what the API
+    logged about it."""
+    try:
+        return dict(wait_for(lambda: (c := api.job(job_id)["contribution"])["status"] == want and c, 180,
+                             f"contribution of {job_id} {want}"))
+    except AssertionError as e:
+        if stack is None:
+            raise
+        lines = [ln for ln in stack.log("api").splitlines() if "contribut" in ln or "Traceback" in ln]
+        raise AssertionError(f"{e}; now {api.job(job_id)['contribution']}; the API logged:\n"
+                             + "\n".join(lines[-30:])) from e
 
 
 def _never_returned(rc: Any, images: list[bytes], ids: set[str]) -> None:
@@ -83,7 +93,7 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
         a = api.adapt(zip_a, model_id, job, contribute=True)
         assert a["contribute"] is True
         assert api.wait(a["id"], poll=0.2, timeout=180)["status"] == "finished"
-        c = _contribution(api, a["id"])
+        c = _contribution(api, a["id"], stack=stack)
         assert c["source"] == f"target:{a['id']}" and c["images"] == len(offered)
         assert (c["added"], c["skipped_exact"], c["skipped_near"]) == (len(target_imgs), 1, 1), c
         mine = list(rc.iter_items(source=f"target:{a['id']}"))
@@ -97,7 +107,7 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
         with db:
             db.execute("UPDATE contributions SET status = 'pending', added = NULL WHERE job_id = ?", (a["id"],))
         db.close()
-        again = _contribution(api, a["id"])
+        again = _contribution(api, a["id"], stack=stack)
         assert (again["added"], again["skipped_exact"], again["skipped_near"]) == (len(target_imgs), 1, 1)
         assert int(rc.stats()["count"]) == pool_before + len(target_imgs)
 
@@ -120,7 +130,7 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
         assert e.value.status == 409
         api.cancel(long["id"])
         assert api.wait(long["id"], poll=0.2, timeout=120)["status"] == "canceled"
-        assert _contribution(api, long["id"], "none")["added"] is None
+        assert _contribution(api, long["id"], "none", stack=stack)["added"] is None
         assert list(rc.iter_items(source=f"target:{long['id']}")) == []
         with pytest.raises(ApiInputError, match="contributed nothing"):
             admin.withdraw_contribution(long["id"])

@@ -106,7 +106,9 @@ def test_job_spec_contract(tmp_path: Path) -> None:
     assert resolve_inside(tmp_path, "jobs/1/target") == (tmp_path / "jobs/1/target").resolve()
 
 
-def test_worker_parent_does_not_import_torch() -> None:
+def test_importing_the_worker_does_not_import_torch() -> None:
+    """The parent imports torch only when it preloads (worker/preload.py, at run time), never by importing the
+    worker's modules: with ``T3AR_WORKER_PRELOAD=false`` it stays free of torch."""
     code = ("import sys, t3ar_services.worker.main, t3ar_services.worker.jobs, t3ar_services.worker.transfer; "
             "print('torch' in sys.modules)")
     path = [str(ROOT / "shared"), str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]  # this checkout's
