@@ -12,11 +12,9 @@ charge the in-process arms for work the stack does once) and make bit-identical 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from t3ar.bench.job.report import Round, summarise, write
+from t3ar.stack_process import running_up
 
 log = logging.getLogger(__name__)
 
@@ -73,27 +72,12 @@ def run_rounds(runner: Runner, rounds: int, job: dict[str, Any], out_dir: Path,
 
 @contextmanager
 def embedded_stack(data_dir: Path, threads: int, start_timeout: float = 600) -> Iterator[dict[str, Any]]:
-    """``t3ar up`` (one worker on ``threads`` torch threads, CPU) in ``data_dir``; yields its stack.json."""
+    """``t3ar up`` (one worker on ``threads`` torch threads, CPU) in ``data_dir/stack``, its log in
+    ``data_dir/up.log``; yields its stack.json. Raises :class:`t3ar.stack_process.StackStartError` on a failed
+    start."""
     env = dict(os.environ, T3AR_WORKER_TORCH_THREADS=str(threads), T3AR_WORKER_DEVICE="cpu")
-    log_file = open(data_dir / "up.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data_dir / "stack"),
-                             "--api-port", "0", "--retriever-port", "0", "--workers", "1"],
-                            env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + start_timeout
-        info_file = data_dir / "stack" / "stack.json"
-        while not info_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"t3ar up did not start; see {data_dir / 'up.log'}")
-            time.sleep(0.5)
-        yield json.loads(info_file.read_text())
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log_file.close()
+    with running_up(data_dir / "stack", env, data_dir / "up.log", start_timeout=start_timeout) as (_, info):
+        yield info
 
 
 class StackRunner:
