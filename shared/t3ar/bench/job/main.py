@@ -12,6 +12,7 @@ charge the in-process arms for work the stack does once) and make bit-identical 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
