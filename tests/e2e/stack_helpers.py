@@ -6,13 +6,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 import zipfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from PIL import Image
 
 from t3ar.clients.api import ApiClient
 from t3ar.clients.retriever import RetrieverClient
+from t3ar.stack_process import StackStartError, running_up
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ("blue", "green", "red")
@@ -129,26 +128,11 @@ def running_stack(data: Path, env: Mapping[str, str | None] | None = None,
             full.pop(key, None)
         else:
             full[key] = value
-    data.mkdir(parents=True, exist_ok=True)
-    (data / "stack.json").unlink(missing_ok=True)  # an earlier stack's
-    out = open(data / "up.log", "ab")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data), "--api-port", "0",
-                             "--retriever-port", "0", "--workers", "1"], env=full, stdout=out, stderr=subprocess.STDOUT,
-                            cwd=ROOT)
-    deadline = time.monotonic() + start_timeout
-    while not (data / "stack.json").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out.close()
-            pytest.fail(f"t3ar up did not start:\n{(data / 'up.log').read_text()[-4000:]}")
-        time.sleep(0.5)
-    info = json.loads((data / "stack.json").read_text())
-    try:
-        yield Stack(data, info, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    with ExitStack() as stack:
         try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        out.close()
+            proc, info = stack.enter_context(running_up(data, full, data / "up.log", cwd=ROOT,
+                                                        start_timeout=start_timeout))
+        except StackStartError as e:
+            # pytest.fail, without the StackStartError's traceback: the message (the log's end) says it all
+            raise pytest.fail.Exception(str(e)) from None
+        yield Stack(data, info, proc)

@@ -21,7 +21,7 @@ ENV = {"T3AR_RETRIEVER_DUPLICATE_THRESHOLD": "0.99999"}
 
 
 def _contributed(api: object, rc: object, job_id: str) -> list[dict[str, object]]:
-    wait_for(lambda: api.job(job_id)["contribution"]["status"] == "done", 60,  # type: ignore[attr-defined]
+    wait_for(lambda: api.job(job_id)["contribution"]["status"] == "done", 180,  # type: ignore[attr-defined]
              f"the contribution of {job_id}")
     return list(rc.iter_items(source=f"target:{job_id}"))  # type: ignore[attr-defined]
 

@@ -80,5 +80,5 @@ def test_killing_only_the_worker_takes_its_work_horse_too(stack: Stack, model_id
             except httpx.HTTPError:
                 return False
 
-        wait_for(served, 60, "the restarted worker to serve its metrics")
+        wait_for(served, 120, "the restarted worker to serve its metrics")
         assert "t3ar_worker_jobs_total" in httpx.get(metrics, timeout=5).text

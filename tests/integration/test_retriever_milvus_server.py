@@ -139,20 +139,22 @@ class _Ingest(threading.Thread):
                 n += 1
 
 
-def _run_until(ingest: _Ingest, acked: int) -> None:
+def _ingesting(rp: RetrieverProcess, seed: int, acked: int = 120) -> _Ingest:
+    """An :class:`_Ingest` into ``rp`` started and run until at least ``acked`` adds and a delete were answered."""
+    ingest = _Ingest(rp, seed)
     ingest.start()
     deadline = time.monotonic() + 120
     while len(ingest.live) < acked and ingest.is_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(ingest.live) >= acked and ingest.deleted, (len(ingest.live), ingest.error)
+    return ingest
 
 
 def test_kill9_of_the_retriever_mid_ingest_loses_no_acknowledged_add_and_returns_no_deleted_id(
         tmp_path: Path, retriever_factory: Factory, milvus_server: MilvusServer) -> None:
     data = tmp_path / "pool"
     rp = retriever_factory(data, _env(milvus_server))
-    ingest = _Ingest(rp, seed=100)
-    _run_until(ingest, 120)
+    ingest = _ingesting(rp, seed=100)
     rp.stop(signal.SIGKILL)  # mid-ingest: the thread is always sending
     ingest.join(timeout=ANSWER_S)
     assert ingest.error is not None, "the ingest should have been cut off by the kill"
@@ -172,8 +174,7 @@ def test_kill9_of_the_milvus_server_mid_ingest_answers_503_and_loses_nothing_onc
         tmp_path: Path, retriever_factory: Factory, milvus_server: MilvusServer) -> None:
     data = tmp_path / "pool"
     rp = retriever_factory(data, _env(milvus_server))
-    ingest = _Ingest(rp, seed=200)
-    _run_until(ingest, 120)
+    ingest = _ingesting(rp, seed=200)
     try:
         milvus_server.kill()  # mid-ingest
         ingest.join(timeout=2 * ANSWER_S)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_models import TinyBackbone
+from tiny_models import TinyBackbone, tiny_problem
 
 from t3ar.device import resolve_device, seed_everything
 from t3ar.method.adapt import StepStats, adapt
@@ -11,12 +11,7 @@ from t3ar.models.classifier import Classifier
 
 
 def _run(method: str, seed: int = 0, **kw: object) -> tuple[Classifier, object]:
-    seed_everything(seed)
-    model = Classifier(TinyBackbone(), 8, 3, 16)
-    g = torch.Generator().manual_seed(123)
-    target = torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g)
-    pool = torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g)
-    nbr = torch.randint(0, 9, (12, 2), generator=g)
+    model, target, pool, nbr = tiny_problem(k=2, seed=123, model_seed=seed)
     cfg = AdaptConfig(method=method, k=2, epochs=2, batch_size=4, bank_size=32, train_groups=None, seed=seed,
                       **kw)  # type: ignore[arg-type]
     res = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 import torch
-from tiny_models import TinyBackbone
+from tiny_models import TinyBackbone, tiny_problem
 
 from t3ar.device import seed_everything
 from t3ar.method.adapt import adapt
@@ -101,12 +101,7 @@ def test_auto_is_on_for_cpu_and_cuda() -> None:
 
 
 def _adapt(method: str, ahead: bool, **kw: object) -> tuple[dict[str, torch.Tensor], list[float]]:
-    seed_everything(0)
-    model = Classifier(TinyBackbone(), 8, 3, 16)
-    g = torch.Generator().manual_seed(123)
-    target = torch.randint(0, 256, (14, 3, 16, 16), dtype=torch.uint8, generator=g)
-    pool = torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g)
-    cand = torch.randint(0, 9, (14, 4), generator=g)
+    model, target, pool, cand = tiny_problem(14, 9, 4, seed=123)
     cfg = AdaptConfig(method=method, k=2, epochs=3, batch_size=4, bank_size=32, train_groups=None, seed=5,
                       views_ahead=ahead, **kw)  # type: ignore[arg-type]
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=cand[:, :2], pool_images=pool,

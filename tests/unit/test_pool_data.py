@@ -4,9 +4,8 @@ import math
 
 import pytest
 import torch
-from tiny_models import TinyBackbone
+from tiny_models import tiny_problem
 
-from t3ar.device import seed_everything
 from t3ar.method import losses
 from t3ar.method.adapt import adapt
 from t3ar.method.bank import MemoryBank
@@ -79,13 +78,8 @@ def test_neighbour_entries_are_the_querys_own_pool_entries() -> None:
 
 
 def _run(device: torch.device | None = None, **options: object) -> tuple[Classifier, object]:
-    seed_everything(0)
     device = device or torch.device("cpu")
-    model = Classifier(TinyBackbone(), 8, 3, 16).to(device)
-    g = torch.Generator().manual_seed(1)
-    target = torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g)
-    pool = torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g)
-    nbr = torch.randint(0, 9, (12, 3), generator=g)
+    model, target, pool, nbr = tiny_problem(device=device)
     cfg = AdaptConfig(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None, **options)  # type: ignore[arg-type]
     res = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
                 device=device, pool_sources=["emoji"] * 5 + ["clipart"] * 4,
@@ -130,12 +124,7 @@ def test_false_negative_control_changes_the_contrastive_term(mode: str) -> None:
 
 def test_the_oracle_serves_known_neighbours_with_their_true_labels() -> None:
     _, res = _run(pool_data_weight=1.0, pool_data_threshold=0.99)
-    seed_everything(0)
-    model = Classifier(TinyBackbone(), 8, 3, 16)
-    g = torch.Generator().manual_seed(1)
-    target = torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g)
-    pool = torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g)
-    nbr = torch.randint(0, 9, (12, 3), generator=g)
+    model, target, pool, nbr = tiny_problem()
     cfg = AdaptConfig(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None,
                       pool_data_weight=1.0, pool_data_threshold=0.99)
     oracle = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
@@ -146,15 +135,11 @@ def test_the_oracle_serves_known_neighbours_with_their_true_labels() -> None:
 
 
 def test_sources_restrict_data_only_when_known() -> None:
-    seed_everything(0)
-    model = Classifier(TinyBackbone(), 8, 3, 16)
-    g = torch.Generator().manual_seed(1)
-    target = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=g)
-    pool = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8, generator=g)
+    model, target, pool, nbr = tiny_problem(8, 4, 2)
     cfg = AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, pool_data_weight=1.0, pool_data_sources=("a",))
     with pytest.raises(ValueError, match="pool_sources"):
-        adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 4, (8, 2), generator=g),
-              pool_images=pool, device=torch.device("cpu"))
+        adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
+              device=torch.device("cpu"))
 
 
 def test_a_local_pools_sources_are_its_top_folders() -> None:

@@ -5,9 +5,8 @@ import math
 
 import pytest
 import torch
-from tiny_models import TinyBackbone
+from tiny_models import tiny_problem
 
-from t3ar.device import seed_everything
 from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.bn_adapt import adapted_norms
 from t3ar.method.config import AdaptConfig
@@ -56,13 +55,7 @@ def test_pool_labels_map_to_model_classes_and_unknown_labels_are_unlabelled() ->
 
 
 def _data(n_pool: int = 9) -> tuple[Classifier, torch.Tensor, torch.Tensor, torch.Tensor]:
-    seed_everything(0)
-    model = Classifier(TinyBackbone(), 8, 3, 16)
-    g = torch.Generator().manual_seed(1)
-    target = torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g)
-    pool = torch.randint(0, 256, (n_pool, 3, 16, 16), dtype=torch.uint8, generator=g)
-    nbr = torch.randint(0, n_pool, (12, 3), generator=g)
-    return model, target, pool, nbr
+    return tiny_problem(n_pool=n_pool)
 
 
 def _run(draw: str = "retrieved", known: torch.Tensor | None = KNOWN, **over: object) -> tuple[Classifier, AdaptResult]:

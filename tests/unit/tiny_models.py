@@ -1,7 +1,11 @@
-"""A tiny CPU backbone for tests of the adaptation loop (BatchNorm in every stage, 8-d features)."""
+"""A tiny CPU backbone for tests of the adaptation loop (BatchNorm in every stage, 8-d features), and the tiny
+seeded adaptation problem the loop's tests share (:func:`tiny_problem`)."""
 
 import torch
 from torch import nn
+
+from t3ar.device import seed_everything
+from t3ar.models.classifier import Classifier
 
 
 class TinyBackbone(nn.Module):
@@ -14,3 +18,19 @@ class TinyBackbone(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stage(self.stem(x))
+
+
+def tiny_problem(n_target: int = 12, n_pool: int = 9, k: int = 3, *, seed: int = 1, model_seed: int = 0,
+                 device: torch.device | None = None
+                 ) -> tuple[Classifier, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(model, target, pool, neighbours): a 3-class tiny classifier built after ``seed_everything(model_seed)``
+    (on ``device``, default CPU), then from one generator seeded with ``seed``, in this order, ``n_target``
+    target and ``n_pool`` pool uint8 16×16 images and ``k`` neighbour indices per target image. The same
+    arguments give the same tensors, so a test can compare runs that differ in one option."""
+    seed_everything(model_seed)
+    model = Classifier(TinyBackbone(), 8, 3, 16).to(device or torch.device("cpu"))
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randint(0, 256, (n_target, 3, 16, 16), dtype=torch.uint8, generator=g)
+    pool = torch.randint(0, 256, (n_pool, 3, 16, 16), dtype=torch.uint8, generator=g)
+    nbr = torch.randint(0, n_pool, (n_target, k), generator=g)
+    return model, target, pool, nbr

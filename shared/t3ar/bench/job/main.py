@@ -1,11 +1,12 @@
 """The job-overhead benchmark's runs: one embedded stack (``t3ar up`` as a subprocess; the library never imports
-the services), the pool ingested once, then per round the same job through the stack (``POST /adapt`` ->
-finished -> checkpoint downloaded) and in this process (:func:`t3ar.pipeline.run_adaptation` on the same
-checkpoint, target, config and seed, neighbours from the same retriever, checkpoint saved), in alternating order.
+the services), the pool ingested once, then per round the same job three ways: through the stack (``POST /adapt``
+-> finished -> checkpoint downloaded), in a fresh process and in this process (:mod:`t3ar.bench.job.arm`: the same
+checkpoint, target, config and seed, neighbours from the same retriever, checkpoint saved), the order reversed
+every other round.
 
-The in-process arm uses the stack's retriever rather than ``t3ar adapt --pool``'s in-memory faiss pool so both
-arms retrieve the same neighbours (the stack's pool was embedded at ingest; re-embedding the pool at every run
-would charge the in-process arm for work the stack does once) and make bit-identical weights
+The in-process arms use the stack's retriever rather than ``t3ar adapt --pool``'s in-memory faiss pool so all arms
+retrieve the same neighbours (the stack's pool was embedded at ingest; re-embedding the pool at every run would
+charge the in-process arms for work the stack does once) and make bit-identical weights
 (tests/e2e/test_stack_job_pinned.py).
 """
 
@@ -15,7 +16,6 @@ import json
 import logging
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from t3ar.bench.job.report import Round, summarise, write
+from t3ar.stack_process import running_up
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +36,15 @@ class Runner(Protocol):
 
     def stack(self) -> tuple[float, dict[str, Any]]: ...  # (wall seconds, the job's report)
 
-    def in_process(self) -> float: ...  # wall seconds
+    def fresh(self) -> dict[str, Any]: ...  # arm.main's answer: wall_s, phases, imports_s
+
+    def in_process(self) -> dict[str, Any]: ...  # arm.adapt_once's answer: wall_s, phases
 
 
 def run_rounds(runner: Runner, rounds: int, job: dict[str, Any], out_dir: Path,
                on_round: Callable[[Round], None] | None = None) -> dict[str, Any]:
-    """``rounds`` rounds, the arms alternating which goes first; writes the report after each round (so an
-    interrupted run keeps the rounds it finished) and returns the last summary."""
+    """``rounds`` rounds of the three arms, the order reversed every other round; writes the report after each
+    round (so an interrupted run keeps the rounds it finished) and returns the last summary."""
     if rounds < 1:
         raise ValueError("no rounds measured: rounds must be >= 1")
     done: list[Round] = []
@@ -49,11 +52,16 @@ def run_rounds(runner: Runner, rounds: int, job: dict[str, Any], out_dir: Path,
     for i in range(rounds):
         if i % 2 == 0:
             stack_wall, report = runner.stack()
-            in_wall = runner.in_process()
+            fresh = runner.fresh()
+            warm = runner.in_process()
         else:
-            in_wall = runner.in_process()
+            warm = runner.in_process()
+            fresh = runner.fresh()
             stack_wall, report = runner.stack()
-        r = Round(stack_wall, in_wall, dict(report.get("phases") or {}), float(report.get("seconds_total") or 0.0))
+        r = Round(stack_wall, float(fresh["wall_s"]), dict(report.get("phases") or {}),
+                  float(report.get("seconds_total") or 0.0), warm_wall=float(warm["wall_s"]),
+                  fresh_phases=dict(fresh.get("phases") or {}), warm_phases=dict(warm.get("phases") or {}),
+                  fresh_imports=float(fresh.get("imports_s") or 0.0))
         done.append(r)
         if on_round is not None:
             on_round(r)
@@ -65,27 +73,12 @@ def run_rounds(runner: Runner, rounds: int, job: dict[str, Any], out_dir: Path,
 
 @contextmanager
 def embedded_stack(data_dir: Path, threads: int, start_timeout: float = 600) -> Iterator[dict[str, Any]]:
-    """``t3ar up`` (one worker on ``threads`` torch threads, CPU) in ``data_dir``; yields its stack.json."""
+    """``t3ar up`` (one worker on ``threads`` torch threads, CPU) in ``data_dir/stack``, its log in
+    ``data_dir/up.log``; yields its stack.json. Raises :class:`t3ar.stack_process.StackStartError` on a failed
+    start."""
     env = dict(os.environ, T3AR_WORKER_TORCH_THREADS=str(threads), T3AR_WORKER_DEVICE="cpu")
-    log_file = open(data_dir / "up.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "t3ar.cli.main", "up", "--data-dir", str(data_dir / "stack"),
-                             "--api-port", "0", "--retriever-port", "0", "--workers", "1"],
-                            env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + start_timeout
-        info_file = data_dir / "stack" / "stack.json"
-        while not info_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"t3ar up did not start; see {data_dir / 'up.log'}")
-            time.sleep(0.5)
-        yield json.loads(info_file.read_text())
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log_file.close()
+    with running_up(data_dir / "stack", env, data_dir / "up.log", start_timeout=start_timeout) as (_, info):
+        yield info
 
 
 class StackRunner:
@@ -110,25 +103,24 @@ class StackRunner:
         wall = time.perf_counter() - t
         return wall, self.api.report(accepted["id"])
 
-    def in_process(self) -> float:
-        import torch
+    def _spec(self, out: str) -> dict[str, Any]:
+        return {"retriever_url": self.info["retriever_url"], "retriever_token": self.info["tokens"]["retriever_token"],
+                "model": str(self.model), "target": str(self.target), "config": self.config,
+                "threads": self.threads, "out": str(self.work / out)}
 
-        from t3ar.clients.retriever import RetrieverClient, RetrieverProvider
-        from t3ar.data.target import read_target
-        from t3ar.method.config import AdaptConfig
-        from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
-        from t3ar.pipeline import run_adaptation
+    def fresh(self) -> dict[str, Any]:
+        spec_file = self.work / "fresh-spec.json"
+        spec_file.write_text(json.dumps(self._spec("fresh.pt")))
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        out = subprocess.run([sys.executable, "-m", "t3ar.bench.job.arm", str(spec_file)], env=env, check=True,
+                             capture_output=True, text=True)
+        answer: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        return answer
 
-        torch.set_num_threads(self.threads)
-        t = time.perf_counter()
-        model, info = load_checkpoint(self.model)
-        config = AdaptConfig.model_validate(self.config)
-        with RetrieverClient(self.info["retriever_url"], self.info["tokens"]["retriever_token"]) as client:
-            outcome = run_adaptation(model, info, read_target(self.target, strict=True), config,
-                                     provider=RetrieverProvider(client), device=torch.device("cpu"))
-        save_checkpoint(self.work / "in-process.pt", model, info.spec, adapt_config=config.model_dump(),
-                        lineage=outcome.lineage, metrics=outcome.checkpoint_metrics())
-        return time.perf_counter() - t
+    def in_process(self) -> dict[str, Any]:
+        from t3ar.bench.job.arm import adapt_once
+
+        return adapt_once(self._spec("in-process.pt"))
 
 
 def ingest(info: dict[str, Any], pool: Path, source: str) -> None:
@@ -152,6 +144,7 @@ def run_job_benchmark(model: Path, target: Path, pool: Path, config: dict[str, A
             job = {"model": model.name, "target": str(target), "pool": str(pool), "config": config,
                    "threads": threads}
             return run_rounds(runner, rounds, job, out_dir,
-                              on_round=lambda r: log.info("round: stack %.1fs, in-process %.1fs (ratio %.2f)",
-                                                          r.stack_wall, r.in_process_wall,
-                                                          r.stack_wall / r.in_process_wall))
+                              on_round=lambda r: log.info("round: stack %.1fs, fresh process %.1fs (ratio %.2f), "
+                                                          "this process %.1fs (ratio %.2f)", r.stack_wall,
+                                                          r.in_process_wall, r.stack_wall / r.in_process_wall,
+                                                          r.warm_wall, r.stack_wall / r.warm_wall))
