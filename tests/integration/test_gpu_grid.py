@@ -89,7 +89,7 @@ def _run(pack: Path, out: Path, work: Path, *extra: str) -> dict[str, Any]:
     (site / "sitecustomize.py").write_text(BLOCKER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "shared")])}
     proc = subprocess.run([sys.executable, "-m", "t3ar.bench.method.gpu_grid", "--pack", str(pack), "--out",
-                           str(out), "--work", str(work), "--device", "cpu", "--workers", "2", *extra],
+                           str(out), "--work", str(work), "--device", "cpu", "--threads", "1", *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is not on the GPU machine" not in proc.stderr
@@ -99,7 +99,7 @@ def _run(pack: Path, out: Path, work: Path, *extra: str) -> dict[str, Any]:
 def test_the_pack_runs_without_faiss_and_reports_the_frozen_arms(pack: Path, tmp_path: Path) -> None:
     manifest = read_manifest(pack)
     assert manifest["neighbours_per_image"] == 25 and manifest["selection_plan_differences"]
-    res = _run(pack, tmp_path / "a", tmp_path / "work-a")
+    res = _run(pack, tmp_path / "a", tmp_path / "work-a", "--workers", "2")
     labels = {r["label"] for r in res["records"]}
     assert labels == {"source", "bn-adapt", "adacontrast", "t3ar", "t3ar-labels", "t3ar-labels-random"}
     assert res["runs"] == {"planned": 24, "done": 24, "executed": 20, "cached": 0}  # 2 seeds x 2 fractions x 6
@@ -116,7 +116,7 @@ def test_the_pack_runs_without_faiss_and_reports_the_frozen_arms(pack: Path, tmp
     md = (tmp_path / "a" / "adaptation-gpu.md").read_text()
     assert "Frozen from the CPU validation" in md and "random-labelled control" in md
     # deterministic for a seed: seed 0 again, from scratch (new work folder: its own source model, no run cache)
-    again = _run(pack, tmp_path / "b", tmp_path / "work-b", "--seeds", "0")
+    again = _run(pack, tmp_path / "b", tmp_path / "work-b", "--seeds", "0", "--workers", "1")
     assert again["runs"]["executed"] == 10 and again["seeds_reported"] == [0]
     assert [m.name.rsplit("-", 1)[1] for m in (tmp_path / "work-b" / "models").glob("*.pt")] == ["seed0.pt"]
 
@@ -141,6 +141,13 @@ def test_a_missing_or_foreign_pack_is_refused_in_one_line(pack: Path, tmp_path: 
     assert grid_main(["--pack", str(foreign), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert "another code version" in err and "\n" not in err
+    edited = tmp_path / "adaptation-cpu.json"  # the committed selection changed after the pack was built
+    edited.write_text(SELECTION.read_text().replace('"bn_groups": 2', '"bn_groups": null', 1))
+    (foreign / MANIFEST).write_text(json.dumps({**manifest, "selection_origin": {
+        **manifest["selection_origin"], "file": str(edited)}}))
+    assert grid_main(["--pack", str(foreign), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "changed since the pack was built" in err and "\n" not in err
     (foreign / MANIFEST).write_text(json.dumps(manifest))
     (foreign / "arrays.npz").write_bytes(b"not the pack's")
     assert grid_main(["--pack", str(foreign), "--out", str(tmp_path / "o")]) == 2

@@ -30,7 +30,12 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the module imports torch and the bench only when it runs (a fast --help)
+    from t3ar.bench.method.data import SourceModel
+    from t3ar.bench.method.plans import BenchPlan
+    from t3ar.bench.method.runs import Context
 
 log = logging.getLogger("t3ar.bench.method.gpu_grid")
 
@@ -66,7 +71,7 @@ def _init(job: Job) -> None:
     _STATE["data"] = load_pack(job.pack, read_manifest(job.pack, check_code=False), job.images)
 
 
-def _source(seed: int) -> Any:
+def _source(seed: int) -> SourceModel:
     import torch
 
     from t3ar.bench.method.data import source_model
@@ -77,7 +82,7 @@ def _source(seed: int) -> Any:
                         data.manifest["kit_request"], torch.device(job.device))
 
 
-def _context() -> Any:
+def _context() -> Context:
     """The run context of this process (source models loaded from ``work/models`` once trained)."""
     if "ctx" not in _STATE:
         import torch
@@ -88,7 +93,8 @@ def _context() -> Any:
         sources = {seed: _source(seed) for seed in plan.seeds}
         _STATE["ctx"] = Context(plan, torch.device(job.device), job.work, data.targets, sources,
                                 dict(data.pools), data.side, code_hash())
-    return _STATE["ctx"]
+    ctx: Context = _STATE["ctx"]
+    return ctx
 
 
 def _train_source(seed: int) -> dict[str, Any]:
@@ -106,11 +112,11 @@ def _run(arm: Mapping[str, Any]) -> dict[str, Any]:
     return run_arm(ctx, arm)
 
 
-def _plan(plan: Any, max_steps: int | None) -> Any:
+def _plan(plan: BenchPlan, max_steps: int | None) -> BenchPlan:
     return plan if max_steps is None else dataclasses.replace(plan, max_steps=max_steps)
 
 
-def ordered_arms(plan: Any, selection: Mapping[str, Any]) -> list[dict[str, Any]]:
+def ordered_arms(plan: BenchPlan, selection: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every arm of the grid plus one ``source`` evaluation per (shift, seed, fraction): seed by seed (so that a
     stopped run leaves whole seeds), longest first within a seed."""
     from t3ar.bench.method.grid import grid_arms
@@ -122,7 +128,7 @@ def ordered_arms(plan: Any, selection: Mapping[str, Any]) -> list[dict[str, Any]
                                        -a["fraction"] * _COST.get(a["method"], 1.0 if a["method"] != "source" else 0)))
 
 
-def complete_seeds(plan: Any, arms: Sequence[Mapping[str, Any]], done: Sequence[Mapping[str, Any]]) -> list[int]:
+def complete_seeds(plan: BenchPlan, arms: Sequence[Mapping[str, Any]], done: Sequence[Mapping[str, Any]]) -> list[int]:
     """The seeds whose every arm has a record."""
     need: dict[int, int] = {}
     for a in arms:
@@ -168,9 +174,23 @@ def _runs(ex: ProcessPoolExecutor, arms: Sequence[Mapping[str, Any]], *, deadlin
     return records, failures, stopped
 
 
+def check_selection(manifest: Mapping[str, Any], root: Path) -> None:
+    """Refuse (PackError) a pack whose frozen selection is no longer the committed one: when the results file it
+    came from exists under ``root`` and its sha256 differs from the one recorded at build time."""
+    from t3ar.bench.method.pack import PackError, file_digest
+
+    origin = manifest["selection_origin"]
+    path = Path(origin["file"]) if Path(origin["file"]).is_absolute() else root / origin["file"]
+    if path.is_file() and file_digest(path) != origin["sha256"]:
+        raise PackError(f"{path} changed since the pack was built (its selection is frozen into the pack): rebuild "
+                        "the pack with `t3ar bench gpu-pack`")
+
+
 def run_grid(pack: Path, out: Path, *, work: Path, workers: int, device: str, max_steps: int | None = None,
-             budget_s: float | None = None, seeds: Sequence[int] | None = None) -> dict[str, Any]:
-    """Steps 1-4 of the module docstring; returns the results written to ``out``."""
+             budget_s: float | None = None, seeds: Sequence[int] | None = None, threads: int | None = None
+             ) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring; returns the results written to ``out``. ``threads``: torch threads per
+    run process (default: the CPU cores shared out among the processes)."""
     import torch
 
     from t3ar.bench.method.gpu_report import write_gpu_report
@@ -180,6 +200,7 @@ def run_grid(pack: Path, out: Path, *, work: Path, workers: int, device: str, ma
 
     t0 = time.perf_counter()
     manifest = read_manifest(pack)
+    check_selection(manifest, Path.cwd())
     dev = resolve_device(device)
     plan = _plan(plan_from_dict(manifest["plan"]), max_steps)
     if seeds is not None:
@@ -191,7 +212,7 @@ def run_grid(pack: Path, out: Path, *, work: Path, workers: int, device: str, ma
     log.info("pack checked and unpacked in %.0f s", t_unpack - t0)
     selection = manifest["selection"]
     arms = ordered_arms(plan, selection)
-    job = Job(pack, images, work, str(dev), max(1, (os.cpu_count() or 1) // workers), plan.as_dict())
+    job = Job(pack, images, work, str(dev), threads or max(1, (os.cpu_count() or 1) // workers), plan.as_dict())
     log.info("%d runs on %s in %d processes (pack %s, plan %s)", len(arms), dev, workers, pack, plan.name)
     import multiprocessing as mp
 
@@ -241,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, default=None, help="cap optimiser steps per run (a smoke, not results)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
     ap.add_argument("--seeds", default=None, help="only these of the pack's seeds, e.g. 0,1")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads per run process [cores / workers]")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
@@ -252,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers = args.workers or plan_from_dict(manifest["plan"]).workers
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
         res = run_grid(args.pack, args.out, work=args.work, workers=workers, device=args.device,
-                       max_steps=args.max_steps, budget_s=args.budget_s, seeds=seeds)
+                       max_steps=args.max_steps, budget_s=args.budget_s, seeds=seeds, threads=args.threads)
     except (T3arError, ValueError) as exc:
         print(f"gpu_grid: {exc}", file=sys.stderr)
         return 2

@@ -38,7 +38,7 @@ from PIL import Image
 from t3ar.bench.method.data import StyleSet, content_key
 from t3ar.bench.method.labelled_pool import style_of
 from t3ar.bench.method.plans import BenchPlan
-from t3ar.bench.method.runs import Target, code_hash
+from t3ar.bench.method.runs import Target, code_hash, pool_name
 from t3ar.errors import InvalidInputError, T3arError
 
 PACK_FORMAT = 1
@@ -209,8 +209,6 @@ class PackData:
 
 def load_pack(pack: Path, manifest: Mapping[str, Any], images_npy: Path) -> PackData:
     """Everything of a checked pack (:func:`read_manifest`) with its images from :func:`unpack_images`."""
-    from t3ar.bench.method.runs import pool_name
-
     table = np.load(images_npy, mmap_mode="r")
     arrays = np.load(pack / ARRAYS)
     meta = json.loads(lzma.decompress((pack / META).read_bytes()))
