@@ -109,8 +109,14 @@ def test_missing_weight_sources_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_open_clip_by_tag_without_cache_fails_clearly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub.constants as hf
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
+    # huggingface_hub reads the variables when it is first imported: once an earlier test imported it, only the
+    # constants count (without this the hub was tried with retries: 47 s in the full suite, 3 s alone)
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(WeightsUnavailableError, match="local file"):
         build_backbone(parse_backbone("clip:RN50", pretrained_tag="openai"))
 
