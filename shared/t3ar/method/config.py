@@ -101,6 +101,16 @@ class AdaptConfig(BaseModel):
         default=0.0, ge=0, lt=1, description="T3AR family: keys, pool features and the logits behind the filtered "
                                              "pseudo-labels come from an EMA teacher of the model with this momentum "
                                              "(AdaContrast's 0.999); 0 = the current model (the paper's m = 0)")
+    # AdaContrast's pseudo-label refinement, for the T3AR family (issue 33)
+    knn_refine: bool = Field(
+        default=False, description="T3AR family, test time: each query's pseudo-label by soft k-NN voting "
+                                   "(AdaContrast's refinement): the mean class probabilities of the refine_neighbors "
+                                   "bank entries nearest its weak-view feature; False = the argmax of the mean "
+                                   "logits stored for its own id (the paper's filtered pseudo-label)")
+    knn_refine_labelled: bool = Field(
+        default=False, description="with knn_refine: the bank's pool entries that carry a pool label of one of the "
+                                   "model's classes vote too, with that label (one-hot); unlabelled pool entries "
+                                   "never vote")
     # a second, short stage: the bottleneck and head retrained on the target alone (SWAT)
     second_stage_steps: int = Field(
         default=0, ge=0, le=MAX_STEPS, description="T3AR family: steps of a second stage that retrains only the "
@@ -127,7 +137,8 @@ class AdaptConfig(BaseModel):
     bank_size: int = Field(default=16384, ge=8, le=MAX_BANK_SIZE, description="memory bank / MoCo queue entries")
     # AdaContrast (its published defaults)
     ema: float = Field(default=0.999, ge=0, lt=1, description="AdaContrast: key-encoder momentum")
-    refine_neighbors: int = Field(default=10, ge=1, le=1024, description="AdaContrast: soft-voting neighbours")
+    refine_neighbors: int = Field(default=10, ge=1, le=1024,
+                                  description="soft-voting neighbours (AdaContrast; the T3AR family with knn_refine)")
     # what trains
     train_groups: int | None = Field(default=2, ge=0, le=64,
                                      description="last N backbone groups that train; None=all")
@@ -159,9 +170,13 @@ class AdaptConfig(BaseModel):
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
-        if (self.bn_start or self.bn_fixed or self.second_stage_steps or self.teacher_ema) and not self.in_family:
-            raise ValueError("bn_start, bn_fixed, teacher_ema and second_stage_steps are options of the T3AR family "
-                             "(t3ar, t3ar-random, t3ar-noretrieval)")
+        if (self.bn_start or self.bn_fixed or self.second_stage_steps or self.teacher_ema or self.knn_refine
+                or self.knn_refine_labelled) and not self.in_family:
+            raise ValueError("bn_start, bn_fixed, teacher_ema, knn_refine, knn_refine_labelled and second_stage_steps "
+                             "are options of the T3AR family (t3ar, t3ar-random, t3ar-noretrieval)")
+        if self.knn_refine_labelled and not self.knn_refine:
+            raise ValueError("knn_refine_labelled lets labelled pool entries vote in the soft k-NN refinement: it "
+                             "needs knn_refine")
         if self.mode == "train" and not self.has_train_mode:
             raise ValueError(f"{self.method} is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
                              "mode 'train'")

@@ -10,7 +10,8 @@ One step, for a batch x of target images with retrieved neighbours N(x):
   ``config.joint_pass`` (CUDA by default: see :func:`joint_enabled`) the query pass joins them as the first
   segment, the only one with gradient: one forward per step instead of two.
 * bank: enqueue (k, f(t'(x)), id) and (g(t'(a)), pool id); filtered pseudo-label ȳ(x) = argmax of the mean
-  of the logits stored for x's id.
+  of the logits stored for x's id (with ``knn_refine``: AdaContrast's soft k-NN vote of the bank entries
+  nearest q, :mod:`t3ar.method.vote`).
 * loss = ce_weight · CE(f(t(x)), ȳ) + contrastive_weight · InfoNCE(q, k; negatives = target entries with
   another pseudo-label + the bank entries of x's own neighbours, or of every pool image with
   ``pool_negatives='all'``).
@@ -51,6 +52,7 @@ from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights
 from t3ar.method.retrieval import dedup_sample
 from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.views import Views
+from t3ar.method.vote import vote
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
 
 __all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "joint_enabled",
@@ -184,8 +186,12 @@ class ContrastiveState:
                 bank.enqueue(p, local_dev, logits=p_logits, from_pool=True)
             live = bank.live()  # the slots written so far: the rest are empty and masked anyway
             if lab is None:
-                mean_logits, _ = live.mean_logits(ids)
-                new_pl = mean_logits.argmax(1)
+                if cfg.knn_refine:  # AdaContrast's soft k-NN voting over the bank (t3ar.method.vote)
+                    new_pl = vote(q, live, cfg.refine_neighbors,
+                                  self.pool_known if cfg.knn_refine_labelled else None)
+                else:  # the paper's filtered pseudo-label: the mean of the logits stored for the id
+                    mean_logits, _ = live.mean_logits(ids)
+                    new_pl = mean_logits.argmax(1)
                 had = self.id_pl[ids] >= 0
                 out["pl_change_rate"] = ((new_pl != self.id_pl[ids]) & had).sum() / had.sum().clamp(min=1)
                 self.id_pl[ids] = new_pl

@@ -50,19 +50,22 @@ RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
 )
 #: the T3AR family's 'no harm' options (issue 33), tried greedily on validation on top of the validated T3AR, in this
 #: order: BatchNorm statistics from the target first (bn-adapt) and then moving or fixed, an EMA teacher, a lower lr,
-#: SWAT's second stage (bottleneck and head on the target's filtered pseudo-labels)
+#: SWAT's second stage (bottleneck and head on the target's filtered pseudo-labels), AdaContrast's soft k-NN voting
 NO_HARM_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("bn-adapt first, statistics moving", (("bn_start", True),)),
     ("bn-adapt first, statistics fixed", (("bn_start", True), ("bn_fixed", True))),
     ("EMA teacher for keys and pseudo-labels (m = 0.999, AdaContrast's)", (("teacher_ema", 0.999),)),
     ("lr a third of the family's", (("lr", "third"),)),
     ("second stage: 10 steps of bottleneck and head on the target alone", (("second_stage_steps", 10),)),
+    ("soft k-NN voting for the pseudo-labels (AdaContrast's, 10 neighbours)", (("knn_refine", True),)),
 )
 #: labelled neighbours as data: tried greedily on validation after weight 1 (the start)
 LABEL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("labelled weight 2", (("pool_label_weight", 2.0),)),
     ("class-balanced labelled term", (("pool_label_balance", True),)),
     ("second stage: 10 steps of bottleneck and head on the target alone", (("second_stage_steps", 10),)),
+    ("labelled neighbours vote in the soft k-NN pseudo-label refinement",
+     (("knn_refine", True), ("knn_refine_labelled", True))),
 )
 #: the T3AR family's contrastive-term candidates of the grid protocol (besides AdaptConfig's own), one at a time
 FAMILY_TERMS: tuple[Setting, ...] = ((("temperature", 0.2),), (("temperature", 0.5),), (("diversity_weight", 1.0),))
