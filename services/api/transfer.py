@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from t3ar.digest import file_sha256
 from t3ar.errors import InvalidInputError
 from t3ar_services.api.errors import ConflictError, PayloadTooLargeError
-from t3ar_services.common.files import atomic_file, file_sha256
+from t3ar_services.common.files import atomic_file
 from t3ar_services.common.job_contract import (
     LINEAGE_FILE,
     MODEL_FILE,

@@ -19,17 +19,6 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    """The sha256 (lower-case hex) of a file's bytes, read in chunks."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 @contextmanager
 def atomic_file(path: Path, mode: str = "wb", **open_kwargs: Any) -> Iterator[IO[Any]]:
     """Write ``path`` all or nothing: a temp file in the same folder, flushed and fsynced when the block ends,

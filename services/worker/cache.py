@@ -129,7 +129,7 @@ class ModelCache:
     def get(self, sha256: str, fetch: Callable[[Path], object], scratch: Path) -> tuple[Path, bool]:
         """The path of a verified file with this sha256 and whether it was cached; ``fetch(dest)`` downloads it
         (verified, atomically) when it is not."""
-        from t3ar_services.common.files import file_sha256
+        from t3ar.digest import file_sha256
 
         if not re.fullmatch(r"[0-9a-f]{64}", sha256):
             raise ValueError(f"not a sha256: {sha256!r}")

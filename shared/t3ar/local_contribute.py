@@ -12,7 +12,6 @@ Withdrawing the contribution as a unit is deleting that folder; later runs never
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from t3ar.data.images import open_image
+from t3ar.digest import file_sha256
 from t3ar.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -34,14 +34,6 @@ SOURCE_PREFIX = "target:"
 
 def folder_name(run_id: str) -> str:
     return f"target-{run_id}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def contribute_local(pool_dir: Path, target_paths: list[Path], run_id: str, pool: Any, *,
@@ -61,7 +53,7 @@ def contribute_local(pool_dir: Path, target_paths: list[Path], run_id: str, pool
         return {**record, "repeated": True}
     if dest.exists():
         raise InvalidInputError(f"{dest} exists but holds no {MANIFEST}: not a contribution; move it away")
-    pool_shas = {_sha256(p) for p in pool_dir.rglob("*") if p.is_file() and not p.is_symlink()
+    pool_shas = {file_sha256(p) for p in pool_dir.rglob("*") if p.is_file() and not p.is_symlink()
                  and p.name != MANIFEST}
     vecs = _embed(pool, target_paths, batch_size)
     best = pool.search(vecs, 1)[0][:, 0] if pool.size() else np.full(len(vecs), -np.inf)
@@ -70,7 +62,7 @@ def contribute_local(pool_dir: Path, target_paths: list[Path], run_id: str, pool
     seen: set[str] = set()
     exact = near = 0
     for path, vec, score in zip(target_paths, vecs, best, strict=True):
-        sha = _sha256(path)
+        sha = file_sha256(path)
         if sha in pool_shas or sha in seen:
             exact += 1
             continue

@@ -26,6 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, model_validator
 from torch import nn
 
+from t3ar.digest import file_sha256
 from t3ar.errors import InvalidInputError, WeightsUnavailableError
 
 log = logging.getLogger(__name__)
@@ -253,17 +254,10 @@ def build_backbone(spec: BackboneSpec) -> nn.Module:
 def weights_sha256(spec: BackboneSpec) -> str:
     """A stable hash of the initial weights (file bytes) or the name/tag: part of identities and lineage."""
     if spec.weights == "packaged":
-        return _file_sha256(packaged_weights_file(spec))
+        return file_sha256(packaged_weights_file(spec))
     if spec.weights == "file":
-        return _file_sha256(Path(spec.path or ""))
+        return file_sha256(Path(spec.path or ""))
     if spec.weights == "hub":
         return hashlib.sha256(f"{spec.name}/{spec.pretrained_tag}".encode()).hexdigest()
     return "random"
 
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -177,11 +177,12 @@ def _runs(ex: ProcessPoolExecutor, arms: Sequence[Mapping[str, Any]], *, deadlin
 def check_selection(manifest: Mapping[str, Any], root: Path) -> None:
     """Refuse (PackError) a pack whose frozen selection is no longer the committed one: when the results file it
     came from exists under ``root`` and its sha256 differs from the one recorded at build time."""
-    from t3ar.bench.method.pack import PackError, file_digest
+    from t3ar.bench.method.pack import PackError
+    from t3ar.digest import file_sha256
 
     origin = manifest["selection_origin"]
     path = Path(origin["file"]) if Path(origin["file"]).is_absolute() else root / origin["file"]
-    if path.is_file() and file_digest(path) != origin["sha256"]:
+    if path.is_file() and file_sha256(path) != origin["sha256"]:
         raise PackError(f"{path} changed since the pack was built (its selection is frozen into the pack): rebuild "
                         "the pack with `t3ar bench gpu-pack`")
 

@@ -39,13 +39,13 @@ from t3ar.bench.method.pack import (
     PackError,
     compress_images,
     dump_meta,
-    file_digest,
     pack_code,
 )
 from t3ar.bench.method.plans import ARCHIVE, PAPER, BenchPlan
 from t3ar.bench.method.protocol import SOURCE_STYLE
 from t3ar.bench.method.runs import build_pools, load_targets, pool_name
 from t3ar.data.images import to_tensor_uint8
+from t3ar.digest import file_sha256
 from t3ar.method.config import AdaptConfig
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def load_selection(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     sel = res.get("selection")
     if not isinstance(sel, dict) or "labelled" not in sel or "validated" not in sel:
         raise PackError(f"{path}: no labelled-pool selection (run the cpu plan of `t3ar bench adapt` first)")
-    return sel, {"file": str(path), "sha256": file_digest(path), "plan": res["plan"]}
+    return sel, {"file": str(path), "sha256": file_sha256(path), "plan": res["plan"]}
 
 
 def selection_differences(selection_plan: Mapping[str, Any], plan: BenchPlan) -> list[str]:
@@ -224,7 +224,7 @@ def build_pack(out: Path, plan: BenchPlan, selection: Mapping[str, Any], origin:
         (tmp / WHEELS).mkdir(exist_ok=True)
         shutil.copy2(w, tmp / WHEELS / w.name)
         names.append(f"{WHEELS}/{w.name}")
-    files: dict[str, dict[str, Any]] = {n: {"bytes": (tmp / n).stat().st_size, "sha256": file_digest(tmp / n)}
+    files: dict[str, dict[str, Any]] = {n: {"bytes": (tmp / n).stat().st_size, "sha256": file_sha256(tmp / n)}
                                         for n in names}
     total = sum(int(f["bytes"]) for f in files.values())
     tree = tracked_bytes(out.parent if out.parent.exists() else Path.cwd())

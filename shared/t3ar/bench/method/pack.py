@@ -39,6 +39,7 @@ from t3ar.bench.method.data import StyleSet, content_key
 from t3ar.bench.method.labelled_pool import style_of
 from t3ar.bench.method.plans import BenchPlan
 from t3ar.bench.method.runs import Target, code_hash, pool_name
+from t3ar.digest import file_sha256
 from t3ar.errors import InvalidInputError, T3arError
 
 PACK_FORMAT = 1
@@ -60,14 +61,6 @@ def pack_code() -> str:
     for name in PACK_MODULES:
         h.update(name.encode())
         h.update((here / name).read_bytes())
-    return h.hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
     return h.hexdigest()
 
 
@@ -108,7 +101,7 @@ def read_manifest(pack: Path, *, check_code: bool = True) -> dict[str, Any]:
         raise PackError(f"{pack}: pack format {manifest.get('format')!r}, this code reads {PACK_FORMAT}; rebuild it")
     for name, info in manifest.get("files", {}).items():
         f = pack / name
-        if not f.is_file() or f.stat().st_size != info["bytes"] or file_digest(f) != info["sha256"]:
+        if not f.is_file() or f.stat().st_size != info["bytes"] or file_sha256(f) != info["sha256"]:
             raise PackError(f"{pack}: {name} is missing or differs from the manifest; rebuild the pack")
     if check_code and manifest.get("code") != pack_code():
         raise PackError(f"{pack}: built by another code version (pack {str(manifest.get('code'))[:12]}, this "
