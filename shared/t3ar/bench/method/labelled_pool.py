@@ -60,24 +60,26 @@ def pool_style_shares(pool_ids: Iterable[str], labels: Mapping[str, Any]) -> dic
 
 
 @dataclass
-class StyleUse:
-    """One style's part in an arm's labelled uses."""
+class UseCounts:
+    """Labelled uses of pool items: of one style (:class:`StyleUse`) or of a whole arm (:class:`LabelledUse`)."""
 
-    uses: int = 0  # (item, query) uses of this style's items as labelled data
-    share: float = 0.0  # of all labelled uses of the arm
+    uses: int = 0  # (item, query) uses of pool items as labelled data
     items: int = 0  # distinct pool items
     query_class: int = 0  # uses whose label was the class of the query that retrieved (or drew) the item
     query_class_share: float = 0.0  # query_class / uses
 
 
 @dataclass
-class LabelledUse:
+class StyleUse(UseCounts):
+    """One style's part in an arm's labelled uses."""
+
+    share: float = 0.0  # of all labelled uses of the arm
+
+
+@dataclass
+class LabelledUse(UseCounts):
     """What :func:`labelled_use` reports for one arm (``to_dict`` for a results file)."""
 
-    uses: int = 0
-    items: int = 0
-    query_class: int = 0
-    query_class_share: float = 0.0
     styles: dict[str, StyleUse] = field(default_factory=dict)
     skipped: int = 0  # entries without a label (unlabelled neighbours): not labelled uses
 
