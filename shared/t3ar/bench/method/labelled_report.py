@@ -64,7 +64,7 @@ def selection_section(res: Mapping[str, Any]) -> list[str]:
     d = sel["default"]
     tops = ", ".join(f"{m} {pct(t)} %" for m, t in d["validation_top1"].items())
     lab = sel["labelled"]
-    return ["", "### No harm: the family's BatchNorm, lr and second-stage options", "",
+    return ["", "### No harm: the family's BatchNorm, lr, second-stage and soft k-NN voting options", "",
             "Greedily on top of the validated T3AR (unlabelled pool), each kept only if it beats the best so far; the "
             "kept ones apply to every family arm but the paper-faithful one (T3AR without retrieval stays the "
             "validated T3AR's retrieval-off twin):", "", *_table(sel["no_harm_table"]), "",
