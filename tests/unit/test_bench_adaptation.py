@@ -220,6 +220,12 @@ def test_grid_report_renders(tmp_path: Path) -> None:
     assert "| **retrieval alone**: validated T3AR − T3AR without retrieval (its retrieval-off twin) | +4.0 [" in text
     assert "| test | 30 % | 6.0 | 3.0 | 70.0 % |" in text
     assert "it becomes the product's default `t3ar` configuration" in text
+    # an arm the plan skips (here the paper-faithful one) leaves no row of NaNs
+    assert "| validated T3AR − paper-faithful T3AR |" in text
+    nan = {"n": 2, "mean": math.nan, "lo": math.nan, "hi": math.nan}
+    skipped = {**res, "vs_paper": {mode: {f: nan for f in by_f} for mode, by_f in res["vs_paper"].items()}}
+    text = render_grid(skipped, "adaptation-quick")
+    assert "paper-faithful T3AR |" not in text and "nan" not in text
 
 
 def test_interleaved_runs_steps_in_lock_step() -> None:
