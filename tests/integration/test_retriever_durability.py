@@ -42,15 +42,22 @@ def _integrity(data_dir: Path) -> tuple[int, int]:
     return len(shas), sum(1 for p in (data_dir / "blobs").rglob("*") if p.is_file())
 
 
+def _started_with(retriever_factory: Factory, data: Path, make_png: Callable[..., bytes],
+                  n: int) -> tuple[RetrieverProcess, list[str]]:
+    """A retriever on ``data`` holding ``n`` numbered images (``0.png`` …), and their ids in order."""
+    rp = retriever_factory(data)
+    with rp.client() as c:
+        return rp, [it["id"] for it in c.add_images([(f"{i}.png", make_png(i)) for i in range(n)])["items"]]
+
+
 @pytest.mark.slow
 def test_graceful_restart_keeps_state_and_deleted_bytes_leave_the_disk(
         tmp_path: Path, retriever_factory: Factory, make_png: Callable[..., bytes]) -> None:
     data = tmp_path / "pool"
-    rp = retriever_factory(data)
+    rp, ids = _started_with(retriever_factory, data, make_png, 12)
+    gone = ids[:3]
+    vectors = _stored_vectors(data, gone)
     with rp.client() as c:
-        ids = [it["id"] for it in c.add_images([(f"{i}.png", make_png(i)) for i in range(12)])["items"]]
-        gone = ids[:3]
-        vectors = _stored_vectors(data, gone)
         c.delete(gone[0])
         c.delete_many(gone[1:])
         queries = c.embed([make_png(i) for i in range(3)])
@@ -151,9 +158,8 @@ def test_kill9_during_ingest_loses_no_acknowledged_item(
 def test_other_embedder_is_refused_then_reembedded(
         tmp_path: Path, retriever_factory: Factory, make_png: Callable[..., bytes]) -> None:
     data = tmp_path / "pool"
-    rp = retriever_factory(data)
+    rp, ids = _started_with(retriever_factory, data, make_png, 4)
     with rp.client() as c:
-        ids = [it["id"] for it in c.add_images([(f"{i}.png", make_png(i)) for i in range(4)])["items"]]
         old_identity = c.stats()["identity"]
     rp.stop(signal.SIGTERM)
     other = {"T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE": "64"}

@@ -12,22 +12,13 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api.console.charts import line_chart
-from t3ar_services.api.console.web import (
-    PREFIX,
-    PageError,
-    SessionDep,
-    api_state,
-    call,
-    checked_form,
-    file_inside,
-    png_response,
-    render,
-    thumbnails,
-)
+from t3ar_services.api.console.thumbs import png_response, thumbnails
+from t3ar_services.api.console.web import PREFIX, PageError, SessionDep, api_state, call, checked_form, render
 from t3ar_services.api.deps import links_of
 from t3ar_services.api.domain import exports, jobs
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.schemas import JobOut, ReportOut
+from t3ar_services.common.files import file_inside
 from t3ar_services.common.job_contract import EpochPoint
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)

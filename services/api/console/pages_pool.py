@@ -21,6 +21,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.console.thumbs import png_response, thumbnails
 from t3ar_services.api.console.web import (
     PREFIX,
     PageError,
@@ -28,11 +29,9 @@ from t3ar_services.api.console.web import (
     api_state,
     call,
     checked_form,
-    png_response,
     pool_reader,
     render,
     require_admin,
-    thumbnails,
 )
 from t3ar_services.api.deps import links_of
 from t3ar_services.api.domain import jobs, pool

@@ -17,6 +17,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from fastapi import Request
+from fastapi.responses import Response
 from PIL import Image
 
 from t3ar.data.images import to_rgb
@@ -90,3 +92,13 @@ class Thumbnails:
     def of(self, data: bytes) -> bytes:
         """The thumbnail of ``data`` (keyed by its sha256)."""
         return self.get("sha256:" + hashlib.sha256(data).hexdigest(), lambda: data)
+
+
+def thumbnails(request: Request) -> Thumbnails:
+    """The app's thumbnail cache (made at start-up by :mod:`t3ar_services.api.console`)."""
+    found: Thumbnails = request.app.state.console_thumbs
+    return found
+
+
+def png_response(data: bytes) -> Response:
+    return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})

@@ -1,6 +1,7 @@
 """The console's web plumbing: templates (Jinja2, autoescaped), the security headers (sent by
-:mod:`~t3ar_services.api.console.answers`), the session dependency, CSRF-checked forms, HTML error pages, guarded
-file names, the thumbnail cache.
+:mod:`~t3ar_services.api.console.answers`), the session dependency, CSRF-checked forms and HTML error pages.
+Guarded file names are :func:`t3ar_services.common.files.file_inside`; thumbnails and their PNG answers are
+:mod:`~t3ar_services.api.console.thumbs`.
 
 Every page and action goes through :func:`current_session` (a signed-in session, else a redirect to sign-in);
 every POST through :func:`checked_form`, which checks the session *before* reading the body and the CSRF token
@@ -28,7 +29,6 @@ from starlette.datastructures import FormData
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.errors import T3arError
 from t3ar_services.api.console.session import SESSION_COOKIE, Session, Sessions
-from t3ar_services.api.console.thumbs import Thumbnails
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import classify
 
@@ -181,31 +181,3 @@ def safe_next(value: str | None) -> str:
     if value and _NEXT.fullmatch(value) and "//" not in value and not value.startswith(PREFIX + "/login"):
         return value
     return f"{PREFIX}/jobs"
-
-
-MAX_NAME_BYTES = 255  # one path segment, as Linux filesystems allow
-MAX_PATH_BYTES = 1024  # a whole relative path (the kernel's limit is 4096; ours is what a target archive holds)
-
-
-def file_inside(root: Path, name: str) -> Path | None:
-    """``root / name`` when that is a file under ``root`` (``root`` resolved), else None. The name is checked
-    before any of it reaches the filesystem: no NUL byte (Python refuses it with an error, not an answer), no
-    segment over 255 bytes and no path over 1 KiB (ENAMETOOLONG); whatever the filesystem still says is "no"."""
-    raw = name.encode("utf-8", "surrogateescape")
-    if b"\x00" in raw or len(raw) > MAX_PATH_BYTES or any(len(p) > MAX_NAME_BYTES for p in raw.split(b"/")):
-        return None
-    try:
-        path = (root / name).resolve()
-        return path if path.is_relative_to(root) and path.is_file() else None
-    except (OSError, ValueError):
-        return None
-
-
-def thumbnails(request: Request) -> Thumbnails:
-    """The app's thumbnail cache (:mod:`~t3ar_services.api.console.thumbs`)."""
-    found: Thumbnails = request.app.state.console_thumbs
-    return found
-
-
-def png_response(data: bytes) -> Response:
-    return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})
