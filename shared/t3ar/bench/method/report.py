@@ -23,8 +23,11 @@ def pct(x: float) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
 
 
-def ci(d: Mapping[str, Any]) -> str:
-    """A paired difference (:func:`~t3ar.bench.method.plans.paired`) in points with its 95 % CI."""
+def ci(d: Mapping[str, Any] | None) -> str:
+    """A paired difference (:func:`~t3ar.bench.method.plans.paired`) in points with its 95 % CI; "–" where it has
+    no value (None, or NaN: one of its arms was not run)."""
+    if d is None or d.get("mean") is None or math.isnan(d["mean"]):
+        return "–"
     if d["n"] < 2:
         return f"{100 * d['mean']:+.1f} (n = {d['n']})"
     return f"{100 * d['mean']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
