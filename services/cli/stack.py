@@ -187,7 +187,7 @@ def _exports(info: dict[str, Any]) -> str:
     t = info["tokens"]
     return (f"export T3AR_API_URL={info['api_url']} T3AR_RETRIEVER_URL={info['retriever_url']}" +
             (f" T3AR_API_TOKEN={t['api_token']} T3AR_API_ADMIN_TOKEN={t['api_admin_token']}"
-             f" T3AR_TOKEN={t['retriever_token']} T3AR_ADMIN_TOKEN={t['retriever_admin_token']}" if t else ""))
+             f" T3AR_TOKEN={t['retriever_token']}" if t else ""))
 
 
 def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> None:
@@ -202,7 +202,8 @@ def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> No
     if t:
         lines += [f"  api token        {t['api_token']}   (console and API: jobs, pool, models)",
                   f"  api admin token  {t['api_admin_token']}   (also withdraws pool items)",
-                  f"  retriever token  {t['retriever_token']} (admin {t['retriever_admin_token']})"]
+                  f"  retriever token  {t['retriever_token']}   (t3ar pool: ingest, search; deletes go through the "
+                  "API: t3ar withdraw)"]
     else:
         lines.append("  AUTH DISABLED (--no-auth): anyone on this machine can use and delete")
     lines += ["Use it from another shell (also in stack.json):", "  " + _exports(info), "Press Ctrl-C to stop."]

@@ -23,13 +23,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_URL = "http://127.0.0.1:8701"
 
 
-def _common(token_env: tuple[str, ...] = ("T3AR_TOKEN",)) -> Callable[[F], F]:
-    return service_options("Retriever", "T3AR_RETRIEVER_URL", DEFAULT_URL, token_env)
+def _common() -> Callable[[F], F]:
+    return service_options("Retriever", "T3AR_RETRIEVER_URL", DEFAULT_URL, ("T3AR_TOKEN",))
 
 
 @click.group("pool")
 def pool() -> None:
-    """Manage the auxiliary pool held by a retriever service."""
+    """Manage the auxiliary pool held by a retriever service.
+
+    Pool items leave through the API only: ``t3ar withdraw POOL_ID`` (admin) records the withdrawal, answers
+    which jobs used the item and tells the workers' caches. The retriever's own delete route serves the API.
+    """
 
 
 def _image_files(root: Path) -> list[Path]:
@@ -159,24 +163,6 @@ def _collect(entry: tuple[Future[dict[str, Any]], int], summary: dict[str, Any],
         summary[key] += res[key]
     summary["rejected_items"] += [i for i in res["items"] if i["status"] == "rejected"]
     bar.update(n)
-
-
-@pool.command("rm")
-@click.argument("ids", nargs=-1, required=True)
-@click.option("--missing-ok", is_flag=True, help="Delete the known ids even if some are unknown.")
-@_common(token_env=("T3AR_ADMIN_TOKEN", "T3AR_TOKEN"))
-def rm(ids: tuple[str, ...], missing_ok: bool, url: str, token: str | None, as_json: bool) -> None:
-    """Withdraw pool items (admin token). All or none unless --missing-ok.
-
-    Once this returns, no search returns these ids, also after a restart, and their image, embedding
-    and metadata are gone from the retriever's disk.
-    """
-    with RetrieverClient(url, token) as client:
-        out = client.delete_many(list(ids), missing_ok=missing_ok)
-    text = f"deleted {len(out['deleted'])}: {' '.join(out['deleted'])}"
-    if out["not_found"]:
-        text += f"\nnot found {len(out['not_found'])}: {' '.join(out['not_found'])}"
-    echo_result(as_json, out, text)
 
 
 @pool.command("search")
