@@ -69,7 +69,7 @@ class JobRow:
     n_images: int
     labelled: bool
     skipped: int
-    secret_sha256: str | None = None  # the sha256 of the job's own secret (None: queued before issue 29)
+    secret_sha256: str | None = None  # the sha256 of the job's own secret (every job the API makes has one)
 
 
 @dataclass(frozen=True)

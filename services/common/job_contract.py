@@ -107,11 +107,10 @@ class JobSpec(BaseModel):
     request_id: str | None = Field(default=None, max_length=128,
                                    description="the API request that made the job: in the worker's log lines and "
                                                "its calls to the retriever")
-    job_secret: str | None = Field(default=None, min_length=32, max_length=128,
-                                   description="the job's own secret: its worker routes need it (header "
-                                               "X-T3AR-Job-Secret) besides the worker token, so a worker token alone "
-                                               "cannot read another job's inputs or replace its result; None: a job "
-                                               "queued by an API from before issue 29")
+    job_secret: str = Field(min_length=32, max_length=128,
+                            description="the job's own secret: its worker routes need it (header X-T3AR-Job-Secret) "
+                                        "besides the worker token, so a worker token alone cannot read another "
+                                        "job's inputs or replace its result")
 
 
 def new_job_secret() -> tuple[str, str]:

@@ -36,11 +36,10 @@ class WorkerApiClient(ApiClient):
 
     start_hint = "is the API running and T3AR_WORKER_API_URL right?"
 
-    def bind_job(self, secret: str | None) -> None:
+    def bind_job(self, secret: str) -> None:
         """Show the job's own secret (from its payload) on every request from now on: the API's job routes need
         it besides the worker token."""
-        if secret:
-            self._http.headers[JOB_SECRET_HEADER] = secret
+        self._http.headers[JOB_SECRET_HEADER] = secret
 
     def ping(self) -> dict[str, Any]:
         return self._json("GET", PING_ROUTE)

@@ -87,7 +87,7 @@ def test_heartbeat_ttl_uses_grace() -> None:
 
 def test_job_spec_contract(tmp_path: Path) -> None:
     good = {"job_id": "j1", "model_id": "m", "model_sha256": "a" * 64, "target_sha256": "b" * 64, "target_bytes": 1,
-            "config": {}}
+            "config": {}, "job_secret": "s" * 32}
     assert JobSpec.model_validate(good).target_bytes == 1
     with pytest.raises(ValueError):
         JobSpec.model_validate({**good, "job_id": "../x"})

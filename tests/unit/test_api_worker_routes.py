@@ -22,7 +22,7 @@ from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.main import create_app
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.transfer import target_tar
-from t3ar_services.common.job_contract import SERIALIZER
+from t3ar_services.common.job_contract import SERIALIZER, JobSpec
 
 WORKER = {"Authorization": "Bearer worker-t"}
 
@@ -98,6 +98,20 @@ def test_scopes(env: Any, tmp_path: Path) -> None:
     assert client.put(f"/internal/jobs/{job_id}/checkpoint?sha256={'0' * 64}", content=b"x",
                       headers={"Authorization": "Bearer nope"}).status_code == 401
     assert "/internal/jobs/{job_id}/checkpoint" in client.get("/openapi.json").json()["paths"]
+
+
+def test_a_job_without_a_secret_opens_nothing(env: Any, tmp_path: Path) -> None:
+    """The job secret is mandatory: a job row without its digest (no API writes one) is refused to the worker
+    token alone, as any job is; the job payload cannot leave the secret out either."""
+    client, redis, _ = env
+    job_id, spec = _job(client, redis, tmp_path)
+    store = client.app.state.api.store  # type: ignore[attr-defined]
+    store._db.execute("UPDATE jobs SET secret_sha256 = NULL WHERE id = ?", (job_id,))
+    for method, path in (("GET", f"/internal/jobs/{job_id}/target"), ("GET", f"/internal/jobs/{job_id}/base-model")):
+        assert client.request(method, path, headers=WORKER).status_code == 403, (method, path)
+        assert client.request(method, path, headers=as_worker(spec)).status_code == 403, (method, path)
+    with pytest.raises(ValueError, match="job_secret"):
+        JobSpec.model_validate({k: v for k, v in spec.items() if k != "job_secret"})
 
 
 def test_inputs_match_the_job_digests(env: Any, tmp_path: Path) -> None:
