@@ -29,11 +29,13 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 
 
 def planned_steps(config: AdaptConfig, n: int) -> int:
-    """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``."""
+    """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``: the first
+    stage's and, in the T3AR family, at most ``second_stage_steps`` more."""
     if config.method in ("source", "bn-adapt"):  # no optimiser (bn-adapt: one no-gradient pass)
         return 0
     batch = max(1, min(config.batch_size, n))
-    return int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
+    first = int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
+    return first + (config.second_stage_steps if config.in_family else 0)
 
 
 def kept_images(n_images: int, fraction: float) -> int:
