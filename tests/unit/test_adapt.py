@@ -5,8 +5,9 @@ import torch
 from tiny_models import TinyBackbone, tiny_problem
 
 from t3ar.device import resolve_device, seed_everything
+from t3ar.method import registry
 from t3ar.method.adapt import StepStats, adapt
-from t3ar.method.config import METHODS, AdaptConfig
+from t3ar.method.config import AdaptConfig
 from t3ar.models.classifier import Classifier
 
 
@@ -20,7 +21,7 @@ def _run(method: str, seed: int = 0, **kw: object) -> tuple[Classifier, object]:
     return model, res
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", registry.names())
 def test_every_method_runs(method: str) -> None:
     before = Classifier(TinyBackbone(), 8, 3, 16)
     model, res = _run(method)
