@@ -85,6 +85,11 @@ def test_joint_pass_resolution() -> None:
     assert joint_enabled(AdaptConfig(joint_pass=True), cpu) and not joint_enabled(AdaptConfig(joint_pass=False), cuda)
     with pytest.raises(ValueError, match="cannot be combined"):
         AdaptConfig(joint_pass=True, cpu_bf16_nograd=True)
+    # an EMA teacher makes the keys with a model of its own: the one forward cannot serve both (the step turned
+    # joint_pass off without a word); asked for together, they are refused, and left to auto it is off
+    with pytest.raises(ValueError, match="joint_pass and teacher_ema cannot be combined"):
+        AdaptConfig(joint_pass=True, teacher_ema=0.9)
+    assert AdaptConfig(teacher_ema=0.9).joint_pass is None and AdaptConfig(joint_pass=False, teacher_ema=0.9)
 
 
 def test_tent_updates_only_batchnorm_affine() -> None:

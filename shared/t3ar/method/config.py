@@ -157,7 +157,7 @@ class AdaptConfig(BaseModel):
                                   "views and neighbours (without) as one batch, each part with its own BatchNorm "
                                   "statistics: the same results with one forward less per step, at the price of "
                                   "a backward over every row; None = on CUDA only (where a step waits on kernel "
-                                  "launches, not arithmetic)")
+                                  "launches, not arithmetic) and never with teacher_ema")
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +177,9 @@ class AdaptConfig(BaseModel):
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
+        if self.joint_pass and self.teacher_ema:
+            raise ValueError("joint_pass and teacher_ema cannot be combined: the keys come from the EMA teacher, "
+                             "a forward of its own (leave joint_pass unset: it is then off)")
         if (self.bn_start or self.bn_fixed or self.second_stage_steps or self.teacher_ema or self.knn_refine
                 or self.knn_refine_labelled) and not self.in_family:
             raise ValueError("bn_start, bn_fixed, teacher_ema, knn_refine, knn_refine_labelled and second_stage_steps "
