@@ -30,7 +30,7 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 
 def planned_steps(config: AdaptConfig, n: int) -> int:
     """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``: the first
-    stage's and those the method adds after it (its spec's ``added_steps``: the T3AR family's second stage)."""
+    stage's and those the method's groups of options add after it (the T3AR family's second stage)."""
     spec = config.spec
     if not spec.optimises:  # source, bn-adapt (one no-gradient pass)
         return 0

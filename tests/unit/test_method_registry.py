@@ -11,7 +11,7 @@ from t3ar.jobsize import memory_bytes, planned_steps
 from t3ar.method import registry
 from t3ar.method.base import MethodStep
 from t3ar.method.config import AdaptConfig
-from t3ar.method.registry import MethodSpec
+from t3ar.method.registry import MethodSpec, OptionGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,6 +63,35 @@ def test_job_sizing_reads_the_spec() -> None:
     # the family's second stage adds its steps to the budget
     for name in registry.family():
         assert planned_steps(AdaptConfig(method=name, k=2, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
+
+
+def test_the_family_groups_name_its_fields_and_own_what_other_methods_refuse() -> None:
+    groups = registry.get("t3ar").groups
+    assert [g.name for g in groups] == ["retrieval", "pool data", "pool labels", "BatchNorm", "teacher", "refinement",
+                                        "second stage"]
+    for group in groups:
+        assert set(group.own) <= set(group.fields) <= set(AdaptConfig.model_fields), group.name
+        assert not any(getattr(AdaptConfig(), f) for f in group.own), group.name  # owned options are off by default
+    assert set(registry.owned_options()) == {"bn_start", "bn_fixed", "teacher_ema", "knn_refine",
+                                             "knn_refine_labelled", "second_stage_steps"}
+    with pytest.raises(ValueError, match="bn_start, teacher_ema are options of the T3AR family .*, not of tent"):
+        AdaptConfig(method="tent", bn_start=True, teacher_ema=0.5)
+
+
+def test_a_group_checks_its_options_and_adds_its_steps() -> None:
+    def check(config: AdaptConfig) -> None:
+        if config.lr > 0.5:
+            raise ValueError("grouped: lr above 0.5")
+
+    registry.register(MethodSpec("grouped", "tent with a group", step="t3ar.method.tent:Tent", groups=(
+        OptionGroup("g", ("lr",), check=check, added_steps=lambda config: 7),)))
+    try:
+        assert planned_steps(AdaptConfig(method="grouped", epochs=2, batch_size=4), 12) == 6 + 7
+        with pytest.raises(ValueError, match="grouped: lr above 0.5"):
+            AdaptConfig(method="grouped", lr=0.6)
+        AdaptConfig(method="tent", lr=0.6)  # another method's group checks nothing here
+    finally:
+        registry.unregister("grouped")
 
 
 def test_the_config_layer_does_not_import_torch() -> None:

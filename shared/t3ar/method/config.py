@@ -1,8 +1,9 @@
 """The adaptation config: one frozen model, carried in the job and saved inside the checkpoint.
 
 Which methods exist, and what each is (retrieval, train mode, the T3AR family), is the method registry's
-(:mod:`t3ar.method.registry`): ``method`` names one of its methods, and the properties below read its spec. This
-module stays free of torch: the services validate configs with it.
+(:mod:`t3ar.method.registry`): ``method`` names one of its methods, and the properties below read its spec. A
+method's groups of options check their own interactions (the T3AR family's: :mod:`t3ar.method.specs.family`);
+the checks here are those of every method. This module stays free of torch: the services validate configs with it.
 """
 
 from __future__ import annotations
@@ -172,21 +173,21 @@ class AdaptConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> AdaptConfig:
+        spec = self.spec
         if self.uses_retrieval and self.k < 1:
             raise ValueError(f"method {self.method} retrieves neighbours: k must be >= 1")
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
-        if self.joint_pass and self.teacher_ema:
-            raise ValueError("joint_pass and teacher_ema cannot be combined: the keys come from the EMA teacher, "
-                             "a forward of its own (leave joint_pass unset: it is then off)")
-        if (self.bn_start or self.bn_fixed or self.second_stage_steps or self.teacher_ema or self.knn_refine
-                or self.knn_refine_labelled) and not self.in_family:
-            raise ValueError("bn_start, bn_fixed, teacher_ema, knn_refine, knn_refine_labelled and second_stage_steps "
-                             f"are options of the T3AR family ({', '.join(registry.family())})")
-        if self.knn_refine_labelled and not self.knn_refine:
-            raise ValueError("knn_refine_labelled lets labelled pool entries vote in the soft k-NN refinement: it "
-                             "needs knn_refine")
+        mine = {option for group in spec.groups for option in group.own}
+        owners = {o: m for o, m in registry.owned_options().items() if o not in mine and getattr(self, o, None)}
+        if owners:  # another method's own options, set
+            methods = sorted({m for ms in owners.values() for m in ms}, key=registry.names().index)
+            whose = (f"the T3AR family ({', '.join(methods)})" if all(registry.get(m).family for m in methods)
+                     else ", ".join(methods))
+            raise ValueError(f"{', '.join(owners)} {'is an option' if len(owners) == 1 else 'are options'} of "
+                             f"{whose}, not of {self.method}")
+        spec.check(self)  # the method's groups of options, each its own interactions
         if self.mode == "train" and not self.has_train_mode:
             raise ValueError(f"{self.method} is a test-time method (no labels); use a method with a train-time "
                              f"mode ({', '.join(n for n in registry.names() if registry.get(n).train_mode)}) "

@@ -40,6 +40,25 @@ def _no_steps(config: AdaptConfig) -> int:
     return 0
 
 
+def _no_check(config: AdaptConfig) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """A group of a method's options: a few config fields that act together (the T3AR family's BatchNorm,
+    refinement, second stage, ...). ``check`` raises ValueError on a bad combination of them (the config calls it
+    when it validates a config of a method with the group); ``added_steps``: optimiser steps the group runs after
+    the first stage's (counted against the API's step cap); ``own``: the fields only methods with this group
+    accept set (off by default: the config refuses them set, true or non-zero, for any other method)."""
+
+    name: str
+    fields: tuple[str, ...]
+    own: tuple[str, ...] = ()
+    check: Callable[[AdaptConfig], None] = field(default=_no_check, compare=False)
+    added_steps: Callable[[AdaptConfig], int] = field(default=_no_steps, compare=False)
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One adaptation method: its name and its static properties.
@@ -51,8 +70,8 @@ class MethodSpec:
     ``train_mode``: it also runs at train time, with the target's labels. ``family``: the T3AR family (memory
     bank, filtered pseudo-labels, InfoNCE): its presets and options apply. ``bank``: it holds a memory bank or
     queue of ``config.bank_size`` entries (job memory). ``diversity_weight``: the diversity term's weight when
-    the config gives none. ``added_steps``: optimiser steps the method runs after the first stage's
-    (:func:`t3ar.jobsize.planned_steps` counts them against the API's step cap).
+    the config gives none. ``groups``: the method's own groups of options (:class:`OptionGroup`): their checks run
+    when a config of the method validates, and the steps they add count in :func:`t3ar.jobsize.planned_steps`.
     """
 
     name: str
@@ -64,12 +83,21 @@ class MethodSpec:
     family: bool = False
     bank: bool = False
     diversity_weight: float = 0.0
-    added_steps: Callable[[AdaptConfig], int] = field(default=_no_steps, compare=False)
+    groups: tuple[OptionGroup, ...] = ()
 
     @property
     def optimises(self) -> bool:
         """The method runs optimiser steps (a step class); ``source`` and ``bn-adapt`` do not."""
         return self.step is not None
+
+    def added_steps(self, config: AdaptConfig) -> int:
+        """Optimiser steps ``config`` runs after the first stage's (its groups' ``added_steps``)."""
+        return sum(group.added_steps(config) for group in self.groups)
+
+    def check(self, config: AdaptConfig) -> None:
+        """Each of the method's groups checks its options' interactions in ``config`` (ValueError)."""
+        for group in self.groups:
+            group.check(config)
 
     def step_class(self) -> type[MethodStep] | None:
         """The method's step class, imported on first use when the spec names it as ``"module:Class"``."""
@@ -152,3 +180,14 @@ def get(name: str) -> MethodSpec:
 def family() -> tuple[str, ...]:
     """The names of the T3AR family's methods (the presets and the family's options apply to them)."""
     return tuple(n for n in names() if _REGISTRY[n].family)
+
+
+def owned_options() -> dict[str, tuple[str, ...]]:
+    """Each field that some methods' groups own -> the names of those methods (in registration order)."""
+    owners: dict[str, list[str]] = {}
+    for name in names():
+        for group in _REGISTRY[name].groups:
+            for option in group.own:
+                if name not in owners.setdefault(option, []):
+                    owners[option].append(name)
+    return {option: tuple(methods) for option, methods in owners.items()}
