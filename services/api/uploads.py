@@ -158,9 +158,10 @@ def check_job_size(settings: ApiSettings, config: AdaptConfig, n_kept: int, imag
     steps = planned_steps(config, n_kept)
     if steps > settings.max_job_steps:
         raise InvalidInputError(f"this job would run {steps} optimiser steps ({n_kept} images, epochs={config.epochs}, "
-                                f"batch_size={config.batch_size}, min_steps={config.min_steps}); this API allows "
-                                f"{settings.max_job_steps} per job (T3AR_API_MAX_JOB_STEPS): lower epochs or "
-                                "min_steps")
+                                f"batch_size={config.batch_size}, min_steps={config.min_steps}, "
+                                f"second_stage_steps={config.second_stage_steps}); this API allows "
+                                f"{settings.max_job_steps} per job (T3AR_API_MAX_JOB_STEPS): lower epochs, "
+                                "min_steps or second_stage_steps")
     need = memory_bytes(config, n_kept, image_size, feature_dim, num_classes)
     if need > settings.max_job_memory_bytes:
         raise InvalidInputError(f"this job would hold {gib(need)} in its memory bank, target and pool images "

@@ -29,11 +29,14 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 
 
 def planned_steps(config: AdaptConfig, n: int) -> int:
-    """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``."""
-    if config.method in ("source", "bn-adapt"):  # no optimiser (bn-adapt: one no-gradient pass)
+    """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``: the first
+    stage's and those the method's groups of options add after it (the T3AR family's second stage)."""
+    spec = config.spec
+    if not spec.optimises:  # source, bn-adapt (one no-gradient pass)
         return 0
     batch = max(1, min(config.batch_size, n))
-    return int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
+    first = int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
+    return first + spec.added_steps(config)
 
 
 def kept_images(n_images: int, fraction: float) -> int:
@@ -43,9 +46,8 @@ def kept_images(n_images: int, fraction: float) -> int:
 
 def memory_bytes(config: AdaptConfig, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
     """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px."""
-    if config.method in ("source", "bn-adapt", "tent", "shot-im"):
-        bank = 0
-    else:
+    bank = 0
+    if config.spec.bank:
         bank = config.bank_size * ((feature_dim or UNKNOWN_FEATURE_DIM) + num_classes) * 4 + config.bank_size * 18
     image = 3 * image_size * image_size
     pool = 0

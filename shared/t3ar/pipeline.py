@@ -133,7 +133,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     cand_rows: list[list[str]] | None = None
     dropped = 0
     sample: list[tuple[int, list[tuple[str, float | None]]]]
-    if config.method == "t3ar-random":
+    if config.spec.retrieval == "random":
         all_ids = provider.all_ids()
         m = min(k * config.r, len(all_ids)) if config.redraw_neighbours else k
         rows = random_neighbours(n, len(all_ids), m, generator)  # its first k columns do not depend on m

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from t3ar.errors import InvalidInputError
+from t3ar.method import registry
 from t3ar.method.config import AdaptConfig
-from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, FAMILY, PRESETS, expand, with_default
+from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, PRESETS, expand, with_default
 
 REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "adaptation-cpu.json"
 
@@ -27,7 +28,7 @@ def test_a_preset_fills_what_the_config_does_not_give() -> None:
 def test_the_services_default_preset_applies_to_the_t3ar_family_only() -> None:
     default = with_default({})
     assert default["method"] == DEFAULT_METHOD["test"]
-    assert default.get("preset") == (DEFAULT_PRESET if default["method"] in FAMILY else None)
+    assert default.get("preset") == (DEFAULT_PRESET if default["method"] in registry.family() else None)
     assert with_default({"mode": "train"})["method"] == DEFAULT_METHOD["train"]
     assert with_default({"method": "t3ar-noretrieval"})["preset"] == DEFAULT_PRESET
     assert "preset" not in with_default({"method": "shot-im"})

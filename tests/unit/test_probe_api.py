@@ -217,6 +217,13 @@ def test_f5_operator_caps_on_steps_and_memory(env: Any, tmp_path: Path) -> None:
     resp = _adapt(client, model_id, _archive(), {"method": "tent", "epochs": 30, "batch_size": 2})
     expect_error(resp, 422, "invalid_input", "T3AR_API_MAX_JOB_STEPS")
     assert _adapt(client, model_id, _archive(), {"method": "tent", "epochs": 5, "batch_size": 2}).status_code == 202
+    # the second stage's steps count too: a short first stage cannot carry an unbounded second one
+    resp = _adapt(client, model_id, _archive(), {"method": "t3ar", "k": 1, "epochs": 1, "batch_size": 2,
+                                                 "second_stage_steps": 1_000_000})
+    err = expect_error(resp, 422, "invalid_input", "T3AR_API_MAX_JOB_STEPS")
+    assert "second_stage_steps=1000000" in err["message"], err
+    assert _adapt(client, model_id, _archive(), {"method": "t3ar", "k": 1, "epochs": 1, "batch_size": 2,
+                                                 "second_stage_steps": 10}).status_code == 202
     state.settings = state.settings.model_copy(update={"max_job_memory_bytes": 10_000_000})
     resp = _adapt(client, model_id, _archive(), {"method": "t3ar", "k": 1, "epochs": 1, "bank_size": 100_000})
     expect_error(resp, 422, "invalid_input", "T3AR_API_MAX_JOB_MEMORY_BYTES")

@@ -79,6 +79,24 @@ def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")(func)
 
 
+class MethodChoice(click.Choice[str]):
+    """``--method``: the names of the method registry (:mod:`t3ar.method.registry`), read when the option is
+    used, so that a method registered after the CLI was built is a choice too."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from t3ar.method import registry
+
+        return registry.names()
+
+    @choices.setter
+    def choices(self, value: object) -> None:  # click's __init__ sets it; the registry is the one source
+        pass
+
+
 def device_option(func: F) -> F:
     return click.option("--device", default="auto", show_default=True,
                         help="auto (CUDA when present), cpu, cuda or cuda:N.")(func)

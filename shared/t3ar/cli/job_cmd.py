@@ -13,11 +13,10 @@ from typing import Any, TypeVar
 
 import click
 
-from t3ar.cli.common import echo_result, pct, service_options
+from t3ar.cli.common import MethodChoice, echo_result, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
 from t3ar.clients.job_report import labelled_summary
-from t3ar.method.config import METHODS
 from t3ar.method.presets import PRESET_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -110,7 +109,7 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.command("submit")
 @click.argument("target", type=click.Path(exists=True, path_type=Path))
 @click.option("--model", "model", required=True, help="A model id (t3ar models list), or a checkpoint file to upload.")
-@click.option("--method", type=click.Choice(METHODS), default=None,
+@click.option("--method", type=MethodChoice(), default=None,
               help="Adaptation method [default: the server's, the method benchmark's choice].")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,
               help="T3AR family: a named configuration (paper | validated); the server's default is the one the "

@@ -11,12 +11,12 @@ import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
-from t3ar.cli.common import StepBar, device_option, domain_errors, emit, json_option, pct
+from t3ar.cli.common import MethodChoice, StepBar, device_option, domain_errors, emit, json_option, pct
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.job_report import labelled_summary
 from t3ar.data.pool_labels import resolve_pool_labels
 from t3ar.errors import DatasetError
-from t3ar.method.config import METHODS, AdaptConfig
+from t3ar.method.config import AdaptConfig
 from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, PRESET_NAMES, with_default
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
               help="Class labels of the --pool images: 'folders' (an image under POOL/<class>/ carries <class>, a "
                    "loose one none) or a CSV of path,label rows. A label that is not one of the model's classes "
                    "counts as none. Labelled neighbours serve as data when the config's pool_label_weight > 0.")
-@click.option("--method", type=click.Choice(METHODS), default=None,
+@click.option("--method", type=MethodChoice(), default=None,
               help="Adaptation method [default: the method benchmark's choice, "
                    f"{DEFAULT_METHOD['test']} (test time) / {DEFAULT_METHOD['train']} (train time)].")
 @click.option("--preset", type=click.Choice(PRESET_NAMES), default=None,

@@ -1,14 +1,15 @@
 """The method: T3AR and its baselines, pure torch (tensors and typed arguments in, no I/O, no global state).
 
-Importing the package imports nothing; :mod:`~t3ar.method.config` alone needs no torch (the services validate
-configs with it).
+Importing the package imports nothing; :mod:`~t3ar.method.config`, :mod:`~t3ar.method.registry` and
+:mod:`~t3ar.method.specs` need no torch (the services validate configs with them).
 
-* :mod:`~t3ar.method.config`: ``AdaptConfig``, every knob of a run, and the method names (``Method``, ``METHODS``).
+* :mod:`~t3ar.method.config`: ``AdaptConfig``, every knob of a run.
 * :mod:`~t3ar.method.adapt`: ``adapt()``, the loop that drives every method: optimiser, schedule, AMP, timing,
   ``StepStats`` and ``AdaptResult``.
 * :mod:`~t3ar.method.base`: the interface a method implements (``MethodStep``), what it is built from
   (``MethodSetup``) and returns per step (``StepOut``); the seeded random streams.
-* :mod:`~t3ar.method.registry`: ``METHOD_STEPS``, each method name and its implementation, declared once.
+* :mod:`~t3ar.method.registry`: every method's name and properties (``MethodSpec``), registered once where the
+  method is declared: the built-in ones in :mod:`~t3ar.method.specs`, torch-free (their step classes load on use).
 * :mod:`~t3ar.method.bn_adapt`: ``bn-adapt`` (AdaBN: the target's BatchNorm statistics, no loss).
 * :mod:`~t3ar.method.tent`: TENT (entropy, BatchNorm affine parameters only).
 * :mod:`~t3ar.method.shot`: SHOT-IM (information maximisation, frozen classifier head).

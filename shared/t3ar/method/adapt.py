@@ -4,11 +4,11 @@ Inputs are uint8 image tensors already at the model's input size, the (optional)
 as local pool indices ``[N_T, k]`` and the pool images they index. Target and pool images are copied to
 the device once per job when they fit; views are computed there a batch at a time
 (:mod:`t3ar.method.views`). Each method lives in its own module behind :class:`~t3ar.method.base.MethodStep`
-(names: :mod:`t3ar.method.registry`); this loop owns the optimiser, schedule, AMP, timing, the statistics and
-their one device sync per step. Progress goes to a callback, which may raise to cancel the run. Each step's
-views (:meth:`~t3ar.method.base.MethodStep.prepare`) are made one step ahead on a background thread where
-``config.views_ahead`` says so (:mod:`t3ar.method.ahead`; the CPU and CUDA by default): the same results either
-way.
+(its name and properties: :mod:`t3ar.method.registry`); this loop owns the optimiser, schedule, AMP, timing,
+the statistics and their one device sync per step. Progress goes to a callback, which may raise to cancel the
+run. Each step's views (:meth:`~t3ar.method.base.MethodStep.prepare`) are made one step ahead on a background
+thread where ``config.views_ahead`` says so (:mod:`t3ar.method.ahead`; the CPU and CUDA by default): the same
+results either way.
 
 Random streams are separate (so the arms of a comparison share all but what differs): batch order from
 ``generator`` (or ``config.seed``); target views, pool views, bank initialisation and
@@ -37,7 +37,6 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.base import MethodSetup, stream
 from t3ar.method.bn_adapt import bn_adapt
 from t3ar.method.config import AdaptConfig
-from t3ar.method.registry import METHOD_STEPS
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import CHANNELS_LAST, Views
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms
@@ -201,9 +200,10 @@ def adapt(
     device = device or next(model.parameters()).device
     gen = generator or torch.Generator().manual_seed(config.seed)
     result = AdaptResult()
-    if config.method == "bn-adapt":  # no optimiser: the target's BatchNorm statistics
+    spec = config.spec
+    if spec.bn_statistics:  # no optimiser: the target's BatchNorm statistics (bn-adapt)
         return _bn_adapt(model, target, config, mean, std, device, gen, on_step)
-    method = METHOD_STEPS[config.method]
+    method = spec.step_class()
     if method is None:  # source: the model as it is
         return result
     if config.mode == "train" and labels is None:

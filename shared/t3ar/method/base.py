@@ -3,7 +3,7 @@
 A method is a :class:`MethodStep`: built once per job from a :class:`MethodSetup` (the placed data, the views,
 the config), it says which parameters train and computes one step's loss. The loop in :mod:`t3ar.method.adapt`
 owns everything around it: optimiser, schedule, mixed precision, timing, statistics and the one device sync
-per step. The registry of names is :mod:`t3ar.method.registry`.
+per step. A method registers its name and properties once (:mod:`t3ar.method.registry`).
 
 Random streams (:func:`stream`), one per purpose so that the arms of a comparison share all but what differs:
 1 target views, 2 bank / queue initialisation, 3 per-visit neighbour draws, 4 retrieval (the harness),

@@ -1,20 +1,20 @@
-"""The adaptation config: one frozen model, carried in the job and saved inside the checkpoint."""
+"""The adaptation config: one frozen model, carried in the job and saved inside the checkpoint.
+
+Which methods exist, and what each is (retrieval, train mode, the T3AR family), is the method registry's
+(:mod:`t3ar.method.registry`): ``method`` names one of its methods, and the properties below read its spec. A
+method's groups of options check their own interactions (the T3AR family's: :mod:`t3ar.method.specs.family`);
+the checks here are those of every method. This module stays free of torch: the services validate configs with it.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from t3ar.method.presets import FAMILY, Preset, expand
+from t3ar.method import registry
+from t3ar.method.presets import Preset, expand
 
-#: every method's name, declared here once; what adapts with each is :data:`t3ar.method.registry.METHOD_STEPS`
-#: (this module stays free of torch: the services validate configs with it)
-Method = Literal["source", "bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"]
-METHODS: tuple[Method, ...] = get_args(Method)
-RETRIEVAL_METHODS: tuple[Method, ...] = ("t3ar-random", "t3ar")
-#: methods without a train-time (labelled) mode
-TEST_TIME_ONLY: tuple[Method, ...] = ("bn-adapt", "adacontrast")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]
@@ -39,7 +39,9 @@ class AdaptConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Method = "t3ar"
+    method: str = Field(
+        default="t3ar", json_schema_extra=lambda schema: schema.update(enum=list(registry.names())),
+        description="the adaptation method: a name of the method registry (t3ar.method.registry)")
     preset: Preset | None = Field(
         default=None, description="a named configuration of the T3AR family (t3ar.method.presets): 'paper' (these "
                                   "defaults) or 'validated' (what the method benchmark froze on validation); its "
@@ -156,30 +158,40 @@ class AdaptConfig(BaseModel):
                                   "views and neighbours (without) as one batch, each part with its own BatchNorm "
                                   "statistics: the same results with one forward less per step, at the price of "
                                   "a backward over every row; None = on CUDA only (where a step waits on kernel "
-                                  "launches, not arithmetic)")
+                                  "launches, not arithmetic) and never with teacher_ema")
 
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
         return expand(data) if isinstance(data, dict) else data
 
+    @field_validator("method")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        registry.get(name)  # ValueError naming the registered methods
+        return name
+
     @model_validator(mode="after")
     def _check(self) -> AdaptConfig:
-        if self.method in RETRIEVAL_METHODS and self.k < 1:
+        spec = self.spec
+        if self.uses_retrieval and self.k < 1:
             raise ValueError(f"method {self.method} retrieves neighbours: k must be >= 1")
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
-        if (self.bn_start or self.bn_fixed or self.second_stage_steps or self.teacher_ema or self.knn_refine
-                or self.knn_refine_labelled) and not self.in_family:
-            raise ValueError("bn_start, bn_fixed, teacher_ema, knn_refine, knn_refine_labelled and second_stage_steps "
-                             "are options of the T3AR family (t3ar, t3ar-random, t3ar-noretrieval)")
-        if self.knn_refine_labelled and not self.knn_refine:
-            raise ValueError("knn_refine_labelled lets labelled pool entries vote in the soft k-NN refinement: it "
-                             "needs knn_refine")
+        mine = {option for group in spec.groups for option in group.own}
+        owners = {o: m for o, m in registry.owned_options().items() if o not in mine and getattr(self, o, None)}
+        if owners:  # another method's own options, set
+            methods = sorted({m for ms in owners.values() for m in ms}, key=registry.names().index)
+            whose = (f"the T3AR family ({', '.join(methods)})" if all(registry.get(m).family for m in methods)
+                     else ", ".join(methods))
+            raise ValueError(f"{', '.join(owners)} {'is an option' if len(owners) == 1 else 'are options'} of "
+                             f"{whose}, not of {self.method}")
+        spec.check(self)  # the method's groups of options, each its own interactions
         if self.mode == "train" and not self.has_train_mode:
-            raise ValueError(f"{self.method} is a test-time method (no labels); use t3ar-noretrieval or t3ar with "
-                             "mode 'train'")
+            raise ValueError(f"{self.method} is a test-time method (no labels); use a method with a train-time "
+                             f"mode ({', '.join(n for n in registry.names() if registry.get(n).train_mode)}) "
+                             "with mode 'train'")
         return self
 
     @property
@@ -193,20 +205,25 @@ class AdaptConfig(BaseModel):
         return self.uses_retrieval and self.pool_label_weight > 0
 
     @property
+    def spec(self) -> registry.MethodSpec:
+        """The registry's declaration of :attr:`method`."""
+        return registry.get(self.method)
+
+    @property
     def in_family(self) -> bool:
         """The T3AR family (bank, filtered pseudo-labels, InfoNCE): the options above apply to it only."""
-        return self.method in FAMILY
+        return self.spec.family
 
     @property
     def uses_retrieval(self) -> bool:
-        return self.method in RETRIEVAL_METHODS
+        return self.spec.retrieval is not None
 
     @property
     def has_train_mode(self) -> bool:
-        return self.method not in TEST_TIME_ONLY
+        return self.spec.train_mode
 
     @property
     def resolved_diversity_weight(self) -> float:
         if self.diversity_weight is not None:
             return self.diversity_weight
-        return 1.0 if self.method == "adacontrast" else 0.0
+        return self.spec.diversity_weight

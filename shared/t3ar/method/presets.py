@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from t3ar.method import registry
+
 Preset = Literal["paper", "validated"]
 PRESET_NAMES: tuple[Preset, ...] = get_args(Preset)
-#: the methods presets apply to (their options are the T3AR family's)
-FAMILY = ("t3ar", "t3ar-random", "t3ar-noretrieval")
 
 PRESETS: dict[Preset, dict[str, Any]] = {
     "paper": {},
@@ -61,6 +61,6 @@ def with_default(given: Mapping[str, Any]) -> dict[str, Any]:
     mode = out.get("mode", "test")
     if "method" not in out:
         out["method"] = DEFAULT_METHOD.get(mode if isinstance(mode, str) else "test", "t3ar")
-    if "preset" not in out and out["method"] in FAMILY:
+    if "preset" not in out and out["method"] in registry.family():  # the methods presets apply to
         out["preset"] = DEFAULT_PRESET
     return out
