@@ -269,3 +269,27 @@ def test_console_sessions_follow_the_key(client: TestClient, tmp_path: Path) -> 
     entries = client.get("/audit", headers=_auth("admin-t")).json()["entries"]
     assert [e["action"] for e in entries[:2]] == ["key.revoke", "key.create"]
     assert entries[0]["target"] == new_id and entries[0]["key_id"] == "token:admin"
+
+
+def test_a_read_key_is_refused_before_its_upload_is_read(tmp_path: Path) -> None:
+    """The credentials-first check knows a key's role: a read key's submission is a 403 (not the 413 or 422 its
+    body would get), a revoked or made-up key's a 401, before any byte of the body is read."""
+    settings = settings_for(tmp_path, max_upload_bytes=200_000, max_model_bytes=100_000)
+    with TestClient(app_for(settings, new_pool())) as client:
+        read_id, read = _key(client, "vision", "read")
+        revoked_id, revoked = _key(client, "vision", "submit")
+        client.delete(f"/keys/{revoked_id}", headers=_auth("admin-t"))
+        big = b"x" * (settings.max_body_bytes + 1)
+        for path, content, ctype in (("/adapt", big, "multipart/form-data; boundary=x"),
+                                     ("/models", big, "multipart/form-data; boundary=x"),
+                                     ("/jobs/x/readapt", b"{not json", "application/json")):
+            resp = client.post(path, content=content, headers={"Content-Type": ctype, **_auth(read)})
+            assert resp.status_code == 403 and "role submit" in resp.json()["error"]["message"], (path, resp.text)
+            for token in (revoked, read[:-1] + ("A" if read[-1] != "A" else "B")):
+                resp = client.post(path, content=content, headers={"Content-Type": ctype, **_auth(token)})
+                assert resp.status_code == 401, (path, resp.text)
+            resp = client.post("/keys", content=b"{not json", headers={"Content-Type": "application/json",
+                                                                       **_auth(read)})
+            assert resp.status_code == 403  # an admin route
+        assert client.get("/jobs", headers=_auth(read)).status_code == 200
+        assert client.get("/audit", params={"key_id": read_id}, headers=_auth("admin-t")).json()["entries"] == []
