@@ -136,9 +136,13 @@ def require_user(who: PrincipalDep) -> None:
 
 
 @route_scope("token", _SUBMIT_WORDS)
-def require_submit(who: PrincipalDep) -> None:
+def require_submit(who: PrincipalDep) -> Principal:
     if not who.can_submit:
         raise AuthError(_SUBMIT_WORDS, status=403)
+    return who
+
+
+SubmitterDep = Annotated[Principal, Depends(require_submit)]  # a route parameter: the principal, who may submit
 
 
 @route_scope("admin", _ADMIN_WORDS)

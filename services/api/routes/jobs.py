@@ -12,7 +12,7 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from t3ar_services.api import schemas as s
-from t3ar_services.api.deps import SUBMIT, USER, ClientDep, LinksDep, PrincipalDep, StateDep
+from t3ar_services.api.deps import SUBMIT, USER, ClientDep, LinksDep, PrincipalDep, StateDep, SubmitterDep
 from t3ar_services.api.domain import Links, access, exports, jobs
 from t3ar_services.common.body_limit import body_size
 from t3ar_services.common.forms import only_fields
@@ -35,13 +35,13 @@ def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
 
 
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
-              dependencies=[*SUBMIT, body_size("archive"),
+              dependencies=[body_size("archive"),
                             only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
 def adapt(
-    state: StateDep, links: LinksDep, who: PrincipalDep, client: ClientDep,
+    state: StateDep, links: LinksDep, who: SubmitterDep, client: ClientDep,
     archive: Annotated[UploadFile, File(description="zip/tar(.gz) of target images; labels.csv (path,label) at "
                                                     "its root switches to train-time mode")],
     model_id: Annotated[str, Form(min_length=1, description="a base model id from POST /models")],

@@ -8,7 +8,7 @@ from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import JSONResponse
 
 from t3ar_services.api import schemas as s
-from t3ar_services.api.deps import SUBMIT, USER, ClientDep, PrincipalDep, StateDep
+from t3ar_services.api.deps import USER, ClientDep, PrincipalDep, StateDep, SubmitterDep
 from t3ar_services.api.domain import access, models
 from t3ar_services.api.uploads import sent_name
 from t3ar_services.common.body_limit import body_size
@@ -23,12 +23,12 @@ router = APIRouter(responses=s.error_responses(401, 403, 404, 409, 413, 422, 503
 
 
 @router.post("/models", response_model=s.ModelOut, status_code=201,
-             dependencies=[*SUBMIT, body_size("model"), only_fields("file", "name")],
+             dependencies=[body_size("model"), only_fields("file", "name")],
              responses={200: {"model": s.ModelOut, "description": "the same file was uploaded before"},
                         400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
              openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                  "file": {"contentType": CHECKPOINT_MEDIA_TYPE}}}}}})
-def upload_model(state: StateDep, who: PrincipalDep, client: ClientDep,
+def upload_model(state: StateDep, who: SubmitterDep, client: ClientDep,
                  file: Annotated[UploadFile, File(description="a t3ar checkpoint (t3ar train-source)")],
                  name: Annotated[str, Form(max_length=200)] = "") -> JSONResponse:
     """Upload a base checkpoint. It is loaded safely (``weights_only``) and its weights must fit the architecture
