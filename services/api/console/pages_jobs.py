@@ -174,9 +174,10 @@ async def cancel(request: Request, job_id: str) -> Response:
     session, _ = await checked_form(request)
     require_submit(session)
     state = api_state(request)
-    call(access.job_for, state, session.who, job_id)
+    await run_in_threadpool(call, access.job_for, state, session.who, job_id)
     status = await run_in_threadpool(call, jobs.cancel, state, job_id)
-    access.record(state, session.who, "job.cancel", job_id, client_of(request), detail=status)
+    await run_in_threadpool(access.record, state, session.who, "job.cancel", job_id, client_of(request),
+                            detail=status)
     return RedirectResponse(f"{PREFIX}/jobs/{job_id}", status_code=303)
 
 
@@ -185,7 +186,8 @@ async def readapt(request: Request, job_id: str) -> Response:
     session, _ = await checked_form(request)
     require_submit(session)
     state = api_state(request)
-    call(access.job_for, state, session.who, job_id)
+    await run_in_threadpool(call, access.job_for, state, session.who, job_id)
     done = await run_in_threadpool(call, jobs.readapt, state, job_id, session.who.key_id)
-    access.record(state, session.who, "job.readapt", done.row.id, client_of(request), detail=f"parent={job_id}")
+    await run_in_threadpool(access.record, state, session.who, "job.readapt", done.row.id, client_of(request),
+                            detail=f"parent={job_id}")
     return RedirectResponse(f"{PREFIX}/jobs/{done.row.id}", status_code=303)

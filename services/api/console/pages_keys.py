@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api.audit import ACTIONS
 from t3ar_services.api.console.session import Session
@@ -47,8 +48,8 @@ def _field(form: object, name: str) -> str:
 async def create_key(request: Request) -> Response:
     session, form = await checked_form(request)
     require_admin(session, "managing API keys")
-    row, key = call(access.create_key, api_state(request), session.who, _field(form, "team"), _field(form, "role"),
-                    _field(form, "name"), client_of(request))
+    row, key = await run_in_threadpool(call, access.create_key, api_state(request), session.who, _field(form, "team"),
+                                       _field(form, "role"), _field(form, "name"), client_of(request))
     return _keys_page(request, session, created=(row.id, key))  # the one time the key is shown
 
 
@@ -56,7 +57,7 @@ async def create_key(request: Request) -> Response:
 async def revoke_key(request: Request, key_id: str) -> Response:
     session, _ = await checked_form(request)
     require_admin(session, "managing API keys")
-    call(access.revoke_key, api_state(request), session.who, key_id, client_of(request))
+    await run_in_threadpool(call, access.revoke_key, api_state(request), session.who, key_id, client_of(request))
     return RedirectResponse(f"{PREFIX}/keys", status_code=303)
 
 

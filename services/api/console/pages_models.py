@@ -49,7 +49,7 @@ async def upload(request: Request) -> Response:
         raise PageError(422, "a model name is at most 200 characters")
     done = await run_in_threadpool(call, models.upload, state, file.file, name or (file.filename or ""),
                                    sent_name(file.filename, "the checkpoint"), access.owner(session.who))
-    access.record(state, session.who, "model.upload", done.model.id, client_of(request),
-                  detail="new" if done.created else "again")
+    await run_in_threadpool(access.record, state, session.who, "model.upload", done.model.id, client_of(request),
+                            detail="new" if done.created else "again")
     query = urllib.parse.urlencode({"uploaded": done.model.id, "created": "true" if done.created else "false"})
     return RedirectResponse(f"{PREFIX}/models?{query}", status_code=303)  # a reload re-posts nothing

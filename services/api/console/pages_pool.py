@@ -167,8 +167,8 @@ async def withdraw(request: Request, pool_id: str) -> Response:
     session, _ = await checked_form(request)
     require_admin(session)
     done = await run_in_threadpool(call, pool.withdraw_item, api_state(request), links_of(request), pool_id)
-    access.record(api_state(request), session.who, "pool.withdraw", pool_id, client_of(request),
-                  detail=f"jobs={len(done.jobs)}")
+    await run_in_threadpool(access.record, api_state(request), session.who, "pool.withdraw", pool_id,
+                            client_of(request), detail=f"jobs={len(done.jobs)}")
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/withdrawn", status_code=303)  # a reload re-posts nothing
 
 
@@ -189,11 +189,12 @@ async def readapt_affected(request: Request, pool_id: str) -> Response:
     require_submit(session)
     state = api_state(request)
     lineage = await run_in_threadpool(call, pool.lineage, state, links_of(request), pool_id)
+    visible = await run_in_threadpool(access.visible_lineage, state, session.who, lineage)
     started = []
-    for job in access.visible_lineage(state, session.who, lineage).jobs:
+    for job in visible.jobs:
         done = await run_in_threadpool(call, jobs.readapt, state, job.job_id, session.who.key_id)
-        access.record(state, session.who, "job.readapt", done.row.id, client_of(request),
-                      detail=f"parent={job.job_id} withdrawn={pool_id}")
+        await run_in_threadpool(access.record, state, session.who, "job.readapt", done.row.id, client_of(request),
+                                detail=f"parent={job.job_id} withdrawn={pool_id}")
         started.append(done.row.id)
     query = urllib.parse.urlencode({"jobs": ",".join(started)})
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/readapted?{query}", status_code=303)
