@@ -194,12 +194,6 @@ class Store:
         """The teams ``item_id`` belongs to (empty: made without an owner, seen by admins only)."""
         return {r[0] for r in self._all("SELECT team FROM owners WHERE kind = ? AND id = ?", (kind, item_id))}
 
-    def owner_of(self, kind: str, item_id: str) -> tuple[str, str] | None:
-        """(team, key id) of the first owner of ``item_id``, or None."""
-        rows = self._all("SELECT team, key_id FROM owners WHERE kind = ? AND id = ? ORDER BY team LIMIT 1",
-                         (kind, item_id))
-        return (rows[0][0], rows[0][1]) if rows else None
-
     # --- lineage -----------------------------------------------------------------------------------------
     def indexed_jobs(self) -> set[str]:
         return {r[0] for r in self._all("SELECT job_id FROM lineage_jobs")}
