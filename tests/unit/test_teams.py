@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from console_kit import app_for, csrf_of, model_file, new_pool, png_image, settings_for, sign_in
+from console_kit import (
+    app_for,
+    csrf_of,
+    finished_job,
+    model_file,
+    new_pool,
+    png_image,
+    settings_for,
+    sign_in,
+    signed_in,
+)
 from fastapi.testclient import TestClient
 
 from t3ar.errors import InvalidInputError
@@ -293,3 +303,17 @@ def test_a_read_key_is_refused_before_its_upload_is_read(tmp_path: Path) -> None
             assert resp.status_code == 403  # an admin route
         assert client.get("/jobs", headers=_auth(read)).status_code == 200
         assert client.get("/audit", params={"key_id": read_id}, headers=_auth("admin-t")).json()["entries"] == []
+
+
+def test_a_lineage_names_only_the_jobs_its_reader_may_see(client: TestClient, tmp_path: Path) -> None:
+    """The pool is shared, its lineage is not: another team's key reads the item, not which jobs used it."""
+    job_id = finished_job(client, tmp_path, signed_in(client, "user-t"))  # the default team's
+    _, vision = _key(client, "vision", "read")
+    for token, seen in (("user-t", [job_id]), ("admin-t", [job_id]), (vision, [])):
+        found = client.get("/pool/p-1/lineage", headers=_auth(token)).json()
+        assert [j["job_id"] for j in found["jobs"]] == seen, token
+    client.cookies.clear()
+    assert sign_in(client, vision).status_code == 303
+    item = client.get("/ui/pool/p-1")
+    assert item.status_code == 200 and job_id[:12] not in item.text
+    assert client.get("/ui/pool").status_code == 200 and client.get(f"/ui/jobs/{job_id}/checkpoint").status_code == 404
