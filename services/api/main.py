@@ -21,6 +21,7 @@ from redis import Redis
 from starlette.concurrency import run_in_threadpool
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar_services.api.audit import AuditLog
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
 from t3ar_services.api.console import install_console
@@ -30,6 +31,7 @@ from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
+from t3ar_services.api.keys import KeyStore
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import ROUTERS
 from t3ar_services.api.settings import ApiSettings, MiB
@@ -70,7 +72,10 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
     state = ApiState(settings=settings, store=store, redis=conn, jobs=jobs,
                      retriever=retriever, retriever_admin=admin, metrics=metrics,
                      artifacts=Artifacts(data, settings.max_model_bytes), contributor=contributor,
-                     compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer)
+                     compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer,
+                     keys=KeyStore(data / "api.sqlite3"),
+                     audit=AuditLog(data / "api.sqlite3", max_rows=settings.audit_max_rows,
+                                    max_age_days=settings.audit_max_age_days))
     return state
 
 
@@ -152,6 +157,8 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             state.retriever_admin.close()
             state.redis.close()
             state.store.close()
+            state.keys.close()
+            state.audit.close()
             log.info("api stopped")
 
     # one serving API per data directory (jobs, artifacts, the SQLite records)
@@ -169,7 +176,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"), limit_for=limits,
         routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX], failures=failures,
-        sign_in_paths=[f"{CONSOLE_PREFIX}/login"])
+        sign_in_paths=[f"{CONSOLE_PREFIX}/login"], key_scope=state.key_scope)
     limits.attach(app)
     app.state.auth_failures = failures
     app.state.api = state

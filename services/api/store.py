@@ -42,6 +42,10 @@ CREATE TABLE IF NOT EXISTS exports (
     job_id TEXT NOT NULL, format TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
     created_at TEXT NOT NULL, parity TEXT NOT NULL, PRIMARY KEY (job_id, format)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS owners (
+    kind TEXT NOT NULL, id TEXT NOT NULL, team TEXT NOT NULL, key_id TEXT NOT NULL, PRIMARY KEY (kind, id, team)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS owners_team ON owners (kind, team, id);
 """
 
 
@@ -92,7 +96,11 @@ class Store:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        had_owners = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'owners'").fetchone() is not None
         self._db.executescript(_SCHEMA)
+        if not had_owners:  # a data dir from before teams: what it holds belongs to the default team, once
+            self._db.execute("INSERT OR IGNORE INTO owners SELECT 'job', id, 'default', '' FROM jobs")
+            self._db.execute("INSERT OR IGNORE INTO owners SELECT 'model', id, 'default', '' FROM models")
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
         if "secret_sha256" not in columns:  # a data dir from before issue 29
             self._db.execute("ALTER TABLE jobs ADD COLUMN secret_sha256 TEXT")
@@ -133,8 +141,10 @@ class Store:
         rows = self._all("SELECT * FROM models WHERE id = ?", (model_id,))
         return _model(rows[0]) if rows else None
 
-    def list_models(self) -> list[ModelRow]:
-        return [_model(r) for r in self._all("SELECT * FROM models ORDER BY uploaded_at, id")]
+    def list_models(self, team: str | None = None) -> list[ModelRow]:
+        """Every model, or with ``team`` that team's."""
+        owned, args = ("", ()) if team is None else (_OWNED.format(kind="model", col="models.id"), (team,))
+        return [_model(r) for r in self._all(f"SELECT * FROM models WHERE 1=1{owned} ORDER BY uploaded_at, id", args)]
 
     # --- jobs --------------------------------------------------------------------------------------------
     def add_job(self, j: JobRow) -> None:
@@ -147,25 +157,42 @@ class Store:
     def delete_job(self, job_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            db.execute("DELETE FROM owners WHERE kind = 'job' AND id = ?", (job_id,))
 
     def get_job(self, job_id: str) -> JobRow | None:
         rows = self._all("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return _job(rows[0]) if rows else None
 
-    def list_jobs(self, *, limit: int, before: str | None = None) -> list[JobRow]:
-        """Newest first; ``before`` is the (created_at, id) cursor of the previous page's last job."""
+    def list_jobs(self, *, limit: int, before: str | None = None, team: str | None = None) -> list[JobRow]:
+        """Newest first; ``before`` is the (created_at, id) cursor of the previous page's last job; ``team``:
+        that team's jobs only."""
+        owned, args = ("", ()) if team is None else (_OWNED.format(kind="job", col="jobs.id"), (team,))
         if before is None:
-            rows = self._all("SELECT * FROM jobs ORDER BY created_at DESC, id DESC LIMIT ?", (limit,))
+            rows = self._all(f"SELECT * FROM jobs WHERE 1=1{owned} ORDER BY created_at DESC, id DESC LIMIT ?",
+                             (*args, limit))
         else:
             ref = self.get_job(before)
             if ref is None:
                 return []
-            rows = self._all("SELECT * FROM jobs WHERE (created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC "
-                             "LIMIT ?", (ref.created_at, ref.id, limit))
+            rows = self._all(f"SELECT * FROM jobs WHERE (created_at, id) < (?, ?){owned} ORDER BY created_at DESC, "
+                             "id DESC LIMIT ?", (ref.created_at, ref.id, *args, limit))
         return [_job(r) for r in rows]
 
-    def count_jobs(self) -> int:
-        return int(self._all("SELECT COUNT(*) FROM jobs")[0][0])
+    def count_jobs(self, team: str | None = None) -> int:
+        if team is None:
+            return int(self._all("SELECT COUNT(*) FROM jobs")[0][0])
+        return int(self._all("SELECT COUNT(*) FROM owners WHERE kind = 'job' AND team = ?", (team,))[0][0])
+
+    # --- owners (teams) ----------------------------------------------------------------------------------
+    def add_owner(self, kind: str, item_id: str, team: str, key_id: str) -> None:
+        """``item_id`` (a ``job`` or a ``model``) belongs to ``team`` (made by key ``key_id``). A job has one team;
+        a model (its id is its content's) every team that uploaded it."""
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO owners VALUES (?,?,?,?)", (kind, item_id, team, key_id))
+
+    def teams_of(self, kind: str, item_id: str) -> set[str]:
+        """The teams ``item_id`` belongs to (empty: made without an owner, seen by admins only)."""
+        return {r[0] for r in self._all("SELECT team FROM owners WHERE kind = ? AND id = ?", (kind, item_id))}
 
     # --- lineage -----------------------------------------------------------------------------------------
     def indexed_jobs(self) -> set[str]:
@@ -197,6 +224,9 @@ class Store:
         """The job's recorded exports by format."""
         rows = self._all("SELECT * FROM exports WHERE job_id = ? ORDER BY format", (job_id,))
         return {r[1]: ExportRow(r[0], r[1], r[2], int(r[3]), r[4], dict(json.loads(r[5]))) for r in rows}
+
+
+_OWNED = " AND EXISTS (SELECT 1 FROM owners o WHERE o.kind = '{kind}' AND o.id = {col} AND o.team = ?)"
 
 
 def _model(r: tuple[Any, ...]) -> ModelRow:

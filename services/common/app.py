@@ -46,25 +46,40 @@ class UnlessUnder:
             await self.wrapped(scope, receive, send)
 
 
+def _or_key(accepts: Callable[[str], bool], key_scope: Callable[[str], str | None]) -> Callable[[str], bool]:
+    return lambda token: accepts(token) or key_scope(token) is not None
+
+
+def _scope_or_key(scope_of: Callable[[str], str | None],
+                  key_scope: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    return lambda token: scope_of(token) or key_scope(token)
+
+
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
                        fast: tuple[str, str, Answer] | None = None, limit_for: LimitFor | None = None,
                        session_prefixes: Sequence[str] = (), failures: FailureWindow | None = None,
-                       sign_in_paths: Sequence[str] = (), **fastapi: Any) -> FastAPI:
+                       sign_in_paths: Sequence[str] = (), key_scope: Callable[[str], str | None] | None = None,
+                       **fastapi: Any) -> FastAPI:
     """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``limit_for``: a
     route's tighter (limit, hint) of its own; ``fastapi``: the app's title, description, lifespan, form limits.
     ``session_prefixes``: paths the credentials-first check leaves to the routes (the API's console, which checks
     its own session cookie before reading a body). ``failures``: a budget of failed sign-ins per client address
-    (:mod:`~t3ar_services.common.auth_failures`; bearer tokens and ``sign_in_paths``)."""
+    (:mod:`~t3ar_services.common.auth_failures`; bearer tokens and ``sign_in_paths``). ``key_scope(token)``: the
+    scope of a token that is none of the settings' own (the API's named keys), or None."""
     strict_multipart_text()  # process-wide; idempotent
     app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
     install_errors(app)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint, limit_for=limit_for)
     accepts = token_matcher((settings.token, settings.admin_token, worker_token(settings)))  # settings are frozen
+    scope_of = token_scopes(settings)
+    if key_scope is not None:
+        accepts = _or_key(accepts, key_scope)
+        scope_of = _scope_or_key(scope_of, key_scope)
     routes = RouteScopes()  # filled below, once the routers are in (the middleware stack is built on first use)
     app.add_middleware(UnlessUnder, inner=CredentialsFirstMiddleware, prefixes=session_prefixes,
                        options={"enabled": not settings.auth_disabled, "accepts": accepts,
-                                "scope_of": token_scopes(settings), "needs": routes.needs})
+                                "scope_of": scope_of, "needs": routes.needs})
     if failures is not None and not settings.auth_disabled:  # outside the credentials check: it counts its 401s
         app.add_middleware(AuthFailuresMiddleware, failures=failures, sign_in_paths=sign_in_paths)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -97,6 +97,9 @@ def token_scopes(settings: TokenSettings) -> Callable[[str], str | None]:
     return scope
 
 
+_RANK = {"read": 0, "token": 1, "admin": 2, "worker": 3}
+
+
 class RouteScopes:
     """``needs(asgi_scope)``: the ``(scope, message)`` that the route matching a request requires (from its
     :func:`route_scope`-marked dependency), or None. Filled from the service's routers (their routes carry the
@@ -106,16 +109,19 @@ class RouteScopes:
         self.table: list[tuple[APIRoute, tuple[str, str]]] = []
 
     def fill(self, routers: Sequence[APIRouter]) -> None:
+        """A route with several marked dependencies (its router's and its own) needs the most demanding."""
         for route in (r for router in routers for r in router.routes):
             if isinstance(route, APIRoute):
-                stack = list(route.dependant.dependencies)
+                stack, tags = list(route.dependant.dependencies), []
                 while stack:
                     dep = stack.pop()
                     tag = getattr(dep.call, "t3ar_scope", None)
                     if tag is not None:
-                        self.table.append((route, tag))
-                        break
-                    stack.extend(dep.dependencies)
+                        tags.append(tag)
+                    else:
+                        stack.extend(dep.dependencies)
+                if tags:
+                    self.table.append((route, max(tags, key=lambda t: _RANK.get(t[0], 0))))
 
     def needs(self, scope: AsgiScope) -> tuple[str, str] | None:
         for route, tag in self.table:

@@ -26,7 +26,7 @@ from starlette.types import Scope as AsgiScope
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
-Scope = Literal["token", "admin", "worker"]
+Scope = Literal["read", "token", "admin", "worker"]  # read: an API key that may only read (``token`` may submit)
 
 WORKER_ELSEWHERE = ("the worker token opens only the worker routes (/internal/...); use the user or admin token")
 
@@ -40,6 +40,8 @@ def scope_refusal(have: Scope, need: Scope, message: str = "") -> str | None:
         return WORKER_ELSEWHERE
     if need == "admin" and have != "admin":
         return message or "this route needs the admin token"
+    if need == "token" and have == "read":
+        return message or "this route needs a key with role submit or admin (this key may only read)"
     return None
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from t3ar_services.api.console import pages_auth, pages_jobs, pages_models, pages_pool
+from t3ar_services.api.console import pages_auth, pages_jobs, pages_keys, pages_models, pages_pool
 from t3ar_services.api.console.answers import ConsoleAnswersMiddleware
 from t3ar_services.api.console.session import Sessions
 from t3ar_services.api.console.thumbs import Thumbnails
@@ -25,12 +25,12 @@ __all__ = ["PREFIX", "install_console"]
 
 
 def install_console(app: FastAPI, settings: ApiSettings) -> None:
-    app.state.console_sessions = Sessions(settings)
+    app.state.console_sessions = Sessions(settings, app.state.api.keys)
     app.state.console_thumbs = Thumbnails()
     app.add_exception_handler(PageError, error_page)
     app.add_exception_handler(NeedSignIn, sign_in_redirect)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
-    for module in (pages_auth, pages_jobs, pages_pool, pages_models):
+    for module in (pages_auth, pages_jobs, pages_pool, pages_models, pages_keys):
         app.include_router(module.router)
     app.include_router(pages_auth.fallback)
     app.add_middleware(ConsoleAnswersMiddleware)

@@ -10,6 +10,7 @@ import urllib.parse
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api.console.session import LOGIN_COOKIE, LOGIN_TTL, SESSION_COOKIE
 from t3ar_services.api.console.web import (
@@ -17,11 +18,13 @@ from t3ar_services.api.console.web import (
     PageError,
     api_state,
     checked_form,
+    client_of,
     render,
     safe_next,
     same_origin,
     sessions,
 )
+from t3ar_services.api.domain import access
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 MAX_LOGIN_BODY = 16 * 1024  # a token and two short fields: the sign-in form is read without any credentials
@@ -80,10 +83,15 @@ async def login(request: Request) -> Response:
         raise PageError(403, "missing or wrong CSRF token: reload the sign-in page and try again")
     next_path = safe_next(form.get("next"))
     token = form.get("token", "").strip()
-    if s.scope_of_token(token) is None:
+    who = s.principal_of_token(token)
+    state = api_state(request)
+    if who is None:
         # the worker token lands here too: it opens only the worker routes, never the console
-        return login_page(request, next_path, error="unknown token: use the user token (T3AR_API_TOKEN) or the "
-                                                    "admin token (T3AR_API_ADMIN_TOKEN)")
+        await run_in_threadpool(state.audit.record, key_id="", team="", action="sign_in", client=client_of(request),
+                                outcome="refused")
+        return login_page(request, next_path, error="unknown token: use the user token (T3AR_API_TOKEN), the "
+                                                    "admin token (T3AR_API_ADMIN_TOKEN) or an API key")
+    await run_in_threadpool(access.record, state, who, "sign_in", who.key_id, client_of(request))
     response = RedirectResponse(next_path, status_code=303)
     _set_cookie(request, response, SESSION_COOKIE, s.issue(token), s.ttl)
     response.delete_cookie(LOGIN_COOKIE, path=PREFIX, httponly=True, samesite="strict", secure=secure_cookies(request))
@@ -94,6 +102,8 @@ async def login(request: Request) -> Response:
 async def logout(request: Request) -> Response:
     session, _ = await checked_form(request)
     sessions(request).revoke(session)  # the cookie, or a copy of it, opens nothing from now on
+    await run_in_threadpool(access.record, api_state(request), session.who, "sign_out", session.who.key_id,
+                            client_of(request))
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=PREFIX, httponly=True, samesite="strict",
                            secure=secure_cookies(request))

@@ -13,10 +13,19 @@ from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api.console.charts import line_chart
 from t3ar_services.api.console.thumbs import png_response, thumbnails
-from t3ar_services.api.console.web import PREFIX, PageError, SessionDep, api_state, call, checked_form, render
+from t3ar_services.api.console.web import (
+    PREFIX,
+    PageError,
+    SessionDep,
+    api_state,
+    call,
+    checked_form,
+    client_of,
+    render,
+    require_submit,
+)
 from t3ar_services.api.deps import links_of
-from t3ar_services.api.domain import exports, jobs
-from t3ar_services.api.jobs import require_job
+from t3ar_services.api.domain import access, exports, jobs
 from t3ar_services.api.schemas import JobOut, ReportOut
 from t3ar_services.common.files import file_inside
 from t3ar_services.common.job_contract import EpochPoint
@@ -57,7 +66,9 @@ def _row(job: JobOut) -> dict[str, Any]:
 @router.get("/jobs")
 def jobs_page(request: Request, session: SessionDep, before: str | None = None) -> Response:
     state = api_state(request)
-    page = call(jobs.list_jobs, state, links_of(request), 50, before)
+    if before is not None:
+        call(access.job_for, state, session.who, before)
+    page = call(jobs.list_jobs, state, links_of(request), 50, before, session.who.team_filter)
     rows = [_row(j) for j in page.jobs]
     running = any(j.status in RUNNING for j in page.jobs)
     return render(request, "jobs.html", session, rows=rows, total=page.total, next_before=page.next_before,
@@ -112,6 +123,7 @@ def _phases(report: ReportOut | None) -> list[dict[str, Any]]:
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
     state = api_state(request)
+    call(access.job_for, state, session.who, job_id)
     job = call(jobs.describe, state, links_of(request), job_id)
     report = _report(state, job_id) if job.status == "finished" else None
     return render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
@@ -126,13 +138,17 @@ def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
 def download_checkpoint(request: Request, session: SessionDep, job_id: str, format: str = "pt") -> FileResponse:
     """The checkpoint (``pt``) or its export (``onnx``, ``safetensors``: made on the first request, as for
     ``GET /jobs/{id}/checkpoint?format=``); an unknown format is the JSON API's 422, as a page."""
-    got = call(exports.download, api_state(request), job_id, format)
+    state = api_state(request)
+    call(access.job_for, state, session.who, job_id)
+    got = call(exports.download, state, job_id, format)
+    access.record(state, session.who, "job.download", job_id, client_of(request), detail=f"format={format[:20]}")
     headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
     return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
 
 
 @router.get("/jobs/{job_id}/report")
 def download_report(request: Request, session: SessionDep, job_id: str) -> Response:
+    call(access.job_for, api_state(request), session.who, job_id)
     report = call(jobs.report, api_state(request), job_id)
     return JSONResponse(report.model_dump(mode="json", exclude_unset=True),  # what GET /jobs/{id}/report answers
                         headers={"Content-Disposition": f'attachment; filename="t3ar-{job_id}-report.json"'})
@@ -142,7 +158,7 @@ def download_report(request: Request, session: SessionDep, job_id: str) -> Respo
 def target_image(request: Request, session: SessionDep, job_id: str, name: str) -> Response:
     """A thumbnail of one of the job's target images (the validated, extracted copy the API keeps)."""
     state = api_state(request)
-    row = call(require_job, state.store, job_id)
+    row = call(access.job_for, state, session.who, job_id)
     path = file_inside((state.settings.data_dir / row.target_dir).resolve(), name)
     if path is None:
         raise PageError(404, f"job {job_id} has no target image {name[:200]!r}")
@@ -155,13 +171,23 @@ def target_image(request: Request, session: SessionDep, job_id: str, name: str) 
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(request: Request, job_id: str) -> Response:
-    await checked_form(request)
-    await run_in_threadpool(call, jobs.cancel, api_state(request), job_id)
+    session, _ = await checked_form(request)
+    require_submit(session)
+    state = api_state(request)
+    await run_in_threadpool(call, access.job_for, state, session.who, job_id)
+    status = await run_in_threadpool(call, jobs.cancel, state, job_id)
+    await run_in_threadpool(access.record, state, session.who, "job.cancel", job_id, client_of(request),
+                            detail=status)
     return RedirectResponse(f"{PREFIX}/jobs/{job_id}", status_code=303)
 
 
 @router.post("/jobs/{job_id}/readapt")
 async def readapt(request: Request, job_id: str) -> Response:
-    await checked_form(request)
-    done = await run_in_threadpool(call, jobs.readapt, api_state(request), job_id)
+    session, _ = await checked_form(request)
+    require_submit(session)
+    state = api_state(request)
+    await run_in_threadpool(call, access.job_for, state, session.who, job_id)
+    done = await run_in_threadpool(call, jobs.readapt, state, job_id, session.who.key_id)
+    await run_in_threadpool(access.record, state, session.who, "job.readapt", done.row.id, client_of(request),
+                            detail=f"parent={job_id}")
     return RedirectResponse(f"{PREFIX}/jobs/{done.row.id}", status_code=303)

@@ -9,8 +9,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from t3ar_services.api.console.web import PREFIX, PageError, SessionDep, api_state, call, checked_form, render
-from t3ar_services.api.domain import models
+from t3ar_services.api.console.web import (
+    PREFIX,
+    PageError,
+    SessionDep,
+    api_state,
+    call,
+    checked_form,
+    client_of,
+    render,
+    require_submit,
+)
+from t3ar_services.api.domain import access, models
 from t3ar_services.api.uploads import sent_name
 from t3ar_services.common.body_limit import body_size
 
@@ -20,7 +30,7 @@ router = APIRouter(prefix=PREFIX, include_in_schema=False)
 @router.get("/models")
 def models_page(request: Request, session: SessionDep, uploaded: str | None = None, created: bool = False) -> \
         Response:
-    found = call(models.list_models, api_state(request))
+    found = call(models.list_models, api_state(request), session.who.team_filter)
     just = next((m for m in found if m.id == uploaded), None)
     return render(request, "models.html", session, models=found, uploaded=just, created=created)
 
@@ -29,6 +39,7 @@ def models_page(request: Request, session: SessionDep, uploaded: str | None = No
 async def upload(request: Request) -> Response:
     state = api_state(request)
     session, form = await checked_form(request, max_files=1)
+    require_submit(session)
     file = form.get("file")
     if file is None or isinstance(file, str):
         raise PageError(422, "choose a checkpoint file (t3ar train-source writes one)")
@@ -37,6 +48,8 @@ async def upload(request: Request) -> Response:
     if len(name) > 200:
         raise PageError(422, "a model name is at most 200 characters")
     done = await run_in_threadpool(call, models.upload, state, file.file, name or (file.filename or ""),
-                                   sent_name(file.filename, "the checkpoint"))
+                                   sent_name(file.filename, "the checkpoint"), access.owner(session.who))
+    await run_in_threadpool(access.record, state, session.who, "model.upload", done.model.id, client_of(request),
+                            detail="new" if done.created else "again")
     query = urllib.parse.urlencode({"uploaded": done.model.id, "created": "true" if done.created else "false"})
     return RedirectResponse(f"{PREFIX}/models?{query}", status_code=303)  # a reload re-posts nothing

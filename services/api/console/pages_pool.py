@@ -29,12 +29,14 @@ from t3ar_services.api.console.web import (
     api_state,
     call,
     checked_form,
+    client_of,
     pool_reader,
     render,
     require_admin,
+    require_submit,
 )
 from t3ar_services.api.deps import links_of
-from t3ar_services.api.domain import jobs, pool
+from t3ar_services.api.domain import access, jobs, pool
 from t3ar_services.common.body_limit import body_size
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
@@ -108,7 +110,7 @@ def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
         res = call(reader.search_images, [image], NEAR_K, exclude_ids=[pool_id])
         near = [{"id": i, "score": s, "label": lab}
                 for i, s, lab in zip(res.ids[0], res.scores[0], res.labels[0], strict=False) if i]
-    lineage = call(pool.lineage, state, links_of(request), pool_id)
+    lineage = access.visible_lineage(state, session.who, call(pool.lineage, state, links_of(request), pool_id))
     return render(request, "item.html", session, pool_id=pool_id, item=item, near=near, lineage=lineage)
 
 
@@ -164,7 +166,9 @@ def withdraw_page(request: Request, session: SessionDep, pool_id: str) -> Respon
 async def withdraw(request: Request, pool_id: str) -> Response:
     session, _ = await checked_form(request)
     require_admin(session)
-    await run_in_threadpool(call, pool.withdraw_item, api_state(request), links_of(request), pool_id)
+    done = await run_in_threadpool(call, pool.withdraw_item, api_state(request), links_of(request), pool_id)
+    await run_in_threadpool(access.record, api_state(request), session.who, "pool.withdraw", pool_id,
+                            client_of(request), detail=f"jobs={len(done.jobs)}")
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/withdrawn", status_code=303)  # a reload re-posts nothing
 
 
@@ -174,19 +178,23 @@ def withdrawn_page(request: Request, session: SessionDep, pool_id: str) -> Respo
     state = api_state(request)
     if _item(pool_reader(request), pool_id) is not None:
         return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}", status_code=303)
-    lineage = call(pool.lineage, state, links_of(request), pool_id)
+    lineage = access.visible_lineage(state, session.who, call(pool.lineage, state, links_of(request), pool_id))
     return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=lineage, done=True)
 
 
 @router.post("/pool/{pool_id}/readapt")
 async def readapt_affected(request: Request, pool_id: str) -> Response:
     """Readapt every finished job that used the item (after its withdrawal: against the pool without it)."""
-    await checked_form(request)
+    session, _ = await checked_form(request)
+    require_submit(session)
     state = api_state(request)
     lineage = await run_in_threadpool(call, pool.lineage, state, links_of(request), pool_id)
+    visible = await run_in_threadpool(access.visible_lineage, state, session.who, lineage)
     started = []
-    for job in lineage.jobs:
-        done = await run_in_threadpool(call, jobs.readapt, state, job.job_id)
+    for job in visible.jobs:
+        done = await run_in_threadpool(call, jobs.readapt, state, job.job_id, session.who.key_id)
+        await run_in_threadpool(access.record, state, session.who, "job.readapt", done.row.id, client_of(request),
+                                detail=f"parent={job.job_id} withdrawn={pool_id}")
         started.append(done.row.id)
     query = urllib.parse.urlencode({"jobs": ",".join(started)})
     return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}/readapted?{query}", status_code=303)
@@ -195,7 +203,8 @@ async def readapt_affected(request: Request, pool_id: str) -> Response:
 @router.get("/pool/{pool_id}/readapted")
 def readapted_page(request: Request, session: SessionDep, pool_id: str, jobs: str = "") -> Response:
     state = api_state(request)
-    rows = [state.store.get_job(j) for j in jobs.split(",")[:MAX_READAPTED] if j]
+    rows = [state.store.get_job(j) for j in jobs.split(",")[:MAX_READAPTED]
+            if j and session.who.sees(state.store.teams_of("job", j))]
     started = [{"id": r.id, "parent": r.parent_id or ""} for r in rows if r is not None]
     return render(request, "readapted.html", session, pool_id=pool_id, started=started)
 

@@ -16,6 +16,10 @@ until its expiry).
 CSRF: every form carries ``HMAC(secret, "csrf:" + nonce)`` of the session's nonce (a synchronizer token the
 page can hold without holding the session); the sign-in form, before any session exists, the same of a random
 pre-session nonce kept in its own short-lived cookie. With auth disabled every session is admin.
+
+A named API key (:mod:`t3ar_services.api.keys`) signs in too: its cookie holds the key's id (not secret) besides
+the fingerprint, and every request looks the key up, so a revoked key ends its sessions at the next request.
+Every session carries its :class:`~t3ar_services.api.keys.Principal` (key id, team, role).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Literal
 
 from pydantic import SecretStr
 
+from t3ar_services.api.keys import ADMIN, ANONYMOUS, USER, KeyStore, Principal
 from t3ar_services.api.settings import ApiSettings
 
 SESSION_COOKIE = "t3ar_session"
@@ -47,10 +52,15 @@ class Session:
     nonce: str
     expires: float
     csrf: str
+    who: Principal = USER
 
     @property
     def admin(self) -> bool:
         return self.scope == "admin"
+
+    @property
+    def can_submit(self) -> bool:
+        return self.who.can_submit
 
 
 def _b64(raw: bytes) -> str:
@@ -65,8 +75,9 @@ class Sessions:
     """Signs and checks console cookies for one API process (settings are frozen: the tokens cannot change
     under it; a restart with other tokens changes what :meth:`scope_of_fingerprint` accepts)."""
 
-    def __init__(self, settings: ApiSettings) -> None:
+    def __init__(self, settings: ApiSettings, keys: KeyStore | None = None) -> None:
         self.settings = settings
+        self.keys = keys
         secret = settings.session_secret
         self._key = secret.get_secret_value().encode() if secret is not None else secrets.token_bytes(32)
         self.ttl = settings.session_ttl
@@ -95,6 +106,13 @@ class Sessions:
                 return scope
         return None
 
+    def principal_of_token(self, token: str) -> Principal | None:
+        """Who a sign-in with ``token`` is: the admin or user token, a valid named key, else None."""
+        scope = self.scope_of_token(token)
+        if scope is not None:
+            return ANONYMOUS if self.settings.auth_disabled else ADMIN if scope == "admin" else USER
+        return self.keys.lookup(token) if self.keys is not None else None
+
     def scope_of_fingerprint(self, fp: str) -> ConsoleScope | None:
         if self.settings.auth_disabled:
             return "admin"
@@ -106,7 +124,11 @@ class Sessions:
     def issue(self, token: str, now: float | None = None) -> str:
         """The cookie value of a new session for ``token`` (which the caller checked with :meth:`scope_of_token`)."""
         now = time.time() if now is None else now
-        payload = {"f": self.fingerprint(token), "e": int(now + self.ttl), "n": secrets.token_urlsafe(16)}
+        payload: dict[str, object] = {"f": self.fingerprint(token), "e": int(now + self.ttl),
+                                      "n": secrets.token_urlsafe(16)}
+        who = self.keys.lookup(token) if self.keys is not None and self.scope_of_token(token) is None else None
+        if who is not None:
+            payload["k"] = who.key_id
         body = _b64(json.dumps(payload, separators=(",", ":")).encode())
         return f"{body}.{self._mac('session', body)}"
 
@@ -120,16 +142,24 @@ class Sessions:
         try:
             payload = json.loads(_unb64(body))
             fp, expires, nonce = str(payload["f"]), float(payload["e"]), str(payload["n"])
+            key_id = str(payload["k"]) if "k" in payload else None
         except (ValueError, KeyError, TypeError):
             return None
         if expires <= (time.time() if now is None else now):
             return None
         if nonce in self.revoked:
             return None
+        if key_id is not None and not self.settings.auth_disabled:  # a named key: while it is not revoked
+            who = self.keys.active(key_id) if self.keys is not None else None
+            if who is None:
+                return None
+            return Session(scope="admin" if who.admin else "token", nonce=nonce, expires=expires,
+                           csrf=self.csrf_for(nonce), who=who)
         scope = self.scope_of_fingerprint(fp)
         if scope is None:
             return None
-        return Session(scope=scope, nonce=nonce, expires=expires, csrf=self.csrf_for(nonce))
+        who = ANONYMOUS if self.settings.auth_disabled else ADMIN if scope == "admin" else USER
+        return Session(scope=scope, nonce=nonce, expires=expires, csrf=self.csrf_for(nonce), who=who)
 
     def revoke(self, session: Session, now: float | None = None) -> None:
         """End ``session`` on the server (sign-out). Revocations are forgotten once their cookie expired, so the

@@ -103,9 +103,20 @@ def current_session(request: Request) -> Session:
 SessionDep = Annotated[Session, Depends(current_session)]
 
 
-def require_admin(session: Session) -> None:
+def require_admin(session: Session, what: str = "withdrawing pool items") -> None:
     if not session.admin:
-        raise PageError(403, "withdrawing pool items needs the admin token (T3AR_API_ADMIN_TOKEN): sign in with it")
+        raise PageError(403, f"{what} needs the admin token (T3AR_API_ADMIN_TOKEN) or an admin key: sign in with it")
+
+
+def require_submit(session: Session) -> None:
+    if not session.can_submit:
+        raise PageError(403, "this key may only read: submitting, uploading, cancelling and readapting need a key "
+                             "with role submit or admin")
+
+
+def client_of(request: Request) -> str:
+    """The client's address as the API sees it (for the audit log)."""
+    return request.client.host if request.client is not None else ""
 
 
 def same_origin(request: Request) -> bool:

@@ -90,10 +90,11 @@ def _enqueue(state: ApiState, row: JobRow, secret: str) -> None:
     state.metrics.jobs_submitted.labels(str(row.config.get("method")), "readapt" if row.parent_id else "adapt").inc()
 
 
-def submit(state: ApiState, upload: TargetUpload) -> Accepted:
+def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None = None) -> Accepted:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
     pool large enough) and enqueue an adaptation job. Nothing is enqueued, and nothing stays on disk, when any
-    check fails (a :class:`~t3ar.errors.T3arError`, counted as a rejected upload)."""
+    check fails (a :class:`~t3ar.errors.T3arError`, counted as a rejected upload). ``owner``: the (team, key id)
+    the job belongs to, recorded before it is enqueued."""
     settings = state.settings
     job_id = uuid.uuid4().hex
     job_dir = settings.data_dir / "jobs" / job_id
@@ -115,6 +116,8 @@ def submit(state: ApiState, upload: TargetUpload) -> Accepted:
                      n_images=prepared.n_images, labelled=prepared.labelled, skipped=len(prepared.skipped),
                      secret_sha256=digest)
         state.store.add_job(row)
+        if owner is not None:
+            state.store.add_owner("job", job_id, *owner)
         if upload.contribute:
             state.contributor.records.request(job_id)  # before enqueueing: a quick job finds it
         try:
@@ -133,9 +136,10 @@ def submit(state: ApiState, upload: TargetUpload) -> Accepted:
         raise
 
 
-def readapt(state: ApiState, job_id: str) -> Accepted:
+def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     """Re-run a job with the same base model, target and config against the *current* pool (so without withdrawn
-    items); the new job records ``parent_id``. 409 when the target is no longer stored."""
+    items); the new job records ``parent_id`` and belongs to the team of the job it re-runs (``by``: the key id
+    that asked). 409 when the target is no longer stored."""
     orig = require_job(state.store, job_id)
     require_model(state.store, state.settings, orig.model_id)
     if not (state.settings.data_dir / orig.target_dir).is_dir():
@@ -148,6 +152,8 @@ def readapt(state: ApiState, job_id: str) -> Accepted:
                  config=orig.config, target_dir=orig.target_dir, n_images=orig.n_images, labelled=orig.labelled,
                  skipped=orig.skipped, secret_sha256=digest)
     state.store.add_job(row)
+    for team in state.store.teams_of("job", orig.id):
+        state.store.add_owner("job", row.id, team, by)
     try:
         _enqueue(state, row, secret)
     except BaseException:
@@ -187,12 +193,15 @@ def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.Expo
             for fmt, e in state.store.exports_of(job_id).items()}
 
 
-def list_jobs(state: ApiState, links: Links, limit: int = 50, before: str | None = None) -> s.JobList:
-    """Jobs, newest first; the next page starts ``before`` this page's ``next_before``."""
-    rows = state.store.list_jobs(limit=limit, before=before)
+def list_jobs(state: ApiState, links: Links, limit: int = 50, before: str | None = None,
+              team: str | None = None) -> s.JobList:
+    """Jobs (with ``team``: that team's), newest first; the next page starts ``before`` this page's
+    ``next_before``."""
+    rows = state.store.list_jobs(limit=limit, before=before, team=team)
     rq_jobs = state.jobs.fetch_many([r.id for r in rows])
     out = [job_view(state, links, r, state.jobs.state(r, j)) for r, j in zip(rows, rq_jobs, strict=True)]
-    return s.JobList(jobs=out, total=state.store.count_jobs(), next_before=rows[-1].id if len(rows) == limit else None)
+    return s.JobList(jobs=out, total=state.store.count_jobs(team),
+                     next_before=rows[-1].id if len(rows) == limit else None)
 
 
 def describe(state: ApiState, links: Links, job_id: str) -> s.JobOut:

@@ -23,17 +23,20 @@ def model_out(m: ModelRow) -> s.ModelOut:
                       num_classes=len(m.classes), classes=m.classes, uploaded_at=m.uploaded_at)
 
 
-def upload(state: ApiState, file: BinaryIO, name: str, sent: str) -> Uploaded:
+def upload(state: ApiState, file: BinaryIO, name: str, sent: str, owner: tuple[str, str] | None = None) -> Uploaded:
     """Store a base checkpoint (a :class:`~t3ar.errors.CheckpointError` when it is not a loadable t3ar
-    checkpoint); ``sent`` is what the client called the file, for messages."""
+    checkpoint); ``sent`` is what the client called the file, for messages; ``owner``: the (team, key id) it
+    belongs to (the same file uploaded by two teams belongs to both)."""
     row, created = register_model(state.store, state.settings, file, name, sent)
+    if owner is not None:
+        state.store.add_owner("model", row.id, *owner)
     if created:
         state.metrics.models_uploaded.inc()
     return Uploaded(model_out(row), created)
 
 
-def list_models(state: ApiState) -> list[s.ModelOut]:
-    return [model_out(m) for m in state.store.list_models()]
+def list_models(state: ApiState, team: str | None = None) -> list[s.ModelOut]:
+    return [model_out(m) for m in state.store.list_models(team)]
 
 
 def describe(state: ApiState, model_id: str) -> s.ModelOut:

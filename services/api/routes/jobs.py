@@ -12,8 +12,8 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from t3ar_services.api import schemas as s
-from t3ar_services.api.deps import USER, LinksDep, StateDep
-from t3ar_services.api.domain import Links, exports, jobs
+from t3ar_services.api.deps import SUBMIT, USER, ClientDep, LinksDep, PrincipalDep, StateDep, SubmitterDep
+from t3ar_services.api.domain import Links, access, exports, jobs
 from t3ar_services.common.body_limit import body_size
 from t3ar_services.common.forms import only_fields
 
@@ -41,7 +41,7 @@ def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
 def adapt(
-    state: StateDep, links: LinksDep,
+    state: StateDep, links: LinksDep, who: SubmitterDep, client: ClientDep,
     archive: Annotated[UploadFile, File(description="zip/tar(.gz) of target images; labels.csv (path,label) at "
                                                     "its root switches to train-time mode")],
     model_id: Annotated[str, Form(min_length=1, description="a base model id from POST /models")],
@@ -58,33 +58,44 @@ def adapt(
     With ``contribute=true`` the target joins the pool once the job finished (never when it fails or is
     canceled); withdraw it as one unit with ``DELETE /jobs/{id}/contribution`` (admin)."""
     upload = jobs.TargetUpload(archive.file, archive.filename, model_id, config, skip_bad_images, contribute)
-    return _accepted(links, jobs.submit(state, upload))
+    access.check_model(state, who, model_id)
+    done = jobs.submit(state, upload, access.owner(who))
+    access.record(state, who, "job.submit", done.row.id, client, detail=f"model={model_id}")
+    return _accepted(links, done)
 
 
 @router.get("/jobs", response_model=s.JobList)
-def list_jobs(state: StateDep, links: LinksDep, limit: Annotated[int, Query(ge=1, le=200)] = 50,
-              before: str | None = None) -> s.JobList:
-    """Jobs, newest first. Page with ``before`` = the previous page's ``next_before``."""
-    return jobs.list_jobs(state, links, limit, before)
+def list_jobs(state: StateDep, links: LinksDep, who: PrincipalDep,
+              limit: Annotated[int, Query(ge=1, le=200)] = 50, before: str | None = None) -> s.JobList:
+    """Your team's jobs (an admin's: every team's), newest first. Page with ``before`` = the previous page's
+    ``next_before``."""
+    if before is not None:
+        access.job_for(state, who, before)
+    return jobs.list_jobs(state, links, limit, before, who.team_filter)
 
 
 @router.get("/jobs/{job_id}", response_model=s.JobOut)
-def get_job(state: StateDep, links: LinksDep, job_id: str) -> s.JobOut:
-    """Status, progress (epoch, step, losses, pseudo-label change rate), timings, and the error when failed."""
+def get_job(state: StateDep, links: LinksDep, who: PrincipalDep, job_id: str) -> s.JobOut:
+    """Status, progress (epoch, step, losses, pseudo-label change rate), timings, and the error when failed.
+    Another team's job is a 404, as an unknown one."""
+    access.job_for(state, who, job_id)
     return jobs.describe(state, links, job_id)
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=s.CancelResponse)
-def cancel_job(state: StateDep, job_id: str) -> s.CancelResponse:
+@router.post("/jobs/{job_id}/cancel", response_model=s.CancelResponse, dependencies=SUBMIT)
+def cancel_job(state: StateDep, who: PrincipalDep, client: ClientDep, job_id: str) -> s.CancelResponse:
     """A queued job is canceled at once; a running one stops at its next step (status ``canceling`` until then)."""
-    return s.CancelResponse(id=job_id, status=jobs.cancel(state, job_id))  # type: ignore[arg-type]
+    access.job_for(state, who, job_id)
+    status = jobs.cancel(state, job_id)
+    access.record(state, who, "job.cancel", job_id, client, detail=status)
+    return s.CancelResponse(id=job_id, status=status)  # type: ignore[arg-type]
 
 
 @router.get("/jobs/{job_id}/checkpoint", response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {}},
                              "headers": {"X-Checksum-Sha256": {"schema": {"type": "string"}, "description":
                                          "the file's sha256 (an export's; also in the job's `exports`)"}}}})
-def get_checkpoint(state: StateDep, job_id: str, fmt: Annotated[
+def get_checkpoint(state: StateDep, who: PrincipalDep, client: ClientDep, job_id: str, fmt: Annotated[
         Literal["pt", "onnx", "safetensors"], Query(alias="format", description=(
             "pt: the t3ar checkpoint (load with t3ar.models.checkpoint.load_checkpoint); onnx: the whole "
             "classifier, uint8 NHWC RGB images in (preprocessing inside), logits out, classes and lineage in its "
@@ -92,22 +103,28 @@ def get_checkpoint(state: StateDep, job_id: str, fmt: Annotated[
             "An export is made on its first request (checked for parity on the job's target images), kept, and "
             "its sha256 recorded in the job's `exports`."))] = "pt") -> FileResponse:
     """The adapted checkpoint, as it is or exported for serving (``?format=onnx|safetensors``)."""
+    access.job_for(state, who, job_id)
     got = exports.download(state, job_id, fmt)
+    access.record(state, who, "job.download", job_id, client, detail=f"format={fmt}")
     headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
     return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
 
 
 @router.get("/jobs/{job_id}/report", response_model=s.ReportOut, response_model_exclude_unset=True)
-def get_report(state: StateDep, job_id: str) -> s.ReportOut:
+def get_report(state: StateDep, who: PrincipalDep, job_id: str) -> s.ReportOut:
     """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given;
     ``contribution`` (whether its target joined the pool: added / skipped counts) and
     ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from). The
     fields are the report's as stored (a report from before the report had a version has fewer)."""
+    access.job_for(state, who, job_id)
     return jobs.report(state, job_id)
 
 
-@router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted)
-def readapt(state: StateDep, links: LinksDep, job_id: str) -> JSONResponse:
+@router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted, dependencies=SUBMIT)
+def readapt(state: StateDep, links: LinksDep, who: PrincipalDep, client: ClientDep, job_id: str) -> JSONResponse:
     """Re-run a job with the same base model, target and config against the *current* pool (so without withdrawn
-    items). The new job records ``parent_id``."""
-    return _accepted(links, jobs.readapt(state, job_id))
+    items). The new job records ``parent_id`` and belongs to the team of the job it re-runs."""
+    access.job_for(state, who, job_id)
+    done = jobs.readapt(state, job_id, who.key_id)
+    access.record(state, who, "job.readapt", done.row.id, client, detail=f"parent={job_id}")
+    return _accepted(links, done)

@@ -18,6 +18,7 @@ from t3ar.cli.compact_cmd import compact
 from t3ar.cli.data_cmd import data
 from t3ar.cli.export_cmd import export_cmd
 from t3ar.cli.job_cmd import jobs, models, submit, withdraw
+from t3ar.cli.keys_cmd import audit, keys
 from t3ar.cli.model_cmds import adapt_cmd, evaluate_cmd, train_source
 from t3ar.cli.pool_cmd import pool
 from t3ar.logs import configure_logging
@@ -68,7 +69,7 @@ def add_plugins(group: click.Group, entry_point_group: str = PLUGIN_GROUP) -> No
 
 
 for _command in (train_source, adapt_cmd, evaluate_cmd, export_cmd, data, pool, bench, submit, jobs, models,
-                 withdraw):
+                 withdraw, keys, audit):
     cli.add_command(_command)
 pool.add_command(compact)
 add_plugins(cli)

@@ -207,3 +207,25 @@ class ApiClient(HttpClient):
         else:
             body["plan_id"] = plan_id
         return self._json("POST", "/pool/compact", safe=False, json=body)
+
+    # --- teams (admin) -----------------------------------------------------------------------------------
+    def create_key(self, team: str, role: str, name: str = "") -> dict[str, Any]:
+        """A new API key for ``team`` with ``role`` (admin token); the answer's ``key`` is shown this once."""
+        return self._json("POST", "/keys", safe=False, json={"team": team, "role": role, "name": name})
+
+    def list_keys(self, *, team: str | None = None, revoked: bool = True) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"revoked": "true" if revoked else "false"}
+        if team:
+            params["team"] = team
+        return list(self._json("GET", "/keys", params=params)["keys"])
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return self._json("DELETE", f"/keys/{_seg(key_id)}", safe=False)
+
+    def audit(self, *, limit: int = 100, before: int | None = None, team: str | None = None,
+              action: str | None = None, key_id: str | None = None) -> dict[str, Any]:
+        """A page of the audit log, newest first (admin token); the next page starts ``before`` its
+        ``next_before``."""
+        params = {k: v for k, v in {"limit": limit, "before": before, "team": team, "action": action,
+                                    "key_id": key_id}.items() if v is not None}
+        return self._json("GET", "/audit", params=params)

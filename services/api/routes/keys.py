@@ -1,0 +1,96 @@
+"""Admin: named API keys (make, list, revoke) and the audit log (:mod:`t3ar_services.api.domain.access`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from t3ar_services.api import schemas as s
+from t3ar_services.api.audit import ACTIONS
+from t3ar_services.api.deps import ADMIN, ClientDep, PrincipalDep, StateDep
+from t3ar_services.api.domain import access
+from t3ar_services.api.keys import MAX_NAME, TEAM_PATTERN
+
+router = APIRouter(responses=s.error_responses(401, 403, 404, 422), dependencies=ADMIN, tags=["keys"])
+
+
+class KeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    team: str = Field(pattern=TEAM_PATTERN.pattern, description="the team the key acts for")
+    role: Literal["read", "submit", "admin"] = Field(description="read: see the team's jobs and models; submit: "
+                                                                  "also submit, upload, cancel, readapt; admin: all")
+    name: str = Field(default="", max_length=MAX_NAME, description="what the key is for (shown in lists)")
+
+
+class KeyOut(BaseModel):
+    id: str = Field(description="the key's id: not secret; names it in lists and the audit log")
+    team: str
+    role: str
+    name: str
+    created_at: str
+    created_by: str = Field(description="the key id that made it")
+    revoked_at: str | None = None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="the key itself: shown this once, never stored (only its sha256)")
+
+
+class KeyList(BaseModel):
+    keys: list[KeyOut]
+
+
+class AuditOut(BaseModel):
+    seq: int
+    at: str
+    key_id: str
+    team: str
+    action: str
+    target: str
+    client: str = Field(description="the client address as the API saw it")
+    outcome: str
+    detail: str
+
+
+class AuditList(BaseModel):
+    entries: list[AuditOut]
+    next_before: int | None = Field(description="the `before` of the next (older) page; null on the last")
+
+
+@router.post("/keys", status_code=201, response_model=KeyCreated,
+             responses={400: {"model": s.ErrorBody, "description": "unparsable JSON body"}})
+def create_key(state: StateDep, who: PrincipalDep, client: ClientDep, body: KeyRequest) -> JSONResponse:
+    """Make a key for ``team`` with ``role``. The answer holds the key itself, once: store it now."""
+    row, key = access.create_key(state, who, body.team, body.role, body.name, client)
+    return JSONResponse(KeyCreated(**row.as_dict(), key=key).model_dump(), status_code=201,
+                        headers={"Cache-Control": "no-store"})
+
+
+@router.get("/keys", response_model=KeyList)
+def list_keys(state: StateDep, team: Annotated[str | None, Query(max_length=63)] = None,
+              revoked: bool = True) -> KeyList:
+    """Every key (``team``: that team's; ``revoked=false``: active ones), oldest first; never the keys themselves."""
+    return KeyList(keys=[KeyOut(**r.as_dict()) for r in state.keys.list(team=team, revoked=revoked)])
+
+
+@router.delete("/keys/{key_id}", response_model=KeyOut)
+def revoke_key(state: StateDep, who: PrincipalDep, client: ClientDep, key_id: str) -> KeyOut:
+    """Revoke a key: refused from the next request on (its console sessions too). Revoking it again answers the
+    same record."""
+    return KeyOut(**access.revoke_key(state, who, key_id, client).as_dict())
+
+
+@router.get("/audit", response_model=AuditList)
+def audit(state: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+          before: Annotated[int | None, Query(ge=1)] = None,
+          team: Annotated[str | None, Query(max_length=63)] = None,
+          action: Annotated[str | None, Query(description=f"one of {', '.join(ACTIONS)}", max_length=40)] = None,
+          key_id: Annotated[str | None, Query(max_length=80)] = None) -> AuditList:
+    """The audit log, newest first: who (key id and team), when, what, to what, from where. Page with ``before``
+    = the previous page's ``next_before``."""
+    rows, nxt = access.audit_page(state, limit=limit, before=before, team=team, action=action, key_id=key_id)
+    return AuditList(entries=[AuditOut(**r.as_dict()) for r in rows], next_before=nxt)

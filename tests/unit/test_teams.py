@@ -1,0 +1,319 @@
+"""Teams: the key store (digests only, revocation), the audit log (append-only, bounded, filtered), ownership in
+the store, and the roles and team filters of the JSON API and the console (in-process, fakeredis, a mocked
+retriever)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import sqlite3
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from console_kit import (
+    app_for,
+    csrf_of,
+    finished_job,
+    model_file,
+    new_pool,
+    png_image,
+    settings_for,
+    sign_in,
+    signed_in,
+)
+from fastapi.testclient import TestClient
+
+from t3ar.errors import InvalidInputError
+from t3ar_services.api.audit import AuditLog
+from t3ar_services.api.keys import KeyStore, Principal
+from t3ar_services.api.store import JobRow, ModelRow, Store
+from t3ar_services.common.errors import NotFoundError
+
+# --- the key store -----------------------------------------------------------------------------------------
+
+
+def test_keys_are_stored_as_digests_and_revocation_is_immediate(tmp_path: Path) -> None:
+    keys = KeyStore(tmp_path / "api.sqlite3")
+    row, key = keys.create("vision", "submit", name="ci", created_by="token:admin")
+    assert key.startswith(f"t3ar_{row.id}_") and len(key) > 50
+    assert keys.lookup(key) == Principal(row.id, "vision", "submit")
+    assert keys.lookup(key + "x") is None and keys.lookup("nope") is None
+    keys.close()
+    raw = (tmp_path / "api.sqlite3").read_bytes() + b"".join(p.read_bytes() for p in tmp_path.glob("api.sqlite3-*"))
+    assert key.encode() not in raw and key.split("_")[-1].encode() not in raw  # the secret part is nowhere on disk
+    keys = KeyStore(tmp_path / "api.sqlite3")
+    assert keys.lookup(key) is not None and keys.active(row.id) is not None  # survives a restart
+    first = keys.revoke(row.id)
+    assert first.revoked_at is not None and keys.lookup(key) is None and keys.active(row.id) is None
+    assert keys.revoke(row.id).revoked_at == first.revoked_at  # idempotent
+    with pytest.raises(NotFoundError):
+        keys.revoke("k-unknown")
+    assert [k.id for k in keys.list()] == [row.id] and keys.list(revoked=False) == []
+
+
+@pytest.mark.parametrize(("team", "role"), [("Vision", "submit"), ("", "read"), ("a" * 64, "read"),
+                                            ("vision", "owner"), ("x/y", "read"), ("ok", "Admin")])
+def test_bad_teams_and_roles_are_refused(tmp_path: Path, team: str, role: str) -> None:
+    keys = KeyStore(tmp_path / "api.sqlite3")
+    with pytest.raises(InvalidInputError):
+        keys.create(team, role, created_by="t")
+    assert keys.list() == []
+
+
+def test_principal_roles() -> None:
+    read, submit, admin = (Principal("k", "vision", r) for r in ("read", "submit", "admin"))  # type: ignore[arg-type]
+    assert not read.can_submit and submit.can_submit and admin.can_submit
+    assert read.sees("vision") and not read.sees({"audio"}) and admin.sees({"audio"}) and not submit.sees(set())
+    assert (read.team_filter, admin.team_filter) == ("vision", None)
+    assert (read.scope, submit.scope, admin.scope) == ("read", "token", "admin")
+
+
+# --- the audit log -----------------------------------------------------------------------------------------
+
+
+def test_audit_is_append_only_bounded_and_filtered(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "api.sqlite3", max_rows=100, max_age_days=1)
+    for i in range(130):
+        log.record(key_id=f"k{i % 2}", team="vision" if i % 2 else "audio", action="job.submit", target=f"j{i}",
+                   client="127.0.0.1")
+    assert log.count() == 100  # the oldest 30 pruned
+    page = log.page(limit=10, team="vision")
+    assert [e.target for e in page] == [f"j{i}" for i in range(129, 109, -2)]
+    older = log.page(limit=10, team="vision", before=page[-1].seq)
+    assert older[0].target == "j109" and all(e.team == "vision" for e in older)
+    assert log.page(limit=5, action="key.create") == []
+    with sqlite3.connect(tmp_path / "api.sqlite3") as db, pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        db.execute("UPDATE audit SET team = 'x'")
+    with sqlite3.connect(tmp_path / "api.sqlite3") as db:  # an entry older than the bound goes at the next record
+        old = (dt.datetime.now(dt.UTC) - dt.timedelta(days=2)).isoformat()
+        db.execute("INSERT INTO audit (at, key_id, team, action, target, client, outcome, detail) VALUES "
+                   "(?, 'k', 't', 'sign_in', '', '', 'ok', '')", (old,))
+    log.record(key_id="k", team="t", action="sign_out")
+    assert all(e.at > old for e in log.page(limit=1000)) and log.count() == 99  # 33..132 less the old one
+
+
+# --- ownership in the store --------------------------------------------------------------------------------
+
+
+def _job(job_id: str, created: str) -> JobRow:
+    return JobRow(job_id, "m", None, created, {}, f"jobs/{job_id}", 1, False, 0, "0" * 64)
+
+
+def test_a_store_from_before_teams_belongs_to_default_and_lists_filter_by_team(tmp_path: Path) -> None:
+    path = tmp_path / "api.sqlite3"
+    with sqlite3.connect(path) as db:  # an older data dir: jobs and models, no owners table
+        db.executescript("CREATE TABLE jobs (id TEXT PRIMARY KEY, model_id TEXT NOT NULL, parent_id TEXT, "
+                         "created_at TEXT NOT NULL, config TEXT NOT NULL, target_dir TEXT NOT NULL, n_images INTEGER "
+                         "NOT NULL, labelled INTEGER NOT NULL, skipped INTEGER NOT NULL DEFAULT 0, secret_sha256 TEXT);"
+                         "INSERT INTO jobs VALUES ('old', 'm', NULL, '2020', '{}', 'jobs/old', 1, 0, 0, NULL);")
+    store = Store(path)
+    assert store.teams_of("job", "old") == {"default"}
+    store.add_job(_job("v1", "2021"))
+    store.add_owner("job", "v1", "vision", "k1")
+    store.add_job(_job("nobody", "2022"))  # made without an owner (a crash in between): admins only
+    assert [r.id for r in store.list_jobs(limit=10, team="vision")] == ["v1"]
+    assert [r.id for r in store.list_jobs(limit=10, team="default")] == ["old"]
+    assert [r.id for r in store.list_jobs(limit=10)] == ["nobody", "v1", "old"]
+    assert [r.id for r in store.list_jobs(limit=10, team="vision", before="nobody")] == ["v1"]
+    assert (store.count_jobs("vision"), store.count_jobs()) == (1, 3)
+    store.delete_job("v1")
+    assert store.teams_of("job", "v1") == set() and store.count_jobs("vision") == 0
+    store.add_model(ModelRow("m", "m", "0" * 64, 1, "a", 32, ["a"], "2020"))
+    store.add_owner("model", "m", "vision", "k1")
+    store.add_owner("model", "m", "audio", "k2")  # the same file uploaded by two teams belongs to both
+    assert [m.id for m in store.list_models("audio")] == ["m"] and store.list_models("default") == []
+    store.close()
+    assert Store(path).teams_of("job", "nobody") == set()  # the migration ran once, not at every start
+
+
+# --- the API and the console -------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    with TestClient(app_for(settings_for(tmp_path), new_pool())) as c:
+        yield c
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _key(client: TestClient, team: str, role: str) -> tuple[str, str]:
+    resp = client.post("/keys", json={"team": team, "role": role, "name": f"{team} {role}"}, headers=_auth("admin-t"))
+    assert resp.status_code == 201, resp.text
+    assert resp.headers["cache-control"] == "no-store"
+    return resp.json()["id"], resp.json()["key"]
+
+
+def _target() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(4):
+            zf.writestr(f"imgs/{'ab'[i % 2]}{i}.png", png_image(i))
+    return buf.getvalue()
+
+
+def _submit(client: TestClient, token: str, model_id: str) -> Any:
+    return client.post("/adapt", files={"archive": ("t.zip", _target())}, headers=_auth(token),
+                       data={"model_id": model_id, "config": json.dumps({"method": "source"})})
+
+
+def test_two_teams_see_only_their_own(client: TestClient, tmp_path: Path) -> None:
+    vision_id, vision = _key(client, "vision", "submit")
+    _, vision_read = _key(client, "vision", "read")
+    audio_id, audio = _key(client, "audio", "submit")
+    model = client.post("/models", files={"file": ("m.pt", model_file(tmp_path))}, headers=_auth(vision))
+    assert model.status_code == 201, model.text
+    model_id = model.json()["id"]
+    job = _submit(client, vision, model_id)
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+
+    unknown = client.get("/jobs/0123456789abcdef", headers=_auth(audio)).json()["error"]["message"]
+    for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/checkpoint", f"/jobs/{job_id}/report"):
+        resp = client.get(path, headers=_auth(audio))
+        assert resp.status_code == 404, (path, resp.text)  # as an unknown job: the id tells nothing
+    assert client.get(f"/jobs/{job_id}", headers=_auth(audio)).json()["error"]["message"] == \
+        unknown.replace("0123456789abcdef", job_id)
+    for method, path in (("POST", f"/jobs/{job_id}/cancel"), ("POST", f"/jobs/{job_id}/readapt")):
+        assert client.request(method, path, headers=_auth(audio)).status_code == 404
+    assert client.get("/jobs", headers=_auth(audio)).json() == {"jobs": [], "total": 0, "next_before": None}
+    assert client.get("/models", headers=_auth(audio)).json()["models"] == []
+    assert client.get(f"/models/{model_id}", headers=_auth(audio)).status_code == 404
+    assert _submit(client, audio, model_id).status_code == 404  # another team's model cannot be used
+    assert [j["id"] for j in client.get("/jobs", headers=_auth("user-t")).json()["jobs"]] == []  # default team
+
+    for token in (vision, vision_read, "admin-t"):
+        listed = client.get("/jobs", headers=_auth(token)).json()
+        assert [j["id"] for j in listed["jobs"]] == [job_id] and listed["total"] == 1
+        assert client.get(f"/jobs/{job_id}", headers=_auth(token)).status_code == 200
+        assert [m["id"] for m in client.get("/models", headers=_auth(token)).json()["models"]] == [model_id]
+
+    # a read key reads but submits nothing: 403 before the upload is read
+    assert _submit(client, vision_read, model_id).status_code == 403
+    assert client.post(f"/jobs/{job_id}/cancel", headers=_auth(vision_read)).status_code == 403
+    # keys and the audit are admin's
+    for token in (vision, vision_read):
+        assert client.get("/keys", headers=_auth(token)).status_code == 403
+        assert client.get("/audit", headers=_auth(token)).status_code == 403
+        assert client.delete("/pool/p-1", headers=_auth(token)).status_code == 403
+    assert client.post("/keys", json={"team": "x", "role": "read"}, headers=_auth(vision)).status_code == 403
+
+    readapt = client.post(f"/jobs/{job_id}/readapt", headers=_auth(vision))
+    assert readapt.status_code == 202
+    assert client.get(f"/jobs/{readapt.json()['id']}", headers=_auth(audio)).status_code == 404
+    assert client.get("/jobs", headers=_auth(vision)).json()["total"] == 2
+
+    # revoked: refused at once
+    assert client.delete(f"/keys/{audio_id}", headers=_auth("admin-t")).json()["revoked_at"]
+    assert client.get("/jobs", headers=_auth(audio)).status_code == 401
+    assert client.delete("/keys/k-none", headers=_auth("admin-t")).status_code == 404
+    listed_keys = client.get("/keys", headers=_auth("admin-t")).json()["keys"]
+    assert {k["id"] for k in listed_keys} >= {vision_id, audio_id} and all("key" not in k for k in listed_keys)
+
+    audit = client.get("/audit", params={"team": "vision"}, headers=_auth("admin-t")).json()["entries"]
+    seen = [(e["action"], e["key_id"], e["target"]) for e in reversed(audit)]
+    assert seen == [("model.upload", vision_id, model_id), ("job.submit", vision_id, job_id),
+                    ("job.readapt", vision_id, readapt.json()["id"])]
+    assert all(e["client"] == "testclient" for e in audit)
+    keys_audit = client.get("/audit", params={"action": "key.revoke"}, headers=_auth("admin-t")).json()["entries"]
+    assert [(e["key_id"], e["target"]) for e in keys_audit] == [("token:admin", audio_id)]
+    page = client.get("/audit", params={"limit": 2}, headers=_auth("admin-t")).json()
+    assert len(page["entries"]) == 2 and page["next_before"] == page["entries"][-1]["seq"]
+
+
+def test_bad_key_requests_are_422(client: TestClient) -> None:
+    for body in ({"team": "Vision", "role": "read"}, {"team": "v", "role": "owner"}, {"team": "v"},
+                 {"team": "v", "role": "read", "extra": 1}, {"team": "v", "role": "read", "name": "a\nb"}):
+        resp = client.post("/keys", json=body, headers=_auth("admin-t"))
+        assert resp.status_code == 422, (body, resp.text)
+    assert client.get("/keys", headers=_auth("admin-t")).json()["keys"] == []
+
+
+def test_console_sessions_follow_the_key(client: TestClient, tmp_path: Path) -> None:
+    vision_id, vision = _key(client, "vision", "submit")
+    _, audio = _key(client, "audio", "read")
+    model_id = client.post("/models", files={"file": ("m.pt", model_file(tmp_path))},
+                           headers=_auth(vision)).json()["id"]
+    job_id = _submit(client, vision, model_id).json()["id"]
+
+    assert sign_in(client, audio).status_code == 303
+    page = client.get("/ui/jobs")
+    assert page.status_code == 200 and job_id not in page.text and "audio · read" in page.text
+    assert client.get(f"/ui/jobs/{job_id}").status_code == 404
+    assert client.get("/ui/keys").status_code == 403 and client.get("/ui/audit").status_code == 403
+    assert 'href="/ui/keys"' not in page.text
+    csrf = csrf_of(page.text)
+    assert client.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf}).status_code == 403  # read: no actions
+
+    client.cookies.clear()
+    assert sign_in(client, vision).status_code == 303
+    page = client.get("/ui/jobs")
+    assert job_id in page.text and client.get(f"/ui/jobs/{job_id}").status_code == 200
+    assert client.delete(f"/keys/{vision_id}", headers=_auth("admin-t")).status_code == 200
+    gone = client.get("/ui/jobs", follow_redirects=False)  # the revoked key's session ends at once
+    assert gone.status_code == 303 and gone.headers["location"].startswith("/ui/login")
+
+    client.cookies.clear()
+    assert sign_in(client, "wrong-token").status_code == 401
+    csrf = csrf_of(client.get("/ui/login").text)
+    assert sign_in(client, "admin-t").status_code == 303
+    page = client.get("/ui/keys")
+    assert page.status_code == 200 and vision_id in page.text and 'href="/ui/audit"' in page.text
+    csrf = csrf_of(page.text)
+    assert client.post("/ui/keys", data={"team": "nlp", "role": "read"}).status_code == 403  # no CSRF token
+    made = client.post("/ui/keys", data={"csrf": csrf, "team": "nlp", "role": "read", "name": "<b>x</b>"})
+    assert made.status_code == 200 and 'id="new-key">t3ar_' in made.text and "&lt;b&gt;x&lt;/b&gt;" in made.text
+    new_id = made.text.split('id="created-key">Key <code>')[1].split("<")[0]
+    assert client.get("/ui/keys").text.count("t3ar_k") == 0  # the key itself is never shown again
+    revoke = client.post(f"/ui/keys/{new_id}/revoke", data={"csrf": csrf}, follow_redirects=False)
+    assert revoke.status_code == 303
+    audit = client.get("/ui/audit", params={"action": "sign_in"})
+    assert audit.status_code == 200 and audit.text.count('data-action="sign_in"') == 4  # 3 ok, 1 refused
+    assert "refused" in audit.text
+    entries = client.get("/audit", headers=_auth("admin-t")).json()["entries"]
+    assert [e["action"] for e in entries[:2]] == ["key.revoke", "key.create"]
+    assert entries[0]["target"] == new_id and entries[0]["key_id"] == "token:admin"
+
+
+def test_a_read_key_is_refused_before_its_upload_is_read(tmp_path: Path) -> None:
+    """The credentials-first check knows a key's role: a read key's submission is a 403 (not the 413 or 422 its
+    body would get), a revoked or made-up key's a 401, before any byte of the body is read."""
+    settings = settings_for(tmp_path, max_upload_bytes=200_000, max_model_bytes=100_000)
+    with TestClient(app_for(settings, new_pool())) as client:
+        read_id, read = _key(client, "vision", "read")
+        revoked_id, revoked = _key(client, "vision", "submit")
+        client.delete(f"/keys/{revoked_id}", headers=_auth("admin-t"))
+        big = b"x" * (settings.max_body_bytes + 1)
+        for path, content, ctype in (("/adapt", big, "multipart/form-data; boundary=x"),
+                                     ("/models", big, "multipart/form-data; boundary=x"),
+                                     ("/jobs/x/readapt", b"{not json", "application/json")):
+            resp = client.post(path, content=content, headers={"Content-Type": ctype, **_auth(read)})
+            assert resp.status_code == 403 and "role submit" in resp.json()["error"]["message"], (path, resp.text)
+            for token in (revoked, read[:-1] + ("A" if read[-1] != "A" else "B")):
+                resp = client.post(path, content=content, headers={"Content-Type": ctype, **_auth(token)})
+                assert resp.status_code == 401, (path, resp.text)
+            resp = client.post("/keys", content=b"{not json", headers={"Content-Type": "application/json",
+                                                                       **_auth(read)})
+            assert resp.status_code == 403  # an admin route
+        assert client.get("/jobs", headers=_auth(read)).status_code == 200
+        assert client.get("/audit", params={"key_id": read_id}, headers=_auth("admin-t")).json()["entries"] == []
+
+
+def test_a_lineage_names_only_the_jobs_its_reader_may_see(client: TestClient, tmp_path: Path) -> None:
+    """The pool is shared, its lineage is not: another team's key reads the item, not which jobs used it."""
+    job_id = finished_job(client, tmp_path, signed_in(client, "user-t"))  # the default team's
+    _, vision = _key(client, "vision", "read")
+    for token, seen in (("user-t", [job_id]), ("admin-t", [job_id]), (vision, [])):
+        found = client.get("/pool/p-1/lineage", headers=_auth(token)).json()
+        assert [j["job_id"] for j in found["jobs"]] == seen, token
+    client.cookies.clear()
+    assert sign_in(client, vision).status_code == 303
+    item = client.get("/ui/pool/p-1")
+    assert item.status_code == 200 and job_id[:12] not in item.text
+    assert client.get("/ui/pool").status_code == 200 and client.get(f"/ui/jobs/{job_id}/checkpoint").status_code == 404
