@@ -43,7 +43,7 @@ def kept_images(n_images: int, fraction: float) -> int:
 
 def memory_bytes(config: AdaptConfig, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
     """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px."""
-    if config.method in ("source", "bn-adapt", "tent", "shot-im"):
+    if config.method in ("source", "bn-adapt", "tent", "shot-im", "sar", "eata"):
         bank = 0
     else:
         bank = config.bank_size * ((feature_dim or UNKNOWN_FEATURE_DIM) + num_classes) * 4 + config.bank_size * 18

@@ -10,11 +10,12 @@ from t3ar.method.presets import FAMILY, Preset, expand
 
 #: every method's name, declared here once; what adapts with each is :data:`t3ar.method.registry.METHOD_STEPS`
 #: (this module stays free of torch: the services validate configs with it)
-Method = Literal["source", "bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"]
+Method = Literal["source", "bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar",
+                 "sar", "eata"]
 METHODS: tuple[Method, ...] = get_args(Method)
 RETRIEVAL_METHODS: tuple[Method, ...] = ("t3ar-random", "t3ar")
 #: methods without a train-time (labelled) mode
-TEST_TIME_ONLY: tuple[Method, ...] = ("bn-adapt", "adacontrast")
+TEST_TIME_ONLY: tuple[Method, ...] = ("bn-adapt", "adacontrast", "sar", "eata")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]

@@ -12,6 +12,8 @@ from t3ar.method.adacontrast import AdaContrast
 from t3ar.method.base import MethodStep
 from t3ar.method.config import Method
 from t3ar.method.contrastive import T3AR
+from t3ar.method.eata import EATA
+from t3ar.method.sar import SAR
 from t3ar.method.shot import ShotIM
 from t3ar.method.tent import Tent
 
@@ -24,4 +26,6 @@ METHOD_STEPS: dict[Method, type[MethodStep] | None] = {
     "t3ar-noretrieval": T3AR,
     "t3ar-random": T3AR,
     "t3ar": T3AR,
+    "sar": SAR,
+    "eata": EATA,
 }
