@@ -98,7 +98,7 @@ class EATA(MethodStep):
             moved = torch.where(self.has_probs, PROBS_EMA * self.probs + (1 - PROBS_EMA) * mean, mean)
             self.probs = torch.where(n > 0, moved, self.probs)
             self.has_probs = self.has_probs | (n > 0)
-            self.counts += torch.stack([torch.tensor(float(len(ent)), device=ent.device), reliable.sum().float(),
+            self.counts += torch.stack([ent.new_full((), float(len(ent))), reliable.sum().float(),
                                         n.float()]).to(self.counts.device)
         return ent, reliable, selected
 

@@ -116,7 +116,7 @@ class SAR(MethodStep):
         trained = reliable & (ent2 < self.margin)
         loss = masked_mean(ent2, trained)
         with torch.no_grad():
-            self.counts += torch.stack([torch.tensor(float(len(ent)), device=ent.device),
+            self.counts += torch.stack([ent.new_full((), float(len(ent))),
                                         reliable.sum().float(), trained.sum().float()]).to(self.counts.device)
             self._last = torch.stack([loss.detach(), trained.any().float()])
         return StepOut(loss, {}, logits.detach().argmax(1))
