@@ -28,6 +28,8 @@ Where this departs from the reference code (mr-eggplant/EATA), and why:
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Self
 
 import torch
@@ -39,6 +41,8 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.reliable import entropy_margin, fisher_diagonal, fisher_penalty, norm_affine_params, sample_entropy
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, freeze_frozen_norms
+
+log = logging.getLogger(__name__)
 
 #: the redundancy margin on the cosine similarity to the moving average of the selected images' softmax (ImageNet)
 D_MARGIN = 0.05
@@ -78,6 +82,12 @@ class EATA(MethodStep):
         freeze_frozen_norms(model)
         fisher = fisher_diagonal(model, params, setup.target, setup.views.plain, batch_size=setup.config.batch_size,
                                  samples=FISHER_SAMPLES, generator=stream(setup.config.seed, FISHER_STREAM))
+        top = max(float(f.max()) for f in fisher)
+        # gradient descent on the anchor's curvature 2 alpha F is stable while lr * 2 alpha max F < 2
+        bound = 1 / (FISHER_ALPHA * top) if FISHER_ALPHA * top > 0 else math.inf
+        log.log(logging.WARNING if setup.config.lr > bound else logging.INFO,
+                "EATA: Fisher information on %d target images, largest %.3g: the anchor is stable for gradient "
+                "descent at lr < %.3g (lr %.3g)", min(len(setup.target), FISHER_SAMPLES), top, bound, setup.config.lr)
         return cls(setup.views, model, params, fisher)
 
     def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
