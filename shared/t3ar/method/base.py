@@ -72,8 +72,8 @@ class MethodStep(ABC):
 
     The loop calls, in order: :meth:`trainable_params` (before the optimiser exists), :meth:`create` (under the
     loop's autocast), then per batch :meth:`prepare` and :meth:`step` (model in train mode with its frozen
-    BatchNorm layers in eval mode, under autocast; the loop runs backward and the optimiser), and
-    :meth:`pool_used` at the end. Subclasses say only what differs.
+    BatchNorm layers in eval mode, under autocast; the loop runs backward and the optimiser) and
+    :meth:`after_update`, and :meth:`pool_used` at the end. Subclasses say only what differs.
 
     :meth:`prepare` is the part of a step that needs no model: its views and its random draws. The loop may run
     it for the next batch on a background thread while the current batch's step runs
