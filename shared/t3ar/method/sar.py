@@ -15,10 +15,10 @@ How the two passes fit the loop, which owns the optimiser and runs one backward 
 ``torch.func.functional_call`` with every trainable parameter replaced by ``p + e`` (``e`` computed without
 gradient). The model's own parameters are never modified, so nothing needs restoring, and the loss it returns
 has, through ``p + e``, exactly SAM's gradient ∇L(w + e) with respect to ``p``: the loop's backward and optimiser
-step (its loss scaling included) then make SAM's update at ``w``. Under CUDA mixed precision the first pass's
-loss is multiplied by :data:`FIRST_PASS_SCALE` before its gradient is taken (only the direction matters; float16
-gradients would underflow otherwise), and a non-finite first gradient skips the perturbation for that step
-(a plain reliable-entropy step). The second forward leaves the BatchNorm running statistics alone: each batch
+step (its loss scaling included) then make SAM's update at ``w``. The first pass's loss is multiplied by
+:data:`FIRST_PASS_SCALE` before its gradient is taken (only its direction matters; under CUDA mixed precision
+float16 gradients would underflow otherwise), and a non-finite first gradient skips the perturbation for that
+step (a plain reliable-entropy step). The second forward leaves the BatchNorm running statistics alone: each batch
 counts into them once, at the unperturbed weights. The recovery check runs in :meth:`SAR.after_update`, after
 the optimiser's update, as in the reference code, and reads the second loss only after the loop's own sync.
 
