@@ -53,7 +53,8 @@ def _invoke(*args: str) -> dict[str, object]:
 
 
 def test_adapt_every_method_and_evaluate(data: dict[str, Path]) -> None:
-    for method in ("source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar"):
+    for method in ("source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar", "sar",
+                   "eata"):
         out = data["root"] / f"{method}.pt"
         got = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool",
                       str(data["pool"]), "--method", method, "--k", "2", "--r", "2", "--epochs", "1",

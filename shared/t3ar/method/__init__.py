@@ -13,6 +13,10 @@ Importing the package imports nothing; :mod:`~t3ar.method.config`, :mod:`~t3ar.m
 * :mod:`~t3ar.method.bn_adapt`: ``bn-adapt`` (AdaBN: the target's BatchNorm statistics, no loss).
 * :mod:`~t3ar.method.tent`: TENT (entropy, BatchNorm affine parameters only).
 * :mod:`~t3ar.method.shot`: SHOT-IM (information maximisation, frozen classifier head).
+* :mod:`~t3ar.method.sar`: SAR (reliable entropy, sharpness-aware step, reset on collapse).
+* :mod:`~t3ar.method.eata`: EATA (reliable and non-redundant entropy, Fisher anchor to the start weights).
+* :mod:`~t3ar.method.reliable`: what SAR and EATA share: the entropy filter, normalisation-layer parameters,
+  forwards that keep the running statistics, the Fisher information and its penalty.
 * :mod:`~t3ar.method.contrastive`: the T3AR family (``t3ar``, ``t3ar-random``, ``t3ar-noretrieval``): bank,
   filtered pseudo-labels, InfoNCE with retrieved pool negatives, retrieved neighbours as data.
 * :mod:`~t3ar.method.adacontrast`: AdaContrast (momentum key encoder, soft-kNN refined pseudo-labels).

@@ -293,6 +293,8 @@ def adapt(
             values = torch.stack([loss.detach().float(), *(v.float().to(loss.device) for v in parts.values())])
             for name, value in zip(names, values.tolist(), strict=True):  # one device sync per step
                 setattr(stats, name, value)
+            if state.after_update():  # the method reset its weights (SAR): the optimiser's momentum goes too
+                optim.reset_state()
             ahead.settle()  # the next batch's views, made during this step, are part of it (never of on_step)
             # views: the wall time this batch's views took to make (ahead, on the background thread, or inline);
             # forward_backward: the rest of the step's wall time (forwards, bank, loss, backward, optimiser, the

@@ -7,7 +7,8 @@ per step. A method registers its name and properties once (:mod:`t3ar.method.reg
 
 Random streams (:func:`stream`), one per purpose so that the arms of a comparison share all but what differs:
 1 target views, 2 bank / queue initialisation, 3 per-visit neighbour draws, 4 retrieval (the harness),
-5 pool views, 6 pool images' weak views (neighbours as data), 7 labelled data draws, 8 their weak views.
+5 pool views, 6 pool images' weak views (neighbours as data), 7 labelled data draws, 8 their weak views,
+9 bn_start's batches, 10 EATA's Fisher sample.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ class MethodStep(ABC):
 
     The loop calls, in order: :meth:`trainable_params` (before the optimiser exists), :meth:`create` (under the
     loop's autocast), then per batch :meth:`prepare` and :meth:`step` (model in train mode with its frozen
-    BatchNorm layers in eval mode, under autocast; the loop runs backward and the optimiser), and
-    :meth:`pool_used` at the end. Subclasses say only what differs.
+    BatchNorm layers in eval mode, under autocast; the loop runs backward and the optimiser) and
+    :meth:`after_update`, and :meth:`pool_used` at the end. Subclasses say only what differs.
 
     :meth:`prepare` is the part of a step that needs no model: its views and its random draws. The loop may run
     it for the next batch on a background thread while the current batch's step runs
@@ -101,6 +102,12 @@ class MethodStep(ABC):
         """The loss of one batch: ``ids`` [B] (its target indices) on the target's device, ``idx`` the same
         indices on the CPU, ``prepared`` what :meth:`prepare` returned for it. Updates the method's state; never
         calls backward."""
+
+    def after_update(self) -> bool:
+        """Called after each optimiser update and the step's one device sync (so reading the step's scalars costs
+        no further sync). True = the method has reset its trainable parameters to their start (SAR's recovery):
+        the loop then clears the optimiser's state (momentum), as at the start of the job."""
+        return False
 
     def pool_used(self) -> list[int]:
         """Sorted pool indices the job's steps used (retrieval methods; [] otherwise)."""

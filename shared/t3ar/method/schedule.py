@@ -57,6 +57,10 @@ class Optimiser:
         """The learning rate of the next update."""
         return float(self.sched.get_last_lr()[0])
 
+    def reset_state(self) -> None:
+        """Forget the per-parameter state (momentum buffers), as at the start; the schedule goes on."""
+        self.optim.state.clear()
+
     def update(self, loss: torch.Tensor) -> None:
         """Backward of ``loss`` (scaled), one optimiser step, one schedule step."""
         self.optim.zero_grad(set_to_none=True)
