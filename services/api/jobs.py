@@ -78,6 +78,7 @@ class JobState:
     progress: dict[str, Any] | None = None
     error: str | None = None
     result: dict[str, Any] | None = None
+    acceptance: dict[str, Any] | None = None  # a job with a holdout, once its candidates were scored
 
 
 class JobService:
@@ -132,7 +133,8 @@ class JobService:
                       worker=job.worker_name or None)
         if status == "queued":
             st.position = job.get_position()
-        progress = {k: v for k, v in meta.items() if k not in ("error", "canceled")}
+        progress = {k: v for k, v in meta.items() if k not in ("error", "canceled", "acceptance")}
+        st.acceptance = meta["acceptance"] if isinstance(meta.get("acceptance"), dict) else None
         st.progress = progress or None
         if status == "failed":
             st.error = without_paths(meta.get("error") or "")  # the worker's words: never where it keeps files

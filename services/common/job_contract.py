@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from t3ar.clients.job_report import (
     MAX_LABELLED_LISTED,
     REPORT_VERSION,
+    AcceptanceRecord,
     Accuracy,
     CacheStats,
     EpochPoint,
@@ -57,7 +58,8 @@ from t3ar_services.common.files import atomic_file
 
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
 # in the library, which the CLI reads too (the library never imports the services).
-__all__ = ["REPORT_VERSION", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport", "LabelledNeighbour",
+__all__ = ["REPORT_VERSION", "AcceptanceRecord", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport",
+           "LabelledNeighbour",
            "MAX_LABELLED_LISTED", "Neighbour",
            "NeighbourRow", "StepPoint", "Transfer"]
 

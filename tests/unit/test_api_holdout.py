@@ -135,3 +135,23 @@ def test_bad_holdouts_are_refused_and_leave_nothing(env: Any, holdout: bytes | N
     assert "/jobs/" not in resp.json()["error"]["message"]  # no server path
     assert Queue("t3ar-adapt", connection=redis, serializer=SERIALIZER).count == 0
     assert list((data / "jobs").iterdir()) == []
+
+
+def test_the_acceptance_record_shows_in_get_job(env: Any) -> None:
+    from t3ar.acceptance import as_record, decide
+
+    client, redis, _, model_id = env
+    job_id = _adapt(client, model_id, HOLDOUT).json()["id"]
+    assert client.get(f"/jobs/{job_id}", headers=USER).json()["acceptance"] is None
+    record = {**as_record(decide({"source": [True, False], "bn-adapt": [True, True], "tent": [False, True]})),
+              "require_gain": False}
+    job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)
+    job.meta.update(acceptance=record, phase="candidate", candidate="tent (3/3)")
+    job.save_meta()
+    got = client.get(f"/jobs/{job_id}", headers=USER).json()
+    assert got["acceptance"]["winner"] == "source" and got["progress"]["candidate"] == "tent (3/3)"
+    assert [c["name"] for c in got["acceptance"]["candidates"]] == ["source", "bn-adapt", "tent"]
+    job.meta["acceptance"] = {"winner": "source"}  # what does not fit the contract is left out, never a 500
+    job.save_meta()
+    resp = client.get(f"/jobs/{job_id}", headers=USER)
+    assert resp.status_code == 200 and resp.json()["acceptance"] is None

@@ -10,7 +10,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
@@ -226,7 +226,20 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         contribution=s.Contribution(**state.contributor.describe(row.id, st.status)),
         neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
         if finished else [],
+        acceptance=_acceptance(st.acceptance),
     )
+
+
+def _acceptance(meta: dict[str, Any] | None) -> s.AcceptanceRecord | None:
+    """The acceptance record a worker left in the job's meta; None (logged) when it does not fit the contract: a
+    job's page never fails on what a worker wrote."""
+    if not meta:
+        return None
+    try:
+        return s.AcceptanceRecord.model_validate(meta)
+    except ValidationError:
+        log.warning("a job's acceptance record does not fit the contract; left out")
+        return None
 
 
 def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:
