@@ -125,3 +125,63 @@ def test_shared_provider_remembers() -> None:
     shared.fetch(["a", "b"])
     shared.fetch(["b", "c"])
     assert inner.calls == {"embed": 1, "search": 2, "fetch": 3}
+
+
+def test_cli_adapt_with_a_holdout(setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from t3ar.cli.main import cli
+    from t3ar.models.checkpoint import read_info
+
+    model_file, target_dir, holdout_dir = setup
+    out = tmp_path / "won.pt"
+    args = ["adapt", "--model", str(model_file), "--target", str(target_dir), "--holdout", str(holdout_dir),
+            "--method", "tent", "--epochs", "1", "--batch-size", "4", "--device", "cpu"]
+    res = CliRunner().invoke(cli, [*args, "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    acc = payload["acceptance"]
+    assert [c["name"] for c in acc["candidates"]] == ["source", "bn-adapt", "tent"] and acc["rule"] == "paired"
+    info = read_info(out)
+    assert info.metrics["acceptance"] == acc and info.lineage.method == acc["winner"] == payload["method"]
+    # nothing beats the base model when it is the only candidate: --require-gain writes nothing
+    refused = tmp_path / "refused.pt"
+    res = CliRunner().invoke(cli, [*args, "--candidates", "source", "--require-gain", "--out", str(refused)])
+    assert res.exit_code != 0 and "no candidate beats the base model" in res.output
+    assert not refused.exists()
+    res = CliRunner().invoke(cli, ["adapt", "--model", str(model_file), "--target", str(target_dir), "--method", "tent",
+                                   "--require-gain", "--out", str(refused)])
+    assert res.exit_code != 0 and "pass --holdout" in res.output
+
+
+def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Path, Path]) -> None:
+    from t3ar_services.common.job_contract import JobSpec
+    from t3ar_services.worker import jobs
+
+    model_file, target_dir, holdout_dir = setup
+    model, info = load_checkpoint(model_file, device=CPU)
+
+    class Meta:
+        def __init__(self) -> None:
+            self.meta: dict[str, object] = {}
+            self.phases: list[str] = []
+
+        def phase(self, name: str, **fields: object) -> None:
+            self.phases.append(name)
+            self.meta.update(fields)
+
+        def step(self, s: object) -> None:
+            pass
+
+    progress = Meta()
+    spec = JobSpec(job_id="j1", model_id="m", model_sha256="0" * 64, target_sha256="0" * 64, target_bytes=1,
+                   config={"method": "tent"}, holdout_sha256="0" * 64, holdout_bytes=1,
+                   acceptance={"candidates": ["source"], "require_gain": True, "rule": "paired"})
+    with pytest.raises(jobs.AcceptanceRefusedError, match="no candidate beats the base model"):
+        jobs._candidates(spec, AdaptConfig(method="tent", epochs=1), model, info, read_target(target_dir), None, CPU,
+                         progress, holdout_dir)
+    record = progress.meta["acceptance"]
+    assert isinstance(record, dict) and record["winner"] == "source" and record["require_gain"] is True
+    AcceptanceRecord.model_validate(record)
