@@ -28,12 +28,12 @@ OPTIONS_FILE = "acceptance.json"
 
 
 def prepare_holdout(upload: BinaryIO, sent: str, job_dir: Path, target_dir: Path, settings: ApiSettings,
-                    model_classes: list[str], options: AcceptanceOptions) -> int:
+                    model_classes: list[str], options: AcceptanceOptions) -> dict[str, str]:
     """Save, extract, read and check the holdout (labels of the model, no empty class, no image of the target,
-    at most ``T3AR_API_MAX_HOLDOUT_IMAGES``); write the options beside it. Returns its image count. Raises an
-    InvalidInputError (a 4xx) naming what the client sent; the caller removes the job's folder."""
+    at most ``T3AR_API_MAX_HOLDOUT_IMAGES``); write the options beside it. Returns the sha256 of each of its images
+    by id. Raises an InvalidInputError (a 4xx) naming what the client sent; the caller removes the job's folder."""
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
-    from t3ar.data.holdout import check_holdout, read_holdout
+    from t3ar.data.holdout import check_holdout, image_digests, read_holdout
     from t3ar.digest import file_sha256
     from t3ar.errors import T3arError
 
@@ -53,10 +53,11 @@ def prepare_holdout(upload: BinaryIO, sent: str, job_dir: Path, target_dir: Path
         target = [file_sha256(p) for p in sorted(target_dir.rglob("*")) if p.is_file() and not p.is_symlink()]
         check_holdout(holdout, model_classes, target_digests=target,
                       max_images=settings.max_holdout_images, setting="T3AR_API_MAX_HOLDOUT_IMAGES")
+        digests = dict(zip(holdout.images.ids, image_digests(holdout.images), strict=True))
     except T3arError as e:
         raise type(e)(as_sent(str(e), folder, sent)) from e
     write_json_atomic(job_dir / OPTIONS_FILE, options.model_dump(mode="json"))
-    return len(holdout)
+    return digests
 
 
 def holdout_of(data_dir: Path, target_dir: str) -> tuple[str, AcceptanceOptions] | None:

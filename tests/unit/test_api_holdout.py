@@ -34,9 +34,19 @@ USER = {"Authorization": "Bearer user-t"}
 WORKER = {"Authorization": "Bearer worker-t"}
 
 
+POOLED: dict[str, str] = {}  # sha256 -> pool id: what the mocked pool holds
+
+
 def _stats() -> httpx.MockTransport:
-    return httpx.MockTransport(lambda req: httpx.Response(200, json={"count": 50, "identity": "fake"})
-                               if req.url.path == "/stats" else httpx.Response(404, json={}))
+    def handle(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/stats":
+            return httpx.Response(200, json={"count": 50, "identity": "fake"})
+        if req.url.path == "/pool/exists":
+            asked = json.loads(req.content)["sha256"]
+            return httpx.Response(200, json={"found": {h: POOLED[h] for h in asked if h in POOLED}})
+        return httpx.Response(404, json={})
+
+    return httpx.MockTransport(handle)
 
 
 @pytest.fixture()
@@ -155,3 +165,20 @@ def test_the_acceptance_record_shows_in_get_job(env: Any) -> None:
     job.save_meta()
     resp = client.get(f"/jobs/{job_id}", headers=USER)
     assert resp.status_code == 200 and resp.json()["acceptance"] is None
+
+
+def test_a_holdout_image_in_the_pool_is_refused_for_retrieval_candidates(env: Any) -> None:
+    client, redis, data, model_id = env
+    POOLED[hashlib.sha256(_png(102)).hexdigest()] = "e2e/000042"
+    try:
+        files = {"archive": ("t.zip", TARGET), "holdout": ("h.zip", HOLDOUT)}
+        resp = client.post("/adapt", files=files, headers=USER, data={
+            "model_id": model_id, "config": json.dumps({"method": "t3ar", "k": 2, "epochs": 1})})
+        assert resp.status_code == 422, resp.text
+        message = resp.json()["error"]["message"]
+        assert "already in the pool" in message and "e2e/000042" in message
+        assert list((data / "jobs").iterdir()) == []
+        # no candidate retrieves: the pool is never asked, and the job goes ahead
+        assert _adapt(client, model_id, HOLDOUT).status_code == 202
+    finally:
+        POOLED.clear()

@@ -117,3 +117,13 @@ def test_options_and_candidates() -> None:
     assert (bn.method, bn.seed, bn.epochs, bn.lr, bn.mode) == ("bn-adapt", 7, 3, 0.01, "test")
     t3 = candidate_config(AdaptConfig(method="t3ar-noretrieval", mode="train", seed=2), "t3ar")
     assert t3.method == "t3ar" and t3.mode == "train" and t3.preset == "validated" and t3.seed == 2
+
+
+def test_images_already_in_the_pool_are_refused(folders: Path) -> None:
+    from t3ar.data.holdout import refuse_pooled
+
+    h = read_holdout(folders).images
+    digests = dict(zip(h.ids, image_digests(h), strict=True))
+    refuse_pooled(digests, {"0" * 64: "p/1"})  # passes
+    with pytest.raises(HoldoutError, match=r"1 image\(s\) are already in the pool .*dog/b.png \(pool item p/7\)"):
+        refuse_pooled(digests, {digests["dog/b.png"]: "p/7"})

@@ -144,16 +144,20 @@ def submit(state: ApiState, upload: TargetUpload) -> Accepted:
                                        sent=sent_name(upload.filename, "archive"))
         archive.unlink()
         options = _acceptance_options(upload)
-        configs = [cfg]
+        configs, digests = [cfg], {}
         if options is not None:
             assert upload.holdout is not None
-            prepare_holdout(upload.holdout, sent_name(upload.holdout_filename, "holdout"), job_dir,
-                            prepared.target_dir, settings, model.classes, options)
+            digests = prepare_holdout(upload.holdout, sent_name(upload.holdout_filename, "holdout"), job_dir,
+                                      prepared.target_dir, settings, model.classes, options)
             configs = [candidate_config(cfg, name) for name in candidate_names(options, cfg)]
         for c in configs:
             _check_size(state, c, prepared.n_kept, model.id)
             _check_pool(state, c)
         _check_steps(state, configs, prepared.n_kept)
+        if options is not None and any(c.uses_retrieval for c in configs):
+            from t3ar.data.holdout import refuse_pooled
+
+            refuse_pooled(digests, state.retriever.exists(sorted(set(digests.values()))))
         secret, digest = new_job_secret()
         row = JobRow(id=job_id, model_id=model.id, parent_id=None, created_at=_now(), config=cfg.model_dump(),
                      target_dir=prepared.target_dir.relative_to(settings.data_dir).as_posix(),

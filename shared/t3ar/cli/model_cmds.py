@@ -239,6 +239,12 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
         emb = Embedder(EmbedderSpec.parse(retriever, weights_path=retriever_weights, pretrained_tag=retriever_tag,
                                           image_size=retriever_image_size), device=dev)
         pool_set = read_unlabelled(pool)
+        if holdout is not None and retrieving:  # a retrieval candidate must not draw a holdout image
+            from t3ar.data.holdout import image_digests, read_holdout, refuse_pooled
+
+            held = read_holdout(holdout).images
+            refuse_pooled(dict(zip(held.ids, image_digests(held), strict=True)),
+                          {sha: pid for pid, sha in zip(pool_set.ids, image_digests(pool_set), strict=True)})
         provider = LocalPool.from_imageset(pool_set, emb, labels=_local_pool_labels(pool, pool_set, pool_labels))
     bar = StepBar(f"adapt:{method}", enabled=not as_json)
     record: dict[str, Any] | None = None

@@ -13,6 +13,9 @@ The checks (:func:`check_holdout`), each an :class:`~t3ar.errors.InvalidInputErr
 - no holdout image is an image of the target (the same bytes, by sha256): the holdout must never be trained on,
   and the target is what a job adapts to and may add to the pool;
 - at most ``max_images`` images (:data:`MAX_HOLDOUT_IMAGES` by default; the API's ``T3AR_API_MAX_HOLDOUT_IMAGES``).
+
+And, for a job where a candidate retrieves, :func:`refuse_pooled`: no holdout image is already a pool image (a
+retrieval candidate could draw it as a neighbour).
 """
 
 from __future__ import annotations
@@ -101,3 +104,15 @@ def check_holdout(holdout: Holdout, model_classes: Sequence[str], *, target_dige
     if same:
         raise HoldoutError(f"holdout: {len(same)} image(s) are also in the target (the same bytes; first: "
                            f"{', '.join(same[:5])}); the holdout must never be trained on: take them out of one")
+
+
+def refuse_pooled(digests: dict[str, str], in_pool: dict[str, str]) -> None:
+    """Refuse a holdout with images already in the pool. ``digests``: holdout id -> sha256 of its bytes; ``in_pool``:
+    sha256 -> pool id, for those the pool holds (a retrieval candidate could draw them as neighbours, so they
+    would be trained on)."""
+    same = [(hid, in_pool[sha]) for hid, sha in digests.items() if sha in in_pool]
+    if same:
+        shown = ", ".join(f"{hid} (pool item {pid})" for hid, pid in same[:5])
+        raise HoldoutError(f"holdout: {len(same)} image(s) are already in the pool (the same bytes; first: {shown}); a "
+                           "retrieval candidate could draw them as neighbours: take them out of the holdout, or "
+                           "withdraw them from the pool")
