@@ -185,3 +185,18 @@ def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Pa
     record = progress.meta["acceptance"]
     assert isinstance(record, dict) and record["winner"] == "source" and record["require_gain"] is True
     AcceptanceRecord.model_validate(record)
+
+
+def test_onnx_metadata_carries_the_acceptance_record(setup: tuple[Path, Path, Path]) -> None:
+    import json
+
+    from t3ar.export.onnx_graph import metadata
+    from t3ar.models.checkpoint import read_info
+
+    info = read_info(setup[0])
+    assert "t3ar.acceptance" not in metadata(info)  # a checkpoint without a holdout
+    record = {"winner": "bn-adapt", "rule": "paired", "candidates": []}
+    from dataclasses import replace
+
+    meta = metadata(replace(info, metrics={**info.metrics, "acceptance": record}))
+    assert json.loads(meta["t3ar.acceptance"]) == record and meta["t3ar.format"] == "t3ar.onnx/1"
