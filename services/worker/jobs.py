@@ -186,12 +186,19 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     from t3ar_services.worker.memory import check_job_memory
 
     kept = len(adapted_rows(target.labels, len(target), config.fraction, config.seed))
-    check_job_memory(config, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
+    configs = [config]
+    if spec.acceptance is not None:  # every candidate runs here, one after the other
+        from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names
+
+        options = AcceptanceOptions.model_validate(spec.acceptance)
+        configs = [candidate_config(config, name) for name in candidate_names(options, config)]
+    for c in configs:
+        check_job_memory(c, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
     measured["model_loaded"] = time.perf_counter() - t
 
     provider = None
     client = None
-    if config.uses_retrieval:
+    if any(c.uses_retrieval for c in configs):
         cache = ImageCache(settings.image_cache_dir(), settings.cache_max_bytes)
         if connection is not None and (n := cache.forget_withdrawn(connection)):
             log.info("dropped %d withdrawn pool image(s) from the cache", n)
