@@ -200,3 +200,18 @@ def test_onnx_metadata_carries_the_acceptance_record(setup: tuple[Path, Path, Pa
 
     meta = metadata(replace(info, metrics={**info.metrics, "acceptance": record}))
     assert json.loads(meta["t3ar.acceptance"]) == record and meta["t3ar.format"] == "t3ar.onnx/1"
+
+
+def test_jobs_show_prints_the_acceptance_table() -> None:
+    from t3ar.acceptance import as_record, decide
+    from t3ar.cli.job_cmd import _summary
+
+    record = {**as_record(decide({"source": [False] * 10, "bn-adapt": [True] * 10, "t3ar": [True] * 9 + [False]})),
+              "require_gain": True}
+    job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"},
+           "target": {"images": 9}, "acceptance": record}
+    text = _summary(job)
+    assert "acceptance on 10 holdout images (rule paired): bn-adapt wins" in text
+    rows = {line.split()[0]: line for line in text.splitlines()[2:] if line.strip()}
+    assert rows["bn-adapt"].rstrip().endswith("<-") and "100.0" in rows["bn-adapt"]
+    assert "+100.0 [+100.0, +100.0]" in rows["bn-adapt"] and "-10.0" in rows["t3ar"]
