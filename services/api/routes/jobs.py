@@ -40,8 +40,7 @@ def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
                                         "candidates", "require_gain", "winner_rule")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
-                  "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)},
-                  "holdout": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
+                  "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
 def adapt(
     state: StateDep, links: LinksDep,
     archive: Annotated[UploadFile, File(description="zip/tar(.gz) of target images; labels.csv (path,label) at "
