@@ -78,6 +78,7 @@ class JobState:
     progress: dict[str, Any] | None = None
     error: str | None = None
     result: dict[str, Any] | None = None
+    acceptance: dict[str, Any] | None = None  # a job with a holdout, once its candidates were scored
 
 
 class JobService:
@@ -89,12 +90,17 @@ class JobService:
         self._unreadable: set[str] = set()  # jobs whose lineage.json could not be indexed (logged once)
 
     # --- submit ------------------------------------------------------------------------------------------
-    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str) -> None:
-        """Queue the job; the worker fetches the base model and ``target`` by these digests over HTTP, showing the
-        job's ``secret`` (whose sha256 the row keeps)."""
+    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str, *,
+                holdout: TargetTar | None = None, acceptance: dict[str, Any] | None = None) -> None:
+        """Queue the job; the worker fetches the base model and ``target`` (and a ``holdout``, with the job's
+        ``acceptance`` options) by these digests over HTTP, showing the job's ``secret`` (whose sha256 the row
+        keeps)."""
         spec = JobSpec(job_id=row.id, model_id=row.model_id, model_sha256=model_sha256, target_sha256=target.sha256,
                        target_bytes=target.size, config=row.config, parent_id=row.parent_id,
-                       request_id=REQUEST_ID.get(), job_secret=secret)
+                       request_id=REQUEST_ID.get(), job_secret=secret,
+                       acceptance=acceptance if holdout is not None else None,
+                       holdout_sha256=holdout.sha256 if holdout is not None else None,
+                       holdout_bytes=holdout.size if holdout is not None else None)
         self.queue.enqueue_call(
             JOB_FUNCTION, args=(spec.model_dump(),), job_id=row.id, timeout=self.settings.job_timeout,
             result_ttl=self.settings.result_ttl, failure_ttl=self.settings.failure_ttl,
@@ -127,7 +133,8 @@ class JobService:
                       worker=job.worker_name or None)
         if status == "queued":
             st.position = job.get_position()
-        progress = {k: v for k, v in meta.items() if k not in ("error", "canceled")}
+        progress = {k: v for k, v in meta.items() if k not in ("error", "canceled", "acceptance")}
+        st.acceptance = meta["acceptance"] if isinstance(meta.get("acceptance"), dict) else None
         st.progress = progress or None
         if status == "failed":
             st.error = without_paths(meta.get("error") or "")  # the worker's words: never where it keeps files

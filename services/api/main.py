@@ -170,7 +170,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
         title="t3ar adaptation API", lifespan=lifespan,
         description="Adapt a base classifier to target data with retrieval from the auxiliary pool; withdraw pool "
                     "items and find (and re-run) every checkpoint that used them.",
-        form_limits={"max_files": 1, "max_fields": 16, "max_part_size": 1 << 20},
+        form_limits={"max_files": 2, "max_fields": 16, "max_part_size": 1 << 20},  # target + holdout
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_body_bytes, body_hint=(
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from t3ar_services.common.job_contract import JobReport
+from t3ar_services.common.job_contract import AcceptanceRecord, JobReport
 from t3ar_services.common.text import Utf8Str
 
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
@@ -68,6 +68,8 @@ class Progress(BaseModel):
     loss_contrastive: float | None = None
     pl_change_rate: float | None = Field(default=None, description="share of pseudo-labels that changed")
     lr: float | None = None
+    candidate: str | None = Field(default=None, description="a job with a holdout: the candidate running, e.g. "
+                                                            "'bn-adapt (2/3)'")
     device: str | None = None
     host: str | None = Field(default=None, description="machine running the job")
     pid: int | None = Field(default=None, description="process running the job")
@@ -163,6 +165,11 @@ class JobOut(BaseModel):
     neighbours_from_contributions: list[NeighbourSource] = Field(
         default_factory=list, description="earlier jobs' contributions that this job's retrieved neighbours came "
                                           "from (finished jobs; from its lineage)")
+    acceptance: AcceptanceRecord | None = Field(
+        default=None, description="a job with a holdout, once its candidates were scored: each candidate's top-1 with "
+                                  "its 95 % CI and paired differences to the base model and bn-adapt (points), the "
+                                  "rule and the winner (the job's checkpoint; with require_gain a base-model winner "
+                                  "fails the job)")
 
 
 class JobAccepted(BaseModel):

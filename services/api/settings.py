@@ -57,6 +57,8 @@ class ApiSettings(ServiceSettings):
     max_archive_ratio: int = Field(default=100, ge=1, description="target archive: extracted bytes per archive byte")
     max_image_bytes: int = Field(default=64 * MiB, ge=1, description="one extracted file")
     validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
+    max_holdout_images: int = Field(default=2000, ge=1, description="images in a job's acceptance holdout (422 "
+                                                                     "above); every candidate is scored on all")
 
     # --- the web console (/ui) ---
     session_secret: SecretStr | None = None  # signs console sessions; unset: random per start (restart = sign-out)

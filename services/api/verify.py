@@ -3,7 +3,8 @@
 - :func:`check_checkpoint`: the uploaded file loads as a t3ar checkpoint (``weights_only``; the weights fit the
   architecture it declares), that architecture and class list are the base model's, and its lineage is this
   job's: the base model's sha256, the sha256 of the very target images the job adapts to (the API computes it
-  from the job's validated target, as the worker's pipeline does), the job's adaptation config and method.
+  from the job's validated target, as the worker's pipeline does), the job's adaptation config and method (for a
+  job with a holdout, those of one of its candidates: the winner's).
 - :func:`check_result`: the result's lineage is the stored checkpoint's (every :class:`~t3ar.models.checkpoint
   .Lineage` field, plus the job's model and parent), and the report holds only text and finite numbers.
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from t3ar.errors import CheckpointError, InvalidInputError
+from t3ar_services.api.holdout import holdout_of
 from t3ar_services.api.registry import model_path
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, ModelRow
@@ -63,6 +65,12 @@ def check_checkpoint(path: Path, settings: ApiSettings, row: JobRow, model: Mode
     except Exception as e:
         raise CheckpointError(f"the uploaded checkpoint's adaptation config is invalid: {e}") from None
     wanted = AdaptConfig.model_validate(row.config)
+    found = holdout_of(settings.data_dir, row.target_dir)
+    if found is not None and given != wanted:  # a job with a holdout returns its winning candidate
+        from t3ar.acceptance_options import candidate_config, candidate_names
+
+        wanted = next((c for c in (candidate_config(wanted, n) for n in candidate_names(found[1], wanted))
+                       if c == given), wanted)
     if given != wanted:
         differ = sorted(k for k in type(wanted).model_fields if getattr(given, k) != getattr(wanted, k))
         raise CheckpointError(f"the uploaded checkpoint's adaptation config is not {job}'s (differs in "

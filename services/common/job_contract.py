@@ -7,6 +7,8 @@ inputs by sha256 and the worker moves bytes over HTTP with the API's worker toke
 
 - ``GET`` :data:`TARGET_ROUTE`: the validated target as one tar (images + labels.csv), sha256 ``target_sha256``;
 - ``GET`` :data:`BASE_MODEL_ROUTE`: the base checkpoint, sha256 ``model_sha256``;
+- ``GET`` :data:`HOLDOUT_ROUTE`: a job's acceptance holdout as one tar (class folders, or images + labels.csv),
+  sha256 ``holdout_sha256``; only a job with ``acceptance`` set has one;
 - ``PUT`` :data:`CHECKPOINT_ROUTE` ``?sha256=``: the adapted checkpoint, streamed; the API verifies the digest
   and renames it into place;
 - ``PUT`` :data:`RESULT_ROUTE`: the report (a :class:`JobReport`) and lineage (JSON, naming the checkpoint's
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from t3ar.clients.job_report import (
     MAX_LABELLED_LISTED,
     REPORT_VERSION,
+    AcceptanceRecord,
     Accuracy,
     CacheStats,
     EpochPoint,
@@ -55,7 +58,8 @@ from t3ar_services.common.files import atomic_file
 
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
 # in the library, which the CLI reads too (the library never imports the services).
-__all__ = ["REPORT_VERSION", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport", "LabelledNeighbour",
+__all__ = ["REPORT_VERSION", "AcceptanceRecord", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport",
+           "LabelledNeighbour",
            "MAX_LABELLED_LISTED", "Neighbour",
            "NeighbourRow", "StepPoint", "Transfer"]
 
@@ -68,6 +72,7 @@ CANCEL_KEY = "t3ar:cancel:{job_id}"  # set by the API; polled by the job between
 
 TARGET_ROUTE = "/internal/jobs/{job_id}/target"
 BASE_MODEL_ROUTE = "/internal/jobs/{job_id}/base-model"
+HOLDOUT_ROUTE = "/internal/jobs/{job_id}/holdout"
 CHECKPOINT_ROUTE = "/internal/jobs/{job_id}/checkpoint"
 RESULT_ROUTE = "/internal/jobs/{job_id}/result"
 PING_ROUTE = "/internal/ping"
@@ -111,6 +116,12 @@ class JobSpec(BaseModel):
                             description="the job's own secret: its worker routes need it (header X-T3AR-Job-Secret) "
                                         "besides the worker token, so a worker token alone cannot read another "
                                         "job's inputs or replace its result")
+    acceptance: dict[str, Any] | None = Field(
+        default=None, description="the job's acceptance options (t3ar.acceptance_options.AcceptanceOptions, as a "
+                                  "dict): candidates scored on its holdout, the winner returned; None = no holdout")
+    holdout_sha256: str | None = Field(default=None, pattern=SHA256_PATTERN,
+                                       description="the holdout tar's sha256 (with acceptance)")
+    holdout_bytes: int | None = Field(default=None, ge=0, description="the holdout tar's size")
 
 
 def new_job_secret() -> tuple[str, str]:

@@ -30,9 +30,11 @@ from t3ar.logs import REQUEST_ID, request_id_from
 from t3ar.method.config import AdaptConfig
 from t3ar_services.common.job_contract import (
     BASE_MODEL_ROUTE,
+    HOLDOUT_ROUTE,
     MAX_LABELLED_LISTED,
     MODEL_FILE,
     TARGET_ROUTE,
+    AcceptanceRecord,
     Accuracy,
     CacheStats,
     EpochPoint,
@@ -156,6 +158,12 @@ def _fetch_inputs(spec: JobSpec, settings: WorkerSettings, api: Any, work: Path)
                                                                    max_total_bytes=size, max_file_bytes=size),
                               name="the target tar")
     tar.unlink()
+    if spec.holdout_sha256 is not None:  # the acceptance holdout: extracted beside the target, never inside it
+        htar = work / "holdout.tar"
+        hn = max(api.download(api.route(HOLDOUT_ROUTE, spec.job_id), htar, spec.holdout_sha256, what="the holdout"), 1)
+        safe_extract(htar, work / "holdout", ExtractLimits(max_files=max(1000, hn // 512), max_total_bytes=hn,
+                                                            max_file_bytes=hn), name="the holdout tar")
+        htar.unlink()
     transfer = {"base_model_cached": cached, "target_bytes": n, "seconds_download": round(time.perf_counter() - t, 3)}
     log.info("job %s: inputs fetched (base model %s, target %d bytes) in %.2fs", spec.job_id,
              "from the cache" if cached else "downloaded", n, transfer["seconds_download"])
@@ -178,12 +186,19 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     from t3ar_services.worker.memory import check_job_memory
 
     kept = len(adapted_rows(target.labels, len(target), config.fraction, config.seed))
-    check_job_memory(config, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
+    configs = [config]
+    if spec.acceptance is not None:  # every candidate runs here, one after the other
+        from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names
+
+        options = AcceptanceOptions.model_validate(spec.acceptance)
+        configs = [candidate_config(config, name) for name in candidate_names(options, config)]
+    for c in configs:
+        check_job_memory(c, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
     measured["model_loaded"] = time.perf_counter() - t
 
     provider = None
     client = None
-    if config.uses_retrieval:
+    if any(c.uses_retrieval for c in configs):
         cache = ImageCache(settings.image_cache_dir(), settings.cache_max_bytes)
         if connection is not None and (n := cache.forget_withdrawn(connection)):
             log.info("dropped %d withdrawn pool image(s) from the cache", n)
@@ -192,9 +207,15 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
         progress.phase("retrieving", k=config.k, r=config.r)
+    acceptance: dict[str, Any] | None = None
     try:
-        outcome = run_adaptation(model, info, target, config, provider=provider, device=device,
-                                 on_step=progress.step)
+        if spec.acceptance is not None:
+            outcome, config, acceptance, phase_seconds = _candidates(spec, config, model, info, target, provider,
+                                                                     device, progress, work / "holdout")
+        else:
+            outcome = run_adaptation(model, info, target, config, provider=provider, device=device,
+                                     on_step=progress.step)
+            phase_seconds = outcome.phase_seconds
     finally:
         if client is not None:
             client.close()
@@ -203,7 +224,9 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
 
     res = outcome.result
     metrics = outcome.checkpoint_metrics()  # the same keys as a checkpoint made by `t3ar adapt`
-    measured.update(outcome.phase_seconds)
+    if acceptance is not None:
+        metrics["acceptance"] = acceptance  # in the checkpoint, and so in its ONNX / safetensors metadata
+    measured.update(phase_seconds)
     t = time.perf_counter()
     sha = save_checkpoint(work / MODEL_FILE, model, info.spec, adapt_config=config.model_dump(),
                           lineage=outcome.lineage, metrics=metrics)
@@ -215,6 +238,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     # the worker total ends here: the report cannot hold the time of its own upload (one small PUT)
     total = time.perf_counter() - t0
     report = _report(spec, config, outcome, metrics, sha, str(device), provider, total, transfer)
+    if acceptance is not None:
+        report.acceptance = AcceptanceRecord.model_validate(acceptance)
     report.phases = phases.build_phases(measured, total, queue_wait=queue_wait)
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
@@ -225,11 +250,42 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     if report.labelled_neighbours_total:  # labelled neighbours: the first few (report: more)
         summary["labelled_neighbours_total"] = report.labelled_neighbours_total
         summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
+    if acceptance is not None:
+        summary["winner"] = acceptance["winner"]  # the whole record is meta["acceptance"] (GET /jobs/{id})
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]
     progress.done(**summary)
     return summary
+
+
+class AcceptanceRefusedError(T3arError):
+    """A job with ``require_gain`` whose candidates did not beat the base model on its holdout."""
+
+
+def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, target: Any, provider: Any, device: Any,
+                progress: Any, holdout_dir: Path) -> tuple[Any, AdaptConfig, dict[str, Any], dict[str, float]]:
+    """Run the job's candidates on its holdout (t3ar.candidates); ``model`` ends with the winner's weights. Returns
+    the winner's outcome and config, the acceptance record (also in the job's meta, where GET /jobs/{id} shows
+    it) and the candidates' phases added up. With ``require_gain`` a base-model winner fails the job."""
+    from t3ar.acceptance import gain_refusal
+    from t3ar.acceptance_options import AcceptanceOptions
+    from t3ar.candidates import run_candidates
+    from t3ar.data.holdout import read_holdout
+
+    options = AcceptanceOptions.model_validate(spec.acceptance)
+    holdout = read_holdout(holdout_dir)
+
+    def started(name: str, i: int, n: int) -> None:
+        progress.phase("adapting" if name == config.method else "candidate", candidate=f"{name} ({i + 1}/{n})")
+
+    done = run_candidates(model, info, target, config, options, holdout, provider=provider, device=device,
+                          on_step=progress.step, on_candidate=started)
+    record = {**done.record(), "require_gain": options.require_gain}
+    progress.meta["acceptance"] = record
+    if options.require_gain and (why := gain_refusal(done.acceptance)) is not None:
+        raise AcceptanceRefusedError(why)
+    return done.winner.outcome, done.winner.config, record, done.phase_seconds()
 
 
 def _brief_eval(ev: dict[str, Any] | None) -> EvalBrief | None:
@@ -263,7 +319,7 @@ def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str,
         target_size=outcome.lineage.target_size, checkpoint_sha256=sha,
         pool_ids_used=len(outcome.lineage.pool_ids), retriever=outcome.lineage.retriever,
         device=device, worker_host=socket.gethostname(), seconds_total=round(seconds, 3),
-        metrics=json.loads(json.dumps({k: v for k, v in metrics.items() if k not in ("before", "after")},
+        metrics=json.loads(json.dumps({k: v for k, v in metrics.items() if k not in ("before", "after", "acceptance")},
                                       default=str)),
         epochs=epochs, accuracy=accuracy,
         # for charts (the web console): per step, thinned to at most _MAX_STEP_POINTS points

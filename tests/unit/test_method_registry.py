@@ -18,11 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_built_in_methods_and_their_properties() -> None:
     assert sorted(registry.names()) == sorted(["source", "bn-adapt", "tent", "shot-im", "adacontrast",
-                                               "t3ar-noretrieval", "t3ar-random", "t3ar"])
+                                               "t3ar-noretrieval", "t3ar-random", "t3ar", "sar", "eata"])
     assert sorted(registry.family()) == ["t3ar", "t3ar-noretrieval", "t3ar-random"]
     retrieval = {n: registry.get(n).retrieval for n in registry.names() if registry.get(n).retrieval}
     assert retrieval == {"t3ar": "nearest", "t3ar-random": "random"}
-    assert sorted(n for n in registry.names() if not registry.get(n).train_mode) == ["adacontrast", "bn-adapt"]
+    assert sorted(n for n in registry.names() if not registry.get(n).train_mode) == ["adacontrast", "bn-adapt", "eata",
+                                                                                      "sar"]
     assert sorted(n for n in registry.names() if not registry.get(n).optimises) == ["bn-adapt", "source"]
     assert [n for n in registry.names() if registry.get(n).bn_statistics] == ["bn-adapt"]
     assert AdaptConfig(method="adacontrast").resolved_diversity_weight == 1.0

@@ -10,10 +10,11 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
+from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names, parse_options
 from t3ar.errors import InvalidInputError, T3arError
 from t3ar.jobsize import kept_images
 from t3ar.method.config import AdaptConfig
@@ -21,6 +22,7 @@ from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.domain import Links
 from t3ar_services.api.errors import ConflictError, NotFoundError, classify
+from t3ar_services.api.holdout import holdout_of, prepare_holdout
 from t3ar_services.api.jobs import JobState, artifact, require_job
 from t3ar_services.api.registry import model_path, require_model
 from t3ar_services.api.store import JobRow, ModelRow
@@ -43,6 +45,12 @@ class TargetUpload:
     config: str = "{}"
     skip_bad_images: bool = False
     contribute: bool = False
+    # the acceptance holdout (a readable binary stream and its name) and the job-level options that go with it
+    holdout: BinaryIO | None = None
+    holdout_filename: str | None = None
+    candidates: str = ""
+    require_gain: bool = False
+    winner_rule: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,36 @@ def _feature_dim(state: ApiState, model: ModelRow) -> int | None:
 
 def _enqueue(state: ApiState, row: JobRow, secret: str) -> None:
     model = require_model(state.store, state.settings, row.model_id)
-    state.jobs.enqueue(row, model.sha256, target_tar(state.settings.data_dir, row.target_dir), secret)
+    data_dir = state.settings.data_dir
+    found = holdout_of(data_dir, row.target_dir)  # a readapt finds its parent's holdout next to the target
+    state.jobs.enqueue(row, model.sha256, target_tar(data_dir, row.target_dir), secret,
+                       holdout=target_tar(data_dir, found[0]) if found else None,
+                       acceptance=found[1].model_dump(mode="json") if found else None)
     state.metrics.jobs_submitted.labels(str(row.config.get("method")), "readapt" if row.parent_id else "adapt").inc()
+
+
+def _acceptance_options(upload: TargetUpload) -> AcceptanceOptions | None:
+    """The job's acceptance options when it sends a holdout; options without a holdout are refused (422)."""
+    options = parse_options(upload.candidates, upload.require_gain, upload.winner_rule or None)
+    if upload.holdout is None:
+        if options != AcceptanceOptions():
+            raise InvalidInputError("candidates, require_gain and winner_rule decide on a holdout: send a holdout "
+                                    "part (class folders, or images and labels.csv, as a zip or tar)")
+        return None
+    return options
+
+
+def _check_steps(state: ApiState, configs: list[AdaptConfig], n_kept: int) -> None:
+    """Every candidate runs in the one job: their optimiser steps together stay under the per-job cap."""
+    from t3ar.jobsize import planned_steps
+
+    if len(configs) < 2:
+        return
+    steps = sum(planned_steps(c, n_kept) for c in configs)
+    if steps > state.settings.max_job_steps:
+        raise InvalidInputError(f"the job's {len(configs)} candidates would run {steps} optimiser steps together; this "
+                                f"API allows {state.settings.max_job_steps} per job (T3AR_API_MAX_JOB_STEPS): lower "
+                                "epochs or list fewer candidates")
 
 
 def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None = None) -> Accepted:
@@ -108,8 +144,21 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
                                        skip_bad_images=upload.skip_bad_images,
                                        sent=sent_name(upload.filename, "archive"))
         archive.unlink()
-        _check_size(state, cfg, prepared.n_kept, model.id)
-        _check_pool(state, cfg)
+        options = _acceptance_options(upload)
+        configs, digests = [cfg], {}
+        if options is not None:
+            assert upload.holdout is not None
+            digests = prepare_holdout(upload.holdout, sent_name(upload.holdout_filename, "holdout"), job_dir,
+                                      prepared.target_dir, settings, model.classes, options)
+            configs = [candidate_config(cfg, name) for name in candidate_names(options, cfg)]
+        for c in configs:
+            _check_size(state, c, prepared.n_kept, model.id)
+            _check_pool(state, c)
+        _check_steps(state, configs, prepared.n_kept)
+        if options is not None and any(c.uses_retrieval for c in configs):
+            from t3ar.data.holdout import refuse_pooled
+
+            refuse_pooled(digests, state.retriever.exists(sorted(set(digests.values()))))
         secret, digest = new_job_secret()
         row = JobRow(id=job_id, model_id=model.id, parent_id=None, created_at=_now(), config=cfg.model_dump(),
                      target_dir=prepared.target_dir.relative_to(settings.data_dir).as_posix(),
@@ -145,8 +194,13 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     if not (state.settings.data_dir / orig.target_dir).is_dir():
         raise ConflictError(f"the target images of job {job_id} are no longer stored; submit them again")
     cfg = AdaptConfig.model_validate(orig.config)
-    _check_size(state, cfg, kept_images(orig.n_images, cfg.fraction), orig.model_id)  # the caps may have changed
-    _check_pool(state, cfg)
+    found = holdout_of(state.settings.data_dir, orig.target_dir)
+    configs = [candidate_config(cfg, name) for name in candidate_names(found[1], cfg)] if found else [cfg]
+    n_kept = kept_images(orig.n_images, cfg.fraction)
+    for c in configs:
+        _check_size(state, c, n_kept, orig.model_id)  # the caps may have changed
+        _check_pool(state, c)
+    _check_steps(state, configs, n_kept)
     secret, digest = new_job_secret()
     row = JobRow(id=uuid.uuid4().hex, model_id=orig.model_id, parent_id=orig.id, created_at=_now(),
                  config=orig.config, target_dir=orig.target_dir, n_images=orig.n_images, labelled=orig.labelled,
@@ -182,7 +236,20 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         contribution=s.Contribution(**state.contributor.describe(row.id, st.status)),
         neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
         if finished else [],
+        acceptance=_acceptance(st.acceptance),
     )
+
+
+def _acceptance(meta: dict[str, Any] | None) -> s.AcceptanceRecord | None:
+    """The acceptance record a worker left in the job's meta; None (logged) when it does not fit the contract: a
+    job's page never fails on what a worker wrote."""
+    if not meta:
+        return None
+    try:
+        return s.AcceptanceRecord.model_validate(meta)
+    except ValidationError:
+        log.warning("a job's acceptance record does not fit the contract; left out")
+        return None
 
 
 def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:

@@ -20,7 +20,8 @@ from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import WORKER, ApiState, StateDep
-from t3ar_services.api.errors import ConflictError
+from t3ar_services.api.errors import ConflictError, NotFoundError
+from t3ar_services.api.holdout import holdout_of
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.registry import model_path, require_model
 from t3ar_services.api.store import JobRow
@@ -51,6 +52,19 @@ def get_target(request: Request, state: StateDep, job_id: str) -> FileResponse:
     ``target_sha256`` (also in ``X-Checksum-Sha256``)."""
     row = require_job_secret(request, state, job_id)
     tar = target_tar(state.settings.data_dir, row.target_dir)
+    return FileResponse(tar.path, media_type="application/x-tar", headers={"X-Checksum-Sha256": tar.sha256})
+
+
+@router.get("/jobs/{job_id}/holdout", response_class=FileResponse,
+            responses={200: {"content": {"application/x-tar": {}}, "description": "the holdout as one tar"}})
+def get_holdout(request: Request, state: StateDep, job_id: str) -> FileResponse:
+    """The job's acceptance holdout (class folders, or images + labels.csv) as one uncompressed tar; its sha256 is
+    the job's ``holdout_sha256``. 404 for a job without one."""
+    row = require_job_secret(request, state, job_id)
+    found = holdout_of(state.settings.data_dir, row.target_dir)
+    if found is None:
+        raise NotFoundError(f"job {job_id} has no holdout")
+    tar = target_tar(state.settings.data_dir, found[0])
     return FileResponse(tar.path, media_type="application/x-tar", headers={"X-Checksum-Sha256": tar.sha256})
 
 

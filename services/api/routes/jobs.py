@@ -36,7 +36,8 @@ def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
 
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
               dependencies=[body_size("archive"),
-                            only_fields("archive", "model_id", "config", "skip_bad_images", "contribute")],
+                            only_fields("archive", "model_id", "config", "skip_bad_images", "contribute", "holdout",
+                                        "candidates", "require_gain", "winner_rule")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
@@ -52,12 +53,28 @@ def adapt(
     contribute: Annotated[bool, Form(description="once the job finished successfully, add its target images to "
                                                  "the pool (source target:<job id>; exact and near-duplicates of "
                                                  "pool items skipped); off by default")] = False,
+    holdout: Annotated[UploadFile | None, File(description="an acceptance holdout: a few labelled images of the "
+                                                           "target (class folders, or images and labels.csv, as a "
+                                                           "zip/tar), never trained on; the job scores its "
+                                                           "candidates on it and returns the winner")] = None,
+    candidates: Annotated[str, Form(description="with a holdout: the methods to score, comma-separated (default: "
+                                                "source, bn-adapt and the job's method)")] = "",
+    require_gain: Annotated[bool, Form(description="with a holdout: fail the job when no candidate beats the base "
+                                                   "model (source)")] = False,
+    winner_rule: Annotated[str, Form(description="with a holdout: 'paired' (the simpler candidate unless a paired "
+                                                 "95 % CI favours another; default) or 'argmax'")] = "",
 ) -> JSONResponse:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
     pool large enough) and enqueue an adaptation job. Nothing is enqueued when any check fails (4xx).
     With ``contribute=true`` the target joins the pool once the job finished (never when it fails or is
-    canceled); withdraw it as one unit with ``DELETE /jobs/{id}/contribution`` (admin)."""
-    upload = jobs.TargetUpload(archive.file, archive.filename, model_id, config, skip_bad_images, contribute)
+    canceled); withdraw it as one unit with ``DELETE /jobs/{id}/contribution`` (admin). With a ``holdout`` (checked:
+    labels of the model, an image for every class it names, no image of the target, at most
+    ``T3AR_API_MAX_HOLDOUT_IMAGES``) the job scores its candidates on it and returns the winner; its report's
+    ``acceptance`` says which and why."""
+    upload = jobs.TargetUpload(archive.file, archive.filename, model_id, config, skip_bad_images, contribute,
+                               holdout.file if holdout is not None else None,
+                               holdout.filename if holdout is not None else None, candidates, require_gain,
+                               winner_rule)
     access.check_model(state, who, model_id)
     done = jobs.submit(state, upload, access.owner(who))
     access.record(state, who, "job.submit", done.row.id, client, detail=f"model={model_id}")

@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 
 import click
 
+from t3ar.acceptance import DEFAULT_RULE, RULES
 from t3ar.cli.common import MethodChoice, echo_result, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
-from t3ar.clients.job_report import labelled_summary
+from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, labelled_summary
 from t3ar.method.presets import PRESET_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,6 +48,8 @@ def _summary(job: dict[str, Any]) -> str:
                      f"{c['skipped_near']} near-duplicates skipped")
     for n in job.get("neighbours_from_contributions") or []:
         line += f"\n    used {n['items_used']} pool image(s) contributed by job {n['job_id']}"
+    if job.get("acceptance"):  # a job with a holdout: its candidates on it, and the winner
+        line += "\n    " + "\n    ".join(acceptance_table(AcceptanceRecord.model_validate(job["acceptance"])))
     res = job.get("result") or {}
     if res.get("labelled_neighbours"):  # issue 33: which neighbours served as labelled data, with their labels
         line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"))
@@ -128,6 +131,16 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--contribute", is_flag=True,
               help="Once the job finished, add the target images to the pool (source target:<job id>; exact and "
                    "near-duplicates of pool items are skipped). Undo with `t3ar withdraw --contribution JOB_ID`.")
+@click.option("--holdout", type=click.Path(exists=True, path_type=Path), default=None,
+              help="An acceptance holdout: labelled images of the target (class folders, a CSV of path,label, or an "
+                   "archive), never trained on; the job scores its candidates on it and returns the winner.")
+@click.option("--candidates", default="", help="With --holdout: methods to score, comma-separated [default: source, "
+                                              "bn-adapt and the job's method].")
+@click.option("--require-gain", is_flag=True, help="With --holdout: the job fails when no candidate beats the base "
+                                                   "model.")
+@click.option("--winner-rule", type=click.Choice(RULES), default=None,
+              help=f"With --holdout: paired (the simpler candidate unless a paired 95 % CI favours another) or argmax "
+                   f"[default: the server's, {DEFAULT_RULE}].")
 @click.option("--follow/--no-follow", default=True, show_default=True, help="Wait for the job with a progress bar.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Download the adapted checkpoint here when the job finishes (implies --follow).")
@@ -135,7 +148,8 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @_api_options()
 def submit(target: Path, model: str, method: str | None, preset: str | None, mode: str | None, k: int | None,
            r: int | None, epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None,
-           seed: int | None, config: str, skip_bad_images: bool, contribute: bool, follow: bool, out: Path | None,
+           seed: int | None, config: str, skip_bad_images: bool, contribute: bool, holdout: Path | None,
+           candidates: str, require_gain: bool, winner_rule: str | None, follow: bool, out: Path | None,
            timeout: float | None, url: str, token: str | None, as_json: bool) -> None:
     """Adapt a base model to TARGET (a folder, zip or tar of images; labels.csv at its root = labelled).
 
@@ -150,7 +164,11 @@ def submit(target: Path, model: str, method: str | None, preset: str | None, mod
         if Path(model).is_file():
             model_id = client.upload_model(Path(model))["id"]
             click.echo(f"model {model} uploaded as {model_id}", err=True)
-        accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images, contribute=contribute)
+        if holdout is None and (candidates or require_gain or winner_rule):
+            raise click.UsageError("--candidates, --require-gain and --winner-rule decide on a holdout: pass --holdout")
+        accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images, contribute=contribute,
+                                holdout=holdout, candidates=[c.strip() for c in candidates.split(",") if c.strip()],
+                                require_gain=require_gain, winner_rule=winner_rule)
         for w in accepted.get("warnings", []):
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):

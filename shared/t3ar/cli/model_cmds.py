@@ -11,9 +11,11 @@ import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
+from t3ar.acceptance import DEFAULT_RULE, RULES
+from t3ar.acceptance_options import candidate_config, candidate_names, parse_options
 from t3ar.cli.common import MethodChoice, StepBar, device_option, domain_errors, emit, json_option, pct
 from t3ar.cli.json_arg import json_object
-from t3ar.clients.job_report import labelled_summary
+from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, labelled_summary
 from t3ar.data.pool_labels import resolve_pool_labels
 from t3ar.errors import DatasetError
 from t3ar.method.config import AdaptConfig
@@ -170,6 +172,16 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--run-id", default=None, help="Id of this run's contribution (default: the checkpoint's sha256[:16]).")
 @click.option("--contribute-threshold", default=0.98, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="Cosine (R) at or above which a target image is a near-duplicate of a pool image.")
+@click.option("--holdout", type=click.Path(exists=True, path_type=Path), default=None,
+              help="An acceptance holdout: labelled images of the target (class folders, a CSV of path,label, or an "
+                   "archive), never trained on. The candidates are scored on it and the winner is written.")
+@click.option("--candidates", default="", help="With --holdout: methods to score, comma-separated [default: source, "
+                                              "bn-adapt and --method].")
+@click.option("--require-gain", is_flag=True, help="With --holdout: fail (write nothing) when no candidate beats the "
+                                                   "base model.")
+@click.option("--winner-rule", type=click.Choice(RULES), default=DEFAULT_RULE, show_default=True,
+              help="With --holdout: paired = the simpler candidate unless a paired 95 % CI favours another; argmax = "
+                   "the highest top-1 (ties to the simpler).")
 @device_option
 @json_option
 @domain_errors
@@ -179,7 +191,8 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
               epochs: int, min_steps: int, batch_size: int, lr: float, fraction: float, use_labels: bool,
               eval_path: Path | None, train_groups: str, bank_size: int, retriever: str,
               retriever_weights: str | None, retriever_tag: str | None, retriever_image_size: int, seed: int,
-              config_json: str, contribute: bool, run_id: str | None, contribute_threshold: float, device: str,
+              config_json: str, contribute: bool, run_id: str | None, contribute_threshold: float,
+              holdout: Path | None, candidates: str, require_gain: bool, winner_rule: str, device: str,
               as_json: bool) -> None:
     """Adapt a base model to target data (in-process; the pool is indexed in memory with faiss).
 
@@ -208,6 +221,11 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
         raise click.BadParameter("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
                                            for err in e.errors()), param_hint="--config / options") from e
     method = cfg.method  # the default's when none was given
+    accept = parse_options(candidates, require_gain, winner_rule)
+    if holdout is None and (candidates or require_gain):
+        raise click.UsageError("--candidates and --require-gain decide on a holdout: pass --holdout DIR")
+    retrieving = cfg.uses_retrieval or (holdout is not None and any(
+        candidate_config(cfg, name).uses_retrieval for name in candidate_names(accept, cfg)))
     if contribute and (pool is None or not pool.is_dir()):
         raise click.UsageError("--contribute adds the target to the pool folder: pass --pool DIR (a folder)")
     dev = resolve_device(device)
@@ -215,21 +233,44 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
     tgt = _read_target(target, use_labels)
     ev = read_labelled(eval_path) if eval_path else None
     provider = None
-    if cfg.uses_retrieval or contribute:
+    if retrieving or contribute:
         if pool is None:
-            raise click.UsageError(f"--method {method} retrieves from a pool: pass --pool DIR")
+            raise click.UsageError(f"--method {method} (or a candidate) retrieves from a pool: pass --pool DIR")
         emb = Embedder(EmbedderSpec.parse(retriever, weights_path=retriever_weights, pretrained_tag=retriever_tag,
                                           image_size=retriever_image_size), device=dev)
         pool_set = read_unlabelled(pool)
+        if holdout is not None and retrieving:  # a retrieval candidate must not draw a holdout image
+            from t3ar.data.holdout import image_digests, read_holdout, refuse_pooled
+
+            held = read_holdout(holdout).images
+            refuse_pooled(dict(zip(held.ids, image_digests(held), strict=True)),
+                          {sha: pid for pid, sha in zip(pool_set.ids, image_digests(pool_set), strict=True)})
         provider = LocalPool.from_imageset(pool_set, emb, labels=_local_pool_labels(pool, pool_set, pool_labels))
     bar = StepBar(f"adapt:{method}", enabled=not as_json)
-    outcome = run_adaptation(model, info, tgt, cfg, provider=provider if cfg.uses_retrieval else None, device=dev,
-                             eval_set=ev, on_step=bar)
-    bar.close()
+    record: dict[str, Any] | None = None
+    if holdout is not None:
+        from t3ar.acceptance import gain_refusal
+        from t3ar.candidates import run_candidates
+        from t3ar.data.holdout import MAX_HOLDOUT_IMAGES, read_holdout
+
+        done = run_candidates(model, info, tgt, cfg, accept, read_holdout(holdout), provider=provider, device=dev,
+                              on_step=bar, eval_set=ev, max_holdout=MAX_HOLDOUT_IMAGES)
+        bar.close()
+        record = {**done.record(), "require_gain": require_gain}
+        if require_gain and (why := gain_refusal(done.acceptance)) is not None:
+            click.echo("\n".join(acceptance_table(AcceptanceRecord.model_validate(record))), err=True)
+            raise click.ClickException(why)
+        outcome, cfg = done.winner.outcome, done.winner.config
+    else:
+        outcome = run_adaptation(model, info, tgt, cfg, provider=provider if cfg.uses_retrieval else None,
+                                 device=dev, eval_set=ev, on_step=bar)
+        bar.close()
     metrics = outcome.checkpoint_metrics()
+    if record is not None:
+        metrics["acceptance"] = record  # in the checkpoint and its ONNX / safetensors metadata
     sha = save_checkpoint(out, model, info.spec, adapt_config=cfg.model_dump(), lineage=outcome.lineage,
                           metrics=metrics)
-    payload = {"checkpoint": str(out), "sha256": sha, "method": method, "adapted_on": outcome.lineage.target_size,
+    payload = {"checkpoint": str(out), "sha256": sha, "method": cfg.method, "adapted_on": outcome.lineage.target_size,
                "pool_ids_used": len(outcome.lineage.pool_ids), **metrics,
                "labelled_neighbours": [asdict(u) for u in outcome.labelled_neighbours]}
     if contribute:
@@ -267,6 +308,8 @@ def _adapt_summary(p: dict[str, Any]) -> str:
         line += f"\naccuracy {pct(p['before']['top1'])} -> {pct(p['after']['top1'])} on {p['after']['n']} images"
     if p.get("labelled_neighbours"):
         line += "\n" + labelled_summary(p["labelled_neighbours"])
+    if p.get("acceptance"):
+        line += "\n" + "\n".join(acceptance_table(AcceptanceRecord.model_validate(p["acceptance"])))
     if c := p.get("contribution"):
         line += (f"\n{'already contributed' if c['repeated'] else 'contributed'} {c['added']} of {c['images']} "
                  f"target images to the pool as {c['source']} ({c['skipped_exact']} exact and {c['skipped_near']} "

@@ -10,6 +10,7 @@ are also core errors (a 4xx is an :class:`~t3ar.errors.InvalidInputError`), carr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -81,6 +82,35 @@ def zip_folder(folder: Path, dest: Path) -> Path:
     return dest
 
 
+def zip_holdout(source: Path, dest: Path) -> Path:
+    """A holdout ready to upload: an archive as it is, a folder of class folders (or images + labels.csv) zipped,
+    a CSV of ``path,label`` zipped with its images (numbered names) and a ``labels.csv`` naming them."""
+    import csv
+    import io
+
+    if source.is_dir():
+        return zip_folder(source, dest)
+    if source.suffix.lower() != ".csv":
+        return source
+    rows = io.StringIO()
+    out = csv.writer(rows, lineterminator="\n")
+    out.writerow(["path", "label"])
+    with open(source, newline="", encoding="utf-8-sig") as fh, \
+            zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_STORED) as zf:
+        reader = csv.DictReader(fh)
+        reader.fieldnames = [h.strip().lower() for h in reader.fieldnames or []]
+        for i, row in enumerate(reader):
+            rel, label = (row.get("path") or "").strip(), (row.get("label") or "").strip()
+            path = Path(rel) if Path(rel).is_absolute() else source.parent / rel
+            if not rel or not label or not path.is_file():
+                raise InvalidInputError(f"{source.name}: row {i + 2} names no readable file ({rel!r}, {label!r})")
+            name = f"{i:05d}-{path.name}"
+            zf.write(path, name)
+            out.writerow([name, label])
+        zf.writestr("labels.csv", rows.getvalue())
+    return dest
+
+
 def _seg(value: str) -> str:
     """An id as one encoded path segment (an empty one names nothing: 404 without a request)."""
     if not value:
@@ -116,24 +146,28 @@ class ApiClient(HttpClient):
 
     # --- jobs --------------------------------------------------------------------------------------------
     def adapt(self, target: Path, model_id: str, config: dict[str, Any] | None = None, *,
-              skip_bad_images: bool = False, contribute: bool = False) -> dict[str, Any]:
+              skip_bad_images: bool = False, contribute: bool = False, holdout: Path | None = None,
+              candidates: list[str] | None = None, require_gain: bool = False,
+              winner_rule: str | None = None) -> dict[str, Any]:
         """Submit a target (a zip/tar archive, or a folder that is zipped on the fly); returns the accepted job.
-        ``contribute``: once the job finished, its target images join the pool (source ``target:<job id>``)."""
+        ``contribute``: once the job finished, its target images join the pool (source ``target:<job id>``).
+        ``holdout`` (class folders, a CSV of path,label, or an archive): the job scores ``candidates`` on it and
+        returns the winner by ``winner_rule``; with ``require_gain`` it fails when none beats the base model."""
         target = Path(target)
-        tmp: tempfile.TemporaryDirectory[str] | None = None
-        try:
+        with tempfile.TemporaryDirectory(prefix="t3ar-submit-") as tmp, contextlib.ExitStack() as files:
             if target.is_dir():
-                tmp = tempfile.TemporaryDirectory(prefix="t3ar-submit-")
-                target = zip_folder(target, Path(tmp.name) / f"{target.name or 'target'}.zip")
-            with open(target, "rb") as fh:
-                return self._json("POST", "/adapt", safe=False,
-                                  files=[("archive", (target.name, fh, "application/octet-stream"))],
-                                  data={"model_id": model_id, "config": json.dumps(config or {}),
-                                        "skip_bad_images": "true" if skip_bad_images else "false",
-                                        **({"contribute": "true"} if contribute else {})})
-        finally:
-            if tmp is not None:
-                tmp.cleanup()
+                target = zip_folder(target, Path(tmp) / f"{target.name or 'target'}.zip")
+            parts = [("archive", (target.name, files.enter_context(open(target, "rb")), "application/octet-stream"))]
+            data = {"model_id": model_id, "config": json.dumps(config or {}),
+                    "skip_bad_images": "true" if skip_bad_images else "false",
+                    **({"contribute": "true"} if contribute else {})}
+            if holdout is not None:
+                packed = zip_holdout(Path(holdout), Path(tmp) / "holdout.zip")
+                parts.append(("holdout", (packed.name, files.enter_context(open(packed, "rb")),
+                                          "application/octet-stream")))
+                data |= {"candidates": ",".join(candidates or []), "require_gain": "true" if require_gain else "false",
+                         "winner_rule": winner_rule or ""}
+            return self._json("POST", "/adapt", safe=False, files=parts, data=data)
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/jobs/{_seg(job_id)}")

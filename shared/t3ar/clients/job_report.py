@@ -93,6 +93,42 @@ class LabelledNeighbour(_Part):
     uses: int = Field(ge=1)
 
 
+class PairedPoints(_Part):
+    """A paired difference in points (a - b, top-1 x 100) and its paired 95 % CI."""
+
+    points: float
+    lo: float
+    hi: float
+
+
+class CandidateRecord(_Part):
+    """One candidate of a job's acceptance check, scored on the holdout."""
+
+    name: str
+    method: str | None = None
+    top1: float = Field(ge=0, le=1)
+    ci: list[float] = Field(min_length=2, max_length=2, description="top-1's Wilson 95 % CI")
+    n: int = Field(ge=0)
+    vs_source: PairedPoints | None = Field(default=None, description="minus the base model, in points")
+    vs_bn_adapt: PairedPoints | None = Field(default=None, description="minus bn-adapt, in points")
+    seconds: float | None = Field(default=None, description="wall seconds of its adaptation and holdout scoring")
+
+
+class AcceptanceRecord(_Part):
+    """A job's acceptance check (a job with a holdout): every candidate on the holdout, the rule, the winner (whose
+    weights are the job's checkpoint) and why (t3ar.acceptance)."""
+
+    rule: str
+    winner: str
+    reason: str
+    n: int = Field(ge=0, description="holdout images")
+    ci: str = Field(description="how a candidate's top-1 CI is computed")
+    paired_ci: str = Field(description="how a paired difference's CI is computed")
+    steps: list[str] = Field(default_factory=list, description="the paired rule's comparisons, in order")
+    candidates: list[CandidateRecord] = Field(default_factory=list)
+    require_gain: bool = False
+
+
 #: the most labelled neighbours a report lists (the most used first); ``labelled_neighbours_total`` counts all
 MAX_LABELLED_LISTED = 2000
 
@@ -129,6 +165,8 @@ class JobReport(_Part):
                                                   "labelled data (all of them, listed or not)")
     image_cache: CacheStats | None = None
     transfer: Transfer | None = None
+    acceptance: AcceptanceRecord | None = Field(
+        default=None, description="the acceptance check on the job's holdout (None: a job without a holdout)")
     phases: dict[str, float] | None = Field(
         default=None, description="seconds per phase (queue_wait, then the worker's phases, which add up to "
                                   "seconds_total with 'other' the rest; t3ar_services.worker.phases); None in a "
@@ -168,7 +206,25 @@ def report_summary(report: JobReport) -> str:
             and acc.before.top1 is not None and acc.after.top1 is not None:
         lines.append(f"accuracy {100 * acc.before.top1:.1f}% -> {100 * acc.after.top1:.1f}% on the target labels"
                      + (" (used for training)" if acc.labels_used_for_training else ""))
+    if report.acceptance is not None:
+        lines += acceptance_table(report.acceptance)
     return "\n".join(lines)
+
+
+def _diff(d: PairedPoints | None) -> str:
+    return "-" if d is None else f"{d.points:+.1f} [{d.lo:+.1f}, {d.hi:+.1f}]"
+
+
+def acceptance_table(acc: AcceptanceRecord) -> list[str]:
+    """The acceptance check as text lines: a table (candidate, top-1, CI, difference to the base and to bn-adapt
+    in points with their paired CIs, winner), then the rule and the reason."""
+    head = ("candidate", "top-1 %", "95 % CI", "vs source (points)", "vs bn-adapt (points)", "winner")
+    rows = [(c.name, f"{100 * c.top1:.1f}", f"[{100 * c.ci[0]:.1f}, {100 * c.ci[1]:.1f}]", _diff(c.vs_source),
+             _diff(c.vs_bn_adapt), "<-" if c.name == acc.winner else "") for c in acc.candidates]
+    widths = [max(len(str(r[i])) for r in (head, *rows)) for i in range(len(head))]
+    fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths))
+    return ([f"acceptance on {acc.n} holdout images (rule {acc.rule}): {acc.winner} wins: {acc.reason}",
+             fmt.format(*head)] + [fmt.format(*r) for r in rows])
 
 
 def labelled_summary(uses: Sequence[Mapping[str, Any]], *, total: int | None = None, shown: int = 10) -> str:

@@ -93,9 +93,11 @@ def lineage_digest(info: CheckpointInfo) -> str:
 
 
 def metadata(info: CheckpointInfo) -> dict[str, str]:
-    """The ``metadata_props`` of the exported model (all strings; lists and objects as JSON)."""
+    """The ``metadata_props`` of the exported model (all strings; lists and objects as JSON); ``t3ar.acceptance``
+    when the checkpoint came from a job with a holdout (its acceptance record)."""
     spec, lineage = info.spec, info.lineage
-    return {
+    acceptance = info.metrics.get("acceptance")  # a job with a holdout: its candidates and winner
+    return ({"t3ar.acceptance": json.dumps(acceptance, sort_keys=True)} if acceptance is not None else {}) | {
         "t3ar.format": "t3ar.onnx/1",
         "t3ar.input": INPUT_DOC.format(size=spec.image_size),
         "t3ar.output": OUTPUT_DOC.format(n=spec.num_classes),

@@ -1,0 +1,206 @@
+"""The acceptance check of a job with a labelled holdout: which candidate model it returns. Pure numpy.
+
+Each candidate (``source``: the base model as it is, ``bn-adapt``, the requested method, or a list) is scored on
+the same holdout images, as a boolean vector ``correct[i]`` (its top-1 prediction of image i is the label). From
+those vectors alone:
+
+- **top-1 and its 95 % CI**: the Wilson score interval (exact formula, no randomness; sound at small n and at 0 or
+  100 %, where the normal interval is not).
+- **paired differences**, in points (``a - b``), with a **paired 95 % CI**: a percentile bootstrap over holdout
+  images, the same resampled images for both candidates (the pairing), ``resamples`` draws from a
+  ``numpy.random.default_rng(seed)``: the same vectors and seed always give the same interval.
+- **the winner**, by one of :data:`RULES`:
+
+  * ``paired`` (the default): the simpler candidate unless a paired test favours another. Candidates are taken in
+    order of simplicity (:func:`simplicity_order`: ``source``, ``bn-adapt``, then the others as listed); the first
+    is the champion, and each later one replaces the champion only when its paired CI against the champion lies
+    above 0 (its low end > 0). A tie or a gain the holdout cannot tell from noise keeps the simpler model.
+  * ``argmax``: the highest top-1; a tie goes to the simpler candidate (the same order).
+
+``require_gain``: :func:`gain_refusal` says why a job must fail when the winner is the base model (``source``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import numpy as np
+
+Rule = Literal["paired", "argmax"]
+RULES: tuple[Rule, ...] = get_args(Rule)
+#: the rule a job uses when it names none (the conservative one; see the module docstring)
+DEFAULT_RULE: Rule = "paired"
+BASE = "source"
+BN_ADAPT = "bn-adapt"
+Z95 = 1.959963984540054
+DEFAULT_RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class PairedDiff:
+    """``a - b`` in points (top-1 x 100), and its paired 95 % CI."""
+
+    points: float
+    lo: float
+    hi: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"points": round(self.points, 3), "lo": round(self.lo, 3), "hi": round(self.hi, 3)}
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """One candidate on the holdout: top-1 (a fraction), its Wilson 95 % CI, and its paired differences to the base
+    model and to bn-adapt (None when that candidate is not among them, or for itself)."""
+
+    name: str
+    top1: float
+    lo: float
+    hi: float
+    n: int
+    vs_source: PairedDiff | None = None
+    vs_bn_adapt: PairedDiff | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "top1": round(self.top1, 6), "ci": [round(self.lo, 6), round(self.hi, 6)],
+                "n": self.n, "vs_source": self.vs_source.as_dict() if self.vs_source else None,
+                "vs_bn_adapt": self.vs_bn_adapt.as_dict() if self.vs_bn_adapt else None}
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The decision: every candidate's score (in simplicity order), the rule, the winner and why."""
+
+    scores: list[CandidateScore]
+    rule: Rule
+    winner: str
+    reason: str
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = 0
+    steps: list[str] = field(default_factory=list)  # the paired rule's comparisons, one line each
+
+    def score(self, name: str) -> CandidateScore:
+        return next(s for s in self.scores if s.name == name)
+
+
+def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of ``correct`` successes in ``n`` trials ((0, 1) for n = 0)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _as_bool(v: Sequence[bool] | np.ndarray) -> np.ndarray:
+    a = np.asarray(v)
+    if a.ndim != 1:
+        raise ValueError("a candidate's correctness must be a 1-d vector over the holdout images")
+    return a.astype(bool)
+
+
+def paired_diff(a: Sequence[bool] | np.ndarray, b: Sequence[bool] | np.ndarray, *, resamples: int = DEFAULT_RESAMPLES,
+                seed: int = 0) -> PairedDiff:
+    """``top1(a) - top1(b)`` in points with a paired percentile-bootstrap 95 % CI over the holdout images."""
+    x, y = _as_bool(a), _as_bool(b)
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError("paired vectors must be the same, non-zero length (the same holdout images)")
+    d = x.astype(np.int8) - y.astype(np.int8)
+    mean = 100.0 * float(d.mean())
+    if not d.any():  # identical on every image: every resample gives 0
+        return PairedDiff(0.0, 0.0, 0.0)
+    rng = np.random.default_rng(seed)
+    n, total = len(d), np.empty(resamples)
+    for start in range(0, resamples, 256):  # bounded memory: 256 resamples of n indices at a time
+        m = min(256, resamples - start)
+        total[start:start + m] = d[rng.integers(0, n, size=(m, n))].mean(axis=1)
+    lo, hi = np.percentile(100.0 * total, [2.5, 97.5])
+    return PairedDiff(mean, float(lo), float(hi))
+
+
+def simplicity_order(names: Sequence[str]) -> list[str]:
+    """``source`` first, ``bn-adapt`` second (when present), then the others in the order given; duplicates
+    dropped."""
+    uniq = list(dict.fromkeys(names))
+    head = [n for n in (BASE, BN_ADAPT) if n in uniq]
+    return head + [n for n in uniq if n not in head]
+
+
+def decide(correct: Mapping[str, Sequence[bool] | np.ndarray], rule: Rule = DEFAULT_RULE, *,
+           resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> Acceptance:
+    """Score every candidate and pick the winner by ``rule`` (see the module docstring). ``correct`` maps a
+    candidate's name to its correctness on the holdout (all the same length); its order is the order of the
+    candidates after ``source`` and ``bn-adapt``."""
+    if rule not in RULES:
+        raise ValueError(f"unknown winner rule {rule!r}; one of {', '.join(RULES)}")
+    if not correct:
+        raise ValueError("no candidates")
+    order = simplicity_order(list(correct))
+    vec = {name: _as_bool(correct[name]) for name in order}
+    n = len(vec[order[0]])
+    if n == 0 or any(len(v) != n for v in vec.values()):
+        raise ValueError("every candidate must be scored on the same, non-empty holdout")
+    cache: dict[tuple[str, str], PairedDiff] = {}
+
+    def diff(a: str, b: str) -> PairedDiff:
+        if (a, b) not in cache:
+            cache[(a, b)] = paired_diff(vec[a], vec[b], resamples=resamples, seed=seed)
+        return cache[(a, b)]
+
+    scores = []
+    for name in order:
+        k = int(vec[name].sum())
+        lo, hi = wilson(k, n)
+        scores.append(CandidateScore(
+            name, k / n, lo, hi, n,
+            vs_source=diff(name, BASE) if BASE in vec and name != BASE else None,
+            vs_bn_adapt=diff(name, BN_ADAPT) if BN_ADAPT in vec and name != BN_ADAPT else None))
+    steps: list[str] = []
+    if rule == "argmax":
+        best = max(s.top1 for s in scores)
+        winner = next(s.name for s in scores if s.top1 == best)  # the simplest of the best
+        tied = [s.name for s in scores if s.top1 == best]
+        reason = (f"highest top-1 on the holdout ({100 * best:.1f} %)"
+                  + (f"; tied with {', '.join(t for t in tied if t != winner)}: the simpler kept" if len(tied) > 1
+                     else ""))
+    else:
+        winner = order[0]
+        for name in order[1:]:
+            d = diff(name, winner)
+            won = d.lo > 0
+            steps.append(f"{name} - {winner}: {d.points:+.1f} points [{d.lo:+.1f}, {d.hi:+.1f}]: "
+                         + (f"{name} wins" if won else f"{winner} kept"))
+            if won:
+                winner = name
+        won_steps = [s for s in steps if s.endswith(f"{winner} wins")]
+        reason = (f"a paired CI above 0: {won_steps[-1]}" if won_steps else
+                  f"no candidate's paired CI against a simpler one lies above 0: the simplest ({winner}) kept")
+    return Acceptance(scores, rule, winner, reason, resamples, seed, steps)
+
+
+def gain_refusal(acc: Acceptance) -> str | None:
+    """Why a job that requires a gain fails (the winner is the base model), or None when the winner beats it."""
+    if acc.winner != BASE:
+        return None
+    best = max((s for s in acc.scores if s.name != BASE), key=lambda s: s.top1, default=None)
+    base = acc.score(BASE)
+    detail = ""
+    if best is not None and best.vs_source is not None:
+        d = best.vs_source
+        detail = (f"; the best other, {best.name}, scored {100 * best.top1:.1f} % ({d.points:+.1f} points "
+                  f"[{d.lo:+.1f}, {d.hi:+.1f}])")
+    return (f"no candidate beats the base model on the holdout (rule {acc.rule}: source {100 * base.top1:.1f} % of "
+            f"{base.n} images{detail}); require_gain is set, so no checkpoint is returned: add holdout images, "
+            "try other candidates, or keep the base model")
+
+
+def as_record(acc: Acceptance) -> dict[str, object]:
+    """The decision as JSON-able data (what a job report and a checkpoint's metadata carry)."""
+    return {"rule": acc.rule, "winner": acc.winner, "reason": acc.reason, "n": acc.scores[0].n,
+            "ci": "wilson 95 %", "paired_ci": f"paired bootstrap 95 % ({acc.resamples} resamples, seed {acc.seed})",
+            "steps": list(acc.steps), "candidates": [s.as_dict() for s in acc.scores]}
