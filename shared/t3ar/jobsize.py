@@ -30,13 +30,15 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
 
 def planned_steps(config: AdaptConfig, n: int) -> int:
     """Optimiser steps of an adaptation of ``n`` target images (after ``fraction``) with ``config``: the first
-    stage's and those the method's groups of options add after it (the T3AR family's second stage)."""
+    stage's and those the method's groups of options add after it (the T3AR family's second stage), and each pass
+    over the target with gradient that a group adds (the Fisher anchor's estimate) as an epoch of steps (a batch's
+    forward and backward, without the optimiser)."""
     spec = config.spec
     if not spec.optimises:  # source, bn-adapt (one no-gradient pass)
         return 0
     batch = max(1, min(config.batch_size, n))
     first = int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
-    return first + spec.added_steps(config)
+    return first + spec.added_steps(config) + spec.added_passes(config) * steps_per_epoch(n, batch)
 
 
 def kept_images(n_images: int, fraction: float) -> int:

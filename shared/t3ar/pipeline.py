@@ -214,6 +214,8 @@ class AdaptOutcome:
         out: dict[str, Any] = {"steps": res.steps, "epochs": res.epochs, "seconds_adapt": round(res.seconds, 3),
                                "seconds_per_epoch": round(res.seconds_per_epoch, 3),
                                "retrieval_seconds": dict(self.retrieval_seconds)}
+        if res.collapse_step is not None:  # the collapse watch reset the model to the bn-adapt state
+            out["collapse_fallback_step"] = res.collapse_step
         if self.before is not None and self.after is not None:
             out["before"], out["after"] = self.before, self.after
         return out

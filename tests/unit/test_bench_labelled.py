@@ -114,7 +114,9 @@ def test_select_labelled_chooses_on_validation_only(monkeypatch: pytest.MonkeyPa
     assert ran and all(a["shift"] == plan.validation_shift for a in ran)
     assert sel["family_options"] == {"bn_start": True, "bn_fixed": True}
     assert sel["validated"]["options"] == {"false_negatives": "mask", "bn_start": True, "bn_fixed": True}
-    assert [r["kept"] for r in sel["no_harm_table"]] == [True, True, True, False, False, False, False]
+    # the start, the two BatchNorm options kept; the rest (teacher, lr, second stage, k-NN voting and the six
+    # safeguards) tie or cost on this landscape
+    assert [r["kept"] for r in sel["no_harm_table"]] == [True, True, True] + [False] * 10
     assert any(a["options"].get("lr") == pytest.approx(1e-3 / 3) for a in ran)  # "a third of the family's lr"
     assert sel["default"]["method"] == "t3ar"  # 0.51 beats bn-adapt's 0.50 on validation
     assert sel["labelled"]["options"]["pool_label_weight"] == 2.0

@@ -69,12 +69,15 @@ def test_job_sizing_reads_the_spec() -> None:
 def test_the_family_groups_name_its_fields_and_own_what_other_methods_refuse() -> None:
     groups = registry.get("t3ar").groups
     assert [g.name for g in groups] == ["retrieval", "pool data", "pool labels", "BatchNorm", "teacher", "refinement",
-                                        "second stage"]
+                                        "second stage", "reliable samples", "anchor", "collapse fallback",
+                                        "interpolation"]
     for group in groups:
         assert set(group.own) <= set(group.fields) <= set(AdaptConfig.model_fields), group.name
         assert not any(getattr(AdaptConfig(), f) for f in group.own), group.name  # owned options are off by default
     assert set(registry.owned_options()) == {"bn_start", "bn_fixed", "teacher_ema", "knn_refine",
-                                             "knn_refine_labelled", "second_stage_steps"}
+                                             "knn_refine_labelled", "second_stage_steps", "reliable_entropy",
+                                             "reliable_reweight", "anchor", "anchor_weight", "collapse_fallback",
+                                             "wise_alpha"}
     with pytest.raises(ValueError, match="bn_start, teacher_ema are options of the T3AR family .*, not of tent"):
         AdaptConfig(method="tent", bn_start=True, teacher_ema=0.5)
 

@@ -304,6 +304,9 @@ def _relative(path: Path, base: Path | None) -> str | None:
 def _adapt_summary(p: dict[str, Any]) -> str:
     line = (f"wrote {p['checkpoint']} ({p['method']}, {p['adapted_on']} target images, {p['steps']} steps, "
             f"{p['seconds_per_epoch']} s/epoch, {p['pool_ids_used']} pool images used)")
+    if "collapse_fallback_step" in p:
+        line += (f"\ncollapse detected after step {p['collapse_fallback_step']}: the checkpoint is the bn-adapt state "
+                 "(collapse_fallback)")
     if "before" in p:
         line += f"\naccuracy {pct(p['before']['top1'])} -> {pct(p['after']['top1'])} on {p['after']['n']} images"
     if p.get("labelled_neighbours"):

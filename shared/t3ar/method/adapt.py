@@ -21,6 +21,7 @@ Diagnostics never touch a loss: ``diagnostic_labels`` only score the pseudo-labe
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -37,10 +38,13 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.base import MethodSetup, stream
 from t3ar.method.bn_adapt import bn_adapt
 from t3ar.method.config import AdaptConfig
+from t3ar.method.safeguards import CollapseWatch, bn_adapt_state, class_entropy, interpolate
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import CHANNELS_LAST, Views
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms
 from t3ar.models.fold import FOLD, folded_frozen_norms
+
+log = logging.getLogger(__name__)
 
 # Target and pool images are kept on the GPU when together they need at most this share of its free memory.
 DEVICE_DATA_SHARE = 0.25
@@ -63,7 +67,10 @@ class StepStats:
     with ``adapt(pool_diagnostic_labels=...)`` also ``pool_data_known``, how many of those have a known label, and
     ``pool_data_correct``, the share of the known ones whose pseudo-label was right (NaN when none was known).
     ``pool_label_count`` / ``loss_pool_labels`` (labelled neighbours as data): how many labelled pool items
-    trained the step, and their cross-entropy (NaN when none did).
+    trained the step, and their cross-entropy (NaN when none did). ``reliable_share`` (``reliable_entropy``): the
+    share of the batch the cross-entropy counted; ``loss_anchor`` (``anchor``): the weighted penalty towards the
+    start weights; ``pl_class_entropy`` (``collapse_fallback``): the entropy of the class histogram of the job's
+    pseudo-labels after the step, the signal the collapse watch reads (:mod:`t3ar.method.safeguards`).
     """
 
     epoch: int
@@ -86,6 +93,9 @@ class StepStats:
     pool_data_correct: float = math.nan
     pool_label_count: float = math.nan
     loss_pool_labels: float = math.nan
+    reliable_share: float = math.nan
+    loss_anchor: float = math.nan
+    pl_class_entropy: float = math.nan
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -103,6 +113,9 @@ class AdaptResult:
     pool_labelled: dict[int, int] = field(default_factory=dict)
     #: steps of the second stage (bottleneck and head on the target alone), after ``steps``
     second_stage_steps: int = 0
+    #: the step after which the collapse watch fired (``collapse_fallback``): the model was reset to the bn-adapt
+    #: state and the run ended there; None = it did not fire (or was not watching)
+    collapse_step: int | None = None
 
 
 def place(images: torch.Tensor, device: torch.device, budget: float) -> torch.Tensor:
@@ -251,6 +264,13 @@ def adapt(
     if config.bn_start:  # the target's BatchNorm statistics first (bn-adapt), from a stream of its own
         bn_adapt(model, target, train_groups=config.train_groups, batch_size=config.batch_size,
                  norm=Normalizer(mean, std, device), generator=stream(config.seed, 9))
+    # the start the safeguards return to (t3ar.method.safeguards): its parameters (WiSE-FT) and the bn-adapt state
+    # (the collapse fallback; the same statistics bn_start sets)
+    wise_start = ({k: p.detach().clone() for k, p in model.named_parameters()} if config.wise_alpha is not None
+                  else None)
+    fallback = bn_adapt_state(model, target, done=config.bn_start, train_groups=config.train_groups,
+                              batch_size=config.batch_size, norm=Normalizer(mean, std, device),
+                              generator=stream(config.seed, 9)) if config.collapse_fallback is not None else None
     params = method.trainable_params(model, config)
     batch_size = min(config.batch_size, n)
     spe = steps_per_epoch(n, batch_size)
@@ -266,6 +286,13 @@ def adapt(
                         pool_known=pool_labels if config.uses_retrieval else None, pool_label_draw=pool_label_draw)
     with torch.autocast(device.type, enabled=use_amp):
         state = method.create(model, setup)
+    watch = None
+    if config.collapse_fallback is not None:
+        start_labels = state.final_labels()
+        if start_labels is None:
+            raise ValueError(f"{config.method} keeps no pseudo-labels: collapse_fallback cannot watch them")
+        watch = CollapseWatch(float(class_entropy(start_labels, model.num_classes)), config.collapse_fallback)
+    collapsed = False
 
     def prepare(item: tuple[int, torch.Tensor]) -> object:  # the views of a batch: no model (method.ahead)
         with torch.autocast(device.type, enabled=use_amp):  # autocast is per thread: the same on every thread
@@ -285,6 +312,10 @@ def adapt(
             with torch.autocast(device.type, enabled=use_amp):
                 out = state.step(model, ids, idx, prepared)
             loss, parts = out.loss, dict(out.parts)
+            if watch is not None:  # the signal, read in the step's one device sync
+                labels_now = state.final_labels()
+                assert labels_now is not None
+                parts["pl_class_entropy"] = class_entropy(labels_now, model.num_classes)
             if diag is not None:  # reporting only: compared after the fact, never part of a loss
                 parts["pl_accuracy"] = (out.pseudo_labels.to(device) == diag[idx.to(device)]).float().mean()
             optim.update(loss)
@@ -304,10 +335,23 @@ def adapt(
             result.history.append(stats)
             if on_step is not None:
                 on_step(stats)
+            if watch is not None and watch.fired(stats.pl_class_entropy):
+                collapsed = True
+                break
             mark = time.perf_counter()
-        final = state.final_labels() if config.second_stage_steps else None
+        final = state.final_labels() if (config.second_stage_steps and not collapsed) else None
         if final is not None:
             result.second_stage_steps = second_stage(model, target, final, config, views, gen, use_amp)
+    if collapsed and fallback is not None:  # the run is over: the bn-adapt state is the job's answer
+        model.load_state_dict(fallback)
+        result.collapse_step = step
+        log.warning("collapse: the pseudo-labels' class entropy fell to %.3f (start %.3f) at step %d of %d; the "
+                    "model is back to the bn-adapt state", result.history[-1].pl_class_entropy,
+                    watch.reference if watch else math.nan, step, total)
+    elif wise_start is not None and config.wise_alpha is not None:  # WiSE-FT, then the statistics for its weights
+        interpolate(model, wise_start, config.wise_alpha)
+        bn_adapt(model, target, train_groups=config.train_groups, batch_size=config.batch_size,
+                 norm=Normalizer(mean, std, device), generator=stream(config.seed, 11))
     model.eval()
     result.steps, result.epochs = step, epoch
     result.seconds = time.perf_counter() - t_start

@@ -8,7 +8,8 @@ per step. A method registers its name and properties once (:mod:`t3ar.method.reg
 Random streams (:func:`stream`), one per purpose so that the arms of a comparison share all but what differs:
 1 target views, 2 bank / queue initialisation, 3 per-visit neighbour draws, 4 retrieval (the harness),
 5 pool views, 6 pool images' weak views (neighbours as data), 7 labelled data draws, 8 their weak views,
-9 bn_start's batches, 10 EATA's Fisher sample.
+9 bn_start's batches (and the collapse fallback's bn-adapt state), 10 the Fisher sample (EATA's, and the T3AR
+family's anchor pass), 11 the BatchNorm statistics re-estimated after WiSE-FT's interpolation.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ MAX_STEPS = 1_000_000
 MAX_BANK_SIZE = 262_144
 MAX_SEED = 2**32 - 1
 MAX_WEIGHT = 1000.0
+#: the anchor's weight when the config gives none: L2-SP's alpha / 2 (alpha = 0.1; its penalty is alpha/2 x the
+#: squared distance), EATA's fisher_alpha
+ANCHOR_WEIGHTS = {"l2": 0.05, "fisher": 2000.0}
 #: the loops' switch for views made one step ahead (t3ar.method.ahead), in every training config
 ViewsAhead = Annotated[bool | None, Field(
     description="make the next batch's views on a background thread while the current step runs (the same "
@@ -120,6 +123,33 @@ class AdaptConfig(BaseModel):
                                                    "time, the filtered pseudo-labels in test time); 0 = none")
     second_stage_lr: float | None = Field(default=None, gt=0, le=10,
                                           description="the second stage's lr; None = lr")
+    # safeguards against self-training on wrong pseudo-labels (SAR, EATA, WiSE-FT: t3ar.method.safeguards)
+    reliable_entropy: float | None = Field(
+        default=None, gt=0, le=1, description="T3AR family, test time: the cross-entropy counts only the samples "
+                                              "whose prediction entropy (weak view) is under this x ln C (SAR and "
+                                              "EATA: 0.4); None = every sample")
+    reliable_reweight: bool = Field(
+        default=False, description="with reliable_entropy: weight each reliable sample by 1 / exp(H - E0), "
+                                   "E0 = reliable_entropy x ln C (EATA)")
+    anchor: Literal["l2", "fisher"] | None = Field(
+        default=None, description="T3AR family: a penalty anchor_weight x sum F (theta - theta_0)^2 over the "
+                                  "trainable parameters, theta_0 their values at the start (after bn_start); "
+                                  "F = 1 ('l2': L2-SP) or the Fisher diagonal of the model's own pseudo-labels "
+                                  "on the target at the start ('fisher': EATA's, one more pass with gradient); "
+                                  "None = none")
+    anchor_weight: float | None = Field(
+        default=None, gt=0, le=1e6, description="the anchor's weight; None = the paper's: 0.05 for 'l2' (L2-SP's "
+                                                "alpha/2, alpha = 0.1), 2000 for 'fisher' (EATA's)")
+    collapse_fallback: float | None = Field(
+        default=None, gt=0, lt=1, description="T3AR family, test time: when the entropy of the class histogram of "
+                                              "the job's pseudo-labels falls under this fraction of its start "
+                                              "value, restore the bn-adapt state and end the job (the report says "
+                                              "at which step); None = off")
+    wise_alpha: float | None = Field(
+        default=None, gt=0, le=1, description="T3AR family: after the run, each parameter becomes alpha x adapted "
+                                              "+ (1 - alpha) x start (WiSE-FT; start = the bn-adapt state's "
+                                              "parameters, the job's start), then the target's BatchNorm "
+                                              "statistics are re-estimated for them; None = off (1.0: the adapted)")
     # schedule
     epochs: int = Field(default=10, ge=1, le=1000)
     min_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
@@ -203,6 +233,15 @@ class AdaptConfig(BaseModel):
     def pool_labels_as_data(self) -> bool:
         """Retrieved neighbours that carry a pool label serve as labelled training data."""
         return self.uses_retrieval and self.pool_label_weight > 0
+
+    @property
+    def resolved_anchor_weight(self) -> float:
+        """The anchor's weight (0 without an anchor): ``anchor_weight``, or the paper's for ``anchor``."""
+        if self.anchor is None:
+            return 0.0
+        if self.anchor_weight is not None:
+            return self.anchor_weight
+        return ANCHOR_WEIGHTS[self.anchor]
 
     @property
     def spec(self) -> registry.MethodSpec:

@@ -27,6 +27,10 @@ The bank is initialised as the steps' keys are computed: the model in training m
 size normalised by its own statistics, the running statistics untouched (not with the source statistics of eval
 mode), so the filtered pseudo-labels average logits of one kind.
 
+Safeguards (each off by default, :mod:`t3ar.method.safeguards`): ``reliable_entropy`` keeps only the reliable
+samples in the cross-entropy (``reliable_share`` reported); ``anchor`` adds the penalty towards the start weights
+(``loss_anchor``).
+
 Reported alongside the loss (tensors, read by the loop in its one device sync): ``pool_neg_share``, the share
 of the InfoNCE denominator that comes from pool negatives (always); with ``diagnostics``, the gradient norms
 of the two weighted loss terms at the query feature (``grad_norm_ce``, ``grad_norm_contrastive``).
@@ -50,6 +54,7 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.pool_data import PoolData, same_class_pool_entries, select_pool_data
 from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights
 from t3ar.method.retrieval import dedup_sample
+from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights
 from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.views import Views
 from t3ar.method.vote import vote
@@ -79,6 +84,7 @@ class ContrastiveState:
     pool_oracle: bool = False
     pool_known: torch.Tensor | None = None  # [P] pool labels as model classes (-1 = none): data and negatives
     teacher: Classifier | None = None  # the EMA teacher of config.teacher_ema (None: the current model, m = 0)
+    anchor: Anchor | None = None  # the penalty towards the start weights (config.anchor; None: none)
 
     @classmethod
     @torch.no_grad()
@@ -221,7 +227,12 @@ class ContrastiveState:
                         extra_pos = fn & losses.neighbour_entries(live, nbr_dev)
                 if cfg.pool_as_data and nbr_dev is not None:
                     data = self._pool_data(nbr_dev, y, local_dev, pool_mean, pool_counts, out)
-        loss_ce = F.cross_entropy(q_logits.float(), y)
+        if cfg.reliable_entropy is None:
+            loss_ce = F.cross_entropy(q_logits.float(), y)
+        else:  # SAR's / EATA's reliable samples only (t3ar.method.safeguards)
+            w = reliable_weights(q_logits, cfg.reliable_entropy, cfg.reliable_reweight)
+            loss_ce = filtered_mean(F.cross_entropy(q_logits.float(), y, reduction="none"), w)
+            out["reliable_share"] = (w > 0).float().mean()
         cols = neg if extra_pos is None else neg | extra_pos
         nce_logits = losses.info_nce_logits(q, k, live.feats, cols, cfg.temperature)
         loss_con = (losses.info_nce_from_logits(nce_logits) if extra_pos is None
@@ -255,6 +266,10 @@ class ContrastiveState:
                 loss_lab = (per_row * w).mean()
                 loss = loss + cfg.pool_label_weight * loss_lab
                 out["loss_pool_labels"] = loss_lab.detach()
+        if self.anchor is not None:
+            loss_anchor = self.anchor()
+            loss = loss + loss_anchor
+            out["loss_anchor"] = loss_anchor.detach()
         out["loss_ce"], out["loss_contrastive"] = loss_ce.detach(), loss_con.detach()
         return StepOut(loss, out, y)
 
@@ -340,8 +355,18 @@ class T3AR(MethodStep):
     @classmethod
     def create(cls, model: Classifier, setup: MethodSetup) -> T3AR:
         shape_bucket = CUDA_SHAPE_BUCKET if setup.device.type == "cuda" else 1
-        state = ContrastiveState.create(model, setup.target, setup.config, setup.labels, setup.views,
-                                        stream(setup.config.seed, 2), setup.device, shape_bucket, setup)
+        cfg = setup.config
+        state = ContrastiveState.create(model, setup.target, cfg, setup.labels, setup.views,
+                                        stream(cfg.seed, 2), setup.device, shape_bucket, setup)
+        if cfg.anchor is not None:  # theta_0: the weights now, after bn_start (t3ar.method.safeguards)
+            params = [p for p in model.parameters() if p.requires_grad]
+            fisher = None
+            if cfg.anchor == "fisher":  # full precision: squared gradients underflow in half
+                with torch.autocast(setup.device.type, enabled=False):
+                    fisher = fisher_diagonal(model, params, setup.target, norm=setup.views.norm,
+                                             batch_size=cfg.batch_size, generator=stream(cfg.seed, 10),
+                                             bn_fixed=cfg.bn_fixed)
+            state.anchor = Anchor.at(params, cfg.resolved_anchor_weight, fisher)
         return cls(state, setup)
 
     def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> StepViews:

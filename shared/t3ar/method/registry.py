@@ -49,7 +49,9 @@ class OptionGroup:
     """A group of a method's options: a few config fields that act together (the T3AR family's BatchNorm,
     refinement, second stage, ...). ``check`` raises ValueError on a bad combination of them (the config calls it
     when it validates a config of a method with the group); ``added_steps``: optimiser steps the group runs after
-    the first stage's (counted against the API's step cap); ``own``: the fields only methods with this group
+    the first stage's (counted against the API's step cap); ``added_passes``: passes over the target with gradient
+    (a forward and a backward per batch, no optimiser step: the Fisher anchor's estimate) the group runs, each
+    counted against the step cap as an epoch of steps; ``own``: the fields only methods with this group
     accept set (off by default: the config refuses them set, true or non-zero, for any other method)."""
 
     name: str
@@ -57,6 +59,7 @@ class OptionGroup:
     own: tuple[str, ...] = ()
     check: Callable[[AdaptConfig], None] = field(default=_no_check, compare=False)
     added_steps: Callable[[AdaptConfig], int] = field(default=_no_steps, compare=False)
+    added_passes: Callable[[AdaptConfig], int] = field(default=_no_steps, compare=False)
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class MethodSpec:
     bank, filtered pseudo-labels, InfoNCE): its presets and options apply. ``bank``: it holds a memory bank or
     queue of ``config.bank_size`` entries (job memory). ``diversity_weight``: the diversity term's weight when
     the config gives none. ``groups``: the method's own groups of options (:class:`OptionGroup`): their checks run
-    when a config of the method validates, and the steps they add count in :func:`t3ar.jobsize.planned_steps`.
+    when a config of the method validates, and the steps and passes they add count in
+    :func:`t3ar.jobsize.planned_steps`.
     """
 
     name: str
@@ -93,6 +97,10 @@ class MethodSpec:
     def added_steps(self, config: AdaptConfig) -> int:
         """Optimiser steps ``config`` runs after the first stage's (its groups' ``added_steps``)."""
         return sum(group.added_steps(config) for group in self.groups)
+
+    def added_passes(self, config: AdaptConfig) -> int:
+        """Passes over the target with gradient but no optimiser step that ``config`` runs (its groups')."""
+        return sum(group.added_passes(config) for group in self.groups)
 
     def check(self, config: AdaptConfig) -> None:
         """Each of the method's groups checks its options' interactions in ``config`` (ValueError)."""

@@ -50,7 +50,9 @@ RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
 )
 #: the T3AR family's 'no harm' options (issue 33), tried greedily on validation on top of the validated T3AR, in this
 #: order: BatchNorm statistics from the target first (bn-adapt) and then moving or fixed, an EMA teacher, a lower lr,
-#: SWAT's second stage (bottleneck and head on the target's filtered pseudo-labels), AdaContrast's soft k-NN voting
+#: SWAT's second stage (bottleneck and head on the target's filtered pseudo-labels), AdaContrast's soft k-NN voting,
+#: then the safeguards (t3ar.method.safeguards, the papers' values): SAR's / EATA's reliable samples, an anchor to
+#: the start weights (L2-SP, EATA's Fisher), a fallback to the bn-adapt state on collapse, WiSE-FT's interpolation
 NO_HARM_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("bn-adapt first, statistics moving", (("bn_start", True),)),
     ("bn-adapt first, statistics fixed", (("bn_start", True), ("bn_fixed", True))),
@@ -58,6 +60,15 @@ NO_HARM_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("lr a third of the family's", (("lr", "third"),)),
     ("second stage: 10 steps of bottleneck and head on the target alone", (("second_stage_steps", 10),)),
     ("soft k-NN voting for the pseudo-labels (AdaContrast's, 10 neighbours)", (("knn_refine", True),)),
+    ("reliable samples only in the cross-entropy (entropy under 0.4 ln C: SAR's and EATA's)",
+     (("reliable_entropy", 0.4),)),
+    ("reliable samples, re-weighted by 1 / exp(H - E0) (EATA's)",
+     (("reliable_entropy", 0.4), ("reliable_reweight", True))),
+    ("L2-SP anchor to the start weights (weight 0.05: L2-SP's alpha 0.1)", (("anchor", "l2"),)),
+    ("Fisher anchor to the start weights (EATA's, weight 2000)", (("anchor", "fisher"),)),
+    ("collapse fallback to the bn-adapt state (pseudo-labels' class entropy under half its start)",
+     (("collapse_fallback", 0.5),)),
+    ("WiSE-FT: weights halfway between the bn-adapt start and the adapted (alpha 0.5)", (("wise_alpha", 0.5),)),
 )
 #: labelled neighbours as data: tried greedily on validation after weight 1 (the start)
 LABEL_OPTIONS: tuple[tuple[str, Setting], ...] = (
