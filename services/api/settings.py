@@ -43,6 +43,9 @@ class ApiSettings(ServiceSettings):
     max_job_steps: int = Field(default=200_000, ge=1, description="optimiser steps one job may plan (422 above)")
     max_job_memory_bytes: int = Field(default=16 * 1024 * MiB, ge=1,
                                       description="memory of one job's bank, target and pool images (422 above)")
+    max_export_memory_bytes: int = Field(default=4096 * MiB, ge=1,
+                                         description="memory one checkpoint export (ONNX, safetensors) may take in "
+                                                     "the API process, as estimated before it starts (422 above)")
     result_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a finished job's record")
     failure_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a failed job's record")
     sweep_interval: float = Field(default=5.0, gt=0, description="seconds between abandoned-job / lineage sweeps")
