@@ -11,7 +11,7 @@ A request with a body and no known token is refused earlier, before its body is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -23,6 +23,7 @@ from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.domain import Links
 from t3ar_services.api.jobs import JobService
+from t3ar_services.api.leftovers import Submissions
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
@@ -44,6 +45,7 @@ class ApiState:
     contributor: Contributor  # targets that join the pool, and their withdrawal
     compactor: Compactor  # pool compaction: dry-run plans, applied exactly
     withdrawer: Withdrawer  # the one path by which items leave the pool
+    submissions: Submissions = field(default_factory=Submissions)  # job folders being written now (leftovers.py)
 
 
 def get_state(request: Request) -> ApiState:
