@@ -61,6 +61,11 @@ class ApiSettings(ServiceSettings):
     max_image_bytes: int = Field(default=64 * MiB, ge=1, description="one extracted file")
     validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
 
+    # --- links ---
+    public_url: str | None = Field(default=None, description="the API's base URL as clients reach it (e.g. "
+                                   "https://t3ar.example.com behind a proxy): the base of the absolute links in "
+                                   "answers; unset: the scheme and address of the socket a request arrived on")
+
     # --- the web console (/ui) ---
     session_secret: SecretStr | None = None  # signs console sessions; unset: random per start (restart = sign-out)
     session_ttl: int = Field(default=8 * 3600, ge=60, description="seconds a console sign-in lasts")
@@ -88,6 +93,17 @@ class ApiSettings(ServiceSettings):
         if self.session_secret is not None and len(self.session_secret.get_secret_value()) < 16:
             raise ValueError("T3AR_API_SESSION_SECRET must be at least 16 characters (e.g. the output of "
                              "`openssl rand -hex 32`), or unset for a random key per start")
+        return self
+
+    @model_validator(mode="after")
+    def _public_url_is_a_base(self) -> Self:
+        from urllib.parse import urlsplit
+
+        if self.public_url is not None:
+            url = urlsplit(self.public_url)
+            if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+                raise ValueError("T3AR_API_PUBLIC_URL must be an http(s) URL with a host and no query or fragment, "
+                                 f"e.g. https://t3ar.example.com or https://example.com/t3ar (got {self.public_url!r})")
         return self
 
     @property
