@@ -230,3 +230,12 @@ def test_a_made_up_pool_id_is_not_found_and_a_withdrawn_one_says_withdrawn(clien
         page = client.get(path)
         assert page.status_code == 200 and "withdrawn" in page.text, path
     assert 'class="status failed">withdrawn' in client.get("/ui/pool/p-2").text
+
+
+def test_the_api_root_sends_a_browser_to_the_console(client: TestClient) -> None:
+    """``/`` was a JSON 404 (and `t3ar up` prints the API's address)."""
+    root = client.get("/", follow_redirects=False)
+    assert root.status_code == 303 and root.headers["location"] == "/ui"
+    page = client.get("/")  # followed: the console's sign-in page
+    assert page.status_code == 200 and "/ui/login" in str(page.url)
+    assert "/" not in client.get("/openapi.json").json()["paths"]
