@@ -22,6 +22,7 @@ import logging
 import shutil
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,11 +226,20 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     if report.labelled_neighbours_total:  # labelled neighbours: the first few (report: more)
         summary["labelled_neighbours_total"] = report.labelled_neighbours_total
         summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
+        summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]
     progress.done(**summary)
     return summary
+
+
+def labelled_per_label(uses: Sequence[Any]) -> dict[str, int]:
+    """How many of the labelled neighbours ``uses`` (:class:`t3ar.pipeline.LabelledUse`) carry each label."""
+    counts: dict[str, int] = {}
+    for u in uses:
+        counts[u.label] = counts.get(u.label, 0) + 1
+    return counts
 
 
 def _brief_eval(ev: dict[str, Any] | None) -> EvalBrief | None:

@@ -55,7 +55,8 @@ def _summary(job: dict[str, Any]) -> str:
         line += f"\n    used {n['items_used']} pool image(s) contributed by job {n['job_id']}"
     res = job.get("result") or {}
     if res.get("labelled_neighbours"):  # issue 33: which neighbours served as labelled data, with their labels
-        line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"))
+        line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
+                                          per_label=res.get("labelled_per_label"))
     return line
 
 
