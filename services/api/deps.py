@@ -13,7 +13,7 @@ A request with a body and no known token is refused earlier, before its body is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -29,6 +29,7 @@ from t3ar_services.api.jobs import JobService
 from t3ar_services.api.keys import ADMIN as ADMIN_TOKEN
 from t3ar_services.api.keys import ANONYMOUS, KeyStore, Principal
 from t3ar_services.api.keys import USER as USER_TOKEN
+from t3ar_services.api.leftovers import Submissions
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
@@ -68,6 +69,7 @@ class ApiState:
         """The credentials-first middleware's scope of a named key (``read``, ``token`` or ``admin``), or None."""
         found = self.keys.lookup(token)
         return found.scope if found is not None else None
+    submissions: Submissions = field(default_factory=Submissions)  # job folders being written now (leftovers.py)
 
 
 def get_state(request: Request) -> ApiState:
@@ -85,9 +87,25 @@ def get_settings(state: StateDep) -> ApiSettings:
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
 
 
+def public_base(request: Request, settings: ApiSettings) -> str:
+    """The base of the API's absolute links: ``T3AR_API_PUBLIC_URL``, else the scheme and address of the socket
+    this server accepted the connection on, plus the root path. Never the request's ``Host`` header: a client
+    chooses that, and a link in an answer (or one a proxy caches) would point wherever it said."""
+    if settings.public_url:
+        return settings.public_url.rstrip("/")
+    scheme = str(request.scope.get("scheme") or "http")
+    server = request.scope.get("server")
+    host, port = (str(server[0]), server[1]) if server else ("127.0.0.1", None)
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    netloc = host if port is None or (scheme, port) in (("http", 80), ("https", 443)) else f"{host}:{port}"
+    return f"{scheme}://{netloc}{request.scope.get('root_path', '')}".rstrip("/")
+
+
 def links_of(request: Request) -> Links:
-    """The request's own URLs for the job routes the domain layer links to (same scheme, host and root path)."""
-    return lambda route, job_id: str(request.url_for(route, job_id=job_id))
+    """Absolute URLs of the job routes the domain layer links to, on :func:`public_base`."""
+    base = public_base(request, get_state(request).settings)
+    return lambda route, job_id: base + str(request.app.url_path_for(route, job_id=job_id))
 
 
 LinksDep = Annotated[Links, Depends(links_of)]

@@ -21,7 +21,7 @@ from t3ar.clients.retriever_errors import (
     RetrieverNotFoundError,
     RetrieverUnavailableError,
 )
-from t3ar.errors import CheckpointError, ExportError, MissingDependencyError, T3arError
+from t3ar.errors import CheckpointError, ExportError, ExportTooLargeError, MissingDependencyError, T3arError
 from t3ar_services.common.errors import AuthError, ErrorMap, NotFoundError, PayloadTooLargeError, error_body
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ ERRORS = ErrorMap(
         (RetrieverInputError, 422, "retriever_rejected"),
         (RetrieverError, 502, "retriever_error"),
         (CheckpointError, 422, "bad_checkpoint"),
+        # an export over T3AR_API_MAX_EXPORT_MEMORY_BYTES: refused before it starts
+        (ExportTooLargeError, 422, "export_too_large"),
         # an export that does not reproduce its checkpoint (parity figures in the message): kept nowhere
         (ExportError, 422, "export_failed"),
         (MissingDependencyError, 503, "unavailable"),  # onnx/onnxruntime not installed on this server

@@ -32,6 +32,7 @@ from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.keys import KeyStore
+from t3ar_services.api.leftovers import sweep_leftovers
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import ROUTERS
 from t3ar_services.api.settings import ApiSettings, MiB
@@ -86,7 +87,7 @@ def _job_status(jobs: JobService, store: Store, job_id: str) -> str:
 
 def sweep_once(state: ApiState) -> None:
     """Abandoned jobs -> failed; newly finished jobs -> lineage index; what canceled and failed jobs uploaded ->
-    removed. Errors are logged, never raised."""
+    removed; job folders a crash left without a record -> removed. Errors are logged, never raised."""
     try:
         state.jobs.sweep_abandoned()
     except Exception as e:
@@ -100,6 +101,10 @@ def sweep_once(state: ApiState) -> None:
         state.jobs.clean_unfinished()
     except Exception as e:
         log.warning("cleaning canceled/failed jobs' artifacts failed (Redis down?): %s", e)
+    try:
+        sweep_leftovers(state.settings.data_dir, state.store, state.submissions)
+    except Exception:
+        log.exception("removing job folders a crash left failed")
     state.metrics.abandoned_sweeps.inc()
 
 

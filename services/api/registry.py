@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,6 +22,15 @@ def model_path(data_dir: Path, model_id: str) -> Path:
     return data_dir / "models" / f"{model_id}.pt"
 
 
+def _check_class_names(classes: Sequence[str]) -> None:
+    from t3ar.data.pool_labels import hidden_problem
+
+    for name in classes:
+        problem = hidden_problem(name, "the class name")
+        if problem is not None:
+            raise CheckpointError(f"the checkpoint's {problem} (a target's and the pool's labels cannot hold it)")
+
+
 def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str,
                    sent: str = "the checkpoint") -> tuple[ModelRow, bool]:
     """Validate and store; returns (row, created). Raises CheckpointError / PayloadTooLargeError, calling the
@@ -33,6 +43,7 @@ def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str
         size = save_upload(src, tmp, settings.max_model_bytes, "the checkpoint", "T3AR_API_MAX_MODEL_BYTES")
         try:
             info = read_info(tmp)
+            _check_class_names(info.spec.classes)
             model, _ = load_checkpoint(tmp)  # the weights must fit the architecture the checkpoint declares
         except CheckpointError as e:
             raise CheckpointError(as_sent(str(e), tmp, sent)) from e

@@ -43,6 +43,9 @@ class ApiSettings(ServiceSettings):
     max_job_steps: int = Field(default=200_000, ge=1, description="optimiser steps one job may plan (422 above)")
     max_job_memory_bytes: int = Field(default=16 * 1024 * MiB, ge=1,
                                       description="memory of one job's bank, target and pool images (422 above)")
+    max_export_memory_bytes: int = Field(default=4096 * MiB, ge=1,
+                                         description="memory one checkpoint export (ONNX, safetensors) may take in "
+                                                     "the API process, as estimated before it starts (422 above)")
     result_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a finished job's record")
     failure_ttl: int = Field(default=30 * DAY, ge=60, description="seconds Redis keeps a failed job's record")
     sweep_interval: float = Field(default=5.0, gt=0, description="seconds between abandoned-job / lineage sweeps")
@@ -59,6 +62,11 @@ class ApiSettings(ServiceSettings):
     validate_threads: int = Field(default=2, ge=0, description="threads decoding images during validation")
     max_holdout_images: int = Field(default=2000, ge=1, description="images in a job's acceptance holdout (422 "
                                                                      "above); every candidate is scored on all")
+
+    # --- links ---
+    public_url: str | None = Field(default=None, description="the API's base URL as clients reach it (e.g. "
+                                   "https://t3ar.example.com behind a proxy): the base of the absolute links in "
+                                   "answers; unset: the scheme and address of the socket a request arrived on")
 
     # --- the web console (/ui) ---
     session_secret: SecretStr | None = None  # signs console sessions; unset: random per start (restart = sign-out)
@@ -91,6 +99,17 @@ class ApiSettings(ServiceSettings):
         if self.session_secret is not None and len(self.session_secret.get_secret_value()) < 16:
             raise ValueError("T3AR_API_SESSION_SECRET must be at least 16 characters (e.g. the output of "
                              "`openssl rand -hex 32`), or unset for a random key per start")
+        return self
+
+    @model_validator(mode="after")
+    def _public_url_is_a_base(self) -> Self:
+        from urllib.parse import urlsplit
+
+        if self.public_url is not None:
+            url = urlsplit(self.public_url)
+            if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+                raise ValueError("T3AR_API_PUBLIC_URL must be an http(s) URL with a host and no query or fragment, "
+                                 f"e.g. https://t3ar.example.com or https://example.com/t3ar (got {self.public_url!r})")
         return self
 
     @property

@@ -159,6 +159,16 @@ class Store:
             db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             db.execute("DELETE FROM owners WHERE kind = 'job' AND id = ?", (job_id,))
 
+    def job_folders(self) -> set[str]:
+        """The names of the ``jobs/<name>`` folders job records use: each job's own and the target folders re-runs
+        share."""
+        names = {str(r[0]) for r in self._all("SELECT id FROM jobs")}
+        for (target,) in self._all("SELECT DISTINCT target_dir FROM jobs"):
+            parts = Path(str(target)).parts
+            if len(parts) > 1 and parts[0] == "jobs":
+                names.add(parts[1])
+        return names
+
     def get_job(self, job_id: str) -> JobRow | None:
         rows = self._all("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return _job(rows[0]) if rows else None

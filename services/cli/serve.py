@@ -39,18 +39,14 @@ def _settings(cls: type[BaseSettings], what: str, **overrides: Any) -> Any:
         raise click.ClickException(f"invalid {what} settings: {msgs}") from e
 
 
-def _run(app: Any, host: str, port: int, log_level: str, what: str) -> None:
-    import importlib.util
-
+def _run(app: Any, settings: Any, host: str, port: int, log_level: str, what: str) -> None:
     import uvicorn
 
-    http: Any = "auto"
-    if importlib.util.find_spec("httptools") is not None:  # a response's head and body in one socket write
-        from t3ar_services.common.http_protocol import CoalescingHttpToolsProtocol
+    from t3ar_services.common.serving import uvicorn_options
 
-        http = CoalescingHttpToolsProtocol
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level, http=http,
-                            timeout_graceful_shutdown=30, access_log=log_level == "debug")
+    # forwarded headers, header timeout, connection cap: the service's settings (common/serving.py)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, log_level=log_level,
+                            timeout_graceful_shutdown=30, access_log=log_level == "debug", **uvicorn_options(settings))
     server = uvicorn.Server(config)
     server.run()
     if not server.started:
@@ -93,7 +89,7 @@ def retriever(data_dir: Path | None, host: str, port: int, reembed: bool, pool_b
     _configure(log_level)
     settings = _settings(RetrieverSettings, "retriever", data_dir=data_dir, reembed_on_start=reembed,
                          backend=pool_backend)
-    _run(create_app(settings), host, port, log_level, "retriever")
+    _run(create_app(settings), settings, host, port, log_level, "retriever")
 
 
 @serve.command("api")
@@ -121,7 +117,7 @@ def api(data_dir: Path | None, host: str, port: int, redis_url: str | None, retr
 
     _configure(log_level)
     settings = _settings(ApiSettings, "API", data_dir=data_dir, redis_url=redis_url, retriever_url=retriever_url)
-    _run(create_app(settings), host, port, log_level, "API")
+    _run(create_app(settings), settings, host, port, log_level, "API")
 
 
 if __name__ == "__main__":

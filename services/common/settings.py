@@ -4,18 +4,29 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings
 
 
 class ServiceSettings(BaseSettings):
     """Base of a service's pydantic-settings class (which sets ``env_prefix``): ``token`` (the plain scope),
     ``admin_token`` (everything, plus deleting), ``auth_disabled``. Both tokens must be set and differ unless
-    auth is disabled; the error names the environment variables."""
+    auth is disabled; the error names the environment variables. And how the service runs in uvicorn
+    (:mod:`t3ar_services.common.serving`)."""
 
     token: SecretStr | None = None
     admin_token: SecretStr | None = None
     auth_disabled: bool = False
+
+    # --- HTTP serving ---
+    forwarded_allow_ips: str | None = Field(
+        default=None, description="comma-separated addresses or networks of the reverse proxies whose "
+                                  "X-Forwarded-For / X-Forwarded-Proto are trusted ('*': any); unset: none")
+    header_timeout: float = Field(default=10.0, gt=0, description="seconds a request's line and headers may "
+                                                                  "take to arrive before the connection is closed")
+    keep_alive_timeout: int = Field(default=5, ge=1, description="seconds an idle kept-alive connection stays open")
+    max_connections: int = Field(default=1000, ge=1, description="open connections at most: one over it is "
+                                                                  "closed, a request on a full server gets 503")
 
     @model_validator(mode="after")
     def _check_tokens(self) -> Self:

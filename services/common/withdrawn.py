@@ -57,6 +57,12 @@ def publish(redis: Any, ids: Sequence[str], *, keep: int = KEEP) -> None:
                 redis.zremrangebyscore(LOG_KEY, "-inf", floor)
 
 
+def was_withdrawn(redis: Any, pool_id: str) -> bool:
+    """Whether ``pool_id`` is in the log (withdrawn within its newest :data:`KEEP` entries). Raises what Redis
+    raises."""
+    return redis.zscore(LOG_KEY, pool_id) is not None
+
+
 def read(redis: Any, after: int) -> Feed:
     """The ids withdrawn after watermark ``after`` (see :class:`Feed`)."""
     pipe = redis.pipeline(transaction=True)

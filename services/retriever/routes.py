@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from t3ar.data.pool_labels import check_label
+from t3ar.data.pool_labels import check_label, hidden_ranges
 from t3ar.errors import InvalidInputError
 from t3ar_services.common.offloop import OffLoopJsonRoute
 from t3ar_services.common.text import check_text, parse_json_object, readable
@@ -50,8 +50,9 @@ def _check_source(source: str) -> str:
 
 
 # What check_label accepts (a class name; issue 33: the rule is the library's, t3ar.data.pool_labels)
-# (empty, or no control character and no whitespace at either end)
-_CTRL = "\\x00-\\x1f\\x7f-\\x9f"
+# (empty, or no control character, no invisible or formatting character of the Basic Multilingual Plane, and no
+# whitespace at either end)
+_CTRL = "\\x00-\\x1f\\x7f-\\x9f" + hidden_ranges()
 LABEL_SCHEMA = {"maxLength": 200, "pattern": f"^(?:[^\\s{_CTRL}](?:[^{_CTRL}]*[^\\s{_CTRL}])?)?$"}
 
 

@@ -22,6 +22,7 @@ import logging
 import shutil
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     if report.labelled_neighbours_total:  # labelled neighbours: the first few (report: more)
         summary["labelled_neighbours_total"] = report.labelled_neighbours_total
         summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
+        summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
     if acceptance is not None:
         summary["winner"] = acceptance["winner"]  # the whole record is meta["acceptance"] (GET /jobs/{id})
     if "after" in metrics:
@@ -286,6 +288,14 @@ def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, targe
     if options.require_gain and (why := gain_refusal(done.acceptance)) is not None:
         raise AcceptanceRefusedError(why)
     return done.winner.outcome, done.winner.config, record, done.phase_seconds()
+
+
+def labelled_per_label(uses: Sequence[Any]) -> dict[str, int]:
+    """How many of the labelled neighbours ``uses`` (:class:`t3ar.pipeline.LabelledUse`) carry each label."""
+    counts: dict[str, int] = {}
+    for u in uses:
+        counts[u.label] = counts.get(u.label, 0) + 1
+    return counts
 
 
 def _brief_eval(ev: dict[str, Any] | None) -> EvalBrief | None:

@@ -43,6 +43,10 @@ class ExportError(T3arError):
     could not be made. Nothing is left at the destination."""
 
 
+class ExportTooLargeError(ExportError):
+    """An export would take more memory than the caller allows (refused before any of it is made)."""
+
+
 class MissingDependencyError(T3arError):
     """An optional package that a feature needs is not installed; the message names the extra to install."""
 

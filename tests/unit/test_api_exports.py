@@ -177,3 +177,88 @@ def test_the_console_job_page_offers_the_three_downloads(client: TestClient, job
     assert bad.status_code == 422 and "unknown checkpoint format" in bad.text and "<html" in bad.text.lower()
     page = client.get(f"/ui/jobs/{job_id}")
     assert 'id="exports"' in page.text and hashlib.sha256(onnx.content).hexdigest() in page.text
+
+
+def _second_job(client: TestClient, tmp_path: Path, first: str) -> str:
+    """Another finished job of the same model (its artifacts copied from ``first``'s)."""
+    import shutil
+    import zipfile
+
+    from console_kit import png_image
+
+    model_id = client.get("/models", headers=USER).json()["models"][0]["id"]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(3):
+            zf.writestr(f"y{i}.png", png_image(10 + i))
+    resp = client.post("/adapt", files={"archive": ("t.zip", buf.getvalue())},
+                       data={"model_id": model_id, "config": json.dumps({"method": "tent", "epochs": 1})},
+                       headers=USER)
+    assert resp.status_code == 202, resp.text
+    second = str(resp.json()["id"])
+    shutil.copytree(artifacts_dir(tmp_path / "data", first), artifacts_dir(tmp_path / "data", second))
+    client.app.state.api.jobs.fetch(second).delete()  # type: ignore[attr-defined]  # disk says finished
+    return second
+
+
+@pytest.mark.slow  # two real ONNX exports: ~15 s on the busy 2-core machine
+def test_concurrent_first_exports_of_two_jobs_both_succeed_one_torch_export_at_a_time(
+        client: TestClient, job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.onnx.export`` keeps process-global state: two at once failed one of them with export_failed."""
+    other = _second_job(client, tmp_path, job_id)
+    real = torch.onnx.export
+    inside: list[int] = []
+    most: list[int] = [0]
+    both_in = threading.Barrier(2)
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        inside.append(1)
+        most[0] = max(most[0], len(inside))
+        try:
+            both_in.wait(timeout=5)  # the other export gets every chance to enter alongside this one
+        except threading.BrokenBarrierError:
+            pass
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(torch.onnx, "export", watched)
+    answers: dict[str, Any] = {}
+
+    def fetch(jid: str) -> None:
+        answers[jid] = _get(client, jid, "onnx")
+
+    threads = [threading.Thread(target=fetch, args=(j,)) for j in (job_id, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {j: r.status_code for j, r in answers.items()} == {job_id: 200, other: 200}, \
+        {j: r.text[:300] for j, r in answers.items()}
+    assert most[0] == 1  # never two torch exports at once in the process
+
+
+def test_an_export_over_the_memory_cap_is_refused_before_it_starts(tmp_path: Path) -> None:
+    from console_kit import app_for, settings_for
+
+    import t3ar.export
+
+    with TestClient(app_for(settings_for(tmp_path, max_export_memory_bytes=1024**2), new_pool())) as client:
+        job_id = finished_job(client, tmp_path, signed_in(client, "user-t"))
+        art = artifacts_dir(tmp_path / "data", job_id)
+        before = sorted(p.name for p in art.iterdir())
+        started: list[int] = []
+        real = t3ar.export.export_checkpoint
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(t3ar.export, "export_checkpoint", lambda *a, **k: started.append(1) or real(*a, **k))
+            for fmt in ("onnx", "safetensors"):
+                resp = _get(client, job_id, fmt)
+                assert resp.status_code == 422, resp.text
+                error = resp.json()["error"]
+                assert error["code"] == "export_too_large"
+                assert "T3AR_API_MAX_EXPORT_MEMORY_BYTES" in error["message"] and "32 px" in error["message"]
+        assert started == []  # refused before the export began
+        assert sorted(p.name for p in art.iterdir()) == before
+        assert client.get(f"/jobs/{job_id}", headers=USER).json()["exports"] == {}
+        assert _get(client, job_id).status_code == 200  # the .pt checkpoint still downloads

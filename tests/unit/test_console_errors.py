@@ -134,3 +134,31 @@ def test_a_hung_retriever_is_reported_at_once_and_named(tmp_path: Path) -> None:
             assert accepted == 1  # one attempt, no retry
     finally:
         hung.close()
+
+
+def test_a_failed_model_upload_says_what_is_wrong_with_the_file(client: TestClient, tmp_path: Path) -> None:
+    """A checkpoint without its spec read "malformed checkpoint metadata: 'spec'" (a KeyError's text), one with a
+    spec missing a field a page of pydantic output with links; now one line naming the entry or field."""
+    import html
+    import io
+
+    import torch
+    from console_kit import model_file
+
+    csrf = signed_in(client, "user-t")
+    good = torch.load(io.BytesIO(model_file(tmp_path)), weights_only=False)
+    no_classes = {k: v for k, v in good["spec"].items() if k != "classes"}
+    cases = {"has no 'spec' entry (the model's backbone, classes and image size)":
+             {k: v for k, v in good.items() if k != "spec"},
+             "its spec is invalid: classes: Field required": {**good, "spec": no_classes}}
+    for expected, payload in cases.items():
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        page = client.post("/ui/models", files={"file": ("mine.pt", buf.getvalue())},
+                           data={"name": "x", "csrf": csrf})
+        assert page.status_code == 422 and expected in html.unescape(page.text), page.text[-2000:]
+        assert "pydantic.dev" not in page.text and "metadata: &#39;" not in page.text
+        api = client.post("/models", files={"file": ("mine.pt", buf.getvalue())},
+                          headers={"Authorization": "Bearer user-t"})
+        assert api.status_code == 422 and api.json()["error"]["message"].startswith("mine.pt: malformed checkpoint")
+        assert expected in api.json()["error"]["message"]

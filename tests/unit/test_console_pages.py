@@ -212,3 +212,30 @@ def test_job_page_shows_the_phase_table(client: TestClient, tmp_path: Path) -> N
     assert "queue wait</th><td>0.25 s</td>" in table  # before the worker's total: no share
     assert "steps</th><td>6.00 s (60 %)" in table and "inputs fetched</th><td>1.50 s (15 %)" in table
     assert "other</th><td>2.50 s (25 %)" in table
+
+
+def test_a_made_up_pool_id_is_not_found_and_a_withdrawn_one_says_withdrawn(client: TestClient,
+                                                                           pool: dict[str, Any]) -> None:
+    """An id the pool never held was shown as "Pool item zzz withdrawn"; now a 404 page saying it is unknown. An
+    item withdrawn through the API (no job used it) still reads as withdrawn."""
+    csrf = signed_in(client, "admin-t")
+    for path in ("/ui/pool/zzz", "/ui/pool/zzz/withdrawn"):
+        page = client.get(path)
+        assert page.status_code == 404, path
+        assert "no pool item" in page.text and "never withdrawn" in page.text
+        assert 'class="status failed">withdrawn' not in page.text
+    posted = client.post("/ui/pool/p-2/withdraw", data={"csrf": csrf}, follow_redirects=False)
+    assert posted.status_code == 303 and pool["deleted"] == ["p-2"]
+    for path in ("/ui/pool/p-2", "/ui/pool/p-2/withdrawn"):
+        page = client.get(path)
+        assert page.status_code == 200 and "withdrawn" in page.text, path
+    assert 'class="status failed">withdrawn' in client.get("/ui/pool/p-2").text
+
+
+def test_the_api_root_sends_a_browser_to_the_console(client: TestClient) -> None:
+    """``/`` was a JSON 404 (and `t3ar up` prints the API's address)."""
+    root = client.get("/", follow_redirects=False)
+    assert root.status_code == 303 and root.headers["location"] == "/ui"
+    page = client.get("/")  # followed: the console's sign-in page
+    assert page.status_code == 200 and "/ui/login" in str(page.url)
+    assert "/" not in client.get("/openapi.json").json()["paths"]

@@ -262,3 +262,53 @@ def test_safetensors_export_keeps_nan_and_tuple_metrics(tmp_path: Path) -> None:
     assert report.parity.ok and report.parity.images == 4
     _, info = load_checkpoint(tmp_path / "m.safetensors")
     assert np.isnan(info.metrics["after"]["top1"]) and info.metrics["shape"] == [3, 4]
+
+
+def test_the_parity_check_runs_in_chunks_and_gives_the_one_batch_result(onnx_export: tuple[Path, Any],
+                                                                          checkpoint: Path, photos: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's memory is one chunk's activations whatever the image count (the API ran 64 images at the
+    model's size in one batch), and chunking changes none of its figures."""
+    from t3ar.export import parity
+
+    out, _ = onnx_export
+    model, info = load_checkpoint(checkpoint)
+    images, source = images_for_parity(SIZE, photos)
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda _m, args: seen.append(len(args[0])))
+    chunked = parity.reference_logits(model, info.spec, images)
+    assert len(seen) > 1 and max(seen) <= parity.CHUNK and sum(seen) == len(images) == 64
+    fed: list[int] = []
+    real_session = ort.InferenceSession
+
+    class Watched(real_session):  # type: ignore[misc, valid-type]
+        def run(self, names: Any, feeds: dict[str, np.ndarray], *a: Any) -> Any:
+            fed.extend(len(v) for v in feeds.values())
+            return super().run(names, feeds, *a)
+
+    monkeypatch.setattr(ort, "InferenceSession", Watched)
+    data = out.read_bytes()
+    onnx_chunked = parity.onnx_logits(data, images)
+    assert fed[0] == 1 and max(fed) <= parity.CHUNK and sum(fed) == 64
+    monkeypatch.setattr(parity, "CHUNK", 64)
+    whole = parity.reference_logits(model, info.spec, images)
+    onnx_whole = parity.onnx_logits(data, images)
+    np.testing.assert_allclose(chunked, whole, atol=1e-5)
+    a, b = parity.compare(chunked, onnx_chunked, source), parity.compare(whole, onnx_whole, source)
+    assert a.ok and b.ok and a.top1_agreement == b.top1_agreement == 1.0
+    assert abs(a.max_abs_diff - b.max_abs_diff) < 1e-5
+
+
+def test_the_export_memory_estimate_grows_with_the_image_size() -> None:
+    """What the API compares with its export cap: weights, parity images and one chunk's activations."""
+    from t3ar.export.parity import CHUNK
+    from t3ar.export.size import export_memory_bytes, model_footprint
+
+    small = ModelSpec(backbone=PRESETS["efficientnet_lite0"], classes=CLASSES, image_size=SIZE)
+    big = small.model_copy(update={"image_size": 1024})
+    weights, largest = model_footprint(big)
+    assert 10e6 < weights < 30e6  # Lite0: ~4.7 M parameters (float32) with the head
+    assert largest >= 32 * 512 * 512 * 4  # at least the stem's output: 32 channels at half the size
+    need = export_memory_bytes(big, 64)
+    assert need > 2 * CHUNK * largest + 2 * 64 * 3 * 1024**2
+    assert need > 20 * export_memory_bytes(small, 64) > 0  # at 32 px the weights are most of it

@@ -52,7 +52,7 @@ def test_the_report_lists_labelled_neighbours_and_the_summary_names_them() -> No
     again = JobReport.model_validate(report.model_dump(mode="json"))
     assert again.labelled_neighbours == uses and JobReport(job_id="j").labelled_neighbours == []
     line = labelled_summary([u.model_dump() for u in uses], total=30)
-    assert line.startswith("30 pool neighbours served as labelled data (dog 8, cat 4)")
+    assert line.startswith("30 pool neighbours served as labelled data (dog 8, cat 4 among the 12 listed)")
     assert "p-0 (cat, 1 step)" in line and "p-1 (dog, 2 steps)" in line and "and 20 more" in line
     with pytest.raises(ValidationError):
         LabelledNeighbour(pool_id="p", label="x", uses=0)
@@ -69,3 +69,25 @@ def test_job_status_lines_name_the_labelled_neighbours() -> None:
                       "labelled_neighbours_total": 1}}
     assert "1 pool neighbour served as labelled data (owl 1): p-3 (owl, 2 steps)" in _summary(job)
     assert "labelled" not in _summary({**job, "result": {}})
+
+
+def test_jobs_show_counts_every_labelled_neighbour_per_label_not_only_the_listed() -> None:
+    """The job's result names the first 20 labelled neighbours; its per-label counts were of those 20, printed
+    beside the total of all 47. The worker now records the counts of all, and the line says so; a result
+    without them (an older worker) says its counts are of the listed ones."""
+    from types import SimpleNamespace
+
+    from t3ar.cli.job_cmd import _summary
+    from t3ar_services.worker.jobs import labelled_per_label
+
+    everyone = [SimpleNamespace(pool_id=f"p-{i}", label="dog" if i < 30 else "cat", uses=1) for i in range(47)]
+    counts = labelled_per_label(everyone)
+    assert counts == {"dog": 30, "cat": 17}
+    listed = [{"pool_id": u.pool_id, "label": u.label, "uses": u.uses} for u in everyone[:20]]
+    job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"}, "target": {"images": 4},
+           "result": {"labelled_neighbours": listed, "labelled_neighbours_total": 47, "labelled_per_label": counts}}
+    assert "47 pool neighbours served as labelled data (dog 30, cat 17): p-0 (dog, 1 step)" in _summary(job)
+    del job["result"]["labelled_per_label"]
+    assert "47 pool neighbours served as labelled data (dog 20 among the 20 listed): " in _summary(job)
+    whole = labelled_summary(listed[:3], total=3)
+    assert whole.startswith("3 pool neighbours served as labelled data (dog 3): ")

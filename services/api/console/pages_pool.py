@@ -110,7 +110,11 @@ def item_page(request: Request, session: SessionDep, pool_id: str) -> Response:
         res = call(reader.search_images, [image], NEAR_K, exclude_ids=[pool_id])
         near = [{"id": i, "score": s, "label": lab}
                 for i, s, lab in zip(res.ids[0], res.scores[0], res.labels[0], strict=False) if i]
-    lineage = access.visible_lineage(state, session.who, call(pool.lineage, state, links_of(request), pool_id))
+    found = call(pool.lineage, state, links_of(request), pool_id)
+    if item is None and not call(pool.known_gone, state, found):
+        raise PageError(404, f"no pool item {pool_id!r}: the pool does not hold it, and it was never withdrawn nor "
+                             "used by a job")
+    lineage = access.visible_lineage(state, session.who, found)
     return render(request, "item.html", session, pool_id=pool_id, item=item, near=near, lineage=lineage)
 
 
@@ -178,7 +182,11 @@ def withdrawn_page(request: Request, session: SessionDep, pool_id: str) -> Respo
     state = api_state(request)
     if _item(pool_reader(request), pool_id) is not None:
         return RedirectResponse(f"{PREFIX}/pool/{_seg(pool_id)}", status_code=303)
-    lineage = access.visible_lineage(state, session.who, call(pool.lineage, state, links_of(request), pool_id))
+    found = call(pool.lineage, state, links_of(request), pool_id)
+    if not call(pool.known_gone, state, found):
+        raise PageError(404, f"no pool item {pool_id!r}: the pool does not hold it, and it was never withdrawn nor "
+                             "used by a job")
+    lineage = access.visible_lineage(state, session.who, found)
     return render(request, "withdraw.html", session, pool_id=pool_id, item=None, lineage=lineage, done=True)
 
 

@@ -10,8 +10,12 @@ Contracts:
 - nothing half-written: :func:`t3ar.export.export_checkpoint` writes the file whole (temp file, rename) and only
   after its parity check passed on the job's own target images; it is recorded after it is whole. A file without
   its record (a crash in between) is made again; a record without its file likewise;
+- bounded: an export whose memory (:func:`t3ar.export.size.export_memory_bytes`: weights, parity images, one
+  chunk's activations at the model's image size) is over ``T3AR_API_MAX_EXPORT_MEMORY_BYTES`` is refused before any
+  of it is made; one export runs at a time in a process (:func:`t3ar.export.export_checkpoint`);
 - errors: an unknown format is InvalidInputError (422), a job not finished 409, a parity failure ExportError
-  (422, with the figures), onnx/onnxruntime not installed MissingDependencyError (503).
+  (422, with the figures), an export over the memory cap ExportTooLargeError (422), onnx/onnxruntime not
+  installed MissingDependencyError (503).
 
 Blocking (seconds of CPU on the first request): callers run it off the event loop.
 """
@@ -26,12 +30,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from t3ar.errors import InvalidInputError
+from t3ar.errors import ExportTooLargeError, InvalidInputError
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.domain.jobs import checkpoint
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.store import ExportRow
+
+if TYPE_CHECKING:
+    from t3ar.models.classifier import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +72,28 @@ def _locked(folder: Path) -> Iterator[None]:
         os.close(fd)  # closing drops the lock
 
 
+def _check_size(state: ApiState, spec: ModelSpec, n_images: int) -> None:
+    from t3ar.export.size import export_memory_bytes
+    from t3ar.jobsize import gib
+
+    need, cap = export_memory_bytes(spec, n_images), state.settings.max_export_memory_bytes
+    if need > cap:
+        raise ExportTooLargeError(
+            f"exporting this checkpoint would take about {gib(need)} of memory (its weights, {n_images} parity images "
+            f"of {spec.image_size} px and their activations); this API allows {gib(cap)} per export "
+            "(T3AR_API_MAX_EXPORT_MEMORY_BYTES): download the .pt checkpoint and run `t3ar export` on a machine "
+            "with the memory")
+
+
 def _make(state: ApiState, job_id: str, fmt: str, src: Path, dest: Path) -> ExportRow:
     from t3ar.export import export_checkpoint
-    from t3ar.export.probe import images_for_parity
+    from t3ar.export.probe import PROBE_COUNT, images_for_parity
     from t3ar.models.checkpoint import read_info
 
     row = require_job(state.store, job_id)
-    size = read_info(src).spec.image_size
+    spec = read_info(src).spec
+    _check_size(state, spec, PROBE_COUNT)  # before the images or the model are loaded
+    size = spec.image_size
     images, source = images_for_parity(size, state.settings.data_dir / row.target_dir, name="the job's target")
     report = export_checkpoint(src, fmt, dest, images=images, images_source=source)
     done = ExportRow(job_id, fmt, report.sha256, report.size, _now(), report.parity.as_dict())

@@ -134,6 +134,7 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
     settings = state.settings
     job_id = uuid.uuid4().hex
     job_dir = settings.data_dir / "jobs" / job_id
+    state.submissions.add(job_id)  # before its folder exists: the leftover sweep leaves it alone
     try:
         model = require_model(state.store, settings, upload.model_id)
         given, cfg = parse_config(upload.config)
@@ -183,6 +184,8 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
     except BaseException:
         discard(job_dir)
         raise
+    finally:
+        state.submissions.discard(job_id)  # after its record, or after its folder is gone
 
 
 def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:

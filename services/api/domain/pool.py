@@ -54,6 +54,14 @@ def lineage(state: ApiState, links: Links, pool_id: str) -> s.LineageResponse:
                              in_flight=state.jobs.started_ids())
 
 
+def known_gone(state: ApiState, lineage_: s.LineageResponse) -> bool:
+    """Whether a pool id the pool does not hold (``lineage_`` is its lineage) was ever in it: withdrawn through
+    this API (the withdrawal log), or retrieved by a job. False for an id never seen (a typo, a made-up link)."""
+    from t3ar_services.common.withdrawn import was_withdrawn
+
+    return bool(lineage_.jobs) or was_withdrawn(state.redis, lineage_.pool_id)
+
+
 def withdraw_item(state: ApiState, links: Links, pool_id: str) -> s.DeleteResponse:
     """Withdraw a pool item (no search returns it once this returns) with its lineage; 404 when it is not in the
     pool. Once the retriever deleted it the answer is a success, with whatever lineage could be read."""

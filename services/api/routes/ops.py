@@ -1,12 +1,12 @@
-"""Operations: health (the process answers), readiness (Redis and the retriever answer) and Prometheus metrics.
-None needs a token."""
+"""Operations: health (the process answers), readiness (Redis and the retriever answer) and Prometheus metrics;
+``/`` sends a browser to the web console. None needs a token."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, RedirectResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rq import Worker
 
@@ -14,6 +14,12 @@ from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import StateDep
 
 router = APIRouter(responses=s.error_responses(401, 403, 404, 409, 413, 422, 503), tags=["ops"])
+
+
+@router.get("/", include_in_schema=False)
+def root(request: Request) -> RedirectResponse:
+    """The API's address opened in a browser: the console (its sign-in page when not signed in)."""
+    return RedirectResponse(f"{request.scope.get('root_path', '')}/ui", status_code=303)
 
 
 @router.get("/health", response_model=s.HealthResponse)

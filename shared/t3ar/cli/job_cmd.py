@@ -30,6 +30,11 @@ def _api_options(admin: bool = False) -> Callable[[F], F]:
     return service_options("API", "T3AR_API_URL", DEFAULT_URL, token_env)
 
 
+def console_page(api_url: str, job_id: str) -> str:
+    """The job's page in the web console (what a person opens; the JSON route ``/jobs/<id>`` needs a token)."""
+    return f"{api_url.rstrip('/')}/ui/jobs/{job_id}"
+
+
 def _summary(job: dict[str, Any]) -> str:
     p = job.get("progress") or {}
     line = f"{job['id']}  {job['status']:9s} model {job['model_id']}  {job['config'].get('method')}"
@@ -52,7 +57,8 @@ def _summary(job: dict[str, Any]) -> str:
         line += "\n    " + "\n    ".join(acceptance_table(AcceptanceRecord.model_validate(job["acceptance"])))
     res = job.get("result") or {}
     if res.get("labelled_neighbours"):  # issue 33: which neighbours served as labelled data, with their labels
-        line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"))
+        line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
+                                          per_label=res.get("labelled_per_label"))
     return line
 
 
@@ -172,9 +178,10 @@ def submit(target: Path, model: str, method: str | None, preset: str | None, mod
         for w in accepted.get("warnings", []):
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):
-            echo_result(as_json, accepted, f"job {accepted['id']} queued: {accepted['url']}")
+            echo_result(as_json, accepted, f"job {accepted['id']} queued: {console_page(url, accepted['id'])}")
             return
-        click.echo(f"job {accepted['id']} queued ({accepted['target']['images']} images)", err=True)
+        click.echo(f"job {accepted['id']} queued ({accepted['target']['images']} images): "
+                   f"{console_page(url, accepted['id'])}", err=True)
         _finish(client, follow_job(client, accepted["id"], as_json, timeout), out, as_json)
 
 
@@ -268,7 +275,8 @@ def jobs_readapt(job_id: str, follow: bool, out: Path | None, url: str, token: s
     with ApiClient(url, token) as client:
         accepted = client.readapt(job_id)
         if not (follow or out):
-            echo_result(as_json, accepted, f"job {accepted['id']} queued (readapt of {job_id}): {accepted['url']}")
+            echo_result(as_json, accepted, f"job {accepted['id']} queued (readapt of {job_id}): "
+                                           f"{console_page(url, accepted['id'])}")
             return
         _finish(client, follow_job(client, accepted["id"], as_json, None), out, as_json)
 

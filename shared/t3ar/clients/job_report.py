@@ -227,14 +227,22 @@ def acceptance_table(acc: AcceptanceRecord) -> list[str]:
              fmt.format(*head)] + [fmt.format(*r) for r in rows])
 
 
-def labelled_summary(uses: Sequence[Mapping[str, Any]], *, total: int | None = None, shown: int = 10) -> str:
+def labelled_summary(uses: Sequence[Mapping[str, Any]], *, total: int | None = None,
+                     per_label: Mapping[str, int] | None = None, shown: int = 10) -> str:
     """One line on the neighbours that served as labelled training data (``{"pool_id", "label", "uses"}``, what
     :class:`t3ar.pipeline.LabelledUse` and :attr:`JobReport.labelled_neighbours` hold): how many (``total`` when
-    the list is a part), per label, and the first ``shown`` with their label and the steps each served in."""
-    per_label: dict[str, int] = {}
-    for u in uses:
-        per_label[str(u["label"])] = per_label.get(str(u["label"]), 0) + 1
-    labels = ", ".join(f"{lab} {n}" for lab, n in sorted(per_label.items(), key=lambda kv: (-kv[1], kv[0])))
+    the list is a part), per label (``per_label``: the counts of all of them; else counted in ``uses``, and said
+    to be of those listed when they are a part), and the first ``shown`` with their label and the steps each
+    served in."""
+    scope = ""
+    if per_label is None:
+        counted: dict[str, int] = {}
+        for u in uses:
+            counted[str(u["label"])] = counted.get(str(u["label"]), 0) + 1
+        per_label = counted
+        if total is not None and total > len(uses):
+            scope = f" among the {len(uses)} listed"
+    labels = ", ".join(f"{lab} {n}" for lab, n in sorted(per_label.items(), key=lambda kv: (-kv[1], kv[0]))) + scope
     first = ", ".join(f"{u['pool_id']} ({u['label']}, {u['uses']} step{'s' if u['uses'] != 1 else ''})"
                       for u in uses[:shown])
     n = total if total is not None else len(uses)

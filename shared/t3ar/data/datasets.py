@@ -28,6 +28,7 @@ import torch
 
 from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
 from t3ar.data.images import is_image_name, open_image, to_tensor_uint8
+from t3ar.data.pool_labels import hidden_problem
 from t3ar.data.sampling import adapted_rows, class_map_check, stratified_subsample
 from t3ar.errors import DatasetError, ImageDecodeError
 
@@ -199,6 +200,10 @@ def _finish(
     if items[0][2] is None:
         return ImageSet([p for p, _, _ in items], [i for _, i, _ in items], None, None, skipped, root)
     classes = sorted({lab for _, _, lab in items if lab is not None})
+    for name in classes:
+        problem = hidden_problem(name, "the class")
+        if problem is not None:
+            raise DatasetError(f"{source}: {problem}")
     index = {c: k for k, c in enumerate(classes)}
     labels = [index[lab] for _, _, lab in items if lab is not None]
     return ImageSet([p for p, _, _ in items], [i for _, i, _ in items], labels, classes, skipped, root)

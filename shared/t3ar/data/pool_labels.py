@@ -12,14 +12,17 @@ unlabelled). Two ways to say which images carry which label, for ``t3ar pool ing
   no image of ``DIR`` is counted (:attr:`PoolLabels.unmatched`), not an error, so one CSV can describe a superset.
 
 The rule of a label (checked here before an upload, and by the retriever where it arrives): at most
-:data:`MAX_LABEL_CHARS` characters, no control characters (C0, DEL, C1), no leading or trailing spaces, valid UTF-8 text. The
-empty string means no label.
+:data:`MAX_LABEL_CHARS` characters, no control characters (C0, DEL, C1), no invisible or bidi formatting
+characters (:func:`hidden_character`), no leading or trailing spaces, valid UTF-8 text. The empty string means no
+label. Target labels (folder names, ``labels.csv``) and a model's class names obey the hidden-character part too:
+``do<U+200B>g`` shows as ``dog`` and silently never matches the class.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -31,8 +34,47 @@ FOLDERS = "folders"
 _HEADERS = ({"path", "label"}, {"file", "label"})
 
 
+#: Unicode categories no label or class name may hold: format characters (Cf: bidi controls such as U+202E,
+#: zero-width ones such as U+200B, U+FEFF, the soft hyphen) and line and paragraph separators (Zl, Zp)
+HIDDEN_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
+
+
+def hidden_character(text: str) -> str | None:
+    """The first invisible or bidi formatting character of ``text`` as ``U+200B (ZERO WIDTH SPACE)``, or None."""
+    for ch in text:
+        if unicodedata.category(ch) in HIDDEN_CATEGORIES:
+            return f"U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
+    return None
+
+
+def hidden_ranges(last: int = 0xFFFF) -> str:
+    """The :func:`hidden_character` code points up to ``last`` as the body of a regular-expression character class
+    (``\\u00ad\\u0600-\\u0605...``; the Basic Multilingual Plane by default: ``\\uXXXX`` reads the same in
+    Python's and ECMAScript's expressions)."""
+    spans: list[list[int]] = []
+    for code in range(last + 1):
+        if unicodedata.category(chr(code)) in HIDDEN_CATEGORIES:
+            if spans and spans[-1][1] == code - 1:
+                spans[-1][1] = code
+            else:
+                spans.append([code, code])
+    return "".join(f"\\u{a:04x}" if a == b else f"\\u{a:04x}-\\u{b:04x}" for a, b in spans)
+
+
+def hidden_problem(text: str, what: str) -> str | None:
+    """A message refusing ``text`` (called ``what``) when it holds a :func:`hidden_character`, else None."""
+    found = hidden_character(text)
+    if found is None:
+        return None
+    return (f"{what} {ascii(text)} contains the invisible or formatting character {found}: it would show as another "
+            "name and never match it; remove it")
+
+
 def label_problem(label: str) -> str | None:
     """Why ``label`` cannot be a pool label, or None if it can (the empty string is no label: never a problem)."""
+    hidden = hidden_problem(label, "label")
+    if hidden is not None:
+        return hidden
     if len(label) > MAX_LABEL_CHARS or any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in label) \
             or label != label.strip():
         return (f"label must be at most {MAX_LABEL_CHARS} printable characters without leading or trailing spaces "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,9 @@ FORMATS: tuple[ExportFormat, ...] = ("onnx", "safetensors")
 SUFFIXES: dict[str, str] = {"onnx": ".onnx", "safetensors": ".safetensors"}
 # ONNX and safetensors have no registered media type: both go as bytes, named by their file suffix
 MEDIA_TYPES: dict[str, str] = {"onnx": "application/octet-stream", "safetensors": "application/octet-stream"}
+#: one export at a time in a process: ``torch.onnx.export`` keeps process-global state (two at once fail with
+#: "GLOBALS.in_onnx_export must be False"), and a server's memory cap is per export
+_ONE_AT_A_TIME = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,15 @@ def export_checkpoint(checkpoint: Path, fmt: str, out: Path, *, images: torch.Te
     says which), else :func:`t3ar.export.probe.images_for_parity`'s generated set. Raises ParityError (an
     ExportError, with the figures) when the export does not reproduce the checkpoint, CheckpointError for a file
     that is not a checkpoint, InvalidInputError for an unknown format, MissingDependencyError when onnx or
-    onnxruntime is not installed. Nothing is written at ``out`` in every one of those cases.
+    onnxruntime is not installed. Nothing is written at ``out`` in every one of those cases. Exports of one process
+    run one at a time (a second call waits for the first).
     """
+    with _ONE_AT_A_TIME:
+        return _export(checkpoint, fmt, out, images, images_source, tolerance)
+
+
+def _export(checkpoint: Path, fmt: str, out: Path, images: torch.Tensor | None, images_source: str,
+            tolerance: float) -> ExportReport:
     from t3ar.export.onnx_graph import inference_classifier, onnx_bytes, require_onnx
 
     fmt = check_format(fmt)

@@ -1,8 +1,10 @@
 """The check an export must pass before it is written: the exported model's logits against the checkpoint's.
 
 The reference is the classifier as t3ar loads it from the checkpoint, in eval mode, on the CPU, fed the way t3ar
-evaluates (uint8 -> :class:`t3ar.method.augment.Normalizer`). ONNX runs in onnxruntime on the CPU, in two calls of
-different batch sizes (1, then the rest) so the dynamic batch dimension is exercised too. A safetensors file is
+evaluates (uint8 -> :class:`t3ar.method.augment.Normalizer`). ONNX runs in onnxruntime on the CPU, first on one
+image, then on chunks of :data:`CHUNK`, so the dynamic batch dimension is exercised too. Both run the images in
+chunks of :data:`CHUNK`: the memory of a check is that of one chunk's activations, whatever the image count
+(:mod:`t3ar.export.size` estimates it). A safetensors file is
 loaded back through :func:`t3ar.models.checkpoint.load_checkpoint`'s reader and must hold every tensor bit for bit.
 """
 
@@ -21,6 +23,15 @@ from t3ar.models.classifier import Classifier, ModelSpec
 #: Largest |logit difference| an export may show (the issue's contract); float rounding of a fused graph is
 #: ~1e-6 on Lite0, so this only catches a wrong graph.
 TOLERANCE = 1e-3
+#: images per forward pass of a parity check (the result does not depend on it; the peak memory does)
+CHUNK = 4
+
+
+def _chunks(n: int, first: int | None = None) -> list[slice]:
+    """Slices of ``range(n)`` of :data:`CHUNK` images (after one of ``first`` images when given)."""
+    start = min(first, n) if first else 0
+    head = [slice(0, start)] if start else []
+    return head + [slice(i, min(i + CHUNK, n)) for i in range(start, n, CHUNK)]
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,11 @@ def reference_logits(model: Classifier, spec: ModelSpec, images: torch.Tensor) -
     """The checkpoint's logits on uint8 ``images [n, 3, s, s]``: eval mode, CPU, float32, as t3ar evaluates."""
     model = model.cpu().eval()
     norm = Normalizer(spec.backbone.mean, spec.backbone.std, torch.device("cpu"))
+    parts: list[np.ndarray] = []
     with torch.no_grad():
-        out: np.ndarray = model(norm(images)).float().numpy()
-    return out
+        for part in _chunks(len(images)):
+            parts.append(model(norm(images[part])).float().numpy())
+    return np.concatenate(parts) if parts else np.empty((0, spec.num_classes), dtype=np.float32)
 
 
 def compare(reference: np.ndarray, exported: np.ndarray, source: str) -> Parity:
@@ -77,7 +90,7 @@ def compare(reference: np.ndarray, exported: np.ndarray, source: str) -> Parity:
 
 def onnx_logits(data: bytes, images: torch.Tensor) -> np.ndarray:
     """onnxruntime's logits for uint8 ``images [n, 3, s, s]`` (fed as the graph takes them: NHWC), batch 1 then
-    the rest."""
+    chunks of :data:`CHUNK`."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -86,5 +99,5 @@ def onnx_logits(data: bytes, images: torch.Tensor) -> np.ndarray:
     session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     nhwc = images.permute(0, 2, 3, 1).contiguous().numpy()
     name = session.get_inputs()[0].name
-    parts = [session.run(None, {name: chunk})[0] for chunk in (nhwc[:1], nhwc[1:]) if len(chunk)]
+    parts = [session.run(None, {name: nhwc[part]})[0] for part in _chunks(len(nhwc), first=1)]
     return np.concatenate(parts).astype(np.float32)

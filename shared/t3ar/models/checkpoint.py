@@ -127,13 +127,27 @@ def read_payload(path: Path) -> tuple[dict[str, Any], str]:
     return payload, hashlib.sha256(data).hexdigest()
 
 
+def _invalid(exc: ValidationError, shown: int = 5) -> str:
+    """``exc`` in one line a person reads: each field and what is wrong with it (no pydantic links)."""
+    errors = exc.errors(include_url=False)
+    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'value'}: {e['msg']}" for e in errors[:shown]]
+    more = f" (and {len(errors) - shown} more)" if len(errors) > shown else ""
+    return "is invalid: " + "; ".join(parts) + more
+
+
 def info_from_payload(payload: dict[str, Any], sha: str, path: Path) -> CheckpointInfo:
     """The validated metadata of a :func:`read_payload` dict (CheckpointError when malformed)."""
+    if "spec" not in payload:
+        raise CheckpointError(f"{path}: malformed checkpoint: it has no 'spec' entry (the model's backbone, classes "
+                              "and image size); make checkpoints with `t3ar train-source` or `t3ar adapt`")
     try:
         spec = ModelSpec.model_validate(payload["spec"])
+    except ValidationError as exc:
+        raise CheckpointError(f"{path}: malformed checkpoint: its spec {_invalid(exc)}") from exc
+    try:
         lineage = Lineage.model_validate(payload.get("lineage") or {})
-    except (KeyError, ValidationError) as exc:
-        raise CheckpointError(f"{path}: malformed checkpoint metadata: {exc}") from exc
+    except ValidationError as exc:
+        raise CheckpointError(f"{path}: malformed checkpoint: its lineage {_invalid(exc)}") from exc
     if not isinstance(payload.get("state_dict"), dict):
         raise CheckpointError(f"{path}: checkpoint has no state_dict")
     return CheckpointInfo(spec, payload.get("adapt_config"), lineage, dict(payload.get("metrics") or {}), sha)

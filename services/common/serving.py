@@ -1,0 +1,99 @@
+"""How the services run in uvicorn: which forwarded headers they trust, how long a request's head may take, how
+many connections they hold (the settings every service shares, :class:`t3ar_services.common.settings.ServiceSettings`).
+
+- Forwarded headers (``X-Forwarded-For``, ``X-Forwarded-Proto``) are trusted only from the addresses in
+  ``FORWARDED_ALLOW_IPS`` (a service's setting; unset: from nobody). uvicorn's own default trusts them from
+  127.0.0.1, so any local client (or a proxy that passes a client's header through) chose the address the
+  failed sign-in limit counts by.
+- A request's head must arrive within ``HEADER_TIMEOUT`` seconds (:class:`ConnectionGuard`), an idle kept-alive
+  connection is closed after ``KEEP_ALIVE_TIMEOUT``, and at most ``MAX_CONNECTIONS`` are open: one over it is
+  closed as it opens, and a request on a full server is answered 503 (uvicorn's ``limit_concurrency``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from typing import Any
+
+from t3ar_services.common.settings import ServiceSettings
+
+
+class ConnectionGuard:
+    """A mixin for a uvicorn HTTP protocol class: a request's head (request line and headers) must arrive within
+    ``header_timeout`` seconds of the connection opening, or of the previous response on a kept-alive one, else
+    the connection is closed (uvicorn has no such timeout: a client sending its headers a byte at a time held
+    the connection, and one file descriptor, forever); and a connection over ``max_connections`` open ones is
+    closed as it opens. Both are set by :func:`guarded`; the request body is the routes' business (their body
+    limits)."""
+
+    header_timeout: float = 10.0
+    max_connections: int = 1000
+    _header_timer: asyncio.TimerHandle | None = None
+    # uvicorn's protocol's own (the class this is mixed into)
+    cycle: Any
+    connections: Any
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if len(self.connections) > self.max_connections:
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
+        if self._header_timer is None and (cycle is None or cycle.response_complete):
+            self._arm()  # the first bytes of a next request on a kept-alive connection
+        super().data_received(data)  # type: ignore[misc]
+        if self.cycle is not cycle:  # a request's head is complete
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _too_slow(self) -> None:
+        self._header_timer = None
+        transport = self.transport
+        if not transport.is_closing():
+            transport.close()
+
+
+def guarded(base: type, header_timeout: float, max_connections: int) -> type:
+    """``base`` (a uvicorn HTTP protocol class) with :class:`ConnectionGuard`'s header timeout and connection cap."""
+    return type(f"Guarded{base.__name__}", (ConnectionGuard, base),
+                {"header_timeout": header_timeout, "max_connections": max_connections})
+
+
+
+def protocol_class(settings: ServiceSettings) -> type:
+    """The HTTP protocol the services run on: the coalescing httptools one when httptools is installed (uvicorn's
+    h11 one otherwise), guarded."""
+    if importlib.util.find_spec("httptools") is not None:  # a response's head and body in one socket write
+        from t3ar_services.common.http_protocol import CoalescingHttpToolsProtocol
+
+        base: type = CoalescingHttpToolsProtocol
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+    return guarded(base, settings.header_timeout, settings.max_connections)
+
+
+def uvicorn_options(settings: ServiceSettings) -> dict[str, Any]:
+    """The ``uvicorn.Config`` options of the module's rules for a service with ``settings``."""
+    trusted = settings.forwarded_allow_ips
+    return {"http": protocol_class(settings), "proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or None,
+            "timeout_keep_alive": settings.keep_alive_timeout, "limit_concurrency": settings.max_connections}
