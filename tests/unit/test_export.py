@@ -312,3 +312,17 @@ def test_the_export_memory_estimate_grows_with_the_image_size() -> None:
     need = export_memory_bytes(big, 64)
     assert need > 2 * CHUNK * largest + 2 * 64 * 3 * 1024**2
     assert need > 20 * export_memory_bytes(small, 64) > 0  # at 32 px the weights are most of it
+
+
+def test_the_export_estimate_measures_a_model_whose_builder_cannot_run_on_meta() -> None:
+    """open_clip's builder copies tensors between devices (it fails on torch's meta device): the estimate builds it
+    on the CPU and measures the forward pass on meta."""
+    pytest.importorskip("open_clip")
+    from t3ar.export.size import model_footprint
+    from t3ar.models.backbones import BackboneSpec
+
+    spec = ModelSpec(backbone=BackboneSpec(kind="open_clip", name="ViT-B-32", weights="none"), classes=CLASSES,
+                     image_size=224)
+    weights, largest = model_footprint(spec)
+    assert 300e6 < weights < 400e6  # ViT-B/32: ~88 M parameters
+    assert largest >= 50 * 768 * 4  # at least one token sequence (49 patches + class token) of width 768

@@ -46,8 +46,13 @@ class _LargestOutput(TorchDispatchMode):
 def model_footprint(spec: ModelSpec) -> tuple[int, int]:
     """``(weight bytes, largest activation bytes of one image)`` of ``spec``'s classifier at its image size,
     measured on the ``meta`` device (nothing allocated)."""
-    with torch.device("meta"):
-        model = build_classifier(spec.model_copy(update={"backbone": spec.backbone.without_weights()})).eval()
+    plain = spec.model_copy(update={"backbone": spec.backbone.without_weights()})
+    try:
+        with torch.device("meta"):
+            model = build_classifier(plain)
+    except Exception:  # a builder that copies tensors between devices (open_clip): on the CPU, then dropped
+        model = build_classifier(plain)
+    model = model.to_empty(device="meta").eval()
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     watch = _LargestOutput()
     size = spec.image_size
