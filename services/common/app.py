@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import t3ar
@@ -26,6 +27,9 @@ from t3ar_services.common.fastlane import Answer, FastLane
 from t3ar_services.common.forms import strict_multipart_text
 from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
 from t3ar_services.common.request_id import RequestIdMiddleware
+
+#: where the API docs' scripts and styles are served from (fastapi-offline's copies of Swagger UI and ReDoc)
+DOCS_ASSETS = "/docs-assets"
 
 
 class UnlessUnder:
@@ -68,7 +72,8 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
     (:mod:`~t3ar_services.common.auth_failures`; bearer tokens and ``sign_in_paths``). ``key_scope(token)``: the
     scope of a token that is none of the settings' own (the API's named keys), or None."""
     strict_multipart_text()  # process-wide; idempotent
-    app = FastAPI(version=getattr(t3ar, "__version__", "0"), **fastapi)
+    # /docs and /redoc load Swagger UI and ReDoc from the package (under DOCS_ASSETS), never from a public CDN
+    app = FastAPIOffline(version=getattr(t3ar, "__version__", "0"), static_url=DOCS_ASSETS, **fastapi)
     install_errors(app)
     app.add_middleware(BodyLimitMiddleware, limit=body_limit, hint=body_hint, limit_for=limit_for)
     accepts = token_matcher((settings.token, settings.admin_token, worker_token(settings)))  # settings are frozen
