@@ -108,7 +108,8 @@ def _run(arm: Mapping[str, Any]) -> dict[str, Any]:
     ctx = _context()
     if arm["method"] == "source":
         return {"phase": "main", "label": "source", "shift": arm["shift"], "seed": arm["seed"],
-                "fraction": arm["fraction"], "method": "source", **source_record(ctx, arm["shift"], arm["seed"])}
+                "fraction": arm["fraction"], "method": "source",
+                **source_record(ctx, arm["shift"], arm["seed"], arm["fraction"])}
     return run_arm(ctx, arm)
 
 

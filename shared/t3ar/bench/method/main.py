@@ -144,10 +144,9 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
     records = run_all(ctx, arms, cache, progress_log(len(arms)))
     for shift in plan.eval_shifts:
         for seed in plan.seeds:
-            src = source_record(ctx, shift, seed)
             for f in plan.fractions:
                 records.append({"phase": "main", "label": "source", "shift": shift, "seed": seed, "fraction": f,
-                                "method": "source", **src})
+                                "method": "source", **source_record(ctx, shift, seed, f)})
     summary = summarise_grid(plan, sel, records)
     targets = {s: {"adapt": len(t.adapt_idx), "eval": len(t.eval_idx), "classes": len(t.style.classes)}
                for s, t in ctx.targets.items()}
