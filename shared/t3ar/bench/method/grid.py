@@ -232,7 +232,9 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     """Cells, paired differences (to bn-adapt, retrieval alone, to the paper-faithful T3AR) and the verdict."""
     seeds, shifts = list(p.seeds), list(p.eval_shifts)
     phases = {"test": "main", "train": "train"}
-    from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS, goals, label_use_summary
+    from t3ar.bench.method.goals import goals
+    from t3ar.bench.method.label_free import leave_one_shift_out, selection_cells, verdict
+    from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS, label_use_summary
 
     arms = {"test": [*TEST_ARMS, ORACLE, *LABEL_ARMS], "train": [*TRAIN_ARMS, *(a for a in LABEL_ARMS if a != ALL_ARM)]}
     fractions = {"test": p.fractions, "train": p.train_fractions}
@@ -294,12 +296,14 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     oracle = {str(f): paired(per_seed(records, shifts, seeds, f, ORACLE, "main"),
                              per_seed(records, shifts, seeds, f, "t3ar", "main"))
               for f in p.fractions if str(f) in cells["test"] and ORACLE in cells["test"][str(f)]}
-    labelled = {}
+    labelled: dict[str, Any] = {"goals": goals(p, records)}
     if p.labelled:
-        labelled = {"goals": goals(p, records),
-                    "label_use": {mode: {str(f): label_use_summary(records, phases[mode], f) for f in fractions[mode]}
-                                  for mode in phases}}
-    return {**labelled, "cells": cells, "vs_bn_adapt_all": vs_bn,
+        labelled["label_use"] = {mode: {str(f): label_use_summary(records, phases[mode], f) for f in fractions[mode]}
+                                 for mode in phases}
+    # label-free selection between bn-adapt and the default, leave-one-shift-out (t3ar.bench.method.label_free)
+    free = leave_one_shift_out(selection_cells(records))
+    return {"evaluation_shifts": shifts, "validation_shifts": list(validation_shifts(p)), **labelled,
+            "label_free_selection": free, "label_free_verdict": verdict(free), "cells": cells, "vs_bn_adapt_all": vs_bn,
             "vs_bn_adapt": {m: {f: _ci(d["t3ar"]) for f, d in v.items() if "t3ar" in d} for m, v in vs_bn.items()},
             "retrieval_alone": {m: {f: _ci(d) for f, d in v.items()} for m, v in alone.items()},
             "retrieval_alone_paired": alone, "vs_paper": vs_paper, "oracle_vs_validated": oracle,
