@@ -236,10 +236,10 @@ def render_grid(res: Mapping[str, Any], stem: str) -> str:
               *_cells(res, "test", TEST_ROWS, p["fractions"]), "", "Per shift (mean over seeds):", "",
               *_per_shift(res, "test", TEST_ROWS, p["fractions"]), "",
               "Paired differences (points, mean over seeds [95 % CI]):", "", *_diffs(res, "test", p["fractions"]),
-              "", "## Train-time results (labelled adaptation part)", "",
-              *_cells(res, "train", TRAIN_ROWS, p["train_fractions"]), "",
-              "Paired differences (points [95 % CI]; bn-adapt needs no labels, its test-time runs are the reference):",
-              "", *_diffs(res, "train", p["train_fractions"]),
+              *(["", "## Train-time results (labelled adaptation part)", "",
+                 *_cells(res, "train", TRAIN_ROWS, p["train_fractions"]), "",
+                 "Paired differences (points [95 % CI]; bn-adapt needs no labels, its test-time runs are the "
+                 "reference):", "", *_diffs(res, "train", p["train_fractions"])] if p["train_fractions"] else []),
               *(["", "## Labelled items used", "", *use_section(res)] if res.get("label_use") else []),
               "", "## Neighbours as data", "",
               "In the validated T3AR's runs: how many distinct neighbours served as training data per step, how many "
