@@ -243,3 +243,21 @@ def test_the_summary_json_and_the_report(tmp_path: Path) -> None:
     assert "| 1 | 30 % | 0 / 3 / 6 |" in text
     assert "No criterion is right in 90 % of the cells" in text
     assert overview_plot(res, tmp_path / "adaptation-x.png") == (tmp_path / "adaptation-x.png").is_file()
+
+
+def test_sar_and_eata_join_the_grid_only_when_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    import t3ar.method.registry as registry
+    from t3ar.bench.method.grid import baselines, grid_arms
+    from t3ar.bench.method.plans import CPU
+
+    known = registry.names()
+    assert baselines(CPU) == [m for m in ("sar", "eata") if m in known]  # the cpu plan skips the others
+    assert baselines(CPU, labelled_default=True)[0] == "adacontrast"  # validated for the default, not in the grid
+    monkeypatch.setattr(registry, "names", lambda: (*known, "sar", "eata"))
+    assert baselines(CPU) == ["sar", "eata"]
+    sel = {"bn_groups": 2, "term": {}, "lr": {"t3ar-noretrieval": 1e-3, "sar": 1e-3}, "train_lr": {},
+           "validated": {"method": "t3ar", "options": {}}, "family_options": {},
+           "labelled": {"options": {"pool_label_weight": 1.0}}}
+    labels = {a["label"] for a in grid_arms(CPU, sel)}
+    # an arm runs with the lr validation chose for it: eata had none (not registered when validation ran)
+    assert labels == {"bn-adapt", "sar", "t3ar", "t3ar-labels", "t3ar-labels-random"}
