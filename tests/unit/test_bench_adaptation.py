@@ -142,6 +142,11 @@ def _selection() -> dict[str, object]:
             "validated": {"method": "t3ar", "options": {"temperature": 0.5, "pool_data_weight": 1.0}}}
 
 
+def _selection_labelled() -> dict[str, object]:
+    return {**_selection(), "family_options": {},
+            "labelled": {"options": {"temperature": 0.5, "pool_data_weight": 1.0, "pool_label_weight": 1.0}}}
+
+
 def test_grid_verdict_follows_the_paired_effects() -> None:
     good = summarise_grid(QUICK, _selection(), _grid_records(0.04, [0.001, -0.001]))
     assert good["verdict"]["met"] is True
@@ -192,9 +197,43 @@ def test_plans_are_consistent() -> None:
     for plan in PLANS.values():
         assert set(plan.low_fractions) <= set(plan.fractions)
         assert plan.ablation_fraction in plan.fractions and plan.select_fraction in plan.fractions
-        assert plan.validation_shift not in plan.eval_shifts  # choices are never made on evaluation shifts
+        # choices are never made on evaluation shifts
+        assert not set(grid_plans.validation_shifts(plan)) & set(plan.eval_shifts)
         assert set(plan.select_seeds) <= set(plan.seeds)
-    assert len(PLANS["cpu"].seeds) >= 5 and len(PLANS["paper"].seeds) >= 5 and PLANS["paper"].epochs == 30
+    cpu = PLANS["cpu"]
+    assert len(cpu.seeds) >= 3 and len(cpu.eval_shifts) >= 8 and len(grid_plans.validation_shifts(cpu)) >= 2
+    assert set(cpu.fractions) == {0.1, 0.3} and cpu.holdout_per_class == (1, 2, 4)
+    assert len(PLANS["paper"].seeds) >= 5 and PLANS["paper"].epochs == 30
+
+
+def test_the_cpu_plans_shifts_are_every_style_outside_the_source_and_validation_families() -> None:
+    from t3ar.bench.method.labelled_pool import ARCHIVE_POOL_STYLES
+    from t3ar.datakit.archive import ARCHIVE_STYLES, family_of
+    from t3ar.datakit.emoji import DEFAULT_STYLES
+
+    cpu = PLANS["cpu"]
+    held = {family_of("google")} | {family_of(v) for v in grid_plans.validation_shifts(cpu)}
+    # every kit style and every archive style of the labelled pool (one per artwork: the archive's twemoji and
+    # openmoji-iconify are the kit's twitter and openmoji) outside those families is an evaluation shift
+    styles = [*DEFAULT_STYLES, *ARCHIVE_POOL_STYLES]
+    assert sorted(cpu.eval_shifts) == sorted(s for s in styles if family_of(s) not in held)
+    assert "openmoji-black" in cpu.eval_shifts  # line art included
+    assert all(family_of(s) not in held for s in cpu.eval_shifts)
+    # one validation shift where the base model is usable (3-D colour), one where it is weak (monochrome)
+    assert grid_plans.validation_shifts(cpu) == ("fluent3d", "fluent-emoji-high-contrast")
+    assert {family_of(v) for v in grid_plans.validation_shifts(cpu)} == {"fluent"}
+    assert "twemoji" not in cpu.eval_shifts and "openmoji-iconify" not in cpu.eval_shifts
+    assert all(s in ARCHIVE_STYLES or s in DEFAULT_STYLES for s in cpu.eval_shifts)
+
+
+def test_the_quick_plan_stays_small() -> None:
+    """quick is a smoke run of minutes: one shift, two seeds, one fraction, a short schedule, a capped target."""
+    q = PLANS["quick"]
+    assert len(q.eval_shifts) == 1 and len(grid_plans.validation_shifts(q)) == 1 and len(q.seeds) <= 2
+    assert q.fractions == (0.3,) and q.max_steps is not None and q.max_steps <= 8
+    assert q.max_adapt is not None and q.max_adapt <= 200 and q.max_eval is not None and q.max_eval <= 300
+    assert q.pool_cap is not None and q.pool_cap <= 200 and q.source_epochs == 1 and len(q.lr_grid) == 1
+    assert len(grid_arms(q, _selection_labelled())) <= 30
 
 
 def test_grid_report_renders(tmp_path: Path) -> None:
@@ -376,7 +415,9 @@ def test_grid_selection_freezes_each_choice_on_validation(monkeypatch: pytest.Mo
     monkeypatch.setattr(grid, "source_record", lambda ctx, shift, seed: {"top1": 0.4})
     monkeypatch.setattr(grid, "quality_table", lambda ctx: table)
     sel = grid.select_design(SimpleNamespace(plan=plan), Path("."))  # type: ignore[arg-type]
-    assert all(a["shift"] == plan.validation_shift for a in ran)  # nothing runs on an evaluation shift
+    # nothing runs on an evaluation shift; every validation shift is run
+    assert {a["shift"] for a in ran} == set(grid_plans.validation_shifts(plan)) == {"fluent3d",
+                                                                                     "fluent-emoji-high-contrast"}
     assert sel["retriever"] == "efficientnet_lite1" and sel["bn_groups"] is None
     assert set(sel["lr"].values()) == {1e-3} and sel["term"] == {"temperature": 0.5}
     assert sel["options"] == {"pool_data_weight": 1.0, "pool_data_sources": list(grid_plans.EMOJI_SOURCES),

@@ -12,8 +12,9 @@ import torch
 
 import t3ar.bench.method.grid as grid
 import t3ar.bench.method.labelled as labelled
+from t3ar.bench.method.goals import goals
 from t3ar.bench.method.label_use import label_use
-from t3ar.bench.method.labelled import ALL_ARM, LABELS_ARM, RANDOM_ARM, goals, labelled_arms
+from t3ar.bench.method.labelled import ALL_ARM, LABELS_ARM, RANDOM_ARM, labelled_arms
 from t3ar.bench.method.plans import QUICK
 
 PLAN = dataclasses.replace(QUICK, fractions=(0.1, 0.3), low_fractions=(0.1, 0.3), train_fractions=(0.1, 0.3),
@@ -68,7 +69,7 @@ def test_goals_are_paired_differences_in_points() -> None:
     assert g["labelled_vs_random"]["train"]["0.3"]["mean"] == pytest.approx(1.0)
     assert g["labelled_vs_supervised"]["train"]["0.1"]["mean"] == pytest.approx(4.0)
     assert g["no_harm"]["test"]["0.3"] == {"mean": pytest.approx(0.0), "lo": pytest.approx(0.0),
-                                           "hi": pytest.approx(0.0), "n": 3}
+                                           "hi": pytest.approx(0.0), "n": 3, "per_shift": {"twitter": 0.0}}
     assert g["all_vs_labelled"]["test"]["0.3"]["mean"] == pytest.approx(1.0)
     met = {c["check"]: c["met"] for c in g["checks"]}
     assert met["test 30 %: T3AR with the labelled pool − bn-adapt ≥ +3, CI above 0"] is True

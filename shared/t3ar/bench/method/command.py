@@ -69,7 +69,9 @@ def _restricted(plan: BenchPlan, seeds: str | None, shifts: str | None) -> Bench
 @click.command("adapt")
 @click.option("--plan", "plan_name", type=click.Choice(["quick", "cpu", "paper", "drift", "contrastive"]),
               default="quick", show_default=True,
-              help="quick: smoke run (minutes); cpu: the full grid with capped steps (about an hour on 2 cores); "
+              help="quick: smoke run (minutes); cpu: the acceptance round's grid with capped steps (9 evaluation "
+                   "shifts, 2 validation shifts, 3 seeds: hours on 2 cores; may run in two starts with --shifts, "
+                   "sharing the run cache); "
                    "paper: the paper's 30-epoch schedule, for a CUDA GPU; drift: per-epoch diagnostic curves "
                    "of the contrastive methods over 30 epochs on google -> twitter; contrastive: the term retrieval "
                    "acts through, at its defaults and as validation chose it, with and without retrieval, against "
@@ -94,14 +96,16 @@ def _restricted(plan: BenchPlan, seeds: str | None, shifts: str | None) -> Bench
               help="Run only these of the plan's evaluation shifts (a smaller grid; the report says so).")
 def adapt_bench(plan_name: str, out_dir: Path | None, work_dir: Path, cache: Path, device: str,
                 workers: int | None, fractions: str | None, seeds: str | None, shifts: str | None) -> None:
-    """Method benchmark: does retrieval make adaptation better? Chooses every hyper-parameter on a validation shift
-    (google -> fluent3d), then compares source / TENT / SHOT-IM / AdaContrast / T3AR without retrieval / T3AR
-    with random retrieval / T3AR on three evaluation shifts, paired over seeds with 95 % CIs, in test-time and
-    train-time mode, with ablations and per-epoch diagnostics.
+    """Method benchmark: does adaptation help, and can a job tell? Chooses every hyper-parameter on the validation
+    shifts (google -> fluent3d; the cpu plan also -> Fluent high-contrast, by the worse of the two), then compares
+    the plan's arms (source, bn-adapt, the baselines, the T3AR family, the labelled pool and its random control,
+    the winner on a labelled acceptance holdout) on the evaluation shifts, paired with 95 % CIs, with label-free
+    selection criteria measured leave-one-shift-out.
 
     \b
     Example:
       t3ar bench adapt --plan quick
+      t3ar bench adapt --plan cpu --shifts twitter,openmoji,openmoji-black,noto-v1   # then: --plan cpu
       t3ar bench adapt --plan paper --device cuda
     """
     import dataclasses

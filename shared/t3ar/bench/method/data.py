@@ -84,10 +84,21 @@ class StyleSet:
         return [self.classes[int(self.labels[i])] for i in idx]
 
 
-def load_style(emoji_dir: Path, style: str, size: int) -> StyleSet:
+def load_style(emoji_dir: Path, style: str, size: int, classes: Sequence[str] | None = None) -> StyleSet:
+    """One style's class folders under ``emoji_dir`` as tensors. With ``classes`` (the task's class list, e.g. the
+    source style's) the labels index into it, so a style that lacks some classes (an archive style) is a target
+    of the same task; RuntimeError when a folder's class is not one of them. Without, the style's own folders."""
     ds = read_labelled(emoji_dir / style)
     assert ds.labels is not None and ds.classes is not None
-    return StyleSet(style, load_tensors(ds, size), torch.tensor(ds.labels, dtype=torch.long), list(ds.classes),
+    names, labels = list(ds.classes), list(ds.labels)
+    if classes is not None:
+        index = {c: i for i, c in enumerate(classes)}
+        unknown = sorted(set(names) - set(index))
+        if unknown:
+            raise RuntimeError(f"{style}: classes {unknown[:5]} are not the task's")
+        labels = [index[names[y]] for y in labels]
+        names = list(classes)
+    return StyleSet(style, load_tensors(ds, size), torch.tensor(labels, dtype=torch.long), names,
                     [Path(i).stem for i in ds.ids])
 
 

@@ -43,13 +43,14 @@ def gpu_pack(out: Path, work_dir: Path, cache: Path, selection_file: Path, tiny:
 
     from t3ar.bench.method.data import build_kits
     from t3ar.bench.method.gpu_pack import GPU_PLAN, TINY_PLAN, build_pack, download_wheels, load_selection
+    from t3ar.bench.method.runs import archive_needed
     from t3ar.errors import T3arError
 
     configure_logging("INFO")
     plan = TINY_PLAN if tiny else GPU_PLAN
     try:
         selection, origin = load_selection(selection_file)
-        kits = build_kits(work_dir, cache, plan.archive_styles)
+        kits = build_kits(work_dir, cache, archive_needed(plan))
         with tempfile.TemporaryDirectory() as tmp:
             found = download_wheels(Path(tmp)) if wheels else []
             import torch

@@ -108,7 +108,8 @@ def _run(arm: Mapping[str, Any]) -> dict[str, Any]:
     ctx = _context()
     if arm["method"] == "source":
         return {"phase": "main", "label": "source", "shift": arm["shift"], "seed": arm["seed"],
-                "fraction": arm["fraction"], "method": "source", **source_record(ctx, arm["shift"], arm["seed"])}
+                "fraction": arm["fraction"], "method": "source",
+                **source_record(ctx, arm["shift"], arm["seed"], arm["fraction"])}
     return run_arm(ctx, arm)
 
 
@@ -244,8 +245,10 @@ def run_grid(pack: Path, out: Path, *, work: Path, workers: int, device: str, ma
                     "total": time.perf_counter() - t0},
         "run_seconds_total": sum(float(r.get("seconds") or 0.0) for r in records),
         "steps_total": sum(int(r.get("steps") or 0) for r in records),
-        **{k: summary[k] for k in ("goals", "cells", "vs_bn_adapt_all", "label_use") if k in summary},
-        "records": records}
+        **{k: summary[k] for k in ("evaluation_shifts", "goals", "cells", "vs_bn_adapt_all", "label_use",
+                                   "label_free_selection", "label_free_verdict") if k in summary},
+        # each run's target predictions served the agreement criterion (in the summary): not kept
+        "records": [{k: v for k, v in r.items() if k != "target_predictions"} for r in records]}
     write_gpu_report(res, out, stem="adaptation-gpu")
     return res
 

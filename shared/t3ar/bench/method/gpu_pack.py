@@ -41,7 +41,7 @@ from t3ar.bench.method.pack import (
     dump_meta,
     pack_code,
 )
-from t3ar.bench.method.plans import ARCHIVE, PAPER, BenchPlan
+from t3ar.bench.method.plans import ARCHIVE, CPU, PAPER, BenchPlan
 from t3ar.bench.method.protocol import SOURCE_STYLE
 from t3ar.bench.method.runs import build_pools, load_targets, pool_name
 from t3ar.data.images import to_tensor_uint8
@@ -50,25 +50,28 @@ from t3ar.method.config import AdaptConfig
 
 log = logging.getLogger(__name__)
 
-#: the grid arms the GPU grid does not run: it runs source, bn-adapt, AdaContrast, the validated T3AR (unlabelled
-#: pool), the validated T3AR with the pool's labels and its random-labelled control
-GPU_SKIP: tuple[str, ...] = ("tent", "shot-im", "t3ar-noretrieval", "t3ar-paper", "oracle")
-#: the paper plan's 10 % and 30 % test-time cells of the frozen configurations, on the cpu plan's labelled pool
+#: the grid arms the GPU grid does not run: the cpu plan's (it runs source, bn-adapt, the validated T3AR, the
+#: validated T3AR with the pool's labels and its random-labelled control, SAR and EATA when registered; the
+#: acceptance winner comes from their holdout scores)
+GPU_SKIP: tuple[str, ...] = CPU.grid_skip
+#: the paper plan's schedule on the cpu plan's cells: its evaluation and validation shifts, seeds, 10 % and 30 %,
+#: labelled pool and holdouts
 GPU_PLAN = dataclasses.replace(
-    PAPER, name="gpu", fractions=(0.1, 0.3), low_fractions=(0.1, 0.3), train_fractions=(), labelled=True,
+    PAPER, name="gpu", eval_shifts=CPU.eval_shifts, extra_validation_shifts=CPU.extra_validation_shifts,
+    seeds=CPU.seeds, fractions=(0.1, 0.3), low_fractions=(0.1, 0.3), train_fractions=(), labelled=True,
     retrievers=("efficientnet_lite0",), archive_styles=ARCHIVE, grid_skip=GPU_SKIP, whole_pool_fractions=(),
-    curves=False, workers=12,
-    notes=("the paper plan's 10 % and 30 % test-time cells at its schedule (30 epochs, batch 32, every evaluation "
-           "shift, 5 seeds) on the cpu plan's labelled pool; every configuration frozen from the committed CPU run's "
-           "validation (nothing chosen here); source models trained on the device, one per seed",))
+    holdout_per_class=CPU.holdout_per_class, curves=False, workers=12,
+    notes=("the paper plan's schedule (30 epochs, batch 32) on the cpu plan's cells (every evaluation shift, its "
+           "seeds, 10 % and 30 %, test time) and labelled pool; every configuration frozen from the committed CPU "
+           "run's validation (nothing chosen here); source models trained on the device, one per seed",))
 #: a smoke pack on the real kits: one shift, two seeds, four steps, a small pool (shows the pipeline, not results)
 TINY_PLAN = dataclasses.replace(
     GPU_PLAN, name="gpu-tiny", eval_shifts=("twitter",), seeds=(0, 1), max_steps=4, min_steps=2, source_epochs=1,
     max_adapt=48, max_eval=96, pool_cap=60, workers=2, notes=("smoke pack: shows the pipeline works; not results",))
 #: plan fields the frozen selection's plan must share with a pack's (else it was chosen for another setting)
-SHARED_FIELDS = ("validation_shift", "k", "image_size", "eval_share", "split_seed", "retriever_size",
-                 "source_epochs", "source_lr", "batch_size", "train_groups", "archive_styles", "pool_cap",
-                 "max_adapt", "max_eval", "warmup_frac")
+SHARED_FIELDS = ("validation_shift", "extra_validation_shifts", "k", "image_size", "eval_share", "split_seed",
+                 "retriever_size", "source_epochs", "source_lr", "batch_size", "train_groups", "archive_styles",
+                 "pool_cap", "max_adapt", "max_eval", "warmup_frac")
 #: what the runner imports that the device lacks (its image has torch, timm, numpy, pillow, matplotlib, tqdm):
 #: pydantic and its parts, typing-extensions too (pydantic-core needs >= 4.16, the device's may be older: the copy
 #: in /tmp/site shadows it), and the package with the Lite0 ImageNet weights the source models start from

@@ -9,14 +9,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from t3ar.bench.method.acceptance_report import (
+    acceptance_section,
+    label_free_section,
+    overview_plot,
+    per_shift_section,
+)
 from t3ar.bench.method.labelled import LABELS_ARM, RANDOM_ARM
 from t3ar.bench.method.labelled_report import NAMES, goals_plot, goals_section, use_section
 from t3ar.bench.method.report import ci, pct, write_results
 
 #: the GPU grid's arms in report order
-ROWS = ("source", "bn-adapt", "adacontrast", "t3ar", LABELS_ARM, RANDOM_ARM)
+ROWS = ("source", "bn-adapt", "adacontrast", "sar", "eata", "t3ar", LABELS_ARM, RANDOM_ARM)
 LABELS = {"source": "source only", "bn-adapt": "bn-adapt (target BatchNorm statistics)", "adacontrast": "AdaContrast",
-          "t3ar": "validated T3AR (unlabelled pool)", **NAMES}
+          "sar": "SAR", "eata": "EATA", "t3ar": "validated T3AR (unlabelled pool)", **NAMES}
 
 
 def _opts(options: Mapping[str, Any]) -> str:
@@ -29,9 +35,10 @@ def _configuration(res: Mapping[str, Any]) -> list[str]:
     groups = sel["bn_groups"]
     layers = "every layer" if groups is None else f"the last {groups} backbone groups and the head"
     return [f"Frozen from the CPU validation in `{origin['file']}` (sha256 {origin['sha256'][:12]}; chosen on the "
-            f"validation shift google → {sel['shift']}, nothing chosen here or from the evaluation shifts):", "",
+            f"validation shifts google → {', '.join(sel.get('shifts') or [sel['shift']])}, nothing chosen here or "
+            "from the evaluation shifts):", "",
             f"- bn-adapt: the target's BatchNorm statistics in {layers};",
-            f"- AdaContrast: lr {sel['lr']['adacontrast']:g};",
+            *(f"- {LABELS[m]}: lr {sel['lr'][m]:g};" for m in ("adacontrast", "sar", "eata") if m in sel["lr"]),
             f"- validated T3AR: lr {sel['lr']['t3ar-noretrieval']:g}, {_opts(sel['validated']['options'])};",
             f"- with the pool's labels (and its random-labelled control): {_opts(sel['labelled']['options'])}."]
 
@@ -92,11 +99,16 @@ def render_gpu(res: Mapping[str, Any]) -> str:
               f"{res['pack']['neighbours_per_image']} by R = {p['retrievers'][0]} at {p['retriever_size']} px "
               "computed when the pack was built (faiss, exact); the runs draw from them as the CPU runs do.",
               "- Paired: every arm of a (shift, seed, fraction) cell has the same source model, subset, batch "
-              "order and views; differences per seed of the mean over the shifts, 95 % CI (Student t over seeds).",
+              "order and views; the goals pair per (shift, seed) cell, 95 % CI (Student t over the shifts x seeds "
+              "cells); the tables below pair per seed (the mean over the shifts, t over seeds).",
               "", "## Configuration", "", *_configuration(res)]
     if res.get("cells"):
-        lines += ["", "## Goals (issue 33)", "", *goals_section(res), "", "## Results (held-out images, top-1 %)", "",
-                  "Mean over the evaluation shifts ± std over seeds:", "", *_cells(res)]
+        lines += ["", "## Goals", "", *goals_section(res), "", *per_shift_section(res)]
+        accepted, free = acceptance_section(res), label_free_section(res)
+        lines += ["", "## Acceptance on a labelled holdout", "", *accepted] if accepted else []
+        lines += ["", "## Label-free selection (bn-adapt or the default, no labels)", "", *free] if free else []
+        lines += ["", "## Results (held-out images, top-1 %)", "", "Mean over the evaluation shifts ± std over seeds:",
+                  "", *_cells(res)]
         if res.get("label_use"):
             lines += ["", "## Labelled items used", "", *use_section(res)]
     else:
@@ -110,3 +122,4 @@ def write_gpu_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> Non
     write_results(res, render_gpu(res), out_dir, stem)
     if res.get("goals"):
         goals_plot(res, out_dir, stem)
+        overview_plot(res, out_dir / f"{stem}.png")

@@ -1,8 +1,9 @@
 """The method benchmark's protocol: the choices made on the validation shift, the paired evaluation grid, and
 its summary against the goal.
 
-Validation (google → ``plan.validation_shift``, ``select_fraction``, ``select_seeds``; nothing is chosen from the
-evaluation shifts):
+Validation (google → each of :func:`~t3ar.bench.method.plans.validation_shifts`, ``select_fraction``,
+``select_seeds``; with several validation shifts a candidate scores its worst shift's mean, not the mean over
+them; nothing is chosen from the evaluation shifts):
 
 1. the retriever R with the best retrieval quality (same-class share of the top 5, from the emoji side labels,
    which are allowed on validation only; :mod:`t3ar.bench.method.quality`);
@@ -28,19 +29,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from t3ar.bench.method.plans import BenchPlan, paired
+from t3ar.bench.method.plans import BenchPlan, paired, validation_shifts
 from t3ar.bench.method.quality import choose_retriever, quality_table
 from t3ar.bench.method.runs import Context, run_all, source_record
 
 #: the arms of the test-time grid, in report order (``source`` is the source model, evaluated)
-TEST_ARMS: tuple[str, ...] = ("source", "bn-adapt", "tent", "shot-im", "adacontrast", "t3ar-noretrieval",
-                              "t3ar-paper", "t3ar")
+TEST_ARMS: tuple[str, ...] = ("source", "bn-adapt", "tent", "shot-im", "adacontrast", "sar", "eata",
+                              "t3ar-noretrieval", "t3ar-paper", "t3ar")
 #: the arms of the train-time grid (labelled adaptation part)
 TRAIN_ARMS: tuple[str, ...] = ("supervised", "t3ar-noretrieval", "t3ar-paper", "t3ar")
 #: the diagnostic arm: the validated T3AR with neighbours as data whose known (emoji) neighbours carry their true
 #: labels; reported, never a candidate
 ORACLE = "oracle"
 BASELINES: tuple[str, ...] = ("tent", "shot-im", "adacontrast")
+#: baselines run only when the method registry has them (SAR and EATA: methods of their own files)
+OPTIONAL_BASELINES: tuple[str, ...] = ("sar", "eata")
 #: the nominal lr of arms that have no optimiser (bn-adapt); AdaptConfig needs one
 NO_LR = 1e-3
 
@@ -60,8 +63,25 @@ def _mean(records: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> float
     return statistics.mean(vals) if vals else math.nan
 
 
+def _worst(records: Sequence[Mapping[str, Any]], arm: Mapping[str, Any], shifts: Sequence[str]) -> float:
+    """The worst over ``shifts`` of ``arm``'s mean top-1 (:func:`_mean`): how validation scores a candidate when it
+    has several shifts (one of them may be where the base model is weak); NaN when a shift has no run."""
+    return min((_mean(records, {**arm, "shift": s}) for s in shifts), key=lambda v: (not math.isnan(v), v))
+
+
 def _seeded(p: BenchPlan, phase: str, method: str, lr: float, **extra: Any) -> list[dict[str, Any]]:
-    return [_arm(phase, p.validation_shift, s, p.select_fraction, method, lr, **extra) for s in p.select_seeds]
+    return [_arm(phase, v, s, p.select_fraction, method, lr, **extra) for v in validation_shifts(p)
+            for s in p.select_seeds]
+
+
+def baselines(p: BenchPlan, *, labelled_default: bool = False) -> list[str]:
+    """The baselines ``p`` runs: :data:`BASELINES` and the registered :data:`OPTIONAL_BASELINES`, less the grid's
+    skipped ones (AdaContrast stays with ``labelled_default``: the product's default may fall back to it)."""
+    from t3ar.method import registry
+
+    known = set(registry.names())
+    return [m for m in (*BASELINES, *OPTIONAL_BASELINES) if (m in BASELINES or m in known)
+            and (m not in p.grid_skip or (labelled_default and m == "adacontrast"))]
 
 
 def _opts(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,26 +96,27 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     quality = quality_table(ctx)
     retriever = choose_retriever(quality, p.validation_shift, p.retrievers)
     fam = "t3ar-noretrieval"
-    baselines = [m for m in BASELINES if m not in p.grid_skip]  # a baseline the grid does not run needs no lr
-    arms = [a for m in (*baselines, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
+    # a baseline the grid does not run needs no lr (but AdaContrast's, a candidate for the product's default)
+    base = baselines(p, labelled_default=p.labelled)
+    train = ("supervised", fam) if p.train_fractions else ()  # train-time lrs only for a plan with train cells
+    arms = [a for m in (*base, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
     arms += [a for g in p.bn_groups for a in _seeded(p, "select", "bn-adapt", NO_LR, **_opts({"train_groups": g}))]
-    arms += [a for m in ("supervised", fam) for lr in p.lr_grid
-             for a in _seeded(p, "select-train", m, lr, mode="train")]
+    arms += [a for m in train for lr in p.lr_grid for a in _seeded(p, "select-train", m, lr, mode="train")]
     recs = run_all(ctx, arms, cache)
 
     def top(phase: str, method: str, lr: float, options: Mapping[str, Any] | None = None, **extra: Any) -> float:
-        return _mean(recs, {"phase": phase, "shift": p.validation_shift, "fraction": p.select_fraction,
-                            "method": method, "lr": lr, **_opts(options or {}), **extra})
+        return _worst(recs, {"phase": phase, "fraction": p.select_fraction, "method": method, "lr": lr,
+                             **_opts(options or {}), **extra}, validation_shifts(p))
 
     lr_table = [{"method": m, "mode": "test", "lr": lr, "top1": top("select", m, lr)}
-                for m in (*baselines, fam) for lr in p.lr_grid]
+                for m in (*base, fam) for lr in p.lr_grid]
     lr_table += [{"method": m, "mode": "train", "lr": lr, "top1": top("select-train", m, lr, mode="train")}
-                 for m in ("supervised", fam) for lr in p.lr_grid]
+                 for m in train for lr in p.lr_grid]
     def best_lr(phase: str, method: str, **extra: Any) -> float:
         return max(p.lr_grid, key=lambda lr: top(phase, method, lr, **extra))  # a tie keeps the lower lr
 
-    lrs = {m: best_lr("select", m) for m in (*baselines, fam)}
-    train_lrs = {m: best_lr("select-train", m, mode="train") for m in ("supervised", fam)}
+    lrs = {m: best_lr("select", m) for m in (*base, fam)}
+    train_lrs = {m: best_lr("select-train", m, mode="train") for m in train}
     bn_table = [{"train_groups": g, "top1": top("select", "bn-adapt", NO_LR, {"train_groups": g})} for g in p.bn_groups]
     bn_groups = max(p.bn_groups, key=lambda g: top("select", "bn-adapt", NO_LR, {"train_groups": g}))
 
@@ -124,9 +145,10 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
         if got > best:
             kept.update(dict(option))
             best = got
-    src = statistics.mean(source_record(ctx, p.validation_shift, s)["top1"] for s in p.select_seeds)
-    return {"shift": p.validation_shift, "fraction": p.select_fraction, "seeds": list(p.select_seeds),
-            "source_top1": src, "quality": quality, "retriever": retriever,
+    src = {v: statistics.mean(source_record(ctx, v, s)["top1"] for s in p.select_seeds) for v in validation_shifts(p)}
+    return {"shift": p.validation_shift, "shifts": list(src), "fraction": p.select_fraction,
+            "seeds": list(p.select_seeds), "source_top1": min(src.values()), "source_top1_by_shift": src,
+            "quality": quality, "retriever": retriever,
             "lr": lrs, "train_lr": train_lrs, "lr_table": lr_table, "bn_groups": bn_groups, "bn_table": bn_table,
             "term": term, "term_table": term_table, "options": _opts(kept).get("options", {}),
             "options_table": option_table,
@@ -162,7 +184,9 @@ def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
                     if label == "bn-adapt":
                         arms.append(_arm("main", shift, seed, f, "bn-adapt", NO_LR, label=label,
                                          options={"train_groups": sel["bn_groups"]}))
-                    elif label in BASELINES:
+                    elif label in OPTIONAL_BASELINES and label not in sel["lr"]:
+                        continue  # not registered when validation ran: no lr, no arm
+                    elif label in (*BASELINES, *OPTIONAL_BASELINES):
                         arms.append(_arm("main", shift, seed, f, label, sel["lr"][label], label=label))
                     else:
                         method, lr, extra = _family(sel, label)
@@ -208,7 +232,9 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     """Cells, paired differences (to bn-adapt, retrieval alone, to the paper-faithful T3AR) and the verdict."""
     seeds, shifts = list(p.seeds), list(p.eval_shifts)
     phases = {"test": "main", "train": "train"}
-    from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS, goals, label_use_summary
+    from t3ar.bench.method.goals import goals
+    from t3ar.bench.method.label_free import leave_one_shift_out, selection_cells, verdict
+    from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS, label_use_summary
 
     arms = {"test": [*TEST_ARMS, ORACLE, *LABEL_ARMS], "train": [*TRAIN_ARMS, *(a for a in LABEL_ARMS if a != ALL_ARM)]}
     fractions = {"test": p.fractions, "train": p.train_fractions}
@@ -270,12 +296,14 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     oracle = {str(f): paired(per_seed(records, shifts, seeds, f, ORACLE, "main"),
                              per_seed(records, shifts, seeds, f, "t3ar", "main"))
               for f in p.fractions if str(f) in cells["test"] and ORACLE in cells["test"][str(f)]}
-    labelled = {}
+    labelled: dict[str, Any] = {"goals": goals(p, records)}
     if p.labelled:
-        labelled = {"goals": goals(p, records),
-                    "label_use": {mode: {str(f): label_use_summary(records, phases[mode], f) for f in fractions[mode]}
-                                  for mode in phases}}
-    return {**labelled, "cells": cells, "vs_bn_adapt_all": vs_bn,
+        labelled["label_use"] = {mode: {str(f): label_use_summary(records, phases[mode], f) for f in fractions[mode]}
+                                 for mode in phases}
+    # label-free selection between bn-adapt and the default, leave-one-shift-out (t3ar.bench.method.label_free)
+    free = leave_one_shift_out(selection_cells(records))
+    return {"evaluation_shifts": shifts, "validation_shifts": list(validation_shifts(p)), **labelled,
+            "label_free_selection": free, "label_free_verdict": verdict(free), "cells": cells, "vs_bn_adapt_all": vs_bn,
             "vs_bn_adapt": {m: {f: _ci(d["t3ar"]) for f, d in v.items() if "t3ar" in d} for m, v in vs_bn.items()},
             "retrieval_alone": {m: {f: _ci(d) for f, d in v.items()} for m, v in alone.items()},
             "retrieval_alone_paired": alone, "vs_paper": vs_paper, "oracle_vs_validated": oracle,

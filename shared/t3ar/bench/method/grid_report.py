@@ -9,6 +9,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from t3ar.bench.method.acceptance_report import (
+    acceptance_section,
+    label_free_section,
+    overview_plot,
+    per_shift_section,
+)
 from t3ar.bench.method.grid import ORACLE, TEST_ARMS, TRAIN_ARMS
 from t3ar.bench.method.labelled import ALL_ARM, LABEL_ARMS
 from t3ar.bench.method.labelled_report import COLOURS, NAMES, goals_plot, goals_section, selection_section, use_section
@@ -16,7 +22,8 @@ from t3ar.bench.method.quality import DEPTHS
 from t3ar.bench.method.report import ci, pct, pyplot, save_fig, write_results
 
 LABELS = {"source": "source only", "bn-adapt": "bn-adapt (target BatchNorm statistics)", "tent": "TENT",
-          "shot-im": "SHOT-IM", "adacontrast": "AdaContrast", "t3ar-noretrieval": "T3AR without retrieval",
+          "shot-im": "SHOT-IM", "adacontrast": "AdaContrast", "sar": "SAR", "eata": "EATA",
+          "t3ar-noretrieval": "T3AR without retrieval",
           "t3ar-paper": "T3AR, paper-faithful", "t3ar": "**T3AR, validated**",
           ORACLE: "oracle: validated T3AR, true labels on emoji neighbours (diagnostic)",
           "supervised": "supervised fine-tuning", **NAMES}
@@ -57,8 +64,11 @@ def _checks(res: Mapping[str, Any]) -> list[str]:
 
 def _selection(res: Mapping[str, Any]) -> list[str]:
     p, sel = res["plan"], res["selection"]
-    out = [f"Validation shift google → {sel['shift']}, {100 * sel['fraction']:g} % of its adaptation part, seeds "
-           f"{sel['seeds']}; source only there: {pct(sel['source_top1'])} %.", "",
+    by = sel.get("source_top1_by_shift") or {sel["shift"]: sel["source_top1"]}
+    out = [f"Validation shift{'s' if len(by) > 1 else ''} google → {', '.join(by)}, {100 * sel['fraction']:g} % of the "
+           f"adaptation part, seeds {sel['seeds']}; source only there: "
+           + ", ".join(f"{pct(v)} %" for v in by.values())
+           + (" (every top-1 below is the worst of the validation shifts)" if len(by) > 1 else "") + ".", "",
            "| method | mode | " + " | ".join(f"lr {lr:g}" for lr in p["lr_grid"]) + " | chosen |",
            "|---|---|" + "---|" * len(p["lr_grid"]) + "---|"]
     for mode, chosen in (("test", sel["lr"]), ("train", sel["train_lr"])):
@@ -183,12 +193,19 @@ def render_grid(res: Mapping[str, Any], stem: str) -> str:
              f"spread over {p['workers']} processes).", ""]
     lines += [f"> {n}" for n in p["notes"]]
     goals = goals_section(res)
-    lines += ["", "## Goals (labelled pool, issue 33)", "", *goals] if goals else []
+    lines += ["", "## Goals", "", *goals] if goals else []
+    per_shift = per_shift_section(res)
+    lines += ["", *per_shift] if per_shift else []
+    accepted = acceptance_section(res)
+    lines += ["", "## Acceptance on a labelled holdout", "", *accepted] if accepted else []
+    free = label_free_section(res)
+    lines += ["", "## Label-free selection (bn-adapt or the default, no labels)", "", *free] if free else []
     lines += ["", "## Verdict", "", *_checks(res), "", "## Protocol", "",
               f"- Source f_S: EfficientNet-Lite0 (packaged ImageNet weights) fine-tuned on the Google emoji style, one "
               f"per seed; 96 subcategories at {p['image_size']} px. Per target style a fixed split: "
               f"{100 * p['eval_share']:g} % of each class held out for evaluation, the rest is the adaptation part.",
-              f"- Validation shift google → {p['validation_shift']}: every choice is made there and frozen (below). "
+              f"- Validation shifts google → {', '.join(res.get('validation_shifts') or [p['validation_shift']])}: "
+              "every choice is made there (by the worst of them) and frozen (below). "
               f"Evaluation shifts: {', '.join('google → ' + s for s in p['eval_shifts'])}; seeds {list(p['seeds'])}.",
               f"- Schedule: at most {p['max_steps']} optimiser steps per run ({p['epochs']} epochs at most), batch "
               f"{p['batch_size']} (a short last batch folded into the one before), SGD momentum 0.9 (Nesterov), "
@@ -196,8 +213,9 @@ def render_grid(res: Mapping[str, Any], stem: str) -> str:
               f"last {p['train_groups']} backbone groups, the bottleneck and the head train; lr from "
               f"{list(p['lr_grid'])} per method on validation.",
               "- Paired design: every arm of a (shift, seed, fraction) cell has the same source model, subset, "
-              "batch order and target views; differences are paired per seed (the mean over the evaluation shifts) "
-              "with 95 % confidence intervals (Student t over seeds).",
+              "batch order and target views; the goals' differences are paired per (shift, seed) cell with 95 % "
+              "confidence intervals (Student t over the shifts x seeds cells); the tables below pair per seed (the "
+              "mean over the evaluation shifts, t over seeds).",
               f"- Pool: OpenClipart + Tux Paint + the emoji styles that are neither source nor target; R at "
               f"{p['retriever_size']} px, chosen among {list(p['retrievers'])}; k = {p['k']}.",
               "- Arms: source only; bn-adapt (the target's BatchNorm statistics, no loss); TENT; SHOT-IM; AdaContrast; "
@@ -218,10 +236,10 @@ def render_grid(res: Mapping[str, Any], stem: str) -> str:
               *_cells(res, "test", TEST_ROWS, p["fractions"]), "", "Per shift (mean over seeds):", "",
               *_per_shift(res, "test", TEST_ROWS, p["fractions"]), "",
               "Paired differences (points, mean over seeds [95 % CI]):", "", *_diffs(res, "test", p["fractions"]),
-              "", "## Train-time results (labelled adaptation part)", "",
-              *_cells(res, "train", TRAIN_ROWS, p["train_fractions"]), "",
-              "Paired differences (points [95 % CI]; bn-adapt needs no labels, its test-time runs are the reference):",
-              "", *_diffs(res, "train", p["train_fractions"]),
+              *(["", "## Train-time results (labelled adaptation part)", "",
+                 *_cells(res, "train", TRAIN_ROWS, p["train_fractions"]), "",
+                 "Paired differences (points [95 % CI]; bn-adapt needs no labels, its test-time runs are the "
+                 "reference):", "", *_diffs(res, "train", p["train_fractions"])] if p["train_fractions"] else []),
               *(["", "## Labelled items used", "", *use_section(res)] if res.get("label_use") else []),
               "", "## Neighbours as data", "",
               "In the validated T3AR's runs: how many distinct neighbours served as training data per step, how many "
@@ -277,3 +295,4 @@ def write_grid_report(res: Mapping[str, Any], out_dir: Path, *, stem: str) -> No
     write_results(res, render_grid(res, stem), out_dir, stem)
     _plots(res, out_dir, stem)
     goals_plot(res, out_dir, stem)
+    overview_plot(res, out_dir / f"{stem}.png")

@@ -144,10 +144,9 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
     records = run_all(ctx, arms, cache, progress_log(len(arms)))
     for shift in plan.eval_shifts:
         for seed in plan.seeds:
-            src = source_record(ctx, shift, seed)
             for f in plan.fractions:
                 records.append({"phase": "main", "label": "source", "shift": shift, "seed": seed, "fraction": f,
-                                "method": "source", **src})
+                                "method": "source", **source_record(ctx, shift, seed, f)})
     summary = summarise_grid(plan, sel, records)
     targets = {s: {"adapt": len(t.adapt_idx), "eval": len(t.eval_idx), "classes": len(t.style.classes)}
                for s, t in ctx.targets.items()}
@@ -156,7 +155,9 @@ def run_method_benchmark(plan: BenchPlan, *, out_dir: Path, work: Path, cache: P
                else f"{os.cpu_count()} CPU cores, {platform.machine()}",
                "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "loadavg_start": load_start,
                            "loadavg_end": os.getloadavg()},
-               "targets": targets, "selection": sel, **summary, "records": records,
+               # each run's target predictions served the agreement criterion (in the summary): not kept
+               "targets": targets, "selection": sel, **summary,
+               "records": [{k: v for k, v in r.items() if k != "target_predictions"} for r in records],
                "minutes": {"context": t_ctx / 60, "total": (time.perf_counter() - t_start) / 60},
                "run_seconds_total": sum(float(r.get("seconds") or 0.0) for r in records),
                "runs_cached": sum(1 for r in records if r.get("cached")),

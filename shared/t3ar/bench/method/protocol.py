@@ -128,3 +128,27 @@ def retrieval_diagnostics(neighbours: Sequence[Sequence[str]], query_labels: Seq
     if n_pool and query_labels:
         d.chance_same_label = sum(counts[q] / n_pool for q in query_labels) / len(query_labels)
     return d
+
+
+def holdout_indices(adapt_idx: Sequence[int], subset: Sequence[int], labels: Sequence[int], per_class: int,
+                    seed: int) -> list[int]:
+    """An acceptance holdout: up to ``per_class`` images of each class from the adaptation part ``adapt_idx`` that
+    are not in the adapted ``subset`` (indices into the style; ``labels[i]`` is image i's class), sorted.
+
+    Per class a seeded permutation of its images outside the subset, of which the first ``per_class`` are taken, so
+    holdouts of one seed are nested (1 ⊂ 2 ⊂ 4 per class); a class with fewer such images gives what it has.
+    Never overlaps ``subset`` (ValueError if it would: a holdout is never trained on)."""
+    if per_class < 1:
+        raise ValueError(f"per_class must be at least 1, got {per_class}")
+    taken = set(subset)
+    by_class: dict[int, list[int]] = defaultdict(list)
+    for i in sorted(set(adapt_idx) - taken):
+        by_class[int(labels[i])].append(i)
+    out: list[int] = []
+    for y in sorted(by_class):
+        members = by_class[y]
+        random.Random(f"holdout:{seed}:{y}").shuffle(members)
+        out += members[:per_class]
+    if taken & set(out):
+        raise ValueError("a holdout image is in the adapted subset")
+    return sorted(out)

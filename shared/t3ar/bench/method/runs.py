@@ -39,9 +39,10 @@ from t3ar.bench.method.data import (
 )
 from t3ar.bench.method.label_use import label_use
 from t3ar.bench.method.labelled_pool import pool_names
-from t3ar.bench.method.plans import BenchPlan
-from t3ar.bench.method.protocol import SOURCE_STYLE, cap_indices, fraction_subset, split_adapt_eval
+from t3ar.bench.method.plans import BenchPlan, validation_shifts
+from t3ar.bench.method.protocol import SOURCE_STYLE, cap_indices, fraction_subset, holdout_indices, split_adapt_eval
 from t3ar.data.images import to_tensor_uint8
+from t3ar.datakit.archive import ARCHIVE_STYLES
 from t3ar.datakit.emoji import DEFAULT_STYLES
 from t3ar.device import seed_everything
 from t3ar.embedder import Embedder, EmbedderSpec
@@ -51,6 +52,7 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
 from t3ar.method.retrieval import NeighbourProvider
 from t3ar.method.schedule import steps_per_epoch
+from t3ar.method.selection import criteria, soft_neighbourhood_density
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.pipeline import retrieve
@@ -115,6 +117,13 @@ class Context:
     code: str
 
 
+def archive_needed(plan: BenchPlan) -> tuple[str, ...]:
+    """The archive styles a plan's kits must hold: its pool's and those of its shifts (validation and evaluation)
+    that are archive styles, in that order."""
+    shifts = [s for s in (*validation_shifts(plan), *plan.eval_shifts) if s in ARCHIVE_STYLES]
+    return tuple(dict.fromkeys([*plan.archive_styles, *shifts]))
+
+
 def pool_name(shift: str, retriever: str | None, plan: BenchPlan) -> str:
     """The key of a shift's pool as embedded by ``retriever`` (a backbone preset; None = the plan's default R)."""
     return f"{shift}|{retriever or plan.retrievers[0]}"
@@ -127,8 +136,13 @@ def load_targets(plan: BenchPlan, kits: Kits, shifts: Sequence[str] | None = Non
     Raises RuntimeError when a target's class list differs from the source's."""
     source_set = load_style(kits.emoji, SOURCE_STYLE, plan.image_size)
     targets: dict[str, Target] = {}
-    for shift in (shifts if shifts is not None else (plan.validation_shift, *plan.eval_shifts)):
-        style = load_style(kits.emoji, shift, plan.image_size)
+    for shift in (shifts if shifts is not None else (*validation_shifts(plan), *plan.eval_shifts)):
+        if shift in ARCHIVE_STYLES:  # an archive style: the emoji it has, labelled with the task's classes
+            if kits.archive is None:
+                raise RuntimeError(f"{shift} is an archive style, but the kits were built without the archive")
+            style = load_style(kits.archive, shift, plan.image_size, classes=source_set.classes)
+        else:
+            style = load_style(kits.emoji, shift, plan.image_size)
         if style.classes != source_set.classes:
             raise RuntimeError(f"{shift}: class list differs from the source style's")
         a, e = split_adapt_eval(style.labels.tolist(), plan.eval_share, plan.split_seed)
@@ -167,7 +181,7 @@ def source_config(plan: BenchPlan, seed: int) -> TrainConfig:
 
 def build_context(plan: BenchPlan, work: Path, cache: Path, device: torch.device) -> Context:
     """Data kits, target splits, per-seed source models and per-shift pools (all cached under ``work``)."""
-    kits = build_kits(work, cache, plan.archive_styles)
+    kits = build_kits(work, cache, archive_needed(plan))
     source_set, targets = load_targets(plan, kits)
     sources = {seed: source_model(work, source_set, source_config(plan, seed), plan.image_size, kits.emoji_request,
                                   device)
@@ -232,7 +246,7 @@ def _curves(history: Sequence[StepStats]) -> list[dict[str, float]]:
 #: differ only there share their cached runs)
 RUN_FIELDS = ("epochs", "max_steps", "min_steps", "batch_size", "warmup_frac", "k", "image_size", "eval_share",
               "split_seed", "max_adapt", "max_eval", "source_epochs", "source_lr", "train_groups",
-              "retriever_size", "pool_cap", "archive_styles")
+              "retriever_size", "pool_cap", "archive_styles", "holdout_per_class")
 
 
 def arm_key(ctx: Context, arm: Mapping[str, Any]) -> str:
@@ -259,8 +273,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
         return {**cached, "cached": True}
     plan, tgt = ctx.plan, ctx.targets[arm["shift"]]
     src = ctx.sources[arm["seed"]]
-    pos = fraction_subset(len(tgt.adapt_idx), arm["fraction"], arm["seed"])
-    subset = [tgt.adapt_idx[i] for i in pos]
+    subset = adapted_subset(tgt, arm["fraction"], arm["seed"])
     x, y = tgt.style.images[subset], tgt.style.labels[subset]
     spe = steps_per_epoch(len(subset), min(plan.batch_size, len(subset)))
     # an arm may carry its own schedule (the schedule study's candidates); else the plan's
@@ -343,10 +356,12 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
             retrieving = retrieved.candidates if retrieved.candidates is not None else retrieved.neighbours
             record["label_use"] = label_use(res.pool_labelled, pool_ids, pool_kw["pool_labels"], res.steps,
                                             retrieving if draw == "retrieved" else None, y)
-    rep = evaluate(model, tgt.eval_x, tgt.eval_y, src.spec.classes,
-                   Normalizer(b.mean, b.std, ctx.device))
+    norm = Normalizer(b.mean, b.std, ctx.device)
+    rep = evaluate(model, tgt.eval_x, tgt.eval_y, src.spec.classes, norm)
     record.update({"top1": rep["top1"], "mean_class_accuracy": rep["mean_class_accuracy"],
                    "seconds": time.perf_counter() - t0, "steps": res.steps})
+    if arm.get("mode", "test") == "test" and arm["method"] != "supervised":
+        record.update(target_measures(model, tgt, subset, seed, plan.holdout_per_class, norm))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record))
@@ -369,11 +384,64 @@ def labelled_tensors(pool: NeighbourProvider, pool_key: str, side: Mapping[str, 
     return _LABELLED[key]
 
 
-def source_record(ctx: Context, shift: str, seed: int) -> dict[str, Any]:
+def source_record(ctx: Context, shift: str, seed: int, fraction: float | None = None) -> dict[str, Any]:
+    """The source model of ``seed`` on ``shift``'s evaluation part; with a ``fraction``, also its
+    :func:`target_measures` on that cell's adapted subset and holdouts (the source is an acceptance candidate)."""
     tgt, src = ctx.targets[shift], ctx.sources[seed]
     b = src.spec.backbone
-    rep = evaluate(src.model, tgt.eval_x, tgt.eval_y, src.spec.classes, Normalizer(b.mean, b.std, ctx.device))
-    return {"top1": rep["top1"], "mean_class_accuracy": rep["mean_class_accuracy"]}
+    norm = Normalizer(b.mean, b.std, ctx.device)
+    rep = evaluate(src.model, tgt.eval_x, tgt.eval_y, src.spec.classes, norm)
+    out = {"top1": rep["top1"], "mean_class_accuracy": rep["mean_class_accuracy"]}
+    if fraction is not None:
+        out.update(target_measures(src.model, tgt, adapted_subset(tgt, fraction, seed), seed,
+                                   ctx.plan.holdout_per_class, norm))
+    return out
+
+
+def adapted_subset(tgt: Target, fraction: float, seed: int) -> list[int]:
+    """The style indices a run of (``fraction``, ``seed``) adapts on: the seeded nested subset of the adaptation
+    part (:func:`fraction_subset`)."""
+    return [tgt.adapt_idx[i] for i in fraction_subset(len(tgt.adapt_idx), fraction, seed)]
+
+
+@torch.no_grad()
+def _outputs(model: torch.nn.Module, images: torch.Tensor, norm: Normalizer, batch_size: int = 256
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, logits) of uint8 ``images`` in eval mode (features: the classifier's bottleneck)."""
+    was = model.training
+    model.eval()
+    feats, logits = [], []
+    for i in range(0, len(images), batch_size):
+        f, z = model.forward_all(norm(images[i:i + batch_size]))  # type: ignore[operator]
+        feats.append(f.float().cpu())
+        logits.append(z.float().cpu())
+    model.train(was)
+    return torch.cat(feats), torch.cat(logits)
+
+
+def target_measures(model: torch.nn.Module, tgt: Target, subset: Sequence[int], seed: int,
+                    holdout_per_class: Sequence[int], norm: Normalizer) -> dict[str, Any]:
+    """What an adapted model shows without the evaluation part's labels: on its target (the adapted ``subset``, no
+    labels) the label-free criteria (:mod:`t3ar.method.selection`; SND on the softmax outputs and on the bottleneck
+    features) and its predictions (agreement with bn-adapt's is computed by the report); on each acceptance holdout
+    (:func:`holdout_indices`: labelled images of the adaptation part outside ``subset``) its top-1 and size."""
+    feats, logits = _outputs(model, tgt.style.images[list(subset)], norm)
+    crit = criteria(logits)
+    crit["snd_features"] = soft_neighbourhood_density(feats) if len(feats) >= 2 else math.nan
+    out: dict[str, Any] = {"criteria": crit, "target_predictions": logits.argmax(1).tolist()}
+    if holdout_per_class:
+        labels = tgt.style.labels.tolist()
+        widest = holdout_indices(tgt.adapt_idx, subset, labels, max(holdout_per_class), seed)
+        right = {}
+        if widest:
+            pred = _outputs(model, tgt.style.images[widest], norm)[1].argmax(1)
+            right = {i: bool(p == labels[i]) for i, p in zip(widest, pred.tolist(), strict=True)}
+        hold = {}
+        for k in holdout_per_class:
+            idx = holdout_indices(tgt.adapt_idx, subset, labels, k, seed)  # nested: a part of ``widest``
+            hold[str(k)] = {"top1": sum(right[i] for i in idx) / len(idx) if idx else math.nan, "n": len(idx)}
+        out["holdout"] = hold
+    return out
 
 
 _WORKER: dict[str, Context] = {}
