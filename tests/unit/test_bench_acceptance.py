@@ -141,10 +141,23 @@ GOALS = ("accepted_vs_bn_adapt", "accepted_vs_source", "accepted_vs_hindsight", 
 def test_the_winner_is_the_argmax_and_a_tie_goes_to_the_simpler() -> None:
     from t3ar.bench.method.goals import choose_winner
 
-    assert choose_winner({"source": 0.2, "bn-adapt": 0.4, "t3ar": 0.5}) == "t3ar"
-    assert choose_winner({"source": 0.2, "bn-adapt": 0.5, "t3ar": 0.5}) == "bn-adapt"
-    assert choose_winner({"source": 0.5, "bn-adapt": 0.5, "t3ar": 0.5}) == "source"
-    assert choose_winner({"source": float("nan"), "bn-adapt": 0.1, "t3ar": float("nan")}) == "bn-adapt"
+    def top(**scores: float) -> dict[str, dict[str, float]]:  # records without per-image vectors: argmax on top-1
+        return {k.replace("_", "-"): {"top1": v} for k, v in scores.items()}
+
+    assert choose_winner(top(source=0.2, bn_adapt=0.4, t3ar=0.5)) == "t3ar"
+    assert choose_winner(top(source=0.2, bn_adapt=0.5, t3ar=0.5)) == "bn-adapt"
+    assert choose_winner(top(source=0.5, bn_adapt=0.5, t3ar=0.5)) == "source"
+    assert choose_winner(top(source=float("nan"), bn_adapt=0.1, t3ar=float("nan"))) == "bn-adapt"
+    assert choose_winner(top(source=0.2, bn_adapt=0.4, t3ar=0.5), rule="paired") is None  # needs the vectors
+
+    def vec(right: int, n: int = 40) -> dict[str, Any]:
+        return {"top1": right / n, "n": n, "correct": [True] * right + [False] * (n - right)}
+
+    # with the vectors the library decides: argmax as above; paired keeps the simpler unless its CI is above 0
+    near = {"source": vec(10), "bn-adapt": vec(20), "t3ar": vec(21)}
+    assert choose_winner(near) == "t3ar" and choose_winner(near, rule="paired") == "bn-adapt"
+    far = {"source": vec(10), "bn-adapt": vec(12), "t3ar": vec(30)}
+    assert choose_winner(far, rule="paired") == "t3ar"
 
 
 def test_the_goals_pair_every_shift_and_seed_in_points() -> None:

@@ -10,7 +10,8 @@ over seeds. The goals of the acceptance round:
   ``plan.holdout_per_class`` labelled images per class, from the adaptation part, never adapted on; each run
   records its holdout top-1), scored on the held-out evaluation part; *hindsight* is, per shift and fraction, the
   candidate with the best mean evaluation top-1 over seeds (what a perfect choice of one method per shift gives);
-  ``acceptance_curve`` repeats the three for every holdout size;
+  ``acceptance_curve`` repeats the three for every holdout size; the winner rule is ``argmax`` (ties to the
+  simpler), and ``acceptance_paired_rule`` gives the same goals under the ``paired`` rule;
 * ``no_harm``: the default T3AR (no holdout) − bn-adapt;
 * ``labelled_vs_random``, ``labelled_vs_bn_adapt`` and the other labelled-pool comparisons.
 """
@@ -23,6 +24,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from t3ar.acceptance import Rule, decide
 from t3ar.bench.method.labelled import ALL_ARM, LABELS_ARM, RANDOM_ARM
 from t3ar.bench.method.plans import BenchPlan, paired
 
@@ -32,13 +34,22 @@ CANDIDATES: tuple[str, ...] = ("source", "bn-adapt", "t3ar")
 Cells = dict[tuple[str, int, float], float]
 
 
-def choose_winner(scores: Mapping[str, float], order: Sequence[str] = CANDIDATES) -> str:
-    """The candidate with the highest holdout score; a tie (or a NaN score) goes to the simpler one, the earlier in
-    ``order``. A local stand-in: at merge, the lead swaps it for the acceptance library's winner rule."""
+def choose_winner(holdouts: Mapping[str, Mapping[str, Any]], order: Sequence[str] = CANDIDATES,
+                  rule: Rule = "argmax", seed: int = 0) -> str | None:
+    """The winner among ``order`` by the product's winner rule (:func:`t3ar.acceptance.decide`) on their holdout
+    records (``{"top1", "n", "correct"}``). Records without per-image correctness (runs from before it was kept)
+    are decided by ``argmax`` on their top-1 (the same rule: highest, ties to the simpler); ``paired`` needs the
+    per-image vectors (None without them)."""
+    vectors: dict[str, Sequence[bool]] = {m: v for m in order if (v := holdouts[m].get("correct"))}
+    if len(vectors) == len(order):
+        return decide(vectors, rule, seed=seed).winner
+    if rule != "argmax":
+        return None
     best = order[0]
     for name in order[1:]:
-        s = scores.get(name, math.nan)
-        if not math.isnan(s) and (math.isnan(scores.get(best, math.nan)) or s > scores[best]):
+        s = float(holdouts[name].get("top1", math.nan))
+        if not math.isnan(s) and (math.isnan(float(holdouts[best].get("top1", math.nan))) or
+                                  s > float(holdouts[best]["top1"])):
             best = name
     return best
 
@@ -53,10 +64,10 @@ def arm_cells(records: Sequence[Mapping[str, Any]], label: str, phase: str = "ma
     return {_key(r): float(r["top1"]) for r in records if r.get("label") == label and r["phase"] == ph}
 
 
-def accepted_cells(records: Sequence[Mapping[str, Any]], per_class: int,
-                   candidates: Sequence[str] = CANDIDATES) -> tuple[Cells, dict[tuple[str, int, float], str]]:
+def accepted_cells(records: Sequence[Mapping[str, Any]], per_class: int, candidates: Sequence[str] = CANDIDATES,
+                   rule: Rule = "argmax") -> tuple[Cells, dict[tuple[str, int, float], str]]:
     """Per cell where every candidate recorded its holdout of ``per_class`` images per class: the winner's
-    evaluation top-1, and the winner."""
+    evaluation top-1, and the winner (by ``rule``, :func:`choose_winner`)."""
     by: dict[tuple[str, int, float], dict[str, Mapping[str, Any]]] = {}
     for r in records:
         if r.get("label") in candidates and r["phase"] == "main" and r.get("holdout"):
@@ -69,8 +80,9 @@ def accepted_cells(records: Sequence[Mapping[str, Any]], per_class: int,
         h = {m: arms[m]["holdout"].get(str(per_class)) for m in candidates}
         if any(v is None or not v.get("n") for v in h.values()):
             continue  # no holdout image left in this cell
-        w = choose_winner({m: float(v["top1"]) for m, v in h.items() if v}, candidates)
-        won[key], top[key] = w, float(arms[w]["top1"])
+        w = choose_winner({m: v for m, v in h.items() if v}, candidates, rule, seed=key[1])
+        if w is not None:
+            won[key], top[key] = w, float(arms[w]["top1"])
     return top, won
 
 
@@ -106,9 +118,11 @@ def _table(a: Cells, b: Cells, plan: BenchPlan, fractions: Sequence[float]) -> d
             if (d := paired_cells(a, b, plan.eval_shifts, plan.seeds, f)) is not None}
 
 
-def acceptance(plan: BenchPlan, records: Sequence[Mapping[str, Any]], per_class: int) -> dict[str, Any]:
-    """The three acceptance goals at one holdout size (test time), and how often each candidate won."""
-    acc, won = accepted_cells(records, per_class)
+def acceptance(plan: BenchPlan, records: Sequence[Mapping[str, Any]], per_class: int,
+               rule: Rule = "argmax") -> dict[str, Any]:
+    """The three acceptance goals at one holdout size (test time) with winner rule ``rule``, and how often each
+    candidate won."""
+    acc, won = accepted_cells(records, per_class, rule=rule)
     fs = plan.fractions
     wins = {str(f): dict(Counter(w for k, w in won.items() if math.isclose(k[2], f))) for f in fs}
     return {"accepted_vs_bn_adapt": {"test": _table(acc, arm_cells(records, "bn-adapt"), plan, fs)},
@@ -132,6 +146,9 @@ def goals(p: BenchPlan, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                                     "accepted_vs_hindsight")},
         "acceptance_per_class": p.holdout_per_class[0] if p.holdout_per_class else None,
         "acceptance_curve": curve,
+        # the product's other winner rule (t3ar.acceptance: the simpler unless a paired CI favours another), from
+        # the runs' per-image holdout correctness; which rule a job uses is chosen on validation shifts, not here
+        "acceptance_paired_rule": {str(k): acceptance(p, records, k, "paired") for k in p.holdout_per_class},
         "no_harm": {"test": table("t3ar", "bn-adapt", p.fractions)},
         "labelled_vs_random": {"test": table(LABELS_ARM, RANDOM_ARM, p.fractions),
                                "train": table(LABELS_ARM, RANDOM_ARM, p.train_fractions, "train")},

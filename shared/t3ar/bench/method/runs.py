@@ -439,7 +439,8 @@ def target_measures(model: torch.nn.Module, tgt: Target, subset: Sequence[int], 
         hold = {}
         for k in holdout_per_class:
             idx = holdout_indices(tgt.adapt_idx, subset, labels, k, seed)  # nested: a part of ``widest``
-            hold[str(k)] = {"top1": sum(right[i] for i in idx) / len(idx) if idx else math.nan, "n": len(idx)}
+            hold[str(k)] = {"top1": sum(right[i] for i in idx) / len(idx) if idx else math.nan, "n": len(idx),
+                            "correct": [right[i] for i in idx]}  # per image: the paired winner rule reads them
         out["holdout"] = hold
     return out
 
