@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import tiny_problem
+from tiny_models import AFFINE_CLASSES, AFFINE_E0, Affine, tiny_problem
 from torch import nn
 
 from t3ar.method import sar as sar_module
@@ -18,21 +18,8 @@ from t3ar.method.sar import RHO, SAR, perturbation
 from t3ar.method.schedule import Optimiser
 from t3ar.method.views import Views
 
-C = 4
-E0 = 0.4 * math.log(C)
-
-
-class Affine(nn.Module):
-    """logits = x * weight + bias: a model whose output at the start is its input (hand-made logits)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(C))
-        self.bias = nn.Parameter(torch.zeros(C))
-        self.num_classes = C
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.weight + self.bias
+C = AFFINE_CLASSES
+E0 = AFFINE_E0
 
 
 def _sar(model: nn.Module) -> SAR:

@@ -1,6 +1,8 @@
 """A tiny CPU backbone for tests of the adaptation loop (BatchNorm in every stage, 8-d features), and the tiny
 seeded adaptation problem the loop's tests share (:func:`tiny_problem`)."""
 
+import math
+
 import torch
 from torch import nn
 
@@ -34,3 +36,23 @@ def tiny_problem(n_target: int = 12, n_pool: int = 9, k: int = 3, *, seed: int =
     pool = torch.randint(0, 256, (n_pool, 3, 16, 16), dtype=torch.uint8, generator=g)
     nbr = torch.randint(0, n_pool, (n_target, k), generator=g)
     return model, target, pool, nbr
+
+
+#: the class count of :class:`Affine` and the reliable-entropy margin SAR and EATA use with it (0.4 ln C)
+AFFINE_CLASSES = 4
+AFFINE_E0 = 0.4 * math.log(AFFINE_CLASSES)
+
+
+class Affine(nn.Module):
+    """logits = x * weight + bias over :data:`AFFINE_CLASSES` classes: at the start its output is its input
+    (hand-made logits), for the entropy methods' tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(AFFINE_CLASSES))
+        self.bias = nn.Parameter(torch.zeros(AFFINE_CLASSES))
+        self.num_classes = AFFINE_CLASSES
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight + self.bias
+
