@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import sqlite3
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from t3ar_services.api.sqlite_db import open_db
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,7 @@ def _now() -> dt.datetime:
 
 class AuditLog:
     def __init__(self, path: Path, *, max_rows: int, max_age_days: float) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = open_db(path)
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
         self.max_rows = max_rows

@@ -24,13 +24,13 @@ import datetime as dt
 import hashlib
 import re
 import secrets
-import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from t3ar.errors import InvalidInputError
+from t3ar_services.api.sqlite_db import open_db
 from t3ar_services.common.errors import NotFoundError
 
 Role = Literal["read", "submit", "admin"]
@@ -133,10 +133,7 @@ class KeyStore:
     """The named API keys, in the API's SQLite file (its own connection; SQLite serialises the writers)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = open_db(path)
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from t3ar_services.api.sqlite_db import open_db
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
@@ -92,10 +94,7 @@ class Store:
     """One connection guarded by a lock (the API's traffic is small; SQLite serialises writers anyway)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = open_db(path)
         had_owners = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'owners'").fetchone() is not None
         self._db.executescript(_SCHEMA)
         if not had_owners:  # a data dir from before teams: what it holds belongs to the default team, once
