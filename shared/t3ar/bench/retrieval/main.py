@@ -238,7 +238,7 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
     return out
 
 
-def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None) -> dict[str, Any]:
+def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None, lite: bool = True) -> dict[str, Any]:
     """faiss vs milvus-lite (vs a Milvus server given by URI) (t3ar.bench.retrieval.backends); skipped with the
     reason if pymilvus is missing."""
     from t3ar.bench.retrieval.backends import bench_backends
@@ -248,11 +248,11 @@ def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None) -
     log.info("backends: faiss vs milvus-lite%s, %d vectors", f" vs the Milvus server at {milvus_uri}" if milvus_uri
              else "", n)
     return bench_backends(work, n, n_batches=2 if quick else 4, n_single=30 if quick else 100,
-                          n_deletes=10 if quick else 30, milvus_server_uri=milvus_uri)
+                          n_deletes=10 if quick else 30, milvus_server_uri=milvus_uri, lite=lite)
 
 
 def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | None,
-                      milvus_uri: str | None) -> dict[str, Any]:
+                      milvus_uri: str | None, lite: bool = True) -> dict[str, Any]:
     """Only the ``backends`` section, e.g. to add a Milvus server's figures without re-running the rest (the 1M
     sections take most of a full run). The last full run's results in ``out_dir`` stay as they are, its own
     backends table included; this run's table is kept next to it as ``backends_separate``, saying when and how
@@ -266,10 +266,10 @@ def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | Non
     n = backends_vectors or (20_000 if quick else 100_000)
     command = "t3ar bench retrieval --only backends" + (" --quick" if quick else "") + \
         (f" --backends-vectors {backends_vectors}" if backends_vectors else "") + \
-        (" --milvus-uri URI" if milvus_uri else "")
+        (" --milvus-uri URI" if milvus_uri else "") + ("" if lite else " --no-milvus-lite")
     t0, load = time.time(), os.getloadavg()
     try:
-        section = _backends_section(work, n, quick, milvus_uri)
+        section = _backends_section(work, n, quick, milvus_uri, lite)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -343,7 +343,7 @@ def keep_real_structure(previous: Path, ann: dict[str, Any], started_at: str) ->
 
 
 def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int | None = None,
-                            milvus_uri: str | None = None) -> dict[str, Any]:
+                            milvus_uri: str | None = None, lite: bool = True) -> dict[str, Any]:
     """Run everything, write ``retrieval.json`` and ``retrieval.md`` into ``out_dir``; return the results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # Every process of the run (this one's faiss, the forward worker, the services) waits passively in OpenMP,
@@ -376,10 +376,10 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int
         if not quick:  # a quick run's figures are at another size: nothing to carry
             keep_device_figure(out_dir / "retrieval.json", results["ann"])
             keep_real_structure(out_dir / "retrieval.json", results["ann"], results["started_at"])
-        results["backends"] = _backends_section(work, sizes["backends_n"], quick, milvus_uri)
+        results["backends"] = _backends_section(work, sizes["backends_n"], quick, milvus_uri, lite)
         command = "t3ar bench retrieval" + (" --quick" if quick else "") + \
             (f" --backends-vectors {backends_vectors}" if backends_vectors else "") + \
-            (" --milvus-uri URI" if milvus_uri else "")
+            (" --milvus-uri URI" if milvus_uri else "") + ("" if lite else " --no-milvus-lite")
         keep_server_column(results["backends"], _previous_run(out_dir / "retrieval.json"),
                            measured_at=results["started_at"], command=command)
         results["wall_seconds"] = time.time() - t0
