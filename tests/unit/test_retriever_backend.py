@@ -83,3 +83,12 @@ def test_the_backends_benchmark_s_exact_top_k_is_the_brute_force_answer() -> Non
     chunks = {0: vecs[:100], 100: vecs[100:200], 200: vecs[200:]}
     want = np.argsort(-(queries @ vecs.T), axis=1)[:, :7] + 1  # seqs are 1-based
     assert (exact_top_k(chunks, queries, 7) == want).all()
+
+
+def test_the_backends_benchmark_names_the_milvus_index_the_retrievers_inherit() -> None:
+    from t3ar.bench.retrieval.backends import milvus_index_description
+
+    assert milvus_index_description({}) == "HNSW (M 16, efConstruction 200, ef 128), Bounded consistency"
+    assert milvus_index_description({"T3AR_RETRIEVER_MILVUS_INDEX": "IVF_FLAT", "T3AR_RETRIEVER_MILVUS_IVF_NPROBE": "8",
+                                     "T3AR_RETRIEVER_MILVUS_CONSISTENCY": "Strong"}) == \
+        "IVF_FLAT (nlist 1024, nprobe 8), Strong consistency"

@@ -22,8 +22,9 @@ ids are returned after the 2xx, which must be 0 on all).
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,19 @@ def _wait_ivf(client: Any, timeout: float = 3600) -> float:
     return time.perf_counter() - t0
 
 
+def milvus_index_description(env: Mapping[str, str]) -> str:
+    """The Milvus backends' index and read level as the retrievers see them (``T3AR_RETRIEVER_MILVUS_*`` in the
+    environment they inherit, else the retriever's defaults)."""
+    def get(name: str, default: str) -> str:
+        return env.get(f"T3AR_RETRIEVER_MILVUS_{name}", default)
+
+    kind = get("INDEX", "HNSW").upper()
+    params = {"HNSW": f"M {get('HNSW_M', '16')}, efConstruction {get('HNSW_EF_CONSTRUCTION', '200')}, "
+                      f"ef {get('HNSW_EF', '128')}",
+              "IVF_FLAT": f"nlist {get('IVF_NLIST', '1024')}, nprobe {get('IVF_NPROBE', '32')}"}.get(kind)
+    return f"{kind}" + (f" ({params})" if params else "") + f", {get('CONSISTENCY', 'Bounded')} consistency"
+
+
 def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_deletes: int,
                    milvus_server_uri: str | None = None, lite: bool = True) -> dict[str, Any]:
     """The backends on the same ``n`` vectors; returns ``{"vectors", ..., "faiss": {...}, "milvus": {...},
@@ -120,7 +134,7 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
     out: dict[str, Any] = {"vectors": n, "dim": DIM, "k": K, "batch": BATCH, "data": "structured (ann.MIXTURE)",
                            "milvus_uri": "milvus-lite (a file in the data directory)",
                            "faiss_index": "IVF (T3AR_RETRIEVER_INDEX_TYPE=ivf, nlist 1024, nprobe 32)",
-                           "milvus_index": "HNSW (M 16, efConstruction 200, ef 128), Bounded consistency"}
+                           "milvus_index": milvus_index_description(os.environ)}
     envs = {name: {**env, "T3AR_RETRIEVER_BACKEND": name} for name in BACKEND_NAMES}
     envs["faiss"].update({"T3AR_RETRIEVER_INDEX_TYPE": "ivf", "T3AR_RETRIEVER_IVF_TRAIN_MIN": "1000"})
     if not lite:
