@@ -6,9 +6,10 @@ Each deleter thread owns its own slice of the pool's ids and deletes them one by
 only once its DELETE answered 2xx. Each searcher thread queries the vectors of the ids deleted last and of those
 about to be deleted (the searches most likely to meet a delete Milvus has not applied yet at Bounded consistency),
 and checks every answer against the ids whose 2xx had arrived before that search was sent. Calls answered 503
-(Milvus down) are counted and retried later; a delete answered 503 may or may not have happened, so it is neither
-deleted nor live. Bounded: each deleter stops after its slice (or ``max_deletes``), the searchers stop with the
-last deleter, and the whole race with ``max_seconds``.
+(Milvus down) are counted; a delete answered 503 may or may not have happened, so its id is ``unsure`` and the
+delete is sent again until it is answered: 2xx (deleted from then on) or 404 (it had happened: deleted from the
+404 on, the strictest reading). Bounded: each deleter stops after its slice, the searchers stop with the last
+deleter, and the whole race with ``max_seconds``.
 """
 
 from __future__ import annotations
@@ -39,55 +40,67 @@ class RaceLog:
 
 
 def race(make_client: Callable[[], RetrieverClient], ids: list[str], vectors: dict[str, np.ndarray], log: RaceLog, *,
-         deleters: int = 2, searchers: int = 3, k: int = 10, max_deletes: int | None = None,
-         max_seconds: float = 120.0, during: Callable[[], None] | None = None) -> None:
-    """Run one race over ``ids`` (deleting them, ``deleters`` slices) into ``log``; ``during``, when given, runs in
-    the calling thread while the race goes on (e.g. a restart of the Milvus server) and the race ends after it too.
-    """
+         deleters: int = 2, searchers: int = 3, k: int = 10, pace: float = 0.0, max_seconds: float = 120.0,
+         during: Callable[[], None] | None = None) -> None:
+    """Run one race over ``ids`` (deleting them, ``deleters`` slices, ``pace`` seconds between one deleter's
+    deletes) into ``log``; ``during``, when given, runs in the calling thread while the race goes on (e.g. a restart
+    of the Milvus server), and the race ends after it too."""
     slices = [ids[i::deleters] for i in range(deleters)]
-    if max_deletes is not None:
-        slices = [s[:max_deletes // deleters] for s in slices]
     stop = threading.Event()
     deadline = time.monotonic() + max_seconds
     deleting = [True] * deleters
+    disrupting = threading.Event()  # ``during`` runs
     upcoming = [list(s) for s in slices]
 
     def deleter(i: int) -> None:
+        try:
+            delete_all(i)
+        except Exception as e:  # a failure of the race (a 500, a 4xx other than the 404 above)
+            with log.lock:
+                log.errors.append(f"deleter {i}: {type(e).__name__}: {e}")
+        finally:
+            deleting[i] = False
+
+    def delete_all(i: int) -> None:
         with make_client() as c:
             todo = upcoming[i]
             while todo and not stop.is_set() and time.monotonic() < deadline:
                 victim = todo[0]
                 try:
                     c.delete(victim)
-                except RetrieverNotFoundError:  # an earlier delete answered 503 had happened after all
-                    with log.lock:
-                        log.unsure.add(victim)
-                except RetrieverUnavailableError:
+                except RetrieverUnavailableError:  # sent again: it may or may not have happened meanwhile
                     with log.lock:
                         log.unavailable += 1
                         log.unsure.add(victim)
                     time.sleep(0.2)
-                except RetrieverError as e:
+                    continue
+                except RetrieverNotFoundError:  # only after an unanswered delete of it, which had happened
                     with log.lock:
-                        log.unsure.add(victim)
-                        if "connection" not in str(e).lower():
-                            log.errors.append(f"delete {victim}: {type(e).__name__}: {e}")
-                    time.sleep(0.2)
-                else:
-                    with log.lock:
-                        log.deleted[victim] = time.monotonic()
-                        log.recent.append(victim)
+                        if victim not in log.unsure:
+                            log.errors.append(f"delete {victim}: 404 without an earlier unanswered delete")
+                with log.lock:
+                    log.unsure.discard(victim)
+                    log.deleted[victim] = time.monotonic()
+                    log.recent.append(victim)
                 todo.pop(0)
-        deleting[i] = False
+                if pace:
+                    time.sleep(pace)
 
     def searcher(seed: int) -> None:
+        try:
+            search_until_done(seed)
+        except Exception as e:
+            with log.lock:
+                log.errors.append(f"searcher {seed}: {type(e).__name__}: {e}")
+
+    def search_until_done(seed: int) -> None:
         rng = np.random.default_rng(seed)
         with make_client() as c:
             while not stop.is_set() and time.monotonic() < deadline:
                 with log.lock:
                     acked = dict(log.deleted)  # every 2xx that arrived before this search is sent
                     last = log.recent[-4:]
-                nxt = [u[0] for u in upcoming if u]
+                nxt = [v for u in upcoming for v in u[:1]]
                 pick = last + nxt + [ids[int(j)] for j in rng.integers(0, len(ids), 2)]
                 try:
                     res = c.search(np.stack([vectors[p] for p in pick]), k)
@@ -97,25 +110,28 @@ def race(make_client: Callable[[], RetrieverClient], ids: list[str], vectors: di
                     time.sleep(0.2)
                     continue
                 except RetrieverError as e:
-                    if "connection" not in str(e).lower():
-                        with log.lock:
-                            log.errors.append(f"search: {type(e).__name__}: {e}")
-                    time.sleep(0.2)
-                    continue
+                    with log.lock:
+                        log.errors.append(f"search: {type(e).__name__}: {e}")
+                    return
                 now = time.monotonic()
                 with log.lock:
                     log.searches += 1
                     log.violations += [(i, now - acked[i]) for row in res.ids for i in row if i in acked]
-                if not any(deleting):
+                if not any(deleting) and not disrupting.is_set():
                     return
 
     threads = [threading.Thread(target=deleter, args=(i,), daemon=True) for i in range(deleters)]
     threads += [threading.Thread(target=searcher, args=(s,), daemon=True) for s in range(searchers)]
+    if during is not None:
+        disrupting.set()
     for t in threads:
         t.start()
     try:
         if during is not None:
-            during()
+            try:
+                during()
+            finally:
+                disrupting.clear()
     finally:
         for t in threads[:deleters]:
             t.join(timeout=max(1.0, deadline - time.monotonic() + 30))

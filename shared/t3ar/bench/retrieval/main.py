@@ -245,7 +245,8 @@ def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None, l
 
     if importlib.util.find_spec("pymilvus") is None or importlib.util.find_spec("milvus_lite") is None:
         return {"skipped": "pymilvus / milvus-lite not installed (pip install 't3ar[milvus]')"}
-    log.info("backends: faiss vs milvus-lite%s, %d vectors", f" vs the Milvus server at {milvus_uri}" if milvus_uri
+    log.info("backends: faiss%s%s, %d vectors", " vs milvus-lite" if lite else "",
+             f" vs the Milvus server at {milvus_uri}" if milvus_uri
              else "", n)
     return bench_backends(work, n, n_batches=2 if quick else 4, n_single=30 if quick else 100,
                           n_deletes=10 if quick else 30, milvus_server_uri=milvus_uri, lite=lite)
