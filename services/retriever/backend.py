@@ -18,13 +18,14 @@ and ``t3ar pool migrate`` is that same synchronisation run ahead of time (both i
 :mod:`~t3ar_services.retriever.milvus_sync`).
 
 Deletion on Milvus: the vectors are deleted in Milvus first (the DELETE is not acknowledged before Milvus
-acknowledged it), then the row (and then the blob). Searches read at the configured consistency level
-(``Bounded`` by default: a search does not wait for the server's newest timestamp, so it may still see a delete of
-the last few seconds as not done), and the guarantee that a deleted id never comes back after its 2xx is the
-retriever's own: every Milvus answer is filtered against the database, where the deleted row is gone (durably,
-``synchronous=FULL``) before the 2xx (:meth:`MilvusIndex.search`; ``Store.present``). The database is that record
-of deletions: it survives any restart and never grows with deletes (a deleted id is an absent row, and ids are
-never reused). To return k results when some of Milvus' top k are filtered out, a search asks Milvus for k plus
+acknowledged it), then the row (and then the blob). Searches read at the configured consistency level (``Session``
+by default: a search waits only until Milvus applied this client's last write, not for the server's newest timestamp
+as ``Strong`` does; at ``Bounded`` it may still see a delete of the last few seconds as not done, and so may any
+level after a restart of the retriever or of Milvus), and the guarantee that a deleted id never comes back after its
+2xx is the retriever's own: every Milvus answer is filtered against the database, where the deleted row is gone
+(durably, ``synchronous=FULL``) before the 2xx (:meth:`MilvusIndex.search`; ``Store.present``). The database is that
+record of deletions: it survives any restart and never grows with deletes (a deleted id is an absent row, and ids
+are never reused). To return k results when some of Milvus' top k are filtered out, a search asks Milvus for k plus
 the number of ids deleted in the last minute (at most 2k), and asks again for more (doubling) for the queries that
 still come up short while Milvus had more to give.
 """
@@ -67,8 +68,11 @@ class MilvusConfig:
     ``HNSW`` (``M`` links per node, ``efConstruction`` at build, ``ef`` per search, at least k) or ``IVF_FLAT``
     (``nlist`` lists, ``nprobe`` probed per search) or ``FLAT`` (exact). Milvus builds the index itself, per
     sealed segment; both milvus-lite (3.x, with faiss) and a Milvus server support all three. ``consistency``:
-    the level every search reads at; ``Strong`` waits for the server's newest timestamp on every search,
-    ``Bounded`` (Milvus' default) and ``Session`` do not: the deletion guarantee does not depend on it."""
+    the level every search reads at. ``Strong`` waits for the server's newest timestamp on every search;
+    ``Session`` (the default) only for this client's last write (pymilvus keeps its timestamp), so the
+    retriever, the collection's one writer, searches its own adds and deletes at once and waits for nothing
+    when no write is recent; ``Bounded`` (Milvus' default) never waits and may miss the last seconds' writes.
+    The deletion guarantee does not depend on it (:meth:`MilvusIndex.search`)."""
 
     index: MilvusIndexType = "HNSW"
     hnsw_m: int = 16
@@ -76,7 +80,7 @@ class MilvusConfig:
     hnsw_ef: int = 128
     ivf_nlist: int = 1024
     ivf_nprobe: int = 32
-    consistency: Consistency = "Bounded"
+    consistency: Consistency = "Session"
 
     def build_params(self) -> dict[str, int]:
         if self.index == "HNSW":

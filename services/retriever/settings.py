@@ -47,7 +47,7 @@ class RetrieverSettings(ServiceSettings):
     milvus_hnsw_ef: int = Field(default=128, ge=1, le=32768)  # per search; raised to k when k is larger
     milvus_ivf_nlist: int = Field(default=1024, ge=1, le=65536)
     milvus_ivf_nprobe: int = Field(default=32, ge=1, le=65536)
-    milvus_consistency: Literal["Bounded", "Session", "Strong"] = "Bounded"  # searches' read level
+    milvus_consistency: Literal["Bounded", "Session", "Strong"] = "Session"  # searches' read level
 
     # --- index ---
     index_type: Literal["flat", "ivf"] = "flat"

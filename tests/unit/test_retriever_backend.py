@@ -50,7 +50,7 @@ def test_backends_section_of_the_retrieval_report() -> None:
 
 def test_milvus_index_and_search_parameters_follow_the_configuration() -> None:
     hnsw = backend.MilvusConfig()
-    assert (hnsw.index, hnsw.consistency) == ("HNSW", "Bounded")
+    assert (hnsw.index, hnsw.consistency) == ("HNSW", "Session")
     assert hnsw.build_params() == {"M": 16, "efConstruction": 200}
     assert hnsw.search_params(50) == {"metric_type": "IP", "params": {"ef": 128}}
     assert hnsw.search_params(400)["params"] == {"ef": 400}  # Milvus refuses ef < k
@@ -64,9 +64,9 @@ def test_settings_make_the_milvus_configuration(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_INDEX", "IVF_FLAT")
     monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_IVF_NPROBE", "64")
-    monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_CONSISTENCY", "Session")
+    monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_CONSISTENCY", "Bounded")
     config = RetrieverSettings(auth_disabled=True).milvus_config
-    assert (config.index, config.ivf_nprobe, config.consistency) == ("IVF_FLAT", 64, "Session")
+    assert (config.index, config.ivf_nprobe, config.consistency) == ("IVF_FLAT", 64, "Bounded")
     monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_CONSISTENCY", "Eventually")
     with pytest.raises(ValueError, match="milvus_consistency"):
         RetrieverSettings(auth_disabled=True)
@@ -88,7 +88,7 @@ def test_the_backends_benchmark_s_exact_top_k_is_the_brute_force_answer() -> Non
 def test_the_backends_benchmark_names_the_milvus_index_the_retrievers_inherit() -> None:
     from t3ar.bench.retrieval.backends import milvus_index_description
 
-    assert milvus_index_description({}) == "HNSW (M 16, efConstruction 200, ef 128), Bounded consistency"
+    assert milvus_index_description({}) == "HNSW (M 16, efConstruction 200, ef 128), Session consistency"
     assert milvus_index_description({"T3AR_RETRIEVER_MILVUS_INDEX": "IVF_FLAT", "T3AR_RETRIEVER_MILVUS_IVF_NPROBE": "8",
                                      "T3AR_RETRIEVER_MILVUS_CONSISTENCY": "Strong"}) == \
         "IVF_FLAT (nlist 1024, nprobe 8), Strong consistency"

@@ -4,8 +4,9 @@ Real retriever processes on 127.0.0.1, one with ``T3AR_RETRIEVER_BACKEND=faiss``
 ``T3AR_RETRIEVER_INDEX_TYPE=ivf``, trained in the background once the pool is loaded; the run waits for it), one
 with ``milvus`` (milvus-lite in the data directory; left out with ``lite=False``) and, when a Milvus server's URI
 is given (``--milvus-uri``), one with ``milvus`` on that server (``milvus_server``; the benchmark does not start a
-server, it measures the one it is given). Both Milvus backends use the retriever's defaults: an HNSW index and
-Bounded consistency, every answer filtered against the pool's database. All vectors-only and loaded with the same
+server, it measures the one it is given). Both Milvus backends use the retriever's defaults (an HNSW index,
+Session consistency, every answer filtered against the pool's database) unless ``T3AR_RETRIEVER_MILVUS_*`` in the
+environment says otherwise. All vectors-only and loaded with the same
 vectors through ``POST /pool/vectors``: samples of the structured generator of the ``ann`` section
 (:func:`~t3ar.bench.retrieval.ann.mixture_vectors`: the neighbourhood structure of real embeddings, which is what
 an ANN index's recall depends on). On the server the run then seals the collection's segments (``flush``) and
@@ -115,7 +116,7 @@ def milvus_index_description(env: Mapping[str, str]) -> str:
     params = {"HNSW": f"M {get('HNSW_M', '16')}, efConstruction {get('HNSW_EF_CONSTRUCTION', '200')}, "
                       f"ef {get('HNSW_EF', '128')}",
               "IVF_FLAT": f"nlist {get('IVF_NLIST', '1024')}, nprobe {get('IVF_NPROBE', '32')}"}.get(kind)
-    return f"{kind}" + (f" ({params})" if params else "") + f", {get('CONSISTENCY', 'Bounded')} consistency"
+    return f"{kind}" + (f" ({params})" if params else "") + f", {get('CONSISTENCY', 'Session')} consistency"
 
 
 def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_deletes: int,
