@@ -94,3 +94,11 @@ def test_only_backends_puts_the_server_column_into_the_full_runs_table(
     assert column["measured_at"] == saved["backends_separate"]["measured_at"]
     assert column["command"] == "t3ar bench retrieval --only backends --quick --milvus-uri URI"
     assert "qps" not in saved["backends"]["milvus_server"]  # the full run's own figures are left as they were
+
+
+def test_a_backends_run_names_the_commit_it_measured() -> None:
+    import re
+
+    from t3ar.bench.retrieval.main import code_commit
+
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", code_commit())

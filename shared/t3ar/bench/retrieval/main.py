@@ -252,6 +252,22 @@ def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None, l
                           n_deletes=10 if quick else 30, milvus_server_uri=milvus_uri, lite=lite)
 
 
+def code_commit() -> str:
+    """The commit of the code measured (``git rev-parse HEAD`` where this package lives), ``+dirty`` when the
+    checkout has uncommitted changes; ``unknown`` outside a git checkout."""
+    import subprocess
+
+    where = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | None,
                       milvus_uri: str | None, lite: bool = True) -> dict[str, Any]:
     """Only the ``backends`` section, e.g. to add a Milvus server's figures without re-running the rest (the 1M
@@ -274,10 +290,12 @@ def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | Non
     finally:
         shutil.rmtree(work, ignore_errors=True)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    column = server_column(section, measured_at=stamp, command=command, load_average_start=load, carried_over=True)
+    code = code_commit()
+    column = server_column(section, measured_at=stamp, command=command, load_average_start=load, carried_over=True,
+                           commit=code)
     if column:  # the full run's table keeps the newest server column (measured apart from it: carried over)
         results["backends"][SERVER_KEY] = column
-    results["backends_separate"] = {**section, "measured_at": stamp, "quick": quick,
+    results["backends_separate"] = {**section, "measured_at": stamp, "quick": quick, "commit": code,
                                     "command": command, "load_average_start": load,
                                     "load_average_end": os.getloadavg(), "wall_seconds": time.time() - t0}
     previous.write_text(json.dumps(results, indent=2, sort_keys=True))
