@@ -330,3 +330,27 @@ def test_deletes_racing_searches_from_several_clients_never_return_a_deleted_id_
     with rp.client() as c:
         assert never_returned(c, log, vectors) == []
         assert c.stats()["count"] == 180
+
+
+def test_a_collection_indexed_otherwise_is_reindexed_at_start_up_and_keeps_its_vectors(
+        tmp_path: Path, milvus_at: MilvusAt) -> None:
+    """A collection made with the FLAT index (every collection before HNSW became the default) opened with the
+    HNSW configuration: re-indexed, its vectors kept and found."""
+    from t3ar_services.retriever.backend import MilvusConfig, MilvusIndex, connect
+
+    uri, name, vecs = milvus_at.uri(tmp_path / "pool"), f"t3ar_pool_{secrets.token_hex(4)}", _vectors(50, seed=17)
+    local = None if milvus_at.server else uri
+    old = MilvusIndex(connect(uri, None), name, DIM, local, config=MilvusConfig(index="FLAT", consistency="Strong"))
+    old.add(np.arange(1, 51), vecs)
+    old.flush()
+    old.close()
+    new = MilvusIndex(connect(uri, None), name, DIM, local, config=MilvusConfig())
+    try:
+        index_name = new.client.list_indexes(name, field_name="vector")[0]
+        assert new.client.describe_index(name, index_name)["index_type"] == "HNSW"
+        assert new.count == 50
+        _, seqs = new.search(vecs[:5], 1)
+        assert [int(s[0]) for s in seqs] == [1, 2, 3, 4, 5]
+    finally:
+        new.client.drop_collection(name)
+        new.close()
