@@ -73,7 +73,7 @@ def migrate(data_dir: Path, target: str, milvus_uri: str | None, milvus_collecti
         if target == "milvus":
             try:
                 index = MilvusIndex(connect(uri, settings.milvus_token, settings.milvus_timeout), collection, dim,
-                                    local_file(uri))
+                                    local_file(uri), config=settings.milvus_config)
             except MilvusUnavailableError as e:
                 raise click.ClickException(str(e)) from e
             try:

@@ -7,22 +7,37 @@ Where the pool lives with either backend (one design, so every guarantee holds t
 - SQLite (``pool.sqlite3``) stays the source of truth for ids, sha256, source, metadata and the vectors;
 - the blob store (``blobs/``) stays a file store of the image bytes;
 - the backend holds the derived, searchable copy of (id, vector). Milvus' collection has two fields,
-  ``seq`` (INT64 primary key = the pool id's number) and ``vector`` (FLOAT_VECTOR, inner product, FLAT).
-  Source filters and ``exclude_ids`` become a ``seq in [...]`` / ``seq not in [...]`` filter expression.
+  ``seq`` (INT64 primary key = the pool id's number) and ``vector`` (FLOAT_VECTOR, inner product, indexed by
+  :class:`MilvusConfig`: HNSW by default, IVF_FLAT or FLAT by configuration; a collection whose index differs
+  from the configured one is re-indexed at start-up). Source filters and ``exclude_ids`` become a
+  ``seq in [...]`` / ``seq not in [...]`` filter expression.
 
 So switching or migrating backends never re-embeds (the vectors are in SQLite), the start-up check compares
 the backend's ids with the database's and repairs any difference (an add or delete interrupted by a crash),
 and ``t3ar pool migrate`` is that same synchronisation run ahead of time (both in
-:mod:`~t3ar_services.retriever.milvus_sync`). Deletion on Milvus: the vectors are deleted in Milvus first, then the
-row (and then the blob), and every search uses the ``Strong`` consistency level: once DELETE answers 2xx no search
-returns the id.
+:mod:`~t3ar_services.retriever.milvus_sync`).
+
+Deletion on Milvus: the vectors are deleted in Milvus first (the DELETE is not acknowledged before Milvus
+acknowledged it), then the row (and then the blob). Searches read at the configured consistency level (``Session``
+by default: a search waits only until Milvus applied this client's last write, not for the server's newest timestamp
+as ``Strong`` does; at ``Bounded`` it may still see a delete of the last few seconds as not done, and so may any
+level after a restart of the retriever or of Milvus), and the guarantee that a deleted id never comes back after its
+2xx is the retriever's own: every Milvus answer is filtered against the database, where the deleted row is gone
+(durably, ``synchronous=FULL``) before the 2xx (:meth:`MilvusIndex.search`; ``Store.present``). The database is that
+record of deletions: it survives any restart and never grows with deletes (a deleted id is an absent row, and ids
+are never reused). To return k results when some of Milvus' top k are filtered out, a search asks Milvus for k plus
+the number of ids deleted in the last minute (at most 2k), and asks again for more (doubling) for the queries that
+still come up short while Milvus had more to give.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -40,6 +55,46 @@ _MAX_TOPK = 16384  # Milvus' limit on k per search
 # unflushed 512-d rows, 0.06 s once flushed, measured here): it is flushed once this many rows wait. A Milvus
 # server searches growing segments natively and seals them itself, so it is never flushed from here.
 LITE_FLUSH_ROWS = 2048
+RECENT_DELETES_S = 60.0  # deletes this recent size a search's over-fetch (Bounded staleness is seconds)
+
+MilvusIndexType = Literal["HNSW", "IVF_FLAT", "FLAT"]
+Consistency = Literal["Bounded", "Session", "Strong"]
+
+
+@dataclass(frozen=True)
+class MilvusConfig:
+    """How the collection is indexed and read (``T3AR_RETRIEVER_MILVUS_*``; docs/configuration.md).
+
+    ``HNSW`` (``M`` links per node, ``efConstruction`` at build, ``ef`` per search, at least k) or ``IVF_FLAT``
+    (``nlist`` lists, ``nprobe`` probed per search) or ``FLAT`` (exact). Milvus builds the index itself, per
+    sealed segment; both milvus-lite (3.x, with faiss) and a Milvus server support all three. ``consistency``:
+    the level every search reads at. ``Strong`` waits for the server's newest timestamp on every search;
+    ``Session`` (the default) only for this client's last write (pymilvus keeps its timestamp), so the
+    retriever, the collection's one writer, searches its own adds and deletes at once and waits for nothing
+    when no write is recent; ``Bounded`` (Milvus' default) never waits and may miss the last seconds' writes.
+    The deletion guarantee does not depend on it (:meth:`MilvusIndex.search`)."""
+
+    index: MilvusIndexType = "HNSW"
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 200
+    hnsw_ef: int = 128
+    ivf_nlist: int = 1024
+    ivf_nprobe: int = 32
+    consistency: Consistency = "Session"
+
+    def build_params(self) -> dict[str, int]:
+        if self.index == "HNSW":
+            return {"M": self.hnsw_m, "efConstruction": self.hnsw_ef_construction}
+        if self.index == "IVF_FLAT":
+            return {"nlist": self.ivf_nlist}
+        return {}
+
+    def search_params(self, limit: int) -> dict[str, Any]:
+        if self.index == "HNSW":
+            return {"metric_type": "IP", "params": {"ef": max(self.hnsw_ef, limit)}}  # Milvus wants ef >= k
+        if self.index == "IVF_FLAT":
+            return {"metric_type": "IP", "params": {"nprobe": self.ivf_nprobe}}
+        return {"metric_type": "IP"}
 
 
 class PoolIndex(Protocol):
@@ -130,8 +185,15 @@ def connect(uri: str, token: str | None, timeout: float = 10.0) -> Any:
     return client
 
 
+Present = Callable[[np.ndarray], np.ndarray]  # ids -> a bool per id: does the pool still hold it
+
+
 class MilvusIndex:
-    """The pool's vectors in one Milvus collection (``seq`` INT64 primary key, ``vector`` FLOAT_VECTOR, IP)."""
+    """The pool's vectors in one Milvus collection (``seq`` INT64 primary key, ``vector`` FLOAT_VECTOR, IP).
+
+    ``present``: the pool's record of which ids exist (``Store.present``); every search answer is filtered by
+    it, so a deleted id is never returned whatever the consistency level. Without it (tools that only copy
+    vectors, such as ``t3ar pool migrate``) answers are Milvus' own."""
 
     kind = "milvus"
     nprobe = 0
@@ -140,8 +202,13 @@ class MilvusIndex:
     device = None
     trained_on = None
 
-    def __init__(self, client: Any, collection: str, dim: int, local_file: str | None = None) -> None:
+    def __init__(self, client: Any, collection: str, dim: int, local_file: str | None = None, *,
+                 config: MilvusConfig | None = None, present: Present | None = None) -> None:
         self.client, self.collection, self.dim = client, collection, dim
+        self.config = config or MilvusConfig()
+        self.present = present
+        self._deleted: deque[tuple[float, int]] = deque()  # (monotonic time, ids deleted): sizes the over-fetch
+        self.filtered = 0  # results dropped because their row was gone (Milvus had not applied the delete yet)
         self.local_file = local_file  # milvus-lite: its in-process server is stopped (and the file unlocked) at close
         self.flush_rows = LITE_FLUSH_ROWS if local_file else 0
         self._unflushed = 0
@@ -169,15 +236,39 @@ class MilvusIndex:
                     f"Milvus collection {self.collection!r} exists but is not a {self.dim}-d t3ar pool "
                     f"(fields {sorted(fields)}, vector dim {have}); set T3AR_RETRIEVER_MILVUS_COLLECTION to "
                     "another name")
+            self._ensure_index()
             c.load_collection(self.collection)
             return
         schema = pm.MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("seq", pm.DataType.INT64, is_primary=True)
         schema.add_field("vector", pm.DataType.FLOAT_VECTOR, dim=self.dim)
-        params = c.prepare_index_params()
-        params.add_index(field_name="vector", index_type="FLAT", metric_type="IP")
-        c.create_collection(self.collection, schema=schema, index_params=params, consistency_level="Strong")
-        log.info("created Milvus collection %s (%d-d, FLAT, inner product)", self.collection, self.dim)
+        c.create_collection(self.collection, schema=schema, index_params=self._index_params(),
+                            consistency_level=self.config.consistency)
+        log.info("created Milvus collection %s (%d-d, %s %s, inner product)", self.collection, self.dim,
+                 self.config.index, self.config.build_params())
+
+    def _index_params(self) -> Any:
+        params = self.client.prepare_index_params()
+        params.add_index(field_name="vector", index_type=self.config.index, metric_type="IP",
+                         params=self.config.build_params())
+        return params
+
+    def _ensure_index(self) -> None:
+        """Re-index an existing collection whose vector index is not the configured one (type, or build
+        parameters where Milvus reports them): released, its index dropped and created again (then loaded)."""
+        c = self.client
+        names = c.list_indexes(self.collection, field_name="vector")
+        have = c.describe_index(self.collection, names[0]) if names else {}
+        want = self.config.build_params()
+        if have.get("index_type") == self.config.index and all(
+                str(have[k]) == str(v) for k, v in want.items() if k in have):
+            return
+        log.warning("Milvus collection %s is indexed %s %s, configured %s %s: re-indexing it", self.collection,
+                    have.get("index_type"), {k: have[k] for k in want if k in have}, self.config.index, want)
+        c.release_collection(self.collection)
+        if names:
+            c.drop_index(self.collection, names[0])
+        c.create_index(self.collection, self._index_params())
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -200,7 +291,7 @@ class MilvusIndex:
 
     def iter_ids(self, batch: int = 16384) -> Iterator[np.ndarray]:
         it = self._call(self.client.query_iterator, self.collection, batch_size=batch, filter="",
-                        output_fields=["seq"])
+                        output_fields=["seq"], consistency_level="Strong")
         try:
             while rows := self._call(it.next):
                 yield np.fromiter((r["seq"] for r in rows), dtype=np.int64, count=len(rows))
@@ -280,15 +371,25 @@ class MilvusIndex:
         self._unflushed = 0
 
     def remove(self, seqs: Iterable[int]) -> None:
-        """Deleted in Milvus; with Strong consistency no search that starts after this returns them."""
+        """Deleted in Milvus (acknowledged by it on return). A search at Bounded consistency may see them for a
+        few seconds more; the pool's rows going next is what keeps them out of every answer (:meth:`search`)."""
         ids = [int(s) for s in seqs]
         with self._count_lock:  # deleted now: nothing to put back
             self._restore.difference_update(ids)
+            self._deleted.append((time.monotonic(), len(ids)))
         for start in range(0, len(ids), _INSERT_BATCH):
             chunk = ids[start:start + _INSERT_BATCH]
             self._call(self.client.delete, self.collection, ids=chunk)
             with self._count_lock:
                 self._count -= len(chunk)
+
+    def recent_deletes(self) -> int:
+        """Ids deleted in the last :data:`RECENT_DELETES_S` seconds (Milvus may still return them at Bounded)."""
+        cutoff = time.monotonic() - RECENT_DELETES_S
+        with self._count_lock:
+            while self._deleted and self._deleted[0][0] < cutoff:
+                self._deleted.popleft()
+            return sum(n for _, n in self._deleted)
 
     def compact(self) -> int:
         return 0  # Milvus compacts its segments itself
@@ -296,7 +397,7 @@ class MilvusIndex:
     persistent = True
 
     def remove_before_commit(self, seqs: list[int]) -> None:
-        """Gone from Milvus (Strong) before the rows' deletion is committed; if the call is not acknowledged the
+        """Deleted in Milvus before the rows' deletion is committed; if the call is not acknowledged the
         rows stay and, should the delete have reached Milvus without its answer, their vectors are put back at the
         next :meth:`settle`."""
         try:
@@ -328,21 +429,49 @@ class MilvusIndex:
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
                allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Same contract as :meth:`VectorIndex.search`: per query (scores, seqs), best first, at most k
-        (``blocking`` is faiss' lock policy; a Milvus search is always a blocking call)."""
+        (``blocking`` is faiss' lock policy; a Milvus search is always a blocking call). Every answer is filtered
+        by ``present`` (ids whose row is gone never come back, whatever Milvus' consistency level showed); Milvus
+        is asked for more than k so that k survive, and asked again, for more, for a query that came up short
+        while Milvus had more to give."""
+        n = len(queries)
         with self._count_lock:
             drop = sorted({int(s) for s in exclude} | self._ghosts)
         parts = []
         if allowed is not None:
             if not len(allowed):
-                empty = [np.empty(0, np.float32) for _ in range(len(queries))]
-                return empty, [np.empty(0, np.int64) for _ in range(len(queries))]
+                return [np.empty(0, np.float32) for _ in range(n)], [np.empty(0, np.int64) for _ in range(n)]
             parts.append(f"seq in {np.asarray(allowed, dtype=np.int64).tolist()}")
         if drop:
             parts.append(f"seq not in {drop}")
-        rows = list(np.ascontiguousarray(queries, dtype=np.float32))
-        res = self._call(self.client.search, self.collection, data=rows,
-                         limit=min(k, _MAX_TOPK), filter=" and ".join(parts), output_fields=["seq"],
-                         search_params={"metric_type": "IP"}, consistency_level="Strong")
+        expr = " and ".join(parts)
+        rows = np.ascontiguousarray(queries, dtype=np.float32)
+        want = min(k, _MAX_TOPK)
+        limit = min(want + (min(self.recent_deletes(), 2 * want) if self.present is not None else 0), _MAX_TOPK)
+        out_s: list[np.ndarray] = [np.empty(0, np.float32)] * n
+        out_i: list[np.ndarray] = [np.empty(0, np.int64)] * n
+        todo = list(range(n))
+        while todo:
+            scores, seqs = self._search_once(rows[todo], limit, expr)
+            short = []
+            for j, q in enumerate(todo):
+                sc, ids = scores[j], seqs[j]
+                full = len(ids) == limit  # Milvus may hold more than it gave
+                if self.present is not None and len(ids):
+                    keep = self.present(ids)
+                    if not keep.all():
+                        with self._count_lock:
+                            self.filtered += int((~keep).sum())
+                        sc, ids = sc[keep], ids[keep]
+                out_s[q], out_i[q] = sc[:want], ids[:want]
+                if len(ids) < want and full and limit < _MAX_TOPK:
+                    short.append(q)
+            todo, limit = short, min(2 * limit, _MAX_TOPK)
+        return out_s, out_i
+
+    def _search_once(self, rows: np.ndarray, limit: int, expr: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        res = self._call(self.client.search, self.collection, data=list(rows), limit=limit, filter=expr,
+                         output_fields=["seq"], search_params=self.config.search_params(limit),
+                         consistency_level=self.config.consistency)
         scores = [np.fromiter((h["distance"] for h in row), dtype=np.float32, count=len(row)) for row in res]
         seqs = [np.fromiter((h["seq"] for h in row), dtype=np.int64, count=len(row)) for row in res]
         return scores, seqs

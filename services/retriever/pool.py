@@ -267,7 +267,7 @@ class Pool:
                 return [], not_found
             self.invalidate_persisted()
             self._settle(index)
-            index.remove_before_commit(sorted(existing))  # Milvus: gone (Strong) before the rows' deletion commits
+            index.remove_before_commit(sorted(existing))  # Milvus: acknowledged by it before the rows go
             rows = self.store.delete(sorted(existing))
             self._writes += 1
             index.remove_after_commit([r.seq for r in rows])  # faiss: tombstoned at once, compacted later

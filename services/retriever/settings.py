@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from t3ar_services.common.settings import ServiceSettings
+from t3ar_services.retriever.backend import MilvusConfig
 
 MiB = 1024**2
 
@@ -40,6 +41,13 @@ class RetrieverSettings(ServiceSettings):
     milvus_token: str | None = None  # "user:password" or an API key, for a Milvus server with auth
     milvus_collection: str = ""  # "" = t3ar_pool_<pool tag>
     milvus_timeout: float = Field(default=10.0, gt=0)  # seconds, for the start-up connection
+    milvus_index: Literal["HNSW", "IVF_FLAT", "FLAT"] = "HNSW"  # the collection's vector index (built by Milvus)
+    milvus_hnsw_m: int = Field(default=16, ge=2, le=2048)
+    milvus_hnsw_ef_construction: int = Field(default=200, ge=1, le=2**31 - 1)
+    milvus_hnsw_ef: int = Field(default=128, ge=1, le=32768)  # per search; raised to k when k is larger
+    milvus_ivf_nlist: int = Field(default=1024, ge=1, le=65536)
+    milvus_ivf_nprobe: int = Field(default=32, ge=1, le=65536)
+    milvus_consistency: Literal["Bounded", "Session", "Strong"] = "Session"  # searches' read level
 
     # --- index ---
     index_type: Literal["flat", "ivf"] = "flat"
@@ -91,6 +99,12 @@ class RetrieverSettings(ServiceSettings):
         if self.index_device == "auto":
             return self.device if self.device.startswith("cuda") else None
         return self.index_device
+
+    @property
+    def milvus_config(self) -> MilvusConfig:
+        return MilvusConfig(self.milvus_index, self.milvus_hnsw_m, self.milvus_hnsw_ef_construction,
+                            self.milvus_hnsw_ef, self.milvus_ivf_nlist, self.milvus_ivf_nprobe,
+                            self.milvus_consistency)
 
     @property
     def milvus_target(self) -> str:

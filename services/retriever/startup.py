@@ -251,5 +251,6 @@ def open_backend(settings: RetrieverSettings, pool: Pool) -> PoolBackend:
 
     client = connect(settings.milvus_target, settings.milvus_token, settings.milvus_timeout)
     index = MilvusIndex(client, settings.milvus_collection or default_collection(pool.info.tag), pool.info.dim,
-                        local_file(settings.milvus_target))
+                        local_file(settings.milvus_target), config=settings.milvus_config,
+                        present=pool.store.present)
     return MilvusBackend(index, settings.milvus_target)

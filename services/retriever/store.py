@@ -253,6 +253,18 @@ class Store:
     def sources(self) -> dict[str, int]:
         return dict(self._r.execute("SELECT source, count(*) FROM items GROUP BY source ORDER BY source"))
 
+    def present(self, seqs: np.ndarray) -> np.ndarray:
+        """Which of these ids have a row now (a bool per id, in order): what an index kept outside the process is
+        filtered by (a deleted id's row is gone, durably, before its delete is acknowledged)."""
+        ids = np.asarray(seqs, dtype=np.int64)
+        if not len(ids):
+            return np.zeros(0, dtype=bool)
+        uniq = np.unique(ids)
+        rows = self._r.execute("SELECT seq FROM items WHERE seq IN (SELECT value FROM json_each(?))",
+                               (json.dumps(uniq.tolist()),)).fetchall()
+        have = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        return np.isin(ids, have)
+
     def seqs_for_source(self, source: str) -> np.ndarray:
         rows = self._r.execute("SELECT seq FROM items WHERE source = ? ORDER BY seq", (source,)).fetchall()
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverError, RetrieverNotFoundError, RetrieverUnavailableError
 
 if TYPE_CHECKING:
@@ -203,3 +204,54 @@ def test_kill9_of_the_milvus_server_mid_ingest_answers_503_and_loses_nothing_onc
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     rp = retriever_factory(data, _env(milvus_server))  # its start-up check repairs what the crash left
     _check(rp, live, ingest.deleted)
+
+
+def test_deletes_racing_searches_never_return_a_deleted_id_across_a_restart_and_a_kill9_of_the_milvus_server(
+        tmp_path: Path, retriever_factory: Factory, milvus_server: MilvusServer) -> None:
+    """Two clients deleting and three searching at once over HTTP at Bounded consistency (the weakest level offered:
+    a search often meets a delete Milvus has not applied yet, so the retriever's own filter is what holds), in three
+    rounds: undisturbed, while the Milvus server restarts, and while it is
+    killed (-9) and started again; then the retriever restarts. No id is ever returned by a search sent after its
+    DELETE answered 2xx (or, for a delete whose answer was lost, after the 404 of its retry)."""
+    from milvus_race import RaceLog, never_returned, race
+
+    data, vecs = tmp_path / "pool", _vectors(1200, seed=300)
+    env = {**_env(milvus_server), "T3AR_RETRIEVER_MILVUS_CONSISTENCY": "Bounded"}
+    rp = retriever_factory(data, env)
+    with rp.client() as c:
+        ids = c.add_vectors(vecs, identity=IDENTITY)
+    vectors = dict(zip(ids, vecs, strict=True))
+    log = RaceLog()
+
+    def clients() -> RetrieverClient:
+        return rp.client(retries=0, timeout=ANSWER_S)
+
+    def restart() -> None:
+        time.sleep(2)
+        milvus_server.restart()
+
+    def kill9() -> None:
+        time.sleep(2)
+        milvus_server.kill()
+        time.sleep(2)
+        milvus_server.start()
+
+    race(clients, ids[:200], vectors, log, max_seconds=180)
+    assert len(log.deleted) == 200 and not log.unsure and not log.errors, (log.unsure, log.errors[:3])
+    for disrupt, part in ((restart, ids[200:500]), (kill9, ids[500:800])):
+        before = log.unavailable
+        race(clients, part, vectors, log, pace=0.1, max_seconds=400, during=disrupt)
+        _wait_serving(rp)
+        assert not log.errors, log.errors[:3]
+        assert set(part) <= set(log.deleted), f"{len(set(part) - set(log.deleted))} deletes never answered"
+        assert log.unavailable > before, "the race did not meet the server being down"
+    assert not log.violations, f"deleted ids returned after their 2xx: {log.violations[:5]}"
+    assert log.searches >= 30, log.searches
+    with rp.client() as c:
+        assert never_returned(c, log, vectors) == []
+        assert c.stats()["count"] == 400
+    assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+    rp = retriever_factory(data, env)  # and after a restart of the retriever
+    with rp.client() as c:
+        assert never_returned(c, log, vectors) == []
+        assert c.stats()["count"] == c.stats()["index"]["vectors"] == 400

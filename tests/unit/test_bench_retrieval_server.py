@@ -85,7 +85,7 @@ def test_only_backends_puts_the_server_column_into_the_full_runs_table(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the run sets it for its children; not for other tests
     (tmp_path / "retrieval.json").write_text(json.dumps({"search": {"n": 1}, "backends": _section(None)}))
-    monkeypatch.setattr(main, "_backends_section", lambda work, n, quick, uri: _section(_side(7.0)))
+    monkeypatch.setattr(main, "_backends_section", lambda work, n, quick, uri, lite=True: _section(_side(7.0)))
     monkeypatch.setattr(report, "render_markdown", lambda r: "rendered\n")
     main.run_backends_only(tmp_path, quick=True, backends_vectors=None, milvus_uri="http://127.0.0.1:19530")
     saved = json.loads((tmp_path / "retrieval.json").read_text())
@@ -94,3 +94,11 @@ def test_only_backends_puts_the_server_column_into_the_full_runs_table(
     assert column["measured_at"] == saved["backends_separate"]["measured_at"]
     assert column["command"] == "t3ar bench retrieval --only backends --quick --milvus-uri URI"
     assert "qps" not in saved["backends"]["milvus_server"]  # the full run's own figures are left as they were
+
+
+def test_a_backends_run_names_the_commit_it_measured() -> None:
+    import re
+
+    from t3ar.bench.retrieval.main import code_commit
+
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", code_commit())

@@ -46,3 +46,49 @@ def test_backends_section_of_the_retrieval_report() -> None:
     assert "Measured on 2026-11-26 11:00:00 by `t3ar bench retrieval --only backends --milvus-uri URI`" in text
     assert "the machine shared with other jobs" in text
     assert text.count("**missed**") == 1  # the full run's table; the separate one met its goal
+
+
+def test_milvus_index_and_search_parameters_follow_the_configuration() -> None:
+    hnsw = backend.MilvusConfig()
+    assert (hnsw.index, hnsw.consistency) == ("HNSW", "Session")
+    assert hnsw.build_params() == {"M": 16, "efConstruction": 200}
+    assert hnsw.search_params(50) == {"metric_type": "IP", "params": {"ef": 128}}
+    assert hnsw.search_params(400)["params"] == {"ef": 400}  # Milvus refuses ef < k
+    ivf = backend.MilvusConfig(index="IVF_FLAT", ivf_nlist=256, ivf_nprobe=8)
+    assert ivf.build_params() == {"nlist": 256} and ivf.search_params(50)["params"] == {"nprobe": 8}
+    assert backend.MilvusConfig(index="FLAT").build_params() == {}
+
+
+def test_settings_make_the_milvus_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    from t3ar_services.retriever.settings import RetrieverSettings
+
+    monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_INDEX", "IVF_FLAT")
+    monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_IVF_NPROBE", "64")
+    monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_CONSISTENCY", "Bounded")
+    config = RetrieverSettings(auth_disabled=True).milvus_config
+    assert (config.index, config.ivf_nprobe, config.consistency) == ("IVF_FLAT", 64, "Bounded")
+    monkeypatch.setenv("T3AR_RETRIEVER_MILVUS_CONSISTENCY", "Eventually")
+    with pytest.raises(ValueError, match="milvus_consistency"):
+        RetrieverSettings(auth_disabled=True)
+
+
+def test_the_backends_benchmark_s_exact_top_k_is_the_brute_force_answer() -> None:
+    import numpy as np
+
+    from t3ar.bench.retrieval.backends import exact_top_k
+
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((250, 8)).astype(np.float32)
+    queries = rng.standard_normal((5, 8)).astype(np.float32)
+    chunks = {0: vecs[:100], 100: vecs[100:200], 200: vecs[200:]}
+    want = np.argsort(-(queries @ vecs.T), axis=1)[:, :7] + 1  # seqs are 1-based
+    assert (exact_top_k(chunks, queries, 7) == want).all()
+
+
+def test_the_backends_benchmark_names_the_milvus_index_the_retrievers_inherit() -> None:
+    from t3ar.bench.retrieval.backends import milvus_index_description
+
+    assert milvus_index_description({}) == "HNSW (M 16, efConstruction 200, ef 128), Session consistency"
+    assert milvus_index_description({"T3AR_RETRIEVER_MILVUS_INDEX": "IVF_FLAT", "T3AR_RETRIEVER_MILVUS_IVF_NPROBE": "8",
+                                     "T3AR_RETRIEVER_MILVUS_CONSISTENCY": "Strong"}) == \
+        "IVF_FLAT (nlist 1024, nprobe 8), Strong consistency"

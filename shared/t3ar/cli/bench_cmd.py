@@ -29,11 +29,13 @@ def bench() -> None:
 @click.option("--milvus-uri", default=None, metavar="URI",
               help="A Milvus server (http://HOST:19530) to measure as a third pool backend; it is not started here "
                    "(without it the section says the server was not measured).")
+@click.option("--no-milvus-lite", "no_lite", is_flag=True,
+              help="Leave milvus-lite out of the backends section (e.g. at 1M vectors: faiss beside the server).")
 @click.option("--only", type=click.Choice(["backends"]), default=None,
               help="Run only this section; the last full run's results in OUT stay and this one is added beside "
                    "them, saying when and how it was measured.")
 def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None, milvus_uri: str | None,
-              only: str | None) -> None:
+              no_lite: bool, only: str | None) -> None:
     """Retriever service vs in-process baselines: search QPS and latency, ingest rate, 1M-vector deletes/memory.
 
     The full run takes 5-25 minutes (5 on a quiet 2-core machine; the ``ann`` section trains IVF indexes at 1M
@@ -53,14 +55,16 @@ def retrieval(out_dir: Path, quick: bool, backends_vectors: int | None, milvus_u
         from t3ar.bench.retrieval.main import run_backends_only
 
         sep = run_backends_only(out_dir, quick=quick, backends_vectors=backends_vectors,
-                                milvus_uri=milvus_uri)["backends_separate"]
-        click.echo(json.dumps({name: {k: sep[name][k] for k in ("ingest_vectors_per_s", "qps", "single", "delete",
-                                                                 "deleted_returned_after_2xx")}
+                                milvus_uri=milvus_uri, lite=not no_lite)["backends_separate"]
+        click.echo(json.dumps({name: {k: sep[name].get(k) for k in ("vectors", "ingest_vectors_per_s", "qps", "single",
+                                                                     "recall_at_k", "delete",
+                                                                     "deleted_returned_after_2xx")}
                                for name in ("faiss", "milvus", "milvus_server") if "qps" in sep.get(name, {})},
                               indent=2))
         click.echo(f"wrote {out_dir / 'retrieval.md'} and {out_dir / 'retrieval.json'}")
         return
-    results = run_retrieval_benchmark(out_dir, quick=quick, backends_vectors=backends_vectors, milvus_uri=milvus_uri)
+    results = run_retrieval_benchmark(out_dir, quick=quick, backends_vectors=backends_vectors, milvus_uri=milvus_uri,
+                                      lite=not no_lite)
     click.echo(json.dumps({"search_qps_ratio": round(results["search"]["qps_ratio"], 3),
                            "ingest_ratio": round(results["ingest"]["ratio"], 3),
                            "delete_p99_ms": round(results["large"]["delete"]["p99_ms"], 1),

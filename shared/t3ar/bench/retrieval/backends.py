@@ -1,19 +1,31 @@
 """The ``backends`` section of ``t3ar bench retrieval``: the retriever's pool backends side by side (issues 12, 29).
 
-Real retriever processes on 127.0.0.1, one with ``T3AR_RETRIEVER_BACKEND=faiss`` (in-process index), one with
-``milvus`` (milvus-lite in the data directory) and, when a Milvus server's URI is given (``--milvus-uri``), one
-with ``milvus`` on that server (``milvus_server``; the benchmark does not start a server, it measures the one
-it is given). All vectors-only and loaded with the same synthetic 512-d unit vectors through
-``POST /pool/vectors``. Measured over HTTP with ``RetrieverClient``, alternating between the services so that
-all see the same machine load: bulk ingest rate (vectors/s, including the SQLite commit every backend shares),
-batch QPS (256 queries, k = 50), single-query latency, and deletes (``DELETE /pool/{id}`` latency, then a search
-for the deleted vector itself: how many deleted ids are returned after the 2xx, which must be 0 on all).
+Real retriever processes on 127.0.0.1, one with ``T3AR_RETRIEVER_BACKEND=faiss`` (the in-process index, IVF:
+``T3AR_RETRIEVER_INDEX_TYPE=ivf``, trained in the background once the pool is loaded; the run waits for it), one
+with ``milvus`` (milvus-lite in the data directory; left out with ``lite=False``) and, when a Milvus server's URI
+is given (``--milvus-uri``), one with ``milvus`` on that server (``milvus_server``; the benchmark does not start a
+server, it measures the one it is given). Both Milvus backends use the retriever's defaults (an HNSW index,
+Session consistency, every answer filtered against the pool's database) unless ``T3AR_RETRIEVER_MILVUS_*`` in the
+environment says otherwise. All vectors-only and loaded with the same
+vectors through ``POST /pool/vectors``: samples of the structured generator of the ``ann`` section
+(:func:`~t3ar.bench.retrieval.ann.mixture_vectors`: the neighbourhood structure of real embeddings, which is what
+an ANN index's recall depends on). On the server the run then seals the collection's segments (``flush``) and
+waits until Milvus indexed every row, as Milvus does by itself once a segment is full or idle: what is measured is
+the indexed collection, not rows still in growing segments.
+
+Measured over HTTP with ``RetrieverClient``, alternating between the services so that all see the same machine
+load: bulk ingest rate (vectors/s, including the SQLite commit every backend shares), batch QPS (256 queries,
+k = 50), single-query latency and recall@k of those single queries against the exact top k (numpy over the same
+vectors), and deletes (``DELETE /pool/{id}`` latency, then a search for the deleted vector itself: how many deleted
+ids are returned after the 2xx, which must be 0 on all).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +51,96 @@ def server_version(uri: str) -> str:
         return f"unknown ({type(e).__name__}: {e})"
 
 
+CHUNK = 50_000  # vectors per POST /pool/vectors; chunk i holds the generator's samples of seed 1000 + i
+
+
+def _chunk(start: int, n: int) -> np.ndarray:
+    from t3ar.bench.retrieval.ann import mixture_vectors
+
+    return mixture_vectors(min(CHUNK, n - start), seed=1000 + start // CHUNK)
+
+
+def exact_top_k(chunks: dict[int, np.ndarray], queries: np.ndarray, k: int) -> np.ndarray:
+    """The exact top-``k`` seqs (1-based, the pool's ids in load order) of each query, by inner product over the
+    chunks (``{start: vectors}``), one chunk at a time."""
+    best_s = np.full((len(queries), 0), -np.inf, dtype=np.float32)
+    best_i = np.zeros((len(queries), 0), dtype=np.int64)
+    for start, vecs in sorted(chunks.items()):
+        s = queries @ vecs.T
+        i = np.broadcast_to(np.arange(start + 1, start + 1 + len(vecs)), s.shape)
+        s, i = np.concatenate([best_s, s], axis=1), np.concatenate([best_i, i], axis=1)
+        top = np.argsort(-s, axis=1)[:, :k]
+        best_s, best_i = np.take_along_axis(s, top, axis=1), np.take_along_axis(i, top, axis=1)
+    return best_i
+
+
+def wait_server_indexed(uri: str, collection: str, n: int, timeout: float = 3600) -> float:
+    """Seal a Milvus server collection's segments and wait until its index covers ``n`` rows; the seconds it
+    took."""
+    from pymilvus import MilvusClient
+
+    t0 = time.perf_counter()
+    client = MilvusClient(uri=uri, timeout=600)
+    try:
+        client.flush(collection)
+        name = client.list_indexes(collection, field_name="vector")[0]
+        while time.perf_counter() - t0 < timeout:
+            info = client.describe_index(collection, name)
+            if int(info.get("indexed_rows", 0)) >= n and not int(info.get("pending_index_rows", 0)):
+                break
+            time.sleep(2)
+        else:
+            raise RuntimeError(f"the Milvus server did not index {collection} within {timeout:.0f} s: {info}")
+    finally:
+        client.close()
+    return time.perf_counter() - t0
+
+
+def _wait_ivf(client: Any, timeout: float = 3600) -> float:
+    """Wait until the faiss retriever's background training swapped its IVF index in; the seconds it took."""
+    t0 = time.perf_counter()
+    while client.stats()["index"]["type"] != "ivf":
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError("the faiss retriever did not train its IVF index in time")
+        time.sleep(1)
+    return time.perf_counter() - t0
+
+
+def milvus_index_description(env: Mapping[str, str]) -> str:
+    """The Milvus backends' index and read level as the retrievers see them (``T3AR_RETRIEVER_MILVUS_*`` in the
+    environment they inherit, else the retriever's defaults)."""
+    def get(name: str, default: str) -> str:
+        return env.get(f"T3AR_RETRIEVER_MILVUS_{name}", default)
+
+    kind = get("INDEX", "HNSW").upper()
+    params = {"HNSW": f"M {get('HNSW_M', '16')}, efConstruction {get('HNSW_EF_CONSTRUCTION', '200')}, "
+                      f"ef {get('HNSW_EF', '128')}",
+              "IVF_FLAT": f"nlist {get('IVF_NLIST', '1024')}, nprobe {get('IVF_NPROBE', '32')}"}.get(kind)
+    return f"{kind}" + (f" ({params})" if params else "") + f", {get('CONSISTENCY', 'Session')} consistency"
+
+
 def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_deletes: int,
-                   milvus_server_uri: str | None = None) -> dict[str, Any]:
+                   milvus_server_uri: str | None = None, lite: bool = True) -> dict[str, Any]:
     """The backends on the same ``n`` vectors; returns ``{"vectors", ..., "faiss": {...}, "milvus": {...},
-    "milvus_server": {...}}`` (``milvus_server``: ``{"skipped": reason}`` without ``milvus_server_uri``)."""
+    "milvus_server": {...}}`` (``milvus_server``: ``{"skipped": reason}`` without ``milvus_server_uri``;
+    ``milvus``: ``{"skipped": ...}`` with ``lite=False``)."""
     from contextlib import ExitStack
 
-    from t3ar.bench.retrieval.service import BATCH, DIM, K, percentiles, retriever_service, unit_vectors
+    from t3ar.bench.retrieval.ann import mixture_vectors
+    from t3ar.bench.retrieval.service import BATCH, DIM, K, percentiles, retriever_service
 
-    chunk = 50_000
+    chunk = CHUNK
     env = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
            "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
-    out: dict[str, Any] = {"vectors": n, "dim": DIM, "k": K, "batch": BATCH,
-                           "milvus_uri": "milvus-lite (a file in the data directory)"}
+    out: dict[str, Any] = {"vectors": n, "dim": DIM, "k": K, "batch": BATCH, "data": "structured (ann.MIXTURE)",
+                           "milvus_uri": "milvus-lite (a file in the data directory)",
+                           "faiss_index": "IVF (T3AR_RETRIEVER_INDEX_TYPE=ivf, nlist 1024, nprobe 32)",
+                           "milvus_index": milvus_index_description(os.environ)}
     envs = {name: {**env, "T3AR_RETRIEVER_BACKEND": name} for name in BACKEND_NAMES}
+    envs["faiss"].update({"T3AR_RETRIEVER_INDEX_TYPE": "ivf", "T3AR_RETRIEVER_IVF_TRAIN_MIN": "1000"})
+    if not lite:
+        del envs["milvus"]
+        out["milvus"] = {"skipped": "left out of this run (--no-milvus-lite)"}
     if milvus_server_uri:
         envs["milvus_server"] = {**env, "T3AR_RETRIEVER_BACKEND": "milvus",
                                  "T3AR_RETRIEVER_MILVUS_URI": milvus_server_uri}
@@ -67,15 +155,21 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
             client, _ = stack.enter_context(retriever_service(work / f"backend-{name}", envs[name]))
             out[name] = {"start_s": time.perf_counter() - t0}
             clients[name] = client
+        chunks = {start: _chunk(start, n) for start in range(0, n, chunk)}
         for name, client in clients.items():  # ingest one after the other (each uses the cores it can get)
             log.info("backends: loading %d vectors into %s", n, name)
             t0 = time.perf_counter()
             for start in range(0, n, chunk):
-                client.add_vectors(unit_vectors(min(chunk, n - start), seed=1000 + start // chunk),
-                                   identity="synthetic")
+                client.add_vectors(chunks[start], identity="synthetic")
             out[name]["ingest_vectors_per_s"] = n / (time.perf_counter() - t0)
             assert client.stats()["count"] == n
-        queries = unit_vectors(BATCH * n_batches + n_single, seed=21)
+        out["faiss"]["index_ready_s"] = _wait_ivf(clients["faiss"])
+        if "milvus_server" in clients:
+            tag = clients["milvus_server"].stats()["pool_tag"]
+            assert milvus_server_uri
+            log.info("backends: waiting for the Milvus server to index %d vectors", n)
+            out["milvus_server"]["index_ready_s"] = wait_server_indexed(milvus_server_uri, f"t3ar_pool_{tag}", n)
+        queries = mixture_vectors(BATCH * n_batches + n_single, seed=21)
         batches = [queries[i * BATCH:(i + 1) * BATCH] for i in range(n_batches)]
         for client in clients.values():
             client.search(batches[0], K)  # warm-up
@@ -87,36 +181,41 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
                 t = time.perf_counter()
                 got[name] = clients[name].search(b, K)
                 spent[name] += time.perf_counter() - t
+            other = "milvus_server" if "milvus_server" in got else "milvus"
             same_top1 += sum(x[0].split("-")[1] == y[0].split("-")[1]  # the same seq (each pool has its own tag)
-                             for x, y in zip(got["faiss"].ids, got["milvus"].ids, strict=True))
-        singles = dict.fromkeys(names)
+                             for x, y in zip(got["faiss"].ids, got[other].ids, strict=True))
+        single_q = queries[BATCH * n_batches:]
+        truth = exact_top_k(chunks, single_q, K)
         times: dict[str, list[float]] = {name: [] for name in names}
-        for j, q in enumerate(queries[BATCH * n_batches:]):
+        hits = dict.fromkeys(names, 0)
+        for j, q in enumerate(single_q):
             for name in (names if j % 2 else names[::-1]):
                 t = time.perf_counter()
-                clients[name].search(q[None], K)
+                res = clients[name].search(q[None], K)
                 times[name].append(time.perf_counter() - t)
+                hits[name] += len({int(i.split("-")[1]) for i in res.ids[0]} & set(truth[j].tolist()))
         for name in names:
             out[name]["qps"] = BATCH * n_batches / spent[name]
-            singles[name] = out[name]["single"] = percentiles(times[name])
-        out["same_top1_share"] = same_top1 / (BATCH * n_batches)  # both are exact: ids agree up to ties
+            out[name]["single"] = percentiles(times[name])
+            out[name]["recall_at_k"] = hits[name] / (len(single_q) * K)
+            out[name]["vectors"] = n
+        out["same_top1_share"] = same_top1 / (BATCH * n_batches)  # top-1 of faiss vs the (server's) Milvus
         rng = np.random.default_rng(5)
         victims = sorted(int(s) for s in rng.choice(np.arange(1, n + 1), size=n_deletes, replace=False))
-        chunks = {s: unit_vectors(min(chunk, n - s), seed=1000 + s // chunk)
-                  for s in sorted({(v - 1) // chunk * chunk for v in victims})}
         vec = {v: chunks[(v - 1) // chunk * chunk][(v - 1) % chunk] for v in victims}
         tag_of = {}
         for name, client in clients.items():
             tag = tag_of[name] = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
-            t_del, returned = [], 0
+            t_del, returned, found_before = [], 0, 0
             for v in victims:
                 pid = f"{tag}-{v}"
-                assert client.search(vec[v][None], 1).ids[0] == [pid]  # its own nearest neighbour before
+                found_before += pid in client.search(vec[v][None], 10).ids[0]  # found before (an ANN may miss it)
                 t = time.perf_counter()
                 client.delete(pid)
                 t_del.append(time.perf_counter() - t)
                 returned += pid in client.search(vec[v][None], 10).ids[0]
             out[name]["delete"] = percentiles(t_del)
+            out[name]["deleted_found_before"] = found_before
             out[name]["deleted_returned_after_2xx"] = returned
     if milvus_server_uri:
         _drop_collection(milvus_server_uri, tag_of["milvus_server"])
@@ -152,20 +251,33 @@ def backends_markdown(b: dict[str, Any], *, title: str | None = None) -> list[st
     return [
         title or f"## Pool backends: {' vs '.join(cols)}, {b['vectors']:,} vectors, {b['dim']}-d, k = {b['k']}",
         "",
-        f"Retriever processes, `T3AR_RETRIEVER_BACKEND=faiss` (the index in the retriever) and `milvus` "
-        f"({b['milvus_uri']}" + (", and a Milvus standalone server by URI" if "milvus_server" in names else "") +
-        "; FLAT inner product, Strong consistency on every search), loaded with the same "
-        "synthetic vectors through `POST /pool/vectors` (all also commit them to SQLite, the pool's source of "
-        "truth), then measured over HTTP alternately. Deletes: `DELETE /pool/{id}` of a vector, then a search for "
-        "that vector itself." + server,
+        _setup(b, names) + "then measured over HTTP alternately. Deletes: `DELETE /pool/{id}` of a vector, then a "
+        "search for that vector itself." + server,
         "",
         *_table(cols, side, b["batch"]),
         "",
         f"Goal (deleted ids returned = 0 on all): {'met' if zero else '**missed**'}. Top-1 ids of faiss and "
-        f"milvus-lite agree on {b['same_top1_share']:.1%} of the batch queries (exact searches; ties may order "
-        "differently).",
+        f"{'the Milvus server' if 'milvus_server' in names else 'milvus-lite'} agree on "
+        f"{b['same_top1_share']:.1%} of the batch queries.",
         "",
     ]
+
+
+def _setup(b: dict[str, Any], names: Sequence[str]) -> str:
+    """The paragraph's opening: which backends, indexes and data (runs before the ANN indexes said FLAT)."""
+    where = ([b["milvus_uri"]] if "milvus" in names else []) + \
+        (["a Milvus standalone server by URI"] if "milvus_server" in names else [])
+    inside = " and ".join(where)
+    if "milvus_index" not in b:
+        return (f"Retriever processes, `T3AR_RETRIEVER_BACKEND=faiss` (the index in the retriever) and `milvus` "
+                f"({inside}; FLAT inner product, Strong consistency on every search), loaded with the same "
+                "synthetic vectors through `POST /pool/vectors` (all also commit them to SQLite, the pool's source "
+                "of truth), ")
+    return (f"Retriever processes, `T3AR_RETRIEVER_BACKEND=faiss` with {b['faiss_index']} and `milvus` ({inside}; "
+            f"{b['milvus_index']}, every answer filtered against the pool's database), loaded with the same "
+            f"{b.get('data', 'synthetic')} vectors through `POST /pool/vectors` (all also commit them to SQLite, "
+            "the pool's source of truth; the Milvus server's collection is then sealed and indexed, faiss' IVF "
+            "trained), recall@k of the single queries against the exact top k, ")
 
 
 def _table(cols: list[str], side: list[dict[str, Any]], batch: int) -> list[str]:
@@ -181,6 +293,7 @@ def _table(cols: list[str], side: list[dict[str, Any]], batch: int) -> list[str]
         row("ingest, vectors/s", lambda x: f"{x['ingest_vectors_per_s']:,.0f}"),
         row(f"search QPS, batches of {batch}", lambda x: f"{x['qps']:,.0f}"),
         row("one query, p50 / p99", lambda x: f"{x['single']['p50_ms']:.1f} / {x['single']['p99_ms']:.1f} ms"),
+        row("recall@k of those queries", lambda x: f"{x['recall_at_k']:.3f}" if "recall_at_k" in x else "–"),
         row(f"`DELETE`, p50 / p99 (n = {side[0]['delete']['n']})",
             lambda x: f"{x['delete']['p50_ms']:.1f} / {x['delete']['p99_ms']:.1f} ms"),
         row("deleted ids returned after the 2xx (goal 0)", lambda x: f"{x['deleted_returned_after_2xx']}"),

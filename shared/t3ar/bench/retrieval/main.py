@@ -238,21 +238,38 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
     return out
 
 
-def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None) -> dict[str, Any]:
+def _backends_section(work: Path, n: int, quick: bool, milvus_uri: str | None, lite: bool = True) -> dict[str, Any]:
     """faiss vs milvus-lite (vs a Milvus server given by URI) (t3ar.bench.retrieval.backends); skipped with the
     reason if pymilvus is missing."""
     from t3ar.bench.retrieval.backends import bench_backends
 
     if importlib.util.find_spec("pymilvus") is None or importlib.util.find_spec("milvus_lite") is None:
         return {"skipped": "pymilvus / milvus-lite not installed (pip install 't3ar[milvus]')"}
-    log.info("backends: faiss vs milvus-lite%s, %d vectors", f" vs the Milvus server at {milvus_uri}" if milvus_uri
+    log.info("backends: faiss%s%s, %d vectors", " vs milvus-lite" if lite else "",
+             f" vs the Milvus server at {milvus_uri}" if milvus_uri
              else "", n)
     return bench_backends(work, n, n_batches=2 if quick else 4, n_single=30 if quick else 100,
-                          n_deletes=10 if quick else 30, milvus_server_uri=milvus_uri)
+                          n_deletes=10 if quick else 30, milvus_server_uri=milvus_uri, lite=lite)
+
+
+def code_commit() -> str:
+    """The commit of the code measured (``git rev-parse HEAD`` where this package lives), ``+dirty`` when the
+    checkout has uncommitted changes; ``unknown`` outside a git checkout."""
+    import subprocess
+
+    where = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | None,
-                      milvus_uri: str | None) -> dict[str, Any]:
+                      milvus_uri: str | None, lite: bool = True) -> dict[str, Any]:
     """Only the ``backends`` section, e.g. to add a Milvus server's figures without re-running the rest (the 1M
     sections take most of a full run). The last full run's results in ``out_dir`` stay as they are, its own
     backends table included; this run's table is kept next to it as ``backends_separate``, saying when and how
@@ -266,17 +283,19 @@ def run_backends_only(out_dir: Path, *, quick: bool, backends_vectors: int | Non
     n = backends_vectors or (20_000 if quick else 100_000)
     command = "t3ar bench retrieval --only backends" + (" --quick" if quick else "") + \
         (f" --backends-vectors {backends_vectors}" if backends_vectors else "") + \
-        (" --milvus-uri URI" if milvus_uri else "")
+        (" --milvus-uri URI" if milvus_uri else "") + ("" if lite else " --no-milvus-lite")
     t0, load = time.time(), os.getloadavg()
     try:
-        section = _backends_section(work, n, quick, milvus_uri)
+        section = _backends_section(work, n, quick, milvus_uri, lite)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    column = server_column(section, measured_at=stamp, command=command, load_average_start=load, carried_over=True)
+    code = code_commit()
+    column = server_column(section, measured_at=stamp, command=command, load_average_start=load, carried_over=True,
+                           commit=code)
     if column:  # the full run's table keeps the newest server column (measured apart from it: carried over)
         results["backends"][SERVER_KEY] = column
-    results["backends_separate"] = {**section, "measured_at": stamp, "quick": quick,
+    results["backends_separate"] = {**section, "measured_at": stamp, "quick": quick, "commit": code,
                                     "command": command, "load_average_start": load,
                                     "load_average_end": os.getloadavg(), "wall_seconds": time.time() - t0}
     previous.write_text(json.dumps(results, indent=2, sort_keys=True))
@@ -343,7 +362,7 @@ def keep_real_structure(previous: Path, ann: dict[str, Any], started_at: str) ->
 
 
 def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int | None = None,
-                            milvus_uri: str | None = None) -> dict[str, Any]:
+                            milvus_uri: str | None = None, lite: bool = True) -> dict[str, Any]:
     """Run everything, write ``retrieval.json`` and ``retrieval.md`` into ``out_dir``; return the results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # Every process of the run (this one's faiss, the forward worker, the services) waits passively in OpenMP,
@@ -376,10 +395,10 @@ def run_retrieval_benchmark(out_dir: Path, *, quick: bool, backends_vectors: int
         if not quick:  # a quick run's figures are at another size: nothing to carry
             keep_device_figure(out_dir / "retrieval.json", results["ann"])
             keep_real_structure(out_dir / "retrieval.json", results["ann"], results["started_at"])
-        results["backends"] = _backends_section(work, sizes["backends_n"], quick, milvus_uri)
+        results["backends"] = _backends_section(work, sizes["backends_n"], quick, milvus_uri, lite)
         command = "t3ar bench retrieval" + (" --quick" if quick else "") + \
             (f" --backends-vectors {backends_vectors}" if backends_vectors else "") + \
-            (" --milvus-uri URI" if milvus_uri else "")
+            (" --milvus-uri URI" if milvus_uri else "") + ("" if lite else " --no-milvus-lite")
         keep_server_column(results["backends"], _previous_run(out_dir / "retrieval.json"),
                            measured_at=results["started_at"], command=command)
         results["wall_seconds"] = time.time() - t0
