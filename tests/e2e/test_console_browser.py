@@ -242,8 +242,13 @@ def test_a_job_page_follows_its_job_from_queued_to_finished_and_offers_three_dow
     from t3ar.models.checkpoint import load_checkpoint
 
     with page.expect_download() as dl:
-        page.click("#download-onnx")  # made now, on the first request
+        page.click("#download-onnx")  # made now, on the first request: the page says so while it is made
+        page.wait_for_selector("#busy-note.busy")
+        assert "Making the ONNX export" in (page.text_content("#busy-note") or "")
+        page.screenshot(path=str(shots / "export-busy.png"))  # the top of the page: the note
     onnx_file = Path(dl.value.path()).read_bytes()
+    assert dl.value.suggested_filename.endswith(".onnx")
+    page.wait_for_selector("#busy-note.ok")  # and that it is done
     session = ort.InferenceSession(onnx_file, providers=["CPUExecutionProvider"])
     assert json.loads(session.get_modelmeta().custom_metadata_map["t3ar.classes"]) == list(CLASSES)
     with page.expect_download() as dl:
@@ -264,6 +269,38 @@ def test_a_job_page_follows_its_job_from_queued_to_finished_and_offers_three_dow
     assert got.returncode == 0, got.stderr
     assert out.read_bytes() == onnx_file
     admin.shot(shots, "job-exports")
+
+
+def test_the_console_submits_a_job_and_its_page_follows_it(admin: Console, model_id: str, shots: Path,
+                                                          tmp_path: Path) -> None:
+    """The submit form (the same checks as POST /adapt): a refused archive comes back with the reason, then a
+    tiny job is accepted and its page, then the jobs list, show it."""
+    page = admin.page
+    admin.go("/jobs")
+    page.click("#new-job")
+    page.wait_for_selector("#submit-form")
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(b"not an archive")
+    page.set_input_files("#archive", str(bad))
+    page.select_option("#model", model_id)
+    page.select_option("#method", "source")
+    page.fill("#epochs", "1")
+    page.click("#submit-job")
+    page.wait_for_selector("#submit-error")
+    assert page.url.endswith("/ui/submit") and page.input_value("#epochs") == "1"
+    archive = target_zip(tmp_path / "target.zip", per_class=2, seed=5, labels=False)
+    page.set_input_files("#archive", str(archive))
+    page.select_option("#model", model_id)
+    page.select_option("#method", "source")
+    admin.shot(shots, "submit")
+    page.click("#submit-job")
+    page.wait_for_url("**/ui/jobs/*")
+    job = page.url.rsplit("/", 1)[1]
+    assert job in (page.text_content("h1") or "")
+    page.wait_for_selector("#job-status.finished", timeout=240_000)  # the page follows it by itself
+    admin.go("/jobs")
+    assert page.text_content(f"tr[data-job='{job}'] .status") == "finished"
+    assert "source" in (page.text_content(f"tr[data-job='{job}']") or "")
 
 
 def test_pool_grid_search_and_hostile_strings_as_text(admin: Console, pool: list[str], shots: Path,
@@ -290,6 +327,44 @@ def test_pool_grid_search_and_hostile_strings_as_text(admin: Console, pool: list
     ids = page.eval_on_selector_all("#results li", "els => els.map(e => e.dataset.id)")
     assert ids[0] == pool[0]  # the image itself is its own nearest neighbour
     admin.shot(shots, "search")
+
+
+def _pattern(kind: int) -> bytes:
+    """An image unlike the pool's noisy colour squares (so not a near-duplicate of one): stripes or a checkerboard."""
+    import io
+
+    from PIL import Image
+
+    y, x = np.mgrid[0:64, 0:64]
+    mask = (x // 8) % 2 == 0 if kind == 0 else ((x // 16) + (y // 16)) % 2 == 0
+    a = np.where(mask[..., None], np.uint8([250, 220, 30]), np.uint8([40, 0, 90])).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_the_console_ingests_images_into_the_pool(admin: Console, pool: list[str], shots: Path,
+                                                 tmp_path: Path) -> None:
+    page = admin.page
+    admin.go("/pool")
+    page.click("#add-images")
+    page.wait_for_selector("#ingest-form")
+    files = []
+    for i in range(2):
+        files.append(tmp_path / f"pattern-{i}.png")
+        files[-1].write_bytes(_pattern(i))
+    page.set_input_files("#ingest-files", [str(f) for f in files])
+    page.fill("#ingest-source", "console-e2e")
+    page.fill("#ingest-label", "patterns")
+    page.click("#ingest-submit")
+    page.wait_for_selector("#ingest-items")
+    statuses = page.eval_on_selector_all("#ingest-items tr[data-status]", "els => els.map(e => e.dataset.status)")
+    assert statuses == ["added", "added"], page.text_content("#ingest-items")
+    admin.shot(shots, "ingest")
+    page.click("#ingest-pool-link")
+    page.wait_for_selector("#pool-grid")
+    assert page.locator("#pool-grid img").count() == 2 and all(admin.images_loaded())
+    assert "patterns" in (page.text_content("#pool-grid") or "")
 
 
 def _pool_image(c: Console, pool_id: str) -> bytes:

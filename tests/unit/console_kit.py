@@ -63,6 +63,27 @@ def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
             if "label" in req.url.params:
                 items = [it for it in items if it["label"] == req.url.params["label"]]
             return httpx.Response(200, json={"items": items, "next_after": None, "total": len(items)})
+        if path == "/pool" and req.method == "POST":  # an add: each file added, unless its name says rejected
+            assert req.headers["authorization"] == "Bearer r-rw"
+            names = re.findall(rb'name="files"; filename="([^"]*)"', req.read())
+            items = []
+            for name in (n.decode() for n in names):
+                if "bad" in name:
+                    items.append({"name": name, "status": "rejected", "id": None, "sha256": None, "duplicate_of": None,
+                                  "score": None, "error": {"code": "bad_image", "message": f"{name}: not an image"}})
+                    continue
+                pid = f"p-{len(pool['ids']) + 1}"
+                pool["ids"].add(pid)
+                pool.setdefault("added", []).append((pid, name, dict(req.url.params)))
+                items.append({"name": name, "status": "added", "id": pid, "sha256": "1" * 64, "duplicate_of": None,
+                              "score": None, "error": None})
+            counts = {k: sum(it["status"] == v for it in items) for k, v in
+                      (("added", "added"), ("exists", "exists"), ("duplicates", "duplicate"),
+                       ("rejected", "rejected"))}
+            if not counts["added"]:
+                return httpx.Response(422, json={"error": {"code": "items_rejected", "message": "nothing added",
+                                                           "items": items}})
+            return httpx.Response(200, json={"items": items, **counts})
         if path == "/search":
             ids = sorted(pool["ids"])
             return httpx.Response(200, json={"results": [{"ids": ids, "scores": [0.9] * len(ids),

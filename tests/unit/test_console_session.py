@@ -184,14 +184,22 @@ def test_security_headers_and_no_inline_script_on_every_page(client: TestClient)
     login = client.get("/ui/login")
     signed_in(client, "admin-t")
     pages = [login] + [client.get(p) for p in ("/ui/jobs", "/ui/pool", "/ui/pool/p-1", "/ui/pool/p-1/withdraw",
-                                               "/ui/models", "/ui/pool/search", "/ui/jobs/nope")]
+                                               "/ui/models", "/ui/pool/search", "/ui/jobs/nope", "/ui/submit",
+                                               "/ui/pool/ingest")]
+    own_script = '<script src="/ui/static/console.js" defer></script>'  # the one script: a file of the service
     for resp in pages:
+        assert resp.status_code in (200, 404), resp.url
         csp = resp.headers["content-security-policy"]
         assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
         assert resp.headers["x-content-type-options"] == "nosniff" and resp.headers["x-frame-options"] == "DENY"
-        assert "<script" not in resp.text.lower() and " style=" not in resp.text.lower() and " on" not in \
-            re.sub(r">[^<]*<", "><", resp.text).lower().replace(" one", ""), resp.url
+        assert resp.text.count(own_script) == 1, resp.url
+        text = resp.text.replace(own_script, "")
+        assert "<script" not in text.lower() and " style=" not in text.lower() and " on" not in \
+            re.sub(r">[^<]*<", "><", text).lower().replace(" one", ""), resp.url
     assert client.get("/ui/static/console.css").headers["x-content-type-options"] == "nosniff"
+    script = client.get("/ui/static/console.js")
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert "http://" not in script.text and "https://" not in script.text  # no external asset
 
 
 def test_the_json_api_is_unchanged(client: TestClient) -> None:

@@ -7,7 +7,15 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from t3ar_services.api.console import pages_auth, pages_jobs, pages_keys, pages_models, pages_pool
+from t3ar_services.api.console import (
+    pages_auth,
+    pages_ingest,
+    pages_jobs,
+    pages_keys,
+    pages_models,
+    pages_pool,
+    pages_submit,
+)
 from t3ar_services.api.console.answers import ConsoleAnswersMiddleware
 from t3ar_services.api.console.session import Sessions
 from t3ar_services.api.console.thumbs import Thumbnails
@@ -30,7 +38,8 @@ def install_console(app: FastAPI, settings: ApiSettings) -> None:
     app.add_exception_handler(PageError, error_page)
     app.add_exception_handler(NeedSignIn, sign_in_redirect)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=STATIC_DIR), name="console-static")
-    for module in (pages_auth, pages_jobs, pages_pool, pages_models, pages_keys):
+    # pages_ingest before pages_pool: /ui/pool/ingest is not an item of /ui/pool/{id}
+    for module in (pages_auth, pages_jobs, pages_submit, pages_ingest, pages_pool, pages_models, pages_keys):
         app.include_router(module.router)
     app.include_router(pages_auth.fallback)
     app.add_middleware(ConsoleAnswersMiddleware)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar.clients.retriever_errors import RetrieverInputError, RetrieverNotFoundError
 from t3ar.errors import InvalidInputError
 from t3ar_services.api import schemas as s
 from t3ar_services.api.contributions import source_of
@@ -130,3 +130,20 @@ def compact(state: ApiState, links: Links, body: s.CompactRequest) -> s.CompactR
                              scanned=plan.plan["scanned"], items=plan.plan["items"], method=plan.plan["method"],
                              jobs=_jobs_using_any(state, links, result["removed"]),
                              in_flight=state.jobs.started_ids())
+
+
+def ingest(state: ApiState, files: list[tuple[str, bytes]], source: str, label: str | None,
+           metadata: dict[str, str]) -> tuple[list[dict[str, object]], bool]:
+    """Add images (and zip/tar archives of images) to the pool through the API's read/write retriever client,
+    under the retriever's own checks and limits (image size and pixels, archive safety, files per request, source
+    and label rules); exact and near-duplicates of pool items are skipped (``skip``). Returns the retriever's
+    per-file report and whether anything was committed; a request the retriever refuses as a whole (every file
+    rejected) comes back as its report with ``False``, other refusals raise (4xx)."""
+    try:
+        out = state.retriever.add_images(files, source=source, metadata=metadata, duplicate_policy="skip",
+                                         label=label or None)
+    except RetrieverInputError as e:
+        if e.items:
+            return list(e.items), False
+        raise
+    return list(out["items"]), True
