@@ -126,6 +126,9 @@ def route_limits(settings: ApiSettings) -> RouteLimits:
                                                       "(plus 1 MiB for the form); send a smaller archive"),
         "model": (settings.max_model_bytes + form, ": checkpoints are limited by T3AR_API_MAX_MODEL_BYTES (plus "
                                                    "1 MiB for the form); send a smaller file"),
+        "ingest": (settings.max_ingest_bytes + form, ": the console's pool ingest is limited by "
+                                                     "T3AR_API_MAX_INGEST_BYTES (plus 1 MiB for the form); add large "
+                                                     "sets with t3ar pool ingest"),
         "checkpoint": (settings.max_model_bytes, ": checkpoints are limited by T3AR_API_MAX_MODEL_BYTES"),
         "result": (settings.max_result_bytes, ": a job's result (report and lineage) is limited by "
                                               "T3AR_API_MAX_RESULT_BYTES"),

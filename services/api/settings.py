@@ -53,6 +53,9 @@ class ApiSettings(ServiceSettings):
     # --- limits ---
     max_upload_bytes: int = Field(default=1024 * MiB, ge=1, description="target archive, as uploaded")
     max_model_bytes: int = Field(default=1024 * MiB, ge=1, description="base checkpoint upload")
+    max_ingest_bytes: int = Field(default=128 * MiB, ge=1,
+                                  description="the console's pool ingest (held in the API's memory while the "
+                                              "retriever takes it); larger sets: t3ar pool ingest")
     max_result_bytes: int = Field(default=64 * MiB, ge=1024, description="a worker's result (report and lineage) "
                                                                         "JSON, read after the job's secret")
     max_archive_files: int = Field(default=50_000, ge=1)
@@ -114,4 +117,4 @@ class ApiSettings(ServiceSettings):
 
     @property
     def max_body_bytes(self) -> int:
-        return max(self.max_upload_bytes, self.max_model_bytes) + MiB  # + multipart overhead
+        return max(self.max_upload_bytes, self.max_model_bytes, self.max_ingest_bytes) + MiB  # + multipart overhead

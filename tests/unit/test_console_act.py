@@ -10,8 +10,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from console_kit import app_for, model_file, png_image, settings_for, signed_in
 from console_kit import client as client  # the fixtures
-from console_kit import model_file, png_image, signed_in
 from console_kit import pool as pool
 from fastapi.testclient import TestClient
 
@@ -147,3 +147,17 @@ def test_the_form_becomes_the_jobs_config() -> None:
         '{"method": "tent", "fraction": 0.25}'
     assert config_of(FormData({"method": "t3ar", "preset": "paper", "epochs": "4"})) == \
         '{"method": "t3ar", "preset": "paper", "epochs": 4}'
+
+
+def test_an_ingest_over_its_cap_is_refused_before_it_is_read(tmp_path: Path, pool: dict[str, Any]) -> None:
+    """The console's ingest holds the upload in the API's memory: T3AR_API_MAX_INGEST_BYTES bounds it (413 before
+    the body is read), far below the target archives' limit."""
+    settings = settings_for(tmp_path, max_ingest_bytes=200_000)
+    assert settings.max_upload_bytes > 100 * settings.max_ingest_bytes
+    with TestClient(app_for(settings, pool)) as c:
+        csrf = signed_in(c)
+        big = b"\x89PNG" + bytes(2_000_000)
+        resp = c.post("/ui/pool/ingest", data={"csrf": csrf, "source": "s"}, files={"files": ("big.png", big)})
+        assert resp.status_code == 413 and "T3AR_API_MAX_INGEST_BYTES" in resp.text
+        assert pool.get("added", []) == []
+

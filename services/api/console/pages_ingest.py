@@ -48,7 +48,7 @@ def ingest_page(request: Request, session: SessionDep) -> Response:
     return _page(request, session)
 
 
-@router.post("/pool/ingest", dependencies=[body_size("archive")])
+@router.post("/pool/ingest", dependencies=[body_size("ingest")])
 async def ingest(request: Request) -> Response:
     state = api_state(request)
     session, form = await checked_form(request, max_files=MAX_FILES)
