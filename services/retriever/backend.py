@@ -209,6 +209,7 @@ class MilvusIndex:
         self.present = present
         self._deleted: deque[tuple[float, int]] = deque()  # (monotonic time, ids deleted): sizes the over-fetch
         self.filtered = 0  # results dropped because their row was gone (Milvus had not applied the delete yet)
+        self.stale_reads = 0  # queries asked again at Strong: the read had not caught up (after a Milvus restart)
         self.local_file = local_file  # milvus-lite: its in-process server is stopped (and the file unlocked) at close
         self.flush_rows = LITE_FLUSH_ROWS if local_file else 0
         self._unflushed = 0
@@ -450,8 +451,22 @@ class MilvusIndex:
         out_s: list[np.ndarray] = [np.empty(0, np.float32)] * n
         out_i: list[np.ndarray] = [np.empty(0, np.int64)] * n
         todo = list(range(n))
+        with self._count_lock:  # how many a query must get back at least, where the whole pool is searched
+            expected = max(0, self._count - len(drop)) if allowed is None else 0
+        level = self.config.consistency
         while todo:
-            scores, seqs = self._search_once(rows[todo], limit, expr)
+            scores, seqs = self._search_once(rows[todo], limit, expr, level)
+            stale = [j for j in range(len(todo)) if len(seqs[j]) < min(limit, expected)]
+            if stale and level != "Strong":
+                # fewer than the collection holds: a read that has not caught up (a query node that is still
+                # replaying its log after a Milvus restart); those queries again at Strong, which waits for it
+                again_s, again_i = self._search_once(rows[[todo[j] for j in stale]], limit, expr, "Strong")
+                for j, sc, ids in zip(stale, again_s, again_i, strict=True):
+                    scores[j], seqs[j] = sc, ids
+                with self._count_lock:
+                    self.stale_reads += len(stale)
+                log.info("milvus: %d of %d queries came back with fewer results than the collection holds; asked "
+                         "again at Strong consistency", len(stale), len(todo))
             short = []
             for j, q in enumerate(todo):
                 sc, ids = scores[j], seqs[j]
@@ -468,10 +483,11 @@ class MilvusIndex:
             todo, limit = short, min(2 * limit, _MAX_TOPK)
         return out_s, out_i
 
-    def _search_once(self, rows: np.ndarray, limit: int, expr: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def _search_once(self, rows: np.ndarray, limit: int, expr: str,
+                     level: Consistency) -> tuple[list[np.ndarray], list[np.ndarray]]:
         res = self._call(self.client.search, self.collection, data=list(rows), limit=limit, filter=expr,
                          output_fields=["seq"], search_params=self.config.search_params(limit),
-                         consistency_level=self.config.consistency)
+                         consistency_level=level)
         scores = [np.fromiter((h["distance"] for h in row), dtype=np.float32, count=len(row)) for row in res]
         seqs = [np.fromiter((h["seq"] for h in row), dtype=np.int64, count=len(row)) for row in res]
         return scores, seqs

@@ -92,3 +92,36 @@ def test_the_backends_benchmark_names_the_milvus_index_the_retrievers_inherit() 
     assert milvus_index_description({"T3AR_RETRIEVER_MILVUS_INDEX": "IVF_FLAT", "T3AR_RETRIEVER_MILVUS_IVF_NPROBE": "8",
                                      "T3AR_RETRIEVER_MILVUS_CONSISTENCY": "Strong"}) == \
         "IVF_FLAT (nlist 1024, nprobe 8), Strong consistency"
+
+
+def test_a_milvus_read_that_has_not_caught_up_is_asked_again_at_strong() -> None:
+    """After a Milvus restart a Session read can come back with fewer results than the collection holds (the query
+    node still replaying its log): those queries are asked again at Strong, which waits for it."""
+    import threading
+
+    import numpy as np
+
+    from t3ar_services.retriever.backend import MilvusConfig, MilvusIndex
+
+    class Client:
+        def __init__(self) -> None:
+            self.levels: list[str] = []
+
+        def search(self, collection: str, *, data: list, limit: int, consistency_level: str, **kw: object) -> list:
+            self.levels.append(consistency_level)
+            hits = [{"distance": 0.9, "seq": 1}, {"distance": 0.8, "seq": 2}][:limit]
+            return [[] if consistency_level == "Session" and i == 0 else hits for i in range(len(data))]
+
+    index = object.__new__(MilvusIndex)  # the search path alone, over a fake client (no server)
+    index.client, index.collection, index.config, index.present = Client(), "c", MilvusConfig(), None
+    index._count_lock, index._ghosts, index._count = threading.Lock(), set(), 2
+    index.filtered = index.stale_reads = 0
+    scores, seqs = index.search(np.ones((2, 4), np.float32), 2)
+    assert [s.tolist() for s in seqs] == [[1, 2], [1, 2]] and index.stale_reads == 1
+    assert index.client.levels == ["Session", "Strong"]
+    index.client.levels.clear()
+    index._count = 1  # the collection holds one row: an answer of one is whole, nothing is asked again
+    index.client.search = lambda collection, *, data, limit, consistency_level, **kw: (  # type: ignore[method-assign]
+        index.client.levels.append(consistency_level) or [[{"distance": 0.9, "seq": 1}] for _ in data])
+    index.search(np.ones((3, 4), np.float32), 2)
+    assert index.client.levels == ["Session"] and index.stale_reads == 1
