@@ -7,12 +7,14 @@
 #   3. train a source model on Google emoji (or reuse .cache/demo/source.pt when source.json shows it was
 #      trained on the same data, code, library versions, thread count and CPU ISA)
 #   4. `t3ar up` on a fresh state dir: Redis + retriever (empty pool) + API + one worker on 127.0.0.1
-#   5. ingest the pool, submit a Twitter target subset (its labels are used for evaluation only), follow the
-#      job with a progress bar, download the adapted checkpoint
-#   6. print accuracy on all Twitter emoji before -> after, stop the stack
+#   5. ingest the pool, submit a Twitter target subset (its labels are used for evaluation only) with an
+#      acceptance holdout (labelled Twitter images outside the target, never trained on), follow the job with a
+#      progress bar, download the checkpoint of the holdout's winner
+#   6. print the acceptance table and accuracy on all Twitter emoji before -> after, stop the stack
 #
 # Environment: T3AR_DEMO_DIR (default .cache/demo), T3AR_CACHE_DIR (downloaded packages, default .cache/packages),
 # T3AR_DEMO_EPOCHS (adaptation epochs, default 2), T3AR_DEMO_FRACTION (share of Twitter submitted, default 0.3),
+# T3AR_DEMO_HOLDOUT (labelled holdout images per class, default 1; 0 = no holdout),
 # OMP_NUM_THREADS (torch threads per process, default 1), T3AR_DEMO_DEVICE (default cpu; auto = CUDA when present).
 #
 # Reproducibility: the printed accuracies are the same in every run on one machine with the same settings.
@@ -41,6 +43,7 @@ D=${T3AR_DEMO_DIR:-.cache/demo}
 CACHE=${T3AR_CACHE_DIR:-.cache/packages}
 EPOCHS=${T3AR_DEMO_EPOCHS:-2}
 FRACTION=${T3AR_DEMO_FRACTION:-0.3}
+HOLDOUT=${T3AR_DEMO_HOLDOUT:-1}
 mkdir -p "$D"
 
 step "emoji data: google (source), twitter (target), 64 px"
@@ -63,24 +66,40 @@ else
   mv "$D/source.json.new" "$D/source.json"
 fi
 
-step "target: a stratified ${FRACTION} of Twitter emoji, labels.csv for evaluation only"
-"$PY" - "$D/emoji/twitter" "$D/target" "$FRACTION" <<'EOF'
-import shutil, sys
+step "target: a stratified ${FRACTION} of Twitter emoji (labels.csv for evaluation only); holdout: ${HOLDOUT} per class"
+"$PY" - "$D/emoji/twitter" "$D/target" "$FRACTION" "$D/holdout" "$HOLDOUT" <<'EOF'
+import random, shutil, sys
 from pathlib import Path
 from t3ar.data.datasets import read_labelled, stratified_subsample
-src, dst, frac = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+src, dst, frac, hold_dir, per_class = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5])
 ds = read_labelled(src)
 keep = stratified_subsample(ds.labels, len(ds), frac, seed=0)
-shutil.rmtree(dst, ignore_errors=True)
-rows = ["path,label"]
-for i in keep:
-    rel = Path("images") / ds.ids[i]
-    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ds.paths[i], dst / rel)
-    rows.append(f"{rel.as_posix()},{ds.classes[ds.labels[i]]}")
-(dst / "labels.csv").write_text("\n".join(rows) + "\n")
+# the acceptance holdout: per class, seeded, from the images outside the submitted target (never trained on)
+rest = {}
+for i in sorted(set(range(len(ds))) - set(keep)):
+    rest.setdefault(ds.labels[i], []).append(i)
+hold = [i for y in sorted(rest) for i in random.Random(f"demo-holdout:{y}").sample(rest[y], min(per_class, len(rest[y])))]
+
+def write(indices, out):
+    shutil.rmtree(out, ignore_errors=True)
+    rows = ["path,label"]
+    for i in indices:
+        rel = Path("images") / ds.ids[i]
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ds.paths[i], out / rel)
+        rows.append(f"{rel.as_posix()},{ds.classes[ds.labels[i]]}")
+    (out / "labels.csv").write_text("\n".join(rows) + "\n")
+
+write(keep, dst)
 print(f"{len(keep)} of {len(ds)} twitter images in {dst}", file=sys.stderr)
+shutil.rmtree(hold_dir, ignore_errors=True)
+if per_class > 0:
+    write(hold, hold_dir)
+    print(f"{len(hold)} labelled holdout images ({per_class} per class, outside the target) in {hold_dir}",
+          file=sys.stderr)
 EOF
+HOLDOUT_ARGS=()
+if [ "$HOLDOUT" -gt 0 ]; then HOLDOUT_ARGS=(--holdout "$D/holdout"); fi
 
 step "t3ar up (logs: $D/stack/logs, $D/up.log)"
 # A fresh stack every run: a pool left from an earlier run (another pool kit, another code version) would
@@ -103,9 +122,9 @@ step "ingest the pool into the retriever"
 # in every run (with two in flight, which copy of a near-identical pair is kept depends on timing).
 "$T" pool ingest "$D/pool" --source openclipart --in-flight 1
 
-step "submit the target and follow the job"
+step "submit the target (with its holdout: source, bn-adapt and t3ar are scored on it) and follow the job"
 "$T" submit "$D/target" --model "$D/source.pt" --method t3ar --mode test --k 5 --epochs "$EPOCHS" \
-  --batch-size 32 --out "$D/adapted.pt" --json >"$D/job.json"
+  --batch-size 32 "${HOLDOUT_ARGS[@]}" --out "$D/adapted.pt" --json >"$D/job.json"
 
 step "accuracy on all Twitter emoji (the submitted subset and the rest)"
 "$T" evaluate --model "$D/source.pt" --data "$D/emoji/twitter" --device "$DEVICE" --json >"$D/before.json"
@@ -124,7 +143,12 @@ print(f"\njob {job['id']}: {job['status']} on {job['target']['images']} target i
 if "accuracy_after" in res:
     print(f"accuracy on the adapted target subset: {100 * res['accuracy_before']:.1f}% -> "
           f"{100 * res['accuracy_after']:.1f}%")
-print(f"accuracy on all {after['n']} Twitter emoji:  {100 * before['top1']:.1f}% -> {100 * after['top1']:.1f}%")
+acc = job.get("acceptance") or res.get("acceptance")
+if acc:
+    from t3ar.clients.job_report import AcceptanceRecord, acceptance_table
+    print("\n".join(acceptance_table(AcceptanceRecord.model_validate(acc))))
+print(f"accuracy on all {after['n']} Twitter emoji ({'the winner' if acc else 'adapted'}; the holdout's images "
+      f"included):  {100 * before['top1']:.1f}% -> {100 * after['top1']:.1f}%")
 print(f"these numbers depend on: device {sys.argv[3]}, {rt['threads']} torch thread(s), CPU {rt['machine']} "
       f"{rt['cpu_capability']}, torch {libs['torch']}, timm {libs['timm']}, Pillow {libs['pillow']}, "
       f"numpy {libs['numpy']}, {pool['package']} {pool['version']}, training inputs {src['digest'][:12]} "
