@@ -53,6 +53,7 @@ def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
         path = req.url.path
         if path == "/stats":
             return httpx.Response(200, json={"count": len(pool["ids"]), "identity": "fake",
+                                             "duplicate_threshold": pool.get("threshold", 0.98),
                                              "sources": {HOSTILE: len(pool["ids"])},
                                              "labels": {LABELS[p]: 1 for p in pool["ids"] if p in LABELS}})
         if path == "/pool" and req.method == "GET":
