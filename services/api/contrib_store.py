@@ -152,6 +152,11 @@ class ContributionStore:
                                          tuple(chunk)))
         return found
 
+    def withdrawn_at(self, pool_id: str) -> str | None:
+        """When ``pool_id`` was withdrawn (ISO time, UTC), or None when it never was."""
+        rows = self.store._all("SELECT withdrawn_at FROM withdrawals WHERE pool_id = ?", (pool_id,))
+        return str(rows[0][0]) if rows else None
+
     def jobs_using_any(self, pool_ids: Sequence[str]) -> list[tuple[str, str | None]]:
         """(job id, finished_at) of every indexed job whose lineage holds any of ``pool_ids``, oldest first."""
         found: dict[str, str | None] = {}

@@ -170,6 +170,12 @@ class JobOut(BaseModel):
                                   "its 95 % CI and paired differences to the base model and bn-adapt (points), the "
                                   "rule and the winner (the job's checkpoint; with require_gain a base-model winner "
                                   "fails the job)")
+    used_withdrawn: int | None = Field(
+        default=None, description="GET /jobs/{id} of a finished job: how many of the pool items it retrieved were "
+                                  "withdrawn since (above 0: its checkpoint is stale, readapt it); None in lists")
+    superseded_by: list[str] | None = Field(
+        default=None, description="GET /jobs/{id}: the jobs that re-run this one (readapts), newest first; None in "
+                                  "lists")
 
 
 class JobAccepted(BaseModel):

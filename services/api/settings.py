@@ -77,6 +77,8 @@ class ApiSettings(ServiceSettings):
     cookie_secure: Literal["auto", "true", "false"] = "auto"  # auto: Secure cookies when the request came over https
     console_timeout: float = Field(default=5.0, gt=0, description="seconds a console page waits for the retriever "
                                                                   "(one attempt) before its 503 names it")
+    console_max_readapts: int = Field(default=20, ge=1, le=1000, description="jobs one console click re-runs "
+                                      "after a withdrawal (the rest are offered again, the next click re-runs them)")
 
     # --- failed sign-ins (console and bearer tokens), per client address ---
     auth_failures: int = Field(default=10, ge=1, description="failed sign-ins an address may make within "

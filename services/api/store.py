@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     skipped INTEGER NOT NULL DEFAULT 0, secret_sha256 TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
+CREATE INDEX IF NOT EXISTS jobs_parent ON jobs (parent_id);
 CREATE TABLE IF NOT EXISTS lineage_jobs (
     job_id TEXT PRIMARY KEY, finished_at TEXT, checkpoint_sha256 TEXT, n_pool_ids INTEGER NOT NULL
 );
@@ -185,6 +186,11 @@ class Store:
                 return []
             rows = self._all(f"SELECT * FROM jobs WHERE (created_at, id) < (?, ?){owned} ORDER BY created_at DESC, "
                              "id DESC LIMIT ?", (ref.created_at, ref.id, *args, limit))
+        return [_job(r) for r in rows]
+
+    def reruns_of(self, job_id: str) -> list[JobRow]:
+        """The jobs that re-run ``job_id`` (its readapts), newest first."""
+        rows = self._all("SELECT * FROM jobs WHERE parent_id = ? ORDER BY created_at DESC, id DESC", (job_id,))
         return [_job(r) for r in rows]
 
     def count_jobs(self, team: str | None = None) -> int:

@@ -200,8 +200,9 @@ def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> No
              f"  redis      {redact_url(info['redis_url'])} (password in stack.json)",
              f"  workers    {sum(c.name.startswith('worker') for c in children)}"]
     if t:
-        lines += [f"  api token        {t['api_token']}   (console and API: jobs, pool, models)",
-                  f"  api admin token  {t['api_admin_token']}   (also withdraws pool items)",
+        lines += [f"  user token       {t['api_token']}   (T3AR_API_TOKEN; console and API: jobs, pool, models)",
+                  f"  admin token      {t['api_admin_token']}   (T3AR_API_ADMIN_TOKEN; also withdraws pool items, "
+                  "keys, audit)",
                   f"  retriever token  {t['retriever_token']}   (t3ar pool: ingest, search; deletes go through the "
                   "API: t3ar withdraw)"]
     else:

@@ -3,7 +3,8 @@ tool downloads) against the real embedded stack (`t3ar up`: Redis, retriever, AP
 
 One stack and one browser for the module; a handful of tests in order: sign in and watch a job submitted from
 the CLI finish, its neighbours; the pool, search and hostile strings; models; a user cannot withdraw; an admin
-withdraws (lineage, then gone from search); no page answers 5xx. Each page is screenshotted by this browser:
+withdraws (lineage, the re-run, the original job marked stale, then gone from search); an admin makes and revokes
+a key and reads the audit log; no page answers 5xx. Each page is screenshotted by this browser:
 into ``$T3AR_CONSOLE_SCREENSHOTS`` when set (``docs/console`` refreshes docs/console.md's), else a tmp dir.
 """
 
@@ -241,7 +242,9 @@ def test_a_job_page_follows_its_job_from_queued_to_finished_and_offers_three_dow
 
     from t3ar.models.checkpoint import load_checkpoint
 
-    with page.expect_download() as dl:
+    # an export is made on its first download (its parity check runs the model): seconds on an idle machine, a
+    # minute or more on a loaded CI runner, hence waits longer than Playwright's default 30 s
+    with page.expect_download(timeout=180_000) as dl:
         page.click("#download-onnx")  # made now, on the first request: the page says so while it is made
         page.wait_for_selector("#busy-note.busy")
         assert "Making the ONNX export" in (page.text_content("#busy-note") or "")
@@ -251,7 +254,7 @@ def test_a_job_page_follows_its_job_from_queued_to_finished_and_offers_three_dow
     page.wait_for_selector("#busy-note.ok")  # and that it is done
     session = ort.InferenceSession(onnx_file, providers=["CPUExecutionProvider"])
     assert json.loads(session.get_modelmeta().custom_metadata_map["t3ar.classes"]) == list(CLASSES)
-    with page.expect_download() as dl:
+    with page.expect_download(timeout=180_000) as dl:
         page.click("#download-safetensors")
     st = tmp_path_factory.mktemp("console-downloads") / "m.safetensors"
     shutil.copy(dl.value.path(), st)
@@ -438,6 +441,15 @@ def test_admin_withdraws_an_item_sees_its_lineage_and_search_no_longer_returns_i
     new_job = str(page.get_attribute("#readapted a", "href")).rsplit("/", 1)[1]
     with console_stack.api() as api:
         assert api.job(new_job)["parent_id"] == job_id
+        assert api.job(job_id)["used_withdrawn"] >= 1 and api.job(job_id)["superseded_by"] == [new_job]
+    admin.go(f"/jobs/{job_id}")  # the original job says its checkpoint is stale and links its re-run
+    assert used in (page.text_content("#stale") or "")
+    assert page.get_attribute("#reruns a", "href") == f"/ui/jobs/{new_job}"
+    admin.shot(shots, "job-stale")
+    admin.go(f"/pool/{used}")  # the re-run, as what it is: made since the withdrawal, without the item
+    assert new_job[:12] in (page.text_content("#reruns") or "")
+    assert "may have retrieved" not in (page.text_content("main") or "")
+    admin.shot(shots, "withdrawn-item")
     admin.go("/pool/search")
     page.set_input_files("#query-image", str(query))
     page.click("#search")
@@ -445,6 +457,38 @@ def test_admin_withdraws_an_item_sees_its_lineage_and_search_no_longer_returns_i
     assert used not in page.eval_on_selector_all("#results li", "els => els.map(e => e.dataset.id)")
     admin.go(f"/pool/{used}")
     assert "withdrawn" in (page.text_content("h1") or "") and job_id[:12] in (page.text_content("#item-lineage") or "")
+
+
+def test_admin_makes_and_revokes_a_key_in_the_browser_and_the_audit_lists_it(
+        admin: Console, browser: Any, console_stack: Stack, shots: Path) -> None:
+    """The Keys page: a key made (shown once), signed in with in another browser context, revoked (that session
+    ends at its next page); the Audit page lists the key's making and revocation, its sign-in and the withdrawal."""
+    page = admin.page
+    admin.go("/keys")
+    page.fill("#key-team", "vision")
+    page.select_option("#key-role", "read")
+    page.fill("#key-name", "browser test")
+    page.click("#create-key")
+    page.wait_for_selector("#new-key")
+    key = (page.text_content("#new-key") or "").strip()
+    key_id = (page.text_content("#created-key code") or "").strip()
+    assert key and key_id and page.locator(f"tr[data-key='{key_id}']").count() == 1
+    admin.shot(shots, "keys")
+    admin.go("/keys")
+    assert key not in page.content()  # shown once
+    reader = Console(browser, console_stack, key)
+    assert "vision" in (reader.page.text_content("#team") or "") and reader.page.locator("#new-job").count() == 0
+    page.click(f"tr[data-key='{key_id}'] button.revoke")
+    page.wait_for_selector(f"tr[data-key='{key_id}']:has-text('revoked')")
+    reader.go("/jobs")
+    assert "/ui/login" in reader.page.url  # revoked: its session ends at once
+    reader.close()
+    admin.go("/audit")
+    actions = page.eval_on_selector_all("#audit tr[data-action]", "els => els.map(e => e.dataset.action)")
+    assert {"key.create", "key.revoke", "sign_in", "pool.withdraw", "job.readapt"} <= set(actions), actions
+    targets = page.eval_on_selector_all("#audit tr[data-action^='key.'] code", "els => els.map(e => e.textContent)")
+    assert key_id in targets
+    admin.shot(shots, "audit")
 
 
 def test_no_console_page_answers_5xx(admin: Console, shots: Path) -> None:

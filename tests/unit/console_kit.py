@@ -53,6 +53,7 @@ def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
         path = req.url.path
         if path == "/stats":
             return httpx.Response(200, json={"count": len(pool["ids"]), "identity": "fake",
+                                             "duplicate_threshold": pool.get("threshold", 0.98),
                                              "sources": {HOSTILE: len(pool["ids"])},
                                              "labels": {LABELS[p]: 1 for p in pool["ids"] if p in LABELS}})
         if path == "/pool" and req.method == "GET":
@@ -170,6 +171,15 @@ def model_file(tmp_path: Path) -> bytes:
     return (tmp_path / "m.pt").read_bytes()
 
 
+def target_zip() -> bytes:
+    """A target archive of four unlabelled images."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for i in range(4):
+            zf.writestr(f"imgs/{'ab'[i % 2]}{i}.png", png_image(i))
+    return buf.getvalue()
+
+
 def finished_job(client: TestClient, tmp_path: Path, csrf: str) -> str:
     """A job submitted through the JSON API, finished the way a worker finishes it (artifacts on disk)."""
     model = model_file(tmp_path)
@@ -179,11 +189,7 @@ def finished_job(client: TestClient, tmp_path: Path, csrf: str) -> str:
     resp = client.get(resp.headers["location"])
     assert resp.status_code == 200 and 'id="uploaded">Uploaded:' in resp.text, resp.text
     model_id = client.get("/models", headers={"Authorization": "Bearer user-t"}).json()["models"][0]["id"]
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for i in range(4):
-            zf.writestr(f"imgs/{'ab'[i % 2]}{i}.png", png_image(i))
-    resp = client.post("/adapt", files={"archive": ("t.zip", buf.getvalue())},
+    resp = client.post("/adapt", files={"archive": ("t.zip", target_zip())},
                        data={"model_id": model_id, "config": json.dumps({"method": "t3ar", "k": 2, "epochs": 1})},
                        headers={"Authorization": "Bearer user-t"})
     assert resp.status_code == 202, resp.text

@@ -5,25 +5,15 @@ the audit records."""
 
 from __future__ import annotations
 
-import io
-import zipfile
 from pathlib import Path
 from typing import Any
 
-from console_kit import app_for, model_file, png_image, settings_for, signed_in
+from console_kit import app_for, model_file, png_image, settings_for, signed_in, target_zip
 from console_kit import client as client  # the fixtures
 from console_kit import pool as pool
 from fastapi.testclient import TestClient
 
 from t3ar_services.api.console.pages_submit import config_of
-
-
-def _target() -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for i in range(4):
-            zf.writestr(f"imgs/{'ab'[i % 2]}{i}.png", png_image(i))
-    return buf.getvalue()
 
 
 def _model(client: TestClient, tmp_path: Path) -> str:
@@ -58,7 +48,7 @@ def test_a_job_submitted_from_the_form_is_enqueued_owned_audited_and_shown(clien
     assert 'href="/ui/submit"' in client.get("/ui/jobs").text
     form = client.get("/ui/submit")
     assert form.status_code == 200 and model_id in form.text and "<option selected>t3ar</option>" in form.text
-    resp = client.post("/ui/submit", files={"archive": ("t.zip", _target()), "holdout": ("", b"")},
+    resp = client.post("/ui/submit", files={"archive": ("t.zip", target_zip()), "holdout": ("", b"")},
                        data={"csrf": csrf, "model_id": model_id, "method": "source", "preset": "", "fraction": "0.5",
                              "epochs": "2", "contribute": "on", "candidates": "", "winner_rule": ""},
                        follow_redirects=False)
@@ -86,7 +76,7 @@ def test_a_bad_archive_shows_the_form_again_with_the_reason_and_leaves_nothing(c
     # options the domain layer refuses come back the same way: an unknown method, a bad number, a stray field
     for data, words in (({"method": "nope"}, "nope"), ({"method": "source", "epochs": "two"}, "whole number"),
                         ({"method": "source", "confg": "{}"}, "confg")):
-        resp = client.post("/ui/submit", files={"archive": ("t.zip", _target())},
+        resp = client.post("/ui/submit", files={"archive": ("t.zip", target_zip())},
                            data={"csrf": csrf, "model_id": model_id, **data})
         assert resp.status_code == 422 and 'id="submit-error"' in resp.text and words in resp.text, resp.text
     assert _job_dirs(tmp_path) == []
@@ -97,7 +87,7 @@ def test_a_read_key_cannot_submit_or_ingest_and_csrf_is_required(client: TestCli
     csrf = signed_in(client)
     model_id = _model(client, tmp_path)
     for path in ("/ui/submit", "/ui/pool/ingest"):  # a POST without the CSRF token does nothing
-        resp = client.post(path, files={"archive": ("t.zip", _target()), "files": ("a.png", png_image(1))},
+        resp = client.post(path, files={"archive": ("t.zip", target_zip()), "files": ("a.png", png_image(1))},
                            data={"model_id": model_id, "source": "s"})
         assert resp.status_code == 403 and "CSRF" in resp.text, resp.text
     assert _job_dirs(tmp_path) == [] and "added" not in pool
@@ -106,7 +96,7 @@ def test_a_read_key_cannot_submit_or_ingest_and_csrf_is_required(client: TestCli
     assert 'href="/ui/submit"' not in client.get("/ui/jobs").text
     assert 'href="/ui/pool/ingest"' not in client.get("/ui/pool").text
     assert client.get("/ui/submit").status_code == 403 and client.get("/ui/pool/ingest").status_code == 403
-    resp = client.post("/ui/submit", files={"archive": ("t.zip", _target())},
+    resp = client.post("/ui/submit", files={"archive": ("t.zip", target_zip())},
                        data={"csrf": read_csrf, "model_id": model_id, "method": "source"})
     assert resp.status_code == 403 and "may only read" in resp.text
     resp = client.post("/ui/pool/ingest", files={"files": ("a.png", png_image(1))},

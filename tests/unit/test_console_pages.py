@@ -114,7 +114,7 @@ def test_after_a_withdrawal_the_affected_jobs_are_readapted_from_the_console(cli
     assert posted.status_code == 303 and posted.headers["location"].startswith("/ui/pool/p-2/readapted?jobs=")
     resp = client.get(posted.headers["location"])
     assert resp.status_code == 200 and job_id[:12] in resp.text
-    new_ids = re.findall(r'href="/ui/jobs/([0-9a-f]{32})"', resp.text)
+    new_ids = re.findall(r'<li><a href="/ui/jobs/([0-9a-f]{32})"', resp.text)
     assert len(new_ids) == 1 and new_ids[0] != job_id
     new = client.get(f"/jobs/{new_ids[0]}", headers={"Authorization": "Bearer user-t"}).json()
     assert new["parent_id"] == job_id and new["status"] == "queued"  # through POST /jobs/{id}/readapt's code

@@ -5,10 +5,8 @@ retriever)."""
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import sqlite3
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +18,10 @@ from console_kit import (
     finished_job,
     model_file,
     new_pool,
-    png_image,
     settings_for,
     sign_in,
     signed_in,
+    target_zip,
 )
 from fastapi.testclient import TestClient
 
@@ -150,16 +148,8 @@ def _key(client: TestClient, team: str, role: str) -> tuple[str, str]:
     return resp.json()["id"], resp.json()["key"]
 
 
-def _target() -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for i in range(4):
-            zf.writestr(f"imgs/{'ab'[i % 2]}{i}.png", png_image(i))
-    return buf.getvalue()
-
-
 def _submit(client: TestClient, token: str, model_id: str) -> Any:
-    return client.post("/adapt", files={"archive": ("t.zip", _target())}, headers=_auth(token),
+    return client.post("/adapt", files={"archive": ("t.zip", target_zip())}, headers=_auth(token),
                        data={"model_id": model_id, "config": json.dumps({"method": "source"})})
 
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from t3ar_services.api.console.session import SESSION_COOKIE
-from t3ar_services.api.console.web import PREFIX, SECURITY_HEADERS, TEMPLATES, sessions
+from t3ar_services.api.console.web import PREFIX, SECURITY_HEADERS, TEMPLATES, console_words, sessions
 
 log = logging.getLogger(__name__)
 _SECURITY_NAMES = {k for k, _ in SECURITY_HEADERS}
@@ -31,8 +31,10 @@ def error_html(scope: Scope, status: int, message: str) -> bytes:
         session = sessions(request).read(request.cookies.get(SESSION_COOKIE))
     except Exception:  # never let the error page fail: no navigation then
         session = None
+    message, links = console_words(message)
     return TEMPLATES.get_template("error.html").render(
-        session=session, prefix=PREFIX, path=scope.get("path", ""), status_code=status, message=message).encode()
+        session=session, prefix=PREFIX, path=scope.get("path", ""), status_code=status, message=message,
+        links=links).encode()
 
 
 def _message(body: bytes, status: int) -> str:

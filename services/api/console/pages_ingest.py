@@ -13,22 +13,12 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
+from t3ar_services.api.console import web
 from t3ar_services.api.console.session import Session
-from t3ar_services.api.console.web import (
-    PREFIX,
-    PageError,
-    SessionDep,
-    api_state,
-    call,
-    checked_form,
-    client_of,
-    render,
-    require_submit,
-)
 from t3ar_services.api.domain import access, pool
 from t3ar_services.common.body_limit import body_size
 
-router = APIRouter(prefix=PREFIX, include_in_schema=False)
+router = APIRouter(prefix=web.PREFIX, include_in_schema=False)
 FIELDS = frozenset({"csrf", "files", "source", "label"})
 MAX_FILES = 2048  # the retriever's default items per request (T3AR_RETRIEVER_MAX_ITEMS_PER_REQUEST)
 DEFAULT_SOURCE = "console"
@@ -37,22 +27,22 @@ DEFAULT_SOURCE = "console"
 def _page(request: Request, session: Session, *, status: int = 200, error: str | None = None, source: str = "",
           label: str = "", items: list[dict[str, object]] | None = None) -> Response:
     counts = Counter(str(it.get("status")) for it in items or [])
-    return render(request, "ingest.html", session, status=status, error=error, source=source or DEFAULT_SOURCE,
-                  label=label, items=items, counts=counts,
-                  pool_link=f"{PREFIX}/pool?{urllib.parse.urlencode({'source': source})}" if source else None)
+    return web.render(request, "ingest.html", session, status=status, error=error, source=source or DEFAULT_SOURCE,
+                      label=label, items=items, counts=counts,
+                      pool_link=f"{web.PREFIX}/pool?{urllib.parse.urlencode({'source': source})}" if source else None)
 
 
 @router.get("/pool/ingest")
-def ingest_page(request: Request, session: SessionDep) -> Response:
-    require_submit(session)
+def ingest_page(request: Request, session: web.SessionDep) -> Response:
+    web.require_submit(session)
     return _page(request, session)
 
 
 @router.post("/pool/ingest", dependencies=[body_size("ingest")])
 async def ingest(request: Request) -> Response:
-    state = api_state(request)
-    session, form = await checked_form(request, max_files=MAX_FILES)
-    require_submit(session)
+    state = web.api_state(request)
+    session, form = await web.checked_form(request, max_files=MAX_FILES)
+    web.require_submit(session)
     source = form.get("source")
     source = source.strip() if isinstance(source, str) else ""
     label = form.get("label")
@@ -60,21 +50,22 @@ async def ingest(request: Request) -> Response:
     try:
         unknown = sorted(set(form.keys()) - FIELDS)
         if unknown:
-            raise PageError(422, f"unknown form field(s) {', '.join(map(repr, unknown))}")
+            raise web.PageError(422, f"unknown form field(s) {', '.join(map(repr, unknown))}")
         if not source:
-            raise PageError(422, "give the images a source tag (where they came from, e.g. 'console' or a data set)")
+            raise web.PageError(422, "give the images a source tag (where they came from, e.g. 'console' or a "
+                                     "data set)")
         uploads = [f for f in form.getlist("files") if isinstance(f, UploadFile) and (f.filename or f.size)]
         if not uploads:
-            raise PageError(422, "choose image files, or a zip or tar of images")
+            raise web.PageError(422, "choose image files, or a zip or tar of images")
         files = [(f.filename or f"file-{i}", await f.read()) for i, f in enumerate(uploads)]
         meta = {"added_by": session.who.key_id, "team": session.who.team, "via": "console"}
-        items, committed = await run_in_threadpool(call, pool.ingest, state, files, source, label, meta)
-    except PageError as e:
+        items, committed = await run_in_threadpool(web.call, pool.ingest, state, files, source, label, meta)
+    except web.PageError as e:
         if e.status >= 500:
             raise
         return _page(request, session, status=e.status, error=e.message, source=source, label=label)
     counts = Counter(str(it.get("status")) for it in items)
-    await run_in_threadpool(access.record, state, session.who, "pool.ingest", source, client_of(request),
+    await run_in_threadpool(access.record, state, session.who, "pool.ingest", source, web.client_of(request),
                             outcome="ok" if committed else "refused",
                             detail=" ".join(f"{k}={counts[k]}" for k in ("added", "exists", "duplicate", "rejected")))
     return _page(request, session, status=200 if committed else 422, source=source, label=label, items=items,

@@ -11,26 +11,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from t3ar_services.api.console import web
 from t3ar_services.api.console.charts import line_chart
+from t3ar_services.api.console.session import Session
 from t3ar_services.api.console.thumbs import png_response, thumbnails
-from t3ar_services.api.console.web import (
-    PREFIX,
-    PageError,
-    SessionDep,
-    api_state,
-    call,
-    checked_form,
-    client_of,
-    render,
-    require_submit,
-)
 from t3ar_services.api.deps import links_of
 from t3ar_services.api.domain import access, exports, jobs
 from t3ar_services.api.schemas import JobOut, ReportOut
 from t3ar_services.common.files import file_inside
 from t3ar_services.common.job_contract import EpochPoint
 
-router = APIRouter(prefix=PREFIX, include_in_schema=False)
+router = APIRouter(prefix=web.PREFIX, include_in_schema=False)
 RUNNING = ("queued", "started")
 REFRESH_SECONDS = 3
 
@@ -57,29 +48,49 @@ def _progress(job: JobOut) -> tuple[int, int]:
     return 0, 1
 
 
+def method_name(config: dict[str, Any]) -> str:
+    """The method as a list shows it: with its preset (``t3ar · validated``), which tells apart jobs of one method
+    that ran different configurations."""
+    method, preset = str(config.get("method", "")), config.get("preset")
+    return f"{method} · {preset}" if preset else method
+
+
+def target_words(job: JobOut) -> str:
+    """The target in words: how many images, and what its labels are for (a test-time job adapts without them and
+    they only score it; a train-time job trains on them)."""
+    words = f"{job.target.images} images"
+    if job.target.labelled:
+        train = job.config.get("mode") == "train"
+        words += ", labelled (trained on)" if train else \
+            ", labelled (only to score it: test-time adaptation never sees the labels)"
+    if job.target.skipped:
+        words += f", {job.target.skipped} skipped"
+    return words
+
+
 def _row(job: JobOut) -> dict[str, Any]:
     value, total = _progress(job)
-    return {"job": job, "method": job.config.get("method", ""), "duration": _duration(job), "value": value,
-            "max": total}
+    return {"job": job, "method": method_name(job.config), "target": target_words(job), "duration": _duration(job),
+            "value": value, "max": total}
 
 
 @router.get("/jobs")
-def jobs_page(request: Request, session: SessionDep, before: str | None = None) -> Response:
-    state = api_state(request)
+def jobs_page(request: Request, session: web.SessionDep, before: str | None = None) -> Response:
+    state = web.api_state(request)
     if before is not None:
-        call(access.job_for, state, session.who, before)
-    page = call(jobs.list_jobs, state, links_of(request), 50, before, session.who.team_filter)
+        web.call(access.job_for, state, session.who, before)
+    page = web.call(jobs.list_jobs, state, links_of(request), 50, before, session.who.team_filter)
     rows = [_row(j) for j in page.jobs]
     running = any(j.status in RUNNING for j in page.jobs)
-    return render(request, "jobs.html", session, rows=rows, total=page.total, next_before=page.next_before,
-                  refresh=REFRESH_SECONDS if running else None)
+    return web.render(request, "jobs.html", session, rows=rows, total=page.total, next_before=page.next_before,
+                      refresh=REFRESH_SECONDS if running else None)
 
 
 def _report(state: Any, job_id: str) -> ReportOut | None:
     """The finished job's report, or None when it is missing (the page still shows the rest)."""
     try:
-        return call(jobs.report, state, job_id)
-    except PageError as e:
+        return web.call(jobs.report, state, job_id)
+    except web.PageError as e:
         if e.status in (404, 409):
             return None
         raise
@@ -121,73 +132,79 @@ def _phases(report: ReportOut | None) -> list[dict[str, Any]]:
 
 
 @router.get("/jobs/{job_id}")
-def job_page(request: Request, session: SessionDep, job_id: str) -> Response:
-    state = api_state(request)
-    call(access.job_for, state, session.who, job_id)
-    job = call(jobs.describe, state, links_of(request), job_id)
+def job_page(request: Request, session: web.SessionDep, job_id: str) -> Response:
+    state = web.api_state(request)
+    web.call(access.job_for, state, session.who, job_id)
+    job = web.call(jobs.describe, state, links_of(request), job_id)
     report = _report(state, job_id) if job.status == "finished" else None
-    return render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
-                  accuracy=_accuracy(report), phases=_phases(report),
-                  config=json.dumps(job.config, indent=2, sort_keys=True),
-                  neighbours=report.neighbour_sample if report is not None else [],
-                  lineage=jobs.retrieved(state, job_id) if job.status == "finished" else [],
-                  refresh=REFRESH_SECONDS if job.status in RUNNING else None)
+    since = jobs.supersession(state, job_id, finished=job.status == "finished")
+    return web.render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
+                      accuracy=_accuracy(report), phases=_phases(report),
+                      config=json.dumps(job.config, indent=2, sort_keys=True),
+                      neighbours=report.neighbour_sample if report is not None else [],
+                      lineage=jobs.retrieved(state, job_id) if job.status == "finished" else [],
+                      refresh=REFRESH_SECONDS if job.status in RUNNING else None, since=since,
+                      error=web.console_words(job.error)[0] if job.error else None)
 
 
 @router.get("/jobs/{job_id}/checkpoint")
-def download_checkpoint(request: Request, session: SessionDep, job_id: str, format: str = "pt") -> FileResponse:
+def download_checkpoint(request: Request, session: web.SessionDep, job_id: str, format: str = "pt") -> FileResponse:
     """The checkpoint (``pt``) or its export (``onnx``, ``safetensors``: made on the first request, as for
     ``GET /jobs/{id}/checkpoint?format=``); an unknown format is the JSON API's 422, as a page."""
-    state = api_state(request)
-    call(access.job_for, state, session.who, job_id)
-    got = call(exports.download, state, job_id, format)
-    access.record(state, session.who, "job.download", job_id, client_of(request), detail=f"format={format[:20]}")
+    state = web.api_state(request)
+    web.call(access.job_for, state, session.who, job_id)
+    got = web.call(exports.download, state, job_id, format)
+    access.record(state, session.who, "job.download", job_id, web.client_of(request), detail=f"format={format[:20]}")
     headers = {"X-Checksum-Sha256": got.sha256} if got.sha256 else None
     return FileResponse(got.path, media_type=got.media_type, filename=got.filename, headers=headers)
 
 
 @router.get("/jobs/{job_id}/report")
-def download_report(request: Request, session: SessionDep, job_id: str) -> Response:
-    call(access.job_for, api_state(request), session.who, job_id)
-    report = call(jobs.report, api_state(request), job_id)
+def download_report(request: Request, session: web.SessionDep, job_id: str) -> Response:
+    web.call(access.job_for, web.api_state(request), session.who, job_id)
+    report = web.call(jobs.report, web.api_state(request), job_id)
     return JSONResponse(report.model_dump(mode="json", exclude_unset=True),  # what GET /jobs/{id}/report answers
                         headers={"Content-Disposition": f'attachment; filename="t3ar-{job_id}-report.json"'})
 
 
 @router.get("/jobs/{job_id}/target/{name:path}")
-def target_image(request: Request, session: SessionDep, job_id: str, name: str) -> Response:
+def target_image(request: Request, session: web.SessionDep, job_id: str, name: str) -> Response:
     """A thumbnail of one of the job's target images (the validated, extracted copy the API keeps)."""
-    state = api_state(request)
-    row = call(access.job_for, state, session.who, job_id)
+    state = web.api_state(request)
+    row = web.call(access.job_for, state, session.who, job_id)
     path = file_inside((state.settings.data_dir / row.target_dir).resolve(), name)
     if path is None:
-        raise PageError(404, f"job {job_id} has no target image {name[:200]!r}")
+        raise web.PageError(404, f"job {job_id} has no target image {name[:200]!r}")
     try:  # the extracted target never changes in place: its path, size and time name its content
         st = path.stat()
         return png_response(thumbnails(request).get(f"file:{path}:{st.st_size}:{st.st_mtime_ns}", path.read_bytes))
     except Exception as e:  # validated at upload, so unexpected: but never a 500 for one picture
-        raise PageError(404, f"the image {path.name!r} cannot be read") from e
+        raise web.PageError(404, f"the image {path.name!r} cannot be read") from e
+
+
+async def _job_action(request: Request, job_id: str) -> tuple[Session, Any]:
+    """A POST on a job: the session (CSRF-checked, allowed to submit) and the API state, once the job is one the
+    session may see."""
+    session, _ = await web.checked_form(request)
+    web.require_submit(session)
+    state = web.api_state(request)
+    await run_in_threadpool(web.call, access.job_for, state, session.who, job_id)
+    return session, state
 
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(request: Request, job_id: str) -> Response:
-    session, _ = await checked_form(request)
-    require_submit(session)
-    state = api_state(request)
-    await run_in_threadpool(call, access.job_for, state, session.who, job_id)
-    status = await run_in_threadpool(call, jobs.cancel, state, job_id)
-    await run_in_threadpool(access.record, state, session.who, "job.cancel", job_id, client_of(request),
+    session, state = await _job_action(request, job_id)
+    status = await run_in_threadpool(web.call, jobs.cancel, state, job_id)
+    await run_in_threadpool(access.record, state, session.who, "job.cancel", job_id, web.client_of(request),
                             detail=status)
-    return RedirectResponse(f"{PREFIX}/jobs/{job_id}", status_code=303)
+    return RedirectResponse(f"{web.PREFIX}/jobs/{job_id}", status_code=303)
 
 
 @router.post("/jobs/{job_id}/readapt")
 async def readapt(request: Request, job_id: str) -> Response:
-    session, _ = await checked_form(request)
-    require_submit(session)
-    state = api_state(request)
-    await run_in_threadpool(call, access.job_for, state, session.who, job_id)
-    done = await run_in_threadpool(call, jobs.readapt, state, job_id, session.who.key_id)
-    await run_in_threadpool(access.record, state, session.who, "job.readapt", done.row.id, client_of(request),
+    session, state = await _job_action(request, job_id)
+    done = await run_in_threadpool(web.call, jobs.readapt, state, job_id, session.who.key_id)
+    await run_in_threadpool(access.record, state, session.who, "job.readapt", done.row.id, web.client_of(request),
                             detail=f"parent={job_id}")
-    return RedirectResponse(f"{PREFIX}/jobs/{done.row.id}", status_code=303)
+    return RedirectResponse(f"{web.PREFIX}/jobs/{done.row.id}", status_code=303)

@@ -9,33 +9,23 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from t3ar_services.api.audit import ACTIONS
+from t3ar_services.api.console import web
 from t3ar_services.api.console.session import Session
-from t3ar_services.api.console.web import (
-    PREFIX,
-    PageError,
-    SessionDep,
-    api_state,
-    call,
-    checked_form,
-    client_of,
-    render,
-    require_admin,
-)
 from t3ar_services.api.domain import access
 from t3ar_services.api.keys import ROLES
 
-router = APIRouter(prefix=PREFIX, include_in_schema=False)
+router = APIRouter(prefix=web.PREFIX, include_in_schema=False)
 AUDIT_PAGE = 100
 
 
 def _keys_page(request: Request, session: Session, created: tuple[str, str] | None = None) -> Response:
-    rows = api_state(request).keys.list()
-    return render(request, "keys.html", session, keys=rows, roles=ROLES, created=created)
+    rows = web.api_state(request).keys.list()
+    return web.render(request, "keys.html", session, keys=rows, roles=ROLES, created=created)
 
 
 @router.get("/keys")
-def keys_page(request: Request, session: SessionDep) -> Response:
-    require_admin(session, "managing API keys")
+def keys_page(request: Request, session: web.SessionDep) -> Response:
+    web.require_admin(session, "managing API keys")
     return _keys_page(request, session)
 
 
@@ -46,28 +36,30 @@ def _field(form: object, name: str) -> str:
 
 @router.post("/keys")
 async def create_key(request: Request) -> Response:
-    session, form = await checked_form(request)
-    require_admin(session, "managing API keys")
-    row, key = await run_in_threadpool(call, access.create_key, api_state(request), session.who, _field(form, "team"),
-                                       _field(form, "role"), _field(form, "name"), client_of(request))
+    session, form = await web.checked_form(request)
+    web.require_admin(session, "managing API keys")
+    row, key = await run_in_threadpool(web.call, access.create_key, web.api_state(request), session.who,
+                                       _field(form, "team"), _field(form, "role"), _field(form, "name"),
+                                       web.client_of(request))
     return _keys_page(request, session, created=(row.id, key))  # the one time the key is shown
 
 
 @router.post("/keys/{key_id}/revoke")
 async def revoke_key(request: Request, key_id: str) -> Response:
-    session, _ = await checked_form(request)
-    require_admin(session, "managing API keys")
-    await run_in_threadpool(call, access.revoke_key, api_state(request), session.who, key_id, client_of(request))
-    return RedirectResponse(f"{PREFIX}/keys", status_code=303)
+    session, _ = await web.checked_form(request)
+    web.require_admin(session, "managing API keys")
+    await run_in_threadpool(web.call, access.revoke_key, web.api_state(request), session.who, key_id,
+                            web.client_of(request))
+    return RedirectResponse(f"{web.PREFIX}/keys", status_code=303)
 
 
 @router.get("/audit")
-def audit_page(request: Request, session: SessionDep, team: str = "", action: str = "", key_id: str = "",
+def audit_page(request: Request, session: web.SessionDep, team: str = "", action: str = "", key_id: str = "",
                before: int | None = None) -> Response:
-    require_admin(session, "reading the audit log")
+    web.require_admin(session, "reading the audit log")
     if len(team) > 63 or len(action) > 40 or len(key_id) > 80 or (before is not None and before < 1):
-        raise PageError(422, "a filter is too long")
-    rows, nxt = access.audit_page(api_state(request), limit=AUDIT_PAGE, before=before, team=team or None,
+        raise web.PageError(422, "a filter is too long")
+    rows, nxt = access.audit_page(web.api_state(request), limit=AUDIT_PAGE, before=before, team=team or None,
                                   action=action or None, key_id=key_id or None)
-    return render(request, "audit.html", session, entries=rows, next_before=nxt, team=team, action=action,
-                  key_id=key_id, actions=ACTIONS)
+    return web.render(request, "audit.html", session, entries=rows, next_before=nxt, team=team, action=action,
+                      key_id=key_id, actions=ACTIONS)

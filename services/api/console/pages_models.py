@@ -9,47 +9,37 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from t3ar_services.api.console.web import (
-    PREFIX,
-    PageError,
-    SessionDep,
-    api_state,
-    call,
-    checked_form,
-    client_of,
-    render,
-    require_submit,
-)
+from t3ar_services.api.console import web
 from t3ar_services.api.domain import access, models
 from t3ar_services.api.uploads import sent_name
 from t3ar_services.common.body_limit import body_size
 
-router = APIRouter(prefix=PREFIX, include_in_schema=False)
+router = APIRouter(prefix=web.PREFIX, include_in_schema=False)
 
 
 @router.get("/models")
-def models_page(request: Request, session: SessionDep, uploaded: str | None = None, created: bool = False) -> \
+def models_page(request: Request, session: web.SessionDep, uploaded: str | None = None, created: bool = False) -> \
         Response:
-    found = call(models.list_models, api_state(request), session.who.team_filter)
+    found = web.call(models.list_models, web.api_state(request), session.who.team_filter)
     just = next((m for m in found if m.id == uploaded), None)
-    return render(request, "models.html", session, models=found, uploaded=just, created=created)
+    return web.render(request, "models.html", session, models=found, uploaded=just, created=created)
 
 
 @router.post("/models", dependencies=[body_size("model")])
 async def upload(request: Request) -> Response:
-    state = api_state(request)
-    session, form = await checked_form(request, max_files=1)
-    require_submit(session)
+    state = web.api_state(request)
+    session, form = await web.checked_form(request, max_files=1)
+    web.require_submit(session)
     file = form.get("file")
     if file is None or isinstance(file, str):
-        raise PageError(422, "choose a checkpoint file (t3ar train-source writes one)")
+        raise web.PageError(422, "choose a checkpoint file (t3ar train-source writes one)")
     name = form.get("name")
     name = name if isinstance(name, str) else ""
     if len(name) > 200:
-        raise PageError(422, "a model name is at most 200 characters")
-    done = await run_in_threadpool(call, models.upload, state, file.file, name or (file.filename or ""),
+        raise web.PageError(422, "a model name is at most 200 characters")
+    done = await run_in_threadpool(web.call, models.upload, state, file.file, name or (file.filename or ""),
                                    sent_name(file.filename, "the checkpoint"), access.owner(session.who))
-    await run_in_threadpool(access.record, state, session.who, "model.upload", done.model.id, client_of(request),
+    await run_in_threadpool(access.record, state, session.who, "model.upload", done.model.id, web.client_of(request),
                             detail="new" if done.created else "again")
     query = urllib.parse.urlencode({"uploaded": done.model.id, "created": "true" if done.created else "false"})
-    return RedirectResponse(f"{PREFIX}/models?{query}", status_code=303)  # a reload re-posts nothing
+    return RedirectResponse(f"{web.PREFIX}/models?{query}", status_code=303)  # a reload re-posts nothing

@@ -18,22 +18,12 @@ from starlette.datastructures import FormData, UploadFile
 
 from t3ar.method import registry
 from t3ar.method.presets import PRESET_NAMES
+from t3ar_services.api.console import web
 from t3ar_services.api.console.session import Session
-from t3ar_services.api.console.web import (
-    PREFIX,
-    PageError,
-    SessionDep,
-    api_state,
-    call,
-    checked_form,
-    client_of,
-    render,
-    require_submit,
-)
 from t3ar_services.api.domain import access, jobs, models
 from t3ar_services.common.body_limit import body_size
 
-router = APIRouter(prefix=PREFIX, include_in_schema=False)
+router = APIRouter(prefix=web.PREFIX, include_in_schema=False)
 
 #: the form's fields; any other is refused, as ``POST /adapt`` refuses fields it does not take
 FIELDS = frozenset({"csrf", "archive", "model_id", "method", "preset", "fraction", "epochs", "skip_bad_images",
@@ -64,55 +54,56 @@ def config_of(form: FormData) -> str:
             try:
                 config[name] = kind(raw)
             except ValueError:
-                raise PageError(422, f"{name} must be a {'number' if kind is float else 'whole number'}, "
+                raise web.PageError(422, f"{name} must be a {'number' if kind is float else 'whole number'}, "
                                      f"not {raw[:40]!r}") from None
     return json.dumps(config)
 
 
 def _page(request: Request, session: Session, *, status: int = 200, error: str | None = None,
           values: dict[str, str] | None = None) -> Response:
-    state = api_state(request)
-    found = call(models.list_models, state, session.who.team_filter)
+    state = web.api_state(request)
+    found = web.call(models.list_models, state, session.who.team_filter)
     values = values or {}
-    return render(request, "submit.html", session, status=status, error=error, models=found,
-                  methods=registry.names(), presets=PRESET_NAMES, values={**dict.fromkeys(TEXT_FIELDS, ""), **values},
-                  checked={k for k, v in values.items() if v == "on"})
+    return web.render(request, "submit.html", session, status=status, error=error, models=found,
+                      methods=registry.names(), presets=PRESET_NAMES,
+                      values={**dict.fromkeys(TEXT_FIELDS, ""), **values},
+                      checked={k for k, v in values.items() if v == "on"})
 
 
 @router.get("/submit")
-def submit_page(request: Request, session: SessionDep) -> Response:
-    require_submit(session)
+def submit_page(request: Request, session: web.SessionDep) -> Response:
+    web.require_submit(session)
     return _page(request, session, values={"method": "t3ar"})
 
 
 @router.post("/submit", dependencies=[body_size("archive")])
 async def submit(request: Request) -> Response:
-    state = api_state(request)
-    session, form = await checked_form(request, max_files=2)
-    require_submit(session)
+    state = web.api_state(request)
+    session, form = await web.checked_form(request, max_files=2)
+    web.require_submit(session)
     values = {k: v[:200] for k, v in form.items() if isinstance(v, str) and k in FIELDS and k != "csrf"}
     try:
         unknown = sorted(set(form.keys()) - FIELDS)
         if unknown:
-            raise PageError(422, f"unknown form field(s) {', '.join(map(repr, unknown))}")
+            raise web.PageError(422, f"unknown form field(s) {', '.join(map(repr, unknown))}")
         archive = _file(form, "archive")
         if archive is None:
-            raise PageError(422, "choose a target archive (a zip or tar of the target images)")
+            raise web.PageError(422, "choose a target archive (a zip or tar of the target images)")
         model_id = _text(form, "model_id")
         if not model_id:
-            raise PageError(422, "choose a base model (upload one on the Models page)")
+            raise web.PageError(422, "choose a base model (upload one on the Models page)")
         holdout = _file(form, "holdout")
         upload = jobs.TargetUpload(archive.file, archive.filename, model_id, config_of(form),
                                    form.get("skip_bad_images") == "on", form.get("contribute") == "on",
                                    holdout.file if holdout is not None else None,
                                    holdout.filename if holdout is not None else None, _text(form, "candidates"),
                                    form.get("require_gain") == "on", _text(form, "winner_rule"))
-        await run_in_threadpool(call, access.check_model, state, session.who, model_id)
-        done = await run_in_threadpool(call, jobs.submit, state, upload, access.owner(session.who))
-    except PageError as e:
+        await run_in_threadpool(web.call, access.check_model, state, session.who, model_id)
+        done = await run_in_threadpool(web.call, jobs.submit, state, upload, access.owner(session.who))
+    except web.PageError as e:
         if e.status >= 500:
             raise
         return _page(request, session, status=e.status, error=e.message, values=values)
-    await run_in_threadpool(access.record, state, session.who, "job.submit", done.row.id, client_of(request),
+    await run_in_threadpool(access.record, state, session.who, "job.submit", done.row.id, web.client_of(request),
                             detail=f"model={model_id}")
-    return RedirectResponse(f"{PREFIX}/jobs/{done.row.id}", status_code=303)  # a reload re-posts nothing
+    return RedirectResponse(f"{web.PREFIX}/jobs/{done.row.id}", status_code=303)  # a reload re-posts nothing

@@ -161,12 +161,39 @@ def render(request: Request, template: str, session: Session | None, status: int
     return HTMLResponse(body, status_code=status)
 
 
+# what a domain error tells a JSON client to do next, as the console says it: (the JSON hint, the console's words,
+# the console page it links to; a group in the hint fills the page's path)
+_HINTS = [
+    (re.compile(r"; list jobs with GET /jobs$"), "", ("/jobs", "The jobs")),
+    (re.compile(r"; (upload one with POST /models or )?list them with GET /models$"), "", ("/models", "The models")),
+    (re.compile(r"; list them with GET /keys$"), "", ("/keys", "The API keys")),
+    (re.compile(r":? GET /pool/(\S+)/lineage( later)?"), " (its page below)", ("/pool/{0}", "The pool item's page")),
+    (re.compile(r": POST /jobs/\{id\}/readapt to run it again"), ": readapt it from its page to run it again", None),
+]
+
+
+def console_words(message: str) -> tuple[str, list[tuple[str, str]]]:
+    """A domain error's message as the console says it: the JSON API's route hints (``GET /jobs``, ``POST
+    /models``) replaced by words, with (console path, label) links to the pages that do the same."""
+    links = []
+    for pattern, words, page in _HINTS:
+        m = pattern.search(message)
+        if m is None:
+            continue
+        message = message[:m.start()] + words + message[m.end():]
+        if page is not None:
+            links.append((PREFIX + page[0].format(*(_segment(g) for g in m.groups() if g)), page[1]))
+    return message, links
+
+
 def error_page(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, PageError)
     if exc.status >= 500:
         log.error("console %s %s: %s", request.method, request.url.path, exc.message)
     session = sessions(request).read(request.cookies.get(SESSION_COOKIE))
-    return render(request, "error.html", session, status=exc.status, status_code=exc.status, message=exc.message)
+    message, links = console_words(exc.message)
+    return render(request, "error.html", session, status=exc.status, status_code=exc.status, message=message,
+                  links=links)
 
 
 # SameSite=Strict keeps the cookie off a navigation that came from another site (a link in a chat or a ticket),

@@ -275,9 +275,40 @@ def list_jobs(state: ApiState, links: Links, limit: int = 50, before: str | None
 
 
 def describe(state: ApiState, links: Links, job_id: str) -> s.JobOut:
-    """Status, progress, timings, and the error when failed (404 for an unknown job)."""
+    """Status, progress, timings, and the error when failed (404 for an unknown job); with what happened since
+    (:func:`supersession`): how many of its retrieved pool items were withdrawn, and its re-runs."""
     row = require_job(state.store, job_id)
-    return job_view(state, links, row, state.jobs.state(row))
+    st = state.jobs.state(row)
+    since = supersession(state, job_id, finished=st.status == "finished")
+    return job_view(state, links, row, st).model_copy(update={
+        "used_withdrawn": len(since.withdrawn) if st.status == "finished" else None,
+        "superseded_by": [r.job_id for r in since.reruns]})
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """A job that re-runs another (a readapt): its id, status and when it was made."""
+
+    job_id: str
+    status: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Supersession:
+    """What happened to a job since it ran: ``withdrawn``, the pool items it retrieved that were withdrawn since
+    (its checkpoint still carries what it learned from them: stale), and ``reruns``, its readapts, newest first."""
+
+    withdrawn: list[str]
+    reruns: list[Rerun]
+
+
+def supersession(state: ApiState, job_id: str, *, finished: bool) -> Supersession:
+    """:class:`Supersession` of a job (``finished``: whether it finished; only a finished job has a lineage)."""
+    used = retrieved(state, job_id) if finished else []
+    gone = state.contributor.records.withdrawal_reasons(used) if used else {}
+    reruns = [Rerun(r.id, state.jobs.state(r).status, r.created_at) for r in state.store.reruns_of(job_id)]
+    return Supersession([p for p in used if p in gone], reruns)
 
 
 def finished_artifact(state: ApiState, job_id: str, name: str) -> Path:

@@ -4,8 +4,10 @@ answers with the lineage of what it removed, so the caller can readapt the jobs 
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from t3ar.clients.retriever_errors import RetrieverInputError, RetrieverNotFoundError
 from t3ar.errors import InvalidInputError
@@ -13,6 +15,7 @@ from t3ar_services.api import schemas as s
 from t3ar_services.api.contributions import source_of
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.domain import Links
+from t3ar_services.api.domain.jobs import Rerun
 from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.jobs import require_job
 
@@ -52,6 +55,51 @@ def lineage(state: ApiState, links: Links, pool_id: str) -> s.LineageResponse:
     jobs (which may have retrieved it already)."""
     return s.LineageResponse(pool_id=pool_id, jobs=_jobs_using(state, links, pool_id),
                              in_flight=state.jobs.started_ids())
+
+
+@dataclass(frozen=True)
+class Aftermath:
+    """What a withdrawn item's page says of the jobs around it. ``withdrawn_at``: when (None: not recorded, e.g.
+    withdrawn by an older API); ``reruns``: the re-runs of the jobs that used it made after the withdrawal, which
+    run against the pool without it; ``may_have_used``: other running jobs that started before the withdrawal
+    (or at an unknown time), which may have retrieved it; ``started_after``: running jobs that started after it,
+    which cannot have."""
+
+    withdrawn_at: str | None
+    reruns: list[tuple[Rerun, str]] = field(default_factory=list)  # (the re-run, the job it re-runs)
+    may_have_used: list[str] = field(default_factory=list)
+    started_after: list[str] = field(default_factory=list)
+
+
+def _time(value: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(value) if value else None
+    except ValueError:
+        return None
+
+
+def aftermath(state: ApiState, lineage_: s.LineageResponse) -> Aftermath:
+    """:class:`Aftermath` of a withdrawn item whose (visible) lineage is ``lineage_``."""
+    at = state.contributor.records.withdrawn_at(lineage_.pool_id)
+    when = _time(at)
+    if when is None:
+        return Aftermath(at, may_have_used=list(lineage_.in_flight))
+    reruns = []
+    for job in lineage_.jobs:
+        for r in state.store.reruns_of(job.job_id):
+            made = _time(r.created_at)
+            if made is not None and made >= when:
+                reruns.append((Rerun(r.id, state.jobs.state(r).status, r.created_at), job.job_id))
+    mine = {r.job_id for r, _ in reruns}
+    before: list[str] = []
+    after: list[str] = []
+    for job_id in lineage_.in_flight:
+        if job_id in mine:
+            continue
+        row = state.store.get_job(job_id)
+        started = _time(state.jobs.state(row).started_at) if row is not None else None
+        (after if started is not None and started > when else before).append(job_id)
+    return Aftermath(at, reruns, before, after)
 
 
 def known_gone(state: ApiState, lineage_: s.LineageResponse) -> bool:
