@@ -22,13 +22,14 @@ cell on the same source model, subset, batch order and target views (paired).
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from t3ar_bench.method.arms import NO_LR, arm_options, make_arm, seeded_arms, worst_top1
+from t3ar_bench.method.labelled import ALL_ARM, LABEL_ARMS, label_use_summary, labelled_arms
 from t3ar_bench.method.plans import BenchPlan, paired, validation_shifts
 from t3ar_bench.method.quality import choose_retriever, quality_table
 from t3ar_bench.method.runs import Context, run_all, source_record
@@ -44,36 +45,6 @@ ORACLE = "oracle"
 BASELINES: tuple[str, ...] = ("tent", "shot-im", "adacontrast")
 #: baselines run only when the method registry has them (SAR and EATA: methods of their own files)
 OPTIONAL_BASELINES: tuple[str, ...] = ("sar", "eata")
-#: the nominal lr of arms that have no optimiser (bn-adapt); AdaptConfig needs one
-NO_LR = 1e-3
-
-
-def _arm(phase: str, shift: str, seed: int, fraction: float, method: str, lr: float, **extra: Any) -> dict[str, Any]:
-    return {"phase": phase, "shift": shift, "seed": seed, "fraction": fraction, "method": method, "lr": lr, **extra}
-
-
-#: what tells the arms of a phase apart (a field an arm lacks matches records that lack it too)
-ARM_FIELDS = ("phase", "shift", "fraction", "method", "lr", "options", "mode", "retriever", "oracle_pool_labels",
-              "label_draw")
-
-
-def _mean(records: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> float:
-    """Mean top-1 of the records of ``arm`` over its seeds (matched on every field of :data:`ARM_FIELDS`)."""
-    vals = [r["top1"] for r in records if all(r.get(k) == arm.get(k) for k in ARM_FIELDS)]
-    return statistics.mean(vals) if vals else math.nan
-
-
-def _worst(records: Sequence[Mapping[str, Any]], arm: Mapping[str, Any], shifts: Sequence[str]) -> float:
-    """The worst over ``shifts`` of ``arm``'s mean top-1 (:func:`_mean`): how validation scores a candidate when it
-    has several shifts (one of them may be where the base model is weak); NaN when a shift has no run."""
-    return min((_mean(records, {**arm, "shift": s}) for s in shifts), key=lambda v: (not math.isnan(v), v))
-
-
-def _seeded(p: BenchPlan, phase: str, method: str, lr: float, **extra: Any) -> list[dict[str, Any]]:
-    return [_arm(phase, v, s, p.select_fraction, method, lr, **extra) for v in validation_shifts(p)
-            for s in p.select_seeds]
-
-
 def baselines(p: BenchPlan, *, labelled_default: bool = False) -> list[str]:
     """The baselines ``p`` runs: :data:`BASELINES` and the registered :data:`OPTIONAL_BASELINES`, less the grid's
     skipped ones (AdaContrast stays with ``labelled_default``: the product's default may fall back to it)."""
@@ -82,12 +53,6 @@ def baselines(p: BenchPlan, *, labelled_default: bool = False) -> list[str]:
     known = set(registry.names())
     return [m for m in (*BASELINES, *OPTIONAL_BASELINES) if (m in BASELINES or m in known)
             and (m not in p.grid_skip or (labelled_default and m == "adacontrast"))]
-
-
-def _opts(options: Mapping[str, Any]) -> dict[str, Any]:
-    """An arm's ``options`` field (absent when empty), JSON-normalised (tuples become lists), so that arms compare
-    equal to the records read back from the run cache."""
-    return {"options": json.loads(json.dumps(dict(options)))} if options else {}
 
 
 def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
@@ -99,14 +64,15 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
     # a baseline the grid does not run needs no lr (but AdaContrast's, a candidate for the product's default)
     base = baselines(p, labelled_default=p.labelled)
     train = ("supervised", fam) if p.train_fractions else ()  # train-time lrs only for a plan with train cells
-    arms = [a for m in (*base, fam) for lr in p.lr_grid for a in _seeded(p, "select", m, lr)]
-    arms += [a for g in p.bn_groups for a in _seeded(p, "select", "bn-adapt", NO_LR, **_opts({"train_groups": g}))]
-    arms += [a for m in train for lr in p.lr_grid for a in _seeded(p, "select-train", m, lr, mode="train")]
+    arms = [a for m in (*base, fam) for lr in p.lr_grid for a in seeded_arms(p, "select", m, lr)]
+    arms += [a for g in p.bn_groups
+             for a in seeded_arms(p, "select", "bn-adapt", NO_LR, **arm_options({"train_groups": g}))]
+    arms += [a for m in train for lr in p.lr_grid for a in seeded_arms(p, "select-train", m, lr, mode="train")]
     recs = run_all(ctx, arms, cache)
 
     def top(phase: str, method: str, lr: float, options: Mapping[str, Any] | None = None, **extra: Any) -> float:
-        return _worst(recs, {"phase": phase, "fraction": p.select_fraction, "method": method, "lr": lr,
-                             **_opts(options or {}), **extra}, validation_shifts(p))
+        return worst_top1(recs, {"phase": phase, "fraction": p.select_fraction, "method": method, "lr": lr,
+                                 **arm_options(options or {}), **extra}, validation_shifts(p))
 
     lr_table = [{"method": m, "mode": "test", "lr": lr, "top1": top("select", m, lr)}
                 for m in (*base, fam) for lr in p.lr_grid]
@@ -122,15 +88,16 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
 
     # the family's contrastive term at its lr: the default (the lr grid's own run) or one change at a time
     settings: list[dict[str, Any]] = [{}, *(dict(c) for c in p.contrastive_settings)]
-    recs += run_all(ctx, [a for c in settings[1:] for a in _seeded(p, "select", fam, lrs[fam], **_opts(c))], cache)
+    recs += run_all(ctx, [a for c in settings[1:] for a in seeded_arms(p, "select", fam, lrs[fam], **arm_options(c))],
+                    cache)
     term_top = [top("select", fam, lrs[fam], c) for c in settings]
     term_table = [{"setting": c, "top1": t} for c, t in zip(settings, term_top, strict=True)]
     term = settings[max(range(len(settings)), key=lambda i: term_top[i])]  # a tie keeps the default
 
     # the retrieval options, greedily on top of the family's setting, with the chosen retriever
     extra_r = {"retriever": retriever} if retriever != p.retrievers[0] else {}
-    paper_arms = _seeded(p, "select", "t3ar", lrs[fam], **_opts(term))
-    r_arms = _seeded(p, "select", "t3ar", lrs[fam], **_opts(term), **extra_r) if extra_r else []
+    paper_arms = seeded_arms(p, "select", "t3ar", lrs[fam], **arm_options(term))
+    r_arms = seeded_arms(p, "select", "t3ar", lrs[fam], **arm_options(term), **extra_r) if extra_r else []
     recs += run_all(ctx, paper_arms + r_arms, cache)
     paper_top = top("select", "t3ar", lrs[fam], term)
     kept: dict[str, Any] = {}
@@ -139,7 +106,7 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
                      "kept": True}]
     for name, option in p.retrieval_options:
         trial = {**term, **kept, **dict(option)}
-        recs += run_all(ctx, _seeded(p, "select", "t3ar", lrs[fam], **_opts(trial), **extra_r), cache)
+        recs += run_all(ctx, seeded_arms(p, "select", "t3ar", lrs[fam], **arm_options(trial), **extra_r), cache)
         got = top("select", "t3ar", lrs[fam], trial, **extra_r)
         option_table.append({"option": name, "top1": got, "base_top1": best, "kept": got > best})
         if got > best:
@@ -150,11 +117,11 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
             "seeds": list(p.select_seeds), "source_top1": min(src.values()), "source_top1_by_shift": src,
             "quality": quality, "retriever": retriever,
             "lr": lrs, "train_lr": train_lrs, "lr_table": lr_table, "bn_groups": bn_groups, "bn_table": bn_table,
-            "term": term, "term_table": term_table, "options": _opts(kept).get("options", {}),
+            "term": term, "term_table": term_table, "options": arm_options(kept).get("options", {}),
             "options_table": option_table,
             "paper_top1": paper_top, "validated_top1": best,
             "validated_beats_paper": best > paper_top,
-            "validated": {"method": "t3ar", **extra_r, "options": _opts({**term, **kept}).get("options", {})}}
+            "validated": {"method": "t3ar", **extra_r, "options": arm_options({**term, **kept}).get("options", {})}}
 
 
 def _family(sel: Mapping[str, Any], label: str, mode: str = "test") -> tuple[str, float, dict[str, Any]]:
@@ -162,11 +129,11 @@ def _family(sel: Mapping[str, Any], label: str, mode: str = "test") -> tuple[str
     lr = sel["train_lr" if mode == "train" else "lr"]["t3ar-noretrieval"]
     term = dict(sel["term"])
     if label == "t3ar-noretrieval":  # the validated T3AR's retrieval-off twin: the term and the family's options
-        return "t3ar-noretrieval", lr, _opts({**term, **sel.get("family_options", {})})
+        return "t3ar-noretrieval", lr, arm_options({**term, **sel.get("family_options", {})})
     if label == "t3ar-paper":
-        return "t3ar", lr, _opts(term)
+        return "t3ar", lr, arm_options(term)
     v = sel["validated"]
-    return "t3ar", lr, {**_opts(v["options"]), **({"retriever": v["retriever"]} if "retriever" in v else {})}
+    return "t3ar", lr, {**arm_options(v["options"]), **({"retriever": v["retriever"]} if "retriever" in v else {})}
 
 
 def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -182,34 +149,32 @@ def grid_arms(p: BenchPlan, sel: Mapping[str, Any]) -> list[dict[str, Any]]:
                     curves = p.curves and seed == p.seeds[0] and math.isclose(f, p.select_fraction) \
                         and label in ("t3ar-noretrieval", "t3ar-paper", "t3ar")
                     if label == "bn-adapt":
-                        arms.append(_arm("main", shift, seed, f, "bn-adapt", NO_LR, label=label,
-                                         options={"train_groups": sel["bn_groups"]}))
+                        arms.append(make_arm("main", shift, seed, f, "bn-adapt", NO_LR, label=label,
+                                             options={"train_groups": sel["bn_groups"]}))
                     elif label in OPTIONAL_BASELINES and label not in sel["lr"]:
                         continue  # not registered when validation ran: no lr, no arm
                     elif label in (*BASELINES, *OPTIONAL_BASELINES):
-                        arms.append(_arm("main", shift, seed, f, label, sel["lr"][label], label=label))
+                        arms.append(make_arm("main", shift, seed, f, label, sel["lr"][label], label=label))
                     else:
                         method, lr, extra = _family(sel, label)
-                        arms.append(_arm("main", shift, seed, f, method, lr, label=label, curves=curves, **extra))
+                        arms.append(make_arm("main", shift, seed, f, method, lr, label=label, curves=curves, **extra))
             fa = p.ablation_fraction
             method, lr, extra = _family(sel, "t3ar")
             options = dict(extra.get("options", {}))
             options["pool_data_weight"] = options.get("pool_data_weight") or 1.0
             if ORACLE not in p.grid_skip:
-                arms.append(_arm("main", shift, seed, fa, method, lr, label=ORACLE, oracle_pool_labels=True,
-                                 **{**extra, "options": options}))
+                arms.append(make_arm("main", shift, seed, fa, method, lr, label=ORACLE, oracle_pool_labels=True,
+                                     **{**extra, "options": options}))
             if p.labelled:
-                from t3ar_bench.method.labelled import labelled_arms
-
                 arms += labelled_arms(p, sel, shift, seed)
             for f in p.train_fractions:
-                arms.append(_arm("train", shift, seed, f, "supervised", sel["train_lr"]["supervised"], mode="train",
-                                 label="supervised"))
+                arms.append(make_arm("train", shift, seed, f, "supervised", sel["train_lr"]["supervised"],
+                                     mode="train", label="supervised"))
                 for label in TRAIN_ARMS[1:]:
                     if label in p.train_skip:
                         continue
                     method, lr, extra = _family(sel, label, "train")
-                    arms.append(_arm("train", shift, seed, f, method, lr, mode="train", label=label, **extra))
+                    arms.append(make_arm("train", shift, seed, f, method, lr, mode="train", label=label, **extra))
     return arms
 
 
@@ -234,7 +199,6 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     phases = {"test": "main", "train": "train"}
     from t3ar_bench.method.goals import goals
     from t3ar_bench.method.label_free import leave_one_shift_out, selection_cells, verdict
-    from t3ar_bench.method.labelled import ALL_ARM, LABEL_ARMS, label_use_summary
 
     arms = {"test": [*TEST_ARMS, ORACLE, *LABEL_ARMS], "train": [*TRAIN_ARMS, *(a for a in LABEL_ARMS if a != ALL_ARM)]}
     fractions = {"test": p.fractions, "train": p.train_fractions}

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from t3ar_bench.method.arms import NO_LR, arm_options, make_arm, seeded_arms, worst_top1
 from t3ar_bench.method.plans import BenchPlan, validation_shifts
 from t3ar_bench.method.runs import Context, run_all
 
@@ -36,24 +37,14 @@ DRAWS = {LABELS_ARM: "retrieved", RANDOM_ARM: "random", ALL_ARM: "all"}
 DEFAULT_CANDIDATES: tuple[str, ...] = ("bn-adapt", "adacontrast", "t3ar")
 
 
-def _opts(options: Mapping[str, Any]) -> dict[str, Any]:
-    from t3ar_bench.method.grid import _opts as grid_opts
-
-    return grid_opts(options)
-
-
 def _top(ctx: Context, recs: Sequence[Mapping[str, Any]], arm: Mapping[str, Any]) -> float:
     """``arm``'s validation score: its mean top-1 on the worst validation shift."""
-    from t3ar_bench.method.grid import _worst
-
     p = ctx.plan
-    return _worst(recs, {"phase": "select", "fraction": p.select_fraction, **arm}, validation_shifts(p))
+    return worst_top1(recs, {"phase": "select", "fraction": p.select_fraction, **arm}, validation_shifts(p))
 
 
 def _seeded(p: BenchPlan, method: str, lr: float, **extra: Any) -> list[dict[str, Any]]:
-    from t3ar_bench.method.grid import _seeded as grid_seeded
-
-    return grid_seeded(p, "select", method, lr, **extra)
+    return seeded_arms(p, "select", method, lr, **extra)
 
 
 def _greedy(ctx: Context, cache: Path, base: Mapping[str, Any], start: Mapping[str, Any],
@@ -63,14 +54,14 @@ def _greedy(ctx: Context, cache: Path, base: Mapping[str, Any], start: Mapping[s
     so far (a tie keeps what was). Returns (options, their top-1, the table)."""
     p = ctx.plan
     opts = {**base, **start}
-    recs = run_all(ctx, _seeded(p, "t3ar", lr, **_opts(opts), **extra), cache)
-    best = _top(ctx, recs, {"method": "t3ar", "lr": lr, **_opts(opts), **extra})
+    recs = run_all(ctx, _seeded(p, "t3ar", lr, **arm_options(opts), **extra), cache)
+    best = _top(ctx, recs, {"method": "t3ar", "lr": lr, **arm_options(opts), **extra})
     table = [{"option": "start: " + (", ".join(f"{k} {v}" for k, v in start.items()) or "the validated T3AR"),
               "top1": best, "base_top1": best, "kept": True}]
     for name, option in candidates:
         trial = {**opts, **dict(option)}
-        recs = run_all(ctx, _seeded(p, "t3ar", lr, **_opts(trial), **extra), cache)
-        got = _top(ctx, recs, {"method": "t3ar", "lr": lr, **_opts(trial), **extra})
+        recs = run_all(ctx, _seeded(p, "t3ar", lr, **arm_options(trial), **extra), cache)
+        got = _top(ctx, recs, {"method": "t3ar", "lr": lr, **arm_options(trial), **extra})
         table.append({"option": name, "top1": got, "base_top1": best, "kept": got > best})
         if got > best:
             opts, best = trial, got
@@ -94,13 +85,11 @@ def select_labelled(ctx: Context, cache: Path, sel: dict[str, Any]) -> dict[str,
     out = dict(sel)
     out["family_options"] = family
     out["no_harm_table"] = table
-    out["validated"] = {**v, "options": _opts(opts).get("options", {})}
+    out["validated"] = {**v, "options": arm_options(opts).get("options", {})}
     out["validated_top1_no_harm"] = best
     # the product's default job method: what validation prefers when the family does not beat bn-adapt
-    from t3ar_bench.method.grid import NO_LR
-
-    recs_bn = run_all(ctx, _seeded(p, "bn-adapt", NO_LR, **_opts({"train_groups": sel["bn_groups"]})), cache)
-    bn = _top(ctx, recs_bn, {"method": "bn-adapt", "lr": NO_LR, **_opts({"train_groups": sel["bn_groups"]})})
+    recs_bn = run_all(ctx, _seeded(p, "bn-adapt", NO_LR, **arm_options({"train_groups": sel["bn_groups"]})), cache)
+    bn = _top(ctx, recs_bn, {"method": "bn-adapt", "lr": NO_LR, **arm_options({"train_groups": sel["bn_groups"]})})
     tops = {"bn-adapt": bn, "t3ar": best}
     if "adacontrast" in sel["lr"]:  # validated (a plan that skips it everywhere has no lr for it)
         recs_ac = run_all(ctx, _seeded(p, "adacontrast", sel["lr"]["adacontrast"]), cache)
@@ -115,7 +104,7 @@ def select_labelled(ctx: Context, cache: Path, sel: dict[str, Any]) -> dict[str,
     start = {"pool_label_weight": 1.0}
     lab_extra = {**extra, "label_draw": "retrieved"}
     lab_opts, lab_best, lab_table = _greedy(ctx, cache, dict(opts), start, p.label_options, lr, lab_extra)
-    out["labelled"] = {"options": _opts(lab_opts).get("options", {}), "top1": lab_best, "table": lab_table,
+    out["labelled"] = {"options": arm_options(lab_opts).get("options", {}), "top1": lab_best, "table": lab_table,
                        "gain_on_validation": lab_best - best}
     return out
 
@@ -123,8 +112,6 @@ def select_labelled(ctx: Context, cache: Path, sel: dict[str, Any]) -> dict[str,
 def labelled_arms(p: BenchPlan, sel: Mapping[str, Any], shift: str, seed: int) -> list[dict[str, Any]]:
     """The labelled arms of one (shift, seed): test time at every fraction (the whole-pool reference at
     ``plan.whole_pool_fractions``), train time at every train fraction (labels and the random control)."""
-    from t3ar_bench.method.grid import _arm
-
     v = sel["validated"]
     extra = {"retriever": v["retriever"]} if "retriever" in v else {}
     options = dict(sel["labelled"]["options"])
@@ -133,12 +120,12 @@ def labelled_arms(p: BenchPlan, sel: Mapping[str, Any], shift: str, seed: int) -
         for label in LABEL_ARMS:
             if label == ALL_ARM and not any(math.isclose(f, w) for w in p.whole_pool_fractions):
                 continue
-            arms.append(_arm("main", shift, seed, f, "t3ar", sel["lr"]["t3ar-noretrieval"], label=label,
-                             label_draw=DRAWS[label], options=options, **extra))
+            arms.append(make_arm("main", shift, seed, f, "t3ar", sel["lr"]["t3ar-noretrieval"], label=label,
+                                 label_draw=DRAWS[label], options=options, **extra))
     for f in p.train_fractions:
         for label in (LABELS_ARM, RANDOM_ARM):
-            arms.append(_arm("train", shift, seed, f, "t3ar", sel["train_lr"]["t3ar-noretrieval"], mode="train",
-                             label=label, label_draw=DRAWS[label], options=options, **extra))
+            arms.append(make_arm("train", shift, seed, f, "t3ar", sel["train_lr"]["t3ar-noretrieval"],
+                                 mode="train", label=label, label_draw=DRAWS[label], options=options, **extra))
     return arms
 
 

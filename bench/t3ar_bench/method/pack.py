@@ -45,8 +45,8 @@ from t3ar_bench.method.runs import Target, code_hash, pool_name
 PACK_FORMAT = 1
 MANIFEST, IMAGES, ARRAYS, META, WHEELS = "manifest.json", "images.npy.xz", "arrays.npz", "meta.json.xz", "wheels"
 #: the bench modules whose code decides what a pack holds or what its runs do (with :func:`runs.code_hash`'s)
-PACK_MODULES = ("data.py", "protocol.py", "labelled_pool.py", "runs.py", "grid.py", "labelled.py", "label_use.py",
-                "pack.py", "gpu_pack.py")
+PACK_MODULES = ("data.py", "protocol.py", "labelled_pool.py", "runs.py", "arms.py", "grid.py", "labelled.py",
+                "label_use.py", "pack.py", "gpu_pack.py")
 
 
 class PackError(T3arError):
