@@ -32,6 +32,7 @@ from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
+from t3ar.method.probe import Probe
 from t3ar.method.retrieval import NeighbourProvider
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.selection import criteria, soft_neighbourhood_density
@@ -299,6 +300,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                              "seed": seed, **options})
         retrieved = None
         pool_kw: dict[str, Any] = {}
+        probe_kw: dict[str, Any] = {}  # the benchmark's controls (t3ar.method.probe)
         pool_ids: list[str] = []
         pool_x: torch.Tensor | None = None
         draw = arm.get("label_draw")  # a labelled arm: the pool's labels reach the method (else it sees none)
@@ -319,8 +321,8 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
             truth = torch.tensor([classes.get(ctx.side.get(pid, ("", ""))[0], -1) for pid in pool_ids],
                                  dtype=torch.long)
             if cfg.pool_as_data or cfg.false_negatives != "keep" or draw:
-                pool_kw = {"pool_sources": [pid.split("/", 1)[0] for pid in pool_ids],
-                           "pool_diagnostic_labels": truth, "pool_label_oracle": bool(arm.get("oracle_pool_labels"))}
+                pool_kw = {"pool_sources": [pid.split("/", 1)[0] for pid in pool_ids]}
+                probe_kw = {"pool_diagnostic_labels": truth, "pool_label_oracle": bool(arm.get("oracle_pool_labels"))}
             if draw:
                 known = truth.clone()
                 # an appended copy of a retrieved item is never drawn (the retrieved one is): equal chances
@@ -328,7 +330,8 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                 for j in range(n_retrieved, len(pool_ids)):
                     if pool_ids[j] in seen:
                         known[j] = -1
-                pool_kw.update(pool_labels=known, pool_label_draw=draw)
+                pool_kw.update(pool_labels=known)
+                probe_kw.update(pool_label_draw=draw)
         curves = bool(arm.get("curves"))
         eval_curve: list[dict[str, float]] = []
         norm = Normalizer(b.mean, b.std, ctx.device)
@@ -342,8 +345,8 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                     neighbours=retrieved.neighbours if retrieved else None, pool_images=pool_x,
                     candidates=getattr(retrieved, "candidates", None) if retrieved else None,
                     device=ctx.device, generator=torch.Generator().manual_seed(seed),
-                    diagnostic_labels=y if curves else None, diagnostics=curves,
-                    on_step=on_step if arm.get("eval_curve") else None, **pool_kw)
+                    on_step=on_step if arm.get("eval_curve") else None,
+                    probe=Probe(diagnostic_labels=y if curves else None, diagnostics=curves, **probe_kw), **pool_kw)
         if eval_curve:
             record["eval_curve"] = eval_curve
         record["steps"] = res.steps
