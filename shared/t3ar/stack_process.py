@@ -1,5 +1,5 @@
 """``t3ar up`` as a child process: started in a data directory, awaited until it writes ``stack.json``, stopped
-with SIGTERM at the end. The job benchmark (:mod:`t3ar.bench.job`) and the end-to-end tests share it.
+with SIGTERM at the end. The job benchmark (:mod:`t3ar_bench.job`) and the end-to-end tests share it.
 
 The library starts the stack through its own CLI (``python -m t3ar.cli.main up``), never by importing the
 services: ``up`` reaches the CLI through the ``t3ar.commands`` entry point.

@@ -18,9 +18,9 @@ import pytest
 import stack_helpers
 from stack_helpers import FAST_JOB, LONG_JOB, Stack, tiny_checkpoint, wait_for
 
-from t3ar.bench.retrieval.service import shapes_png
 from t3ar.clients.api import ApiAuthError, ApiInputError, ApiNotFoundError
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar_bench.retrieval.service import shapes_png
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ import httpx
 import pytest
 from milvus_server import MilvusServer, MilvusServerError, MilvusServerUnavailable, stop_process
 
-from t3ar.bench.retrieval.service import shapes_png
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.ports import free_port
+from t3ar_bench.retrieval.service import shapes_png
 
 REPO = Path(__file__).resolve().parents[2]
 MILVUS_START_TIMEOUT = 600  # seconds: the first start unpacks the binaries (17 s here), later ones ~10 s

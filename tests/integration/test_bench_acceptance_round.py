@@ -1,4 +1,4 @@
-"""The cpu plan's acceptance round end to end on a small synthetic kit (``t3ar.bench.method.main``): archive styles
+"""The cpu plan's acceptance round end to end on a small synthetic kit (``t3ar_bench.method.main``): archive styles
 as targets, two validation shifts, the grid, each run's holdouts and label-free criteria, the goals and the report
 files. Two optimiser steps per run: it shows the protocol runs to its results files, not results."""
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 from test_gpu_grid import CLASSES, ITEMS, _image, _kit
 
-import t3ar.bench.method.runs as runs
-from t3ar.bench.method.main import run_method_benchmark
-from t3ar.bench.method.plans import CPU, NO_HARM_OPTIONS, RETRIEVAL_OPTIONS
+import t3ar_bench.method.runs as runs
+from t3ar_bench.method.main import run_method_benchmark
+from t3ar_bench.method.plans import CPU, NO_HARM_OPTIONS, RETRIEVAL_OPTIONS
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,7 @@
 """The GPU grid end to end on CPU (issue 33, item 5): a pack built from a small synthetic kit with the real bench
-code (lite0 embeddings, faiss), then the runner in a subprocess as the device runs it (``PYTHONPATH=shared``), with
-faiss, open_clip, fastapi, redis and the services made unimportable in it and in its run processes."""
+code (lite0 embeddings, faiss), then the runner in a subprocess as the device runs it
+(``PYTHONPATH=shared:bench``), with faiss, open_clip, fastapi, redis and the services made unimportable in it and
+in its run processes."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import pytest
 import torch
 from PIL import Image
 
-from t3ar.bench.method.data import Kits
-from t3ar.bench.method.gpu_grid import main as grid_main
-from t3ar.bench.method.gpu_pack import GPU_PLAN, build_pack, load_selection
-from t3ar.bench.method.pack import MANIFEST, read_manifest
+from t3ar_bench.method.data import Kits
+from t3ar_bench.method.gpu_grid import main as grid_main
+from t3ar_bench.method.gpu_pack import GPU_PLAN, build_pack, load_selection
+from t3ar_bench.method.pack import MANIFEST, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTION = ROOT / "docs" / "benchmarks" / "adaptation-cpu.json"
@@ -87,8 +88,8 @@ def _run(pack: Path, out: Path, work: Path, *extra: str) -> dict[str, Any]:
     site = out.parent / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(BLOCKER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "shared")])}
-    proc = subprocess.run([sys.executable, "-m", "t3ar.bench.method.gpu_grid", "--pack", str(pack), "--out",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "shared"), str(ROOT / "bench")])}
+    proc = subprocess.run([sys.executable, "-m", "t3ar_bench.method.gpu_grid", "--pack", str(pack), "--out",
                            str(out), "--work", str(work), "--device", "cpu", "--threads", "1", *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -157,13 +158,13 @@ def test_a_missing_or_foreign_pack_is_refused_in_one_line(pack: Path, tmp_path: 
 
 def test_the_packs_pool_retrieves_and_draws_what_the_benchs_pool_does(built: tuple[Path, Kits, Path],
                                                                        tmp_path: Path) -> None:
-    from t3ar.bench.method.data import side_table
-    from t3ar.bench.method.pack import load_pack, unpack_images
-    from t3ar.bench.method.protocol import fraction_subset
-    from t3ar.bench.method.runs import build_pools, labelled_tensors, load_targets, pool_name
     from t3ar.method.adapt import stream
     from t3ar.method.config import AdaptConfig
     from t3ar.pipeline import retrieve
+    from t3ar_bench.method.data import side_table
+    from t3ar_bench.method.pack import load_pack, unpack_images
+    from t3ar_bench.method.protocol import fraction_subset
+    from t3ar_bench.method.runs import build_pools, labelled_tensors, load_targets, pool_name
 
     pack_dir, kits, work = built
     manifest = read_manifest(pack_dir)

@@ -8,6 +8,7 @@ from t3ar.device import resolve_device, seed_everything
 from t3ar.method import registry
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.config import AdaptConfig
+from t3ar.method.probe import Probe
 from t3ar.models.classifier import Classifier
 
 
@@ -60,7 +61,7 @@ def test_joint_pass_gives_the_separate_passes_results(method: str, mode: str) ->
 
 
 def test_joint_pass_keeps_the_gradient_norm_diagnostics() -> None:
-    """diagnostics=True measures the loss terms' gradients at the query features, a slice of the joint pass."""
+    """Probe(diagnostics=True) measures the loss terms' gradients at the query features, a slice of the joint pass."""
     norms = {}
     for joint in (False, True):
         seed_everything(0)
@@ -71,7 +72,7 @@ def test_joint_pass_keeps_the_gradient_norm_diagnostics() -> None:
                                 joint_pass=joint),
                     mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 9, (8, 2), generator=g),
                     pool_images=torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g),
-                    device=torch.device("cpu"), diagnostics=True)
+                    device=torch.device("cpu"), probe=Probe(diagnostics=True))
         norms[joint] = [(h.grad_norm_ce, h.grad_norm_contrastive) for h in res.history]
     assert all(a > 0 and b > 0 for a, b in norms[True])
     assert torch.allclose(torch.tensor(norms[True]), torch.tensor(norms[False]), rtol=1e-4)

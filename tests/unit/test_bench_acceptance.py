@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from t3ar.bench.method.data import Kits
-from t3ar.bench.method.plans import QUICK
-from t3ar.bench.method.protocol import holdout_indices
-from t3ar.bench.method.runs import archive_needed, load_targets
+from t3ar_bench.method.data import Kits
+from t3ar_bench.method.plans import QUICK
+from t3ar_bench.method.protocol import holdout_indices
+from t3ar_bench.method.runs import archive_needed, load_targets
 
 
 def _png(path: Path, colour: tuple[int, int, int]) -> None:
@@ -75,11 +75,11 @@ def test_the_holdout_is_outside_the_adapted_subset_per_class_and_nested() -> Non
 def test_target_measures_score_the_holdout_and_the_target_without_labels() -> None:
     import torch
 
-    from t3ar.bench.method.data import StyleSet
-    from t3ar.bench.method.runs import Target, target_measures
     from t3ar.method.augment import Normalizer
     from t3ar.models.backbones import BackboneSpec
     from t3ar.models.classifier import ModelSpec, build_classifier
+    from t3ar_bench.method.data import StyleSet
+    from t3ar_bench.method.runs import Target, target_measures
 
     torch.manual_seed(0)
     spec = ModelSpec(backbone=BackboneSpec(name="mobilenetv2_050", weights="none"), classes=("a", "b"), image_size=32)
@@ -139,7 +139,7 @@ GOALS = ("accepted_vs_bn_adapt", "accepted_vs_source", "accepted_vs_hindsight", 
 
 
 def test_the_winner_is_the_argmax_and_a_tie_goes_to_the_simpler() -> None:
-    from t3ar.bench.method.goals import choose_winner
+    from t3ar_bench.method.goals import choose_winner
 
     def top(**scores: float) -> dict[str, dict[str, float]]:  # records without per-image vectors: argmax on top-1
         return {k.replace("_", "-"): {"top1": v} for k, v in scores.items()}
@@ -164,8 +164,8 @@ def test_the_goals_pair_every_shift_and_seed_in_points() -> None:
     import math
     import statistics
 
-    from t3ar.bench.method.goals import goals
-    from t3ar.bench.method.plans import t_quantile
+    from t3ar_bench.method.goals import goals
+    from t3ar_bench.method.plans import t_quantile
 
     g = goals(GOAL_PLAN, _goal_records())
     for key in GOALS:
@@ -192,7 +192,7 @@ def test_the_goals_pair_every_shift_and_seed_in_points() -> None:
 
 
 def test_a_cell_without_holdout_images_is_not_accepted() -> None:
-    from t3ar.bench.method.goals import accepted_cells
+    from t3ar_bench.method.goals import accepted_cells
 
     recs = _goal_records()
     for r in recs:
@@ -203,7 +203,7 @@ def test_a_cell_without_holdout_images_is_not_accepted() -> None:
 
 
 def test_label_free_selection_leave_one_shift_out_by_hand() -> None:
-    from t3ar.bench.method.label_free import fit_threshold, leave_one_shift_out, verdict
+    from t3ar_bench.method.label_free import fit_threshold, leave_one_shift_out, verdict
 
     def cell(shift: str, delta: float, better: bool) -> dict[str, Any]:
         return {"shift": shift, "delta": {"entropy": delta}, "better": better}
@@ -221,7 +221,7 @@ def test_label_free_selection_leave_one_shift_out_by_hand() -> None:
 
 
 def test_selection_cells_keep_the_cells_that_differ_by_more_than_a_point() -> None:
-    from t3ar.bench.method.label_free import selection_cells
+    from t3ar_bench.method.label_free import selection_cells
 
     cells = selection_cells(_goal_records())
     # twitter: 45 against 40-42 (> 1 point: 3 seeds), openmoji: 43 against 40, 41 (not 42), emojione: every seed
@@ -234,13 +234,13 @@ def test_selection_cells_keep_the_cells_that_differ_by_more_than_a_point() -> No
 def test_the_summary_json_and_the_report(tmp_path: Path) -> None:
     import json
 
-    from t3ar.bench.method.acceptance_report import (
+    from t3ar_bench.method.acceptance_report import (
         acceptance_section,
         label_free_section,
         overview_plot,
         per_shift_section,
     )
-    from t3ar.bench.method.grid import summarise_grid
+    from t3ar_bench.method.grid import summarise_grid
 
     summary = summarise_grid(GOAL_PLAN, {"quality": {}}, _goal_records())
     res = json.loads(json.dumps({"plan": GOAL_PLAN.as_dict(), **summary}))
@@ -260,8 +260,8 @@ def test_the_summary_json_and_the_report(tmp_path: Path) -> None:
 
 def test_sar_and_eata_join_the_grid_only_when_registered(monkeypatch: pytest.MonkeyPatch) -> None:
     import t3ar.method.registry as registry
-    from t3ar.bench.method.grid import baselines, grid_arms
-    from t3ar.bench.method.plans import CPU
+    from t3ar_bench.method.grid import baselines, grid_arms
+    from t3ar_bench.method.plans import CPU
 
     known = registry.names()
     assert baselines(CPU) == [m for m in ("sar", "eata") if m in known]  # the cpu plan skips the others

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from t3ar.bench.method import plans as grid_plans
-from t3ar.bench.method.grid import ORACLE, grid_arms, summarise_grid
-from t3ar.bench.method.plans import PLANS, QUICK, paired, t_quantile
-from t3ar.bench.method.protocol import (
+from t3ar_bench.method import plans as grid_plans
+from t3ar_bench.method.grid import ORACLE, grid_arms, summarise_grid
+from t3ar_bench.method.plans import PLANS, QUICK, paired, t_quantile
+from t3ar_bench.method.protocol import (
     cap_indices,
     fraction_size,
     fraction_subset,
@@ -207,9 +207,9 @@ def test_plans_are_consistent() -> None:
 
 
 def test_the_cpu_plans_shifts_are_every_style_outside_the_source_and_validation_families() -> None:
-    from t3ar.bench.method.labelled_pool import ARCHIVE_POOL_STYLES
     from t3ar.datakit.archive import ARCHIVE_STYLES, family_of
     from t3ar.datakit.emoji import DEFAULT_STYLES
+    from t3ar_bench.method.labelled_pool import ARCHIVE_POOL_STYLES
 
     cpu = PLANS["cpu"]
     held = {family_of("google")} | {family_of(v) for v in grid_plans.validation_shifts(cpu)}
@@ -237,7 +237,7 @@ def test_the_quick_plan_stays_small() -> None:
 
 
 def test_grid_report_renders(tmp_path: Path) -> None:
-    from t3ar.bench.method.grid_report import render_grid
+    from t3ar_bench.method.grid_report import render_grid
 
     plan = QUICK
     recs = _grid_records(0.04, [0.001, -0.001])
@@ -268,8 +268,8 @@ def test_grid_report_renders(tmp_path: Path) -> None:
 
 
 def test_interleaved_runs_steps_in_lock_step() -> None:
-    from t3ar.bench.speed.main import interleaved
     from t3ar.method.adapt import StepStats
+    from t3ar_bench.speed.main import interleaved
 
     order: list[str] = []
 
@@ -287,8 +287,8 @@ def test_interleaved_runs_steps_in_lock_step() -> None:
 
 
 def test_interleaved_reraises_and_finishes_the_others() -> None:
-    from t3ar.bench.speed.main import interleaved
     from t3ar.method.adapt import StepStats
+    from t3ar_bench.speed.main import interleaved
 
     finished: list[str] = []
 
@@ -306,8 +306,8 @@ def test_interleaved_reraises_and_finishes_the_others() -> None:
 
 
 def test_drift_report_renders(tmp_path: Path) -> None:
-    from t3ar.bench.method.plans import DRIFT
-    from t3ar.bench.method.report import write_drift_report
+    from t3ar_bench.method.plans import DRIFT
+    from t3ar_bench.method.report import write_drift_report
 
     curve = {"epoch": 1.0, "loss": 1.0, "loss_ce": 0.5, "loss_contrastive": 4.0, "loss_diversity": 0.0,
              "pl_accuracy": 0.4, "pool_neg_share": 0.2, "grad_norm_ce": 0.1, "grad_norm_contrastive": 0.2,
@@ -330,8 +330,8 @@ def test_run_cache_key_depends_on_run_affecting_plan_fields_only() -> None:
     import dataclasses
     from types import SimpleNamespace
 
-    from t3ar.bench.method.plans import PAPER
-    from t3ar.bench.method.runs import arm_key
+    from t3ar_bench.method.plans import PAPER
+    from t3ar_bench.method.runs import arm_key
 
     tgt = SimpleNamespace(style=SimpleNamespace(items=["a", "b", "c"]), adapt_idx=[0, 1], eval_idx=[2])
 
@@ -350,8 +350,8 @@ def test_run_cache_key_depends_on_run_affecting_plan_fields_only() -> None:
 def test_fractions_option_restricts_a_plan() -> None:
     import click
 
-    from t3ar.bench.method.command import _only_fractions
-    from t3ar.bench.method.plans import PAPER
+    from t3ar_bench.method.command import _only_fractions
+    from t3ar_bench.method.plans import PAPER
 
     low = _only_fractions(PAPER, "0.1,0.3")
     assert low.fractions == low.low_fractions == low.train_fractions == (0.1, 0.3)
@@ -398,8 +398,8 @@ def test_grid_selection_freezes_each_choice_on_validation(monkeypatch: pytest.Mo
     import dataclasses
     from types import SimpleNamespace
 
-    import t3ar.bench.method.grid as grid
-    from t3ar.bench.method.plans import CPU
+    import t3ar_bench.method.grid as grid
+    from t3ar_bench.method.plans import CPU
 
     plan = dataclasses.replace(CPU, retrievers=("efficientnet_lite0", "efficientnet_lite1"))
     ran: list[dict[str, Any]] = []
@@ -434,9 +434,9 @@ def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: 
     import dataclasses
     from types import SimpleNamespace
 
-    import t3ar.bench.method.main as bm
-    from t3ar.bench.method.contrastive_study import study_arms, summarise_study, write_contrastive_report
-    from t3ar.bench.method.plans import CONTRASTIVE_STUDY
+    import t3ar_bench.method.main as bm
+    from t3ar_bench.method.contrastive_study import study_arms, summarise_study, write_contrastive_report
+    from t3ar_bench.method.plans import CONTRASTIVE_STUDY
 
     plan = dataclasses.replace(CONTRASTIVE_STUDY, eval_shifts=("twitter", "openmoji"), seeds=(0, 1, 2),
                                lr_grid=(1e-3,))
@@ -486,8 +486,8 @@ def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: 
 
 
 def test_the_emoji_sources_are_the_kits_styles_but_the_sources() -> None:
-    from t3ar.bench.method.plans import EMOJI_SOURCES
-    from t3ar.bench.method.protocol import SOURCE_STYLE
     from t3ar.datakit.emoji import DEFAULT_STYLES
+    from t3ar_bench.method.plans import EMOJI_SOURCES
+    from t3ar_bench.method.protocol import SOURCE_STYLE
 
     assert set(EMOJI_SOURCES) == set(DEFAULT_STYLES) - {SOURCE_STYLE}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from t3ar.bench.retrieval import ann
-from t3ar.bench.retrieval.ann_report import ann_goals, ann_section
+from t3ar_bench.retrieval import ann
+from t3ar_bench.retrieval.ann_report import ann_goals, ann_section
 
 
 def test_generators_are_unit_deterministic_and_one_distribution() -> None:
@@ -51,7 +51,7 @@ def test_bench_ann_small_sweep_and_report(tmp_path: Path) -> None:
 def test_a_run_without_a_gpu_keeps_the_last_gpu_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from t3ar.bench.retrieval.main import keep_device_figure
+    from t3ar_bench.retrieval.main import keep_device_figure
 
     gpu = {"available": True, "device": "H100", "single": {"p50_ms": 1.0}, "note": "Measured apart."}
     prev = tmp_path / "retrieval.json"
@@ -74,8 +74,8 @@ def test_a_run_without_a_gpu_keeps_the_last_gpu_figure(tmp_path) -> None:  # typ
 def test_a_run_without_cached_embeddings_keeps_the_last_real_structure(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from t3ar.bench.retrieval.ann_report import _real_label
-    from t3ar.bench.retrieval.main import keep_real_structure
+    from t3ar_bench.retrieval.ann_report import _real_label
+    from t3ar_bench.retrieval.main import keep_real_structure
 
     real = {"n": 14594, "dim": 1280, "mean_cos_random": 0.27, "cos_nn1": 0.83, "cos_nn50": 0.65,
             "relative_contrast_50": 1.49, "lid_50": 13.9}
@@ -103,7 +103,7 @@ def test_the_committed_retrieval_report_renders_with_and_without_the_paired_figu
     import json
     from pathlib import Path
 
-    from t3ar.bench.retrieval.report import render_markdown
+    from t3ar_bench.retrieval.report import render_markdown
 
     doc = json.loads((Path(__file__).parents[2] / "docs/benchmarks/retrieval.json").read_text())
     text = render_markdown(doc)
@@ -120,7 +120,7 @@ def test_the_committed_retrieval_report_renders_with_and_without_the_paired_figu
 
 
 def test_the_hop_diagnostic_times_both_halves_of_the_hop_per_pool_size() -> None:
-    from t3ar.bench.retrieval.hop import measure
+    from t3ar_bench.retrieval.hop import measure
 
     rows = measure(sizes=(100, 400), n_queries=5)
     assert [r["vectors"] for r in rows] == [100, 400]

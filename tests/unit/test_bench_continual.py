@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from t3ar.bench.continual.plan import PLANS, arm_config, frozen_retriever
-from t3ar.bench.continual.report import summarise, verdict
+from t3ar_bench.continual.plan import PLANS, arm_config, frozen_retriever
+from t3ar_bench.continual.report import summarise, verdict
 
 
 def test_arm_configs_take_the_frozen_choices_and_cap_steps() -> None:
@@ -57,7 +57,7 @@ def test_summary_pairs_over_seeds() -> None:
 
 @pytest.mark.slow
 def test_smoke_stream_runs_every_arm(tmp_path: Path) -> None:
-    from t3ar.bench.continual.main import run_continual
+    from t3ar_bench.continual.main import run_continual
 
     plan = dataclasses.replace(PLANS["smoke"], name="smoke-test", stream=("ink", "neon"), adapt_cap=12)
     res = run_continual(plan, out_dir=tmp_path / "out", work=tmp_path / "work")

@@ -1,4 +1,4 @@
-"""``t3ar bench job``'s rounds and report (shared/t3ar/bench/job) with a fake runner: the ratio is the median of
+"""``t3ar bench job``'s rounds and report (bench/t3ar_bench/job) with a fake runner: the ratio is the median of
 the per-round ratios, the phases their per-phase medians, the arms alternate, and both files are written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from t3ar.bench.job.main import run_rounds
+from t3ar_bench.job.main import run_rounds
 
 
 class FakeRunner:

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-import t3ar.bench.method.grid as grid
-import t3ar.bench.method.labelled as labelled
-from t3ar.bench.method.goals import goals
-from t3ar.bench.method.label_use import label_use
-from t3ar.bench.method.labelled import ALL_ARM, LABELS_ARM, RANDOM_ARM, labelled_arms
-from t3ar.bench.method.plans import QUICK
+import t3ar_bench.method.grid as grid
+import t3ar_bench.method.labelled as labelled
+from t3ar_bench.method.goals import goals
+from t3ar_bench.method.label_use import label_use
+from t3ar_bench.method.labelled import ALL_ARM, LABELS_ARM, RANDOM_ARM, labelled_arms
+from t3ar_bench.method.plans import QUICK
 
 PLAN = dataclasses.replace(QUICK, fractions=(0.1, 0.3), low_fractions=(0.1, 0.3), train_fractions=(0.1, 0.3),
                            seeds=(0, 1, 2))
@@ -145,7 +145,7 @@ def test_label_use_counts_styles_and_retrieving_queries_classes() -> None:
 
 
 def test_the_report_shows_goals_choices_and_use() -> None:
-    from t3ar.bench.method.labelled_report import goals_section, selection_section, use_section
+    from t3ar_bench.method.labelled_report import goals_section, selection_section, use_section
 
     eff = {"bn-adapt": 0.50, "adacontrast": 0.52, "t3ar": 0.50, LABELS_ARM: 0.55, RANDOM_ARM: 0.52}
     res = {"goals": goals(PLAN, _records(eff, [0.001, -0.001, 0.0])),
@@ -162,7 +162,7 @@ def test_the_report_shows_goals_choices_and_use() -> None:
 
 
 def test_the_cpu_plans_archive_is_the_labelled_pools() -> None:
-    from t3ar.bench.method.labelled_pool import ARCHIVE_POOL_STYLES
-    from t3ar.bench.method.plans import CPU
+    from t3ar_bench.method.labelled_pool import ARCHIVE_POOL_STYLES
+    from t3ar_bench.method.plans import CPU
 
     assert CPU.archive_styles == ARCHIVE_POOL_STYLES and CPU.labelled

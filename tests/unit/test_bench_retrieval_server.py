@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from t3ar.bench.retrieval import main, report
-from t3ar.bench.retrieval.backends import SERVER_KEY, keep_server_column, server_column
+from t3ar_bench.retrieval import main, report
+from t3ar_bench.retrieval.backends import SERVER_KEY, keep_server_column, server_column
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,6 +99,6 @@ def test_only_backends_puts_the_server_column_into_the_full_runs_table(
 def test_a_backends_run_names_the_commit_it_measured() -> None:
     import re
 
-    from t3ar.bench.retrieval.main import code_commit
+    from t3ar_bench.retrieval.main import code_commit
 
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", code_commit())

@@ -23,6 +23,17 @@ def test_services_commands_come_from_the_entry_point_group() -> None:
     assert isinstance(serve, click.Group) and set(serve.commands) == {"api", "retriever"}
 
 
+def test_bench_commands_come_from_the_benchmarks_distribution() -> None:
+    """`t3ar bench` is not the product's: the t3ar-bench distribution (bench/, installed by scripts/setup.sh)
+    registers it in the same group, with the same sub-commands as when it lived in the product."""
+    (ep,) = [ep for ep in cli_main.entry_points(group=cli_main.PLUGIN_GROUP) if ep.name == "bench"]
+    assert ep.value == "t3ar_bench.cli:bench"
+    bench = cli_main.cli.commands["bench"]
+    assert isinstance(bench, click.Group) and bench.callback is not None
+    assert bench.callback.__module__ == "t3ar_bench.cli"
+    assert set(bench.commands) == {"adapt", "compaction", "continual", "gpu-pack", "job", "retrieval", "speed"}
+
+
 def test_a_broken_plugin_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     broken = EntryPoint("broken", "t3ar_no_such_package.cli:cmd", cli_main.PLUGIN_GROUP)
     not_a_command = EntryPoint("odd", "os:getcwd", cli_main.PLUGIN_GROUP)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from t3ar.bench.method.data import Kits, pool_components, side_table
-from t3ar.bench.method.labelled_pool import (
+from t3ar.datakit.archive import DEFAULT_ARCHIVE, family_of
+from t3ar_bench.method.data import Kits, pool_components, side_table
+from t3ar_bench.method.labelled_pool import (
     ARCHIVE_POOL_STYLES,
     excluded_families,
     labelled_use,
@@ -16,8 +17,7 @@ from t3ar.bench.method.labelled_pool import (
     pool_style_shares,
     style_of,
 )
-from t3ar.bench.method.plans import EMOJI_SOURCES, EVAL_SHIFTS, VALIDATION_SHIFT
-from t3ar.datakit.archive import DEFAULT_ARCHIVE, family_of
+from t3ar_bench.method.plans import EMOJI_SOURCES, EVAL_SHIFTS, VALIDATION_SHIFT
 
 CLIPART = ("openclipart", "tuxpaint")
 

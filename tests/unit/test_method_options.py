@@ -18,6 +18,7 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.bank import MemoryBank
 from t3ar.method.config import AdaptConfig
 from t3ar.method.contrastive import ContrastiveState, StepOut, StepViews, step_views
+from t3ar.method.probe import Probe
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 from t3ar.pipeline import retrieve
@@ -171,7 +172,7 @@ def test_pool_neg_share_zero_without_retrieval_and_inside_01_with_it() -> None:
 def test_diagnostic_labels_change_nothing_but_fill_pl_accuracy(method: str) -> None:
     truth = (torch.arange(N) * 7) % 3
     a, ra = _run(method, seed=1)
-    b, rb = _run(method, seed=1, adapt_kw={"diagnostic_labels": truth})
+    b, rb = _run(method, seed=1, adapt_kw={"probe": Probe(diagnostic_labels=truth)})
     sa, sb = a.state_dict(), b.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert [h.loss for h in ra.history] == [h.loss for h in rb.history]
@@ -181,15 +182,15 @@ def test_diagnostic_labels_change_nothing_but_fill_pl_accuracy(method: str) -> N
 
 def test_pl_accuracy_scores_the_labels_the_step_used() -> None:
     labels = torch.arange(N) % 3  # train mode: the CE term uses these, so against themselves accuracy is 1
-    _, res = _run("t3ar", mode="train", adapt_kw={"diagnostic_labels": labels})
+    _, res = _run("t3ar", mode="train", adapt_kw={"probe": Probe(diagnostic_labels=labels)})
     assert [h.pl_accuracy for h in res.history] == [1.0] * res.steps
-    _, res = _run("t3ar", mode="train", adapt_kw={"diagnostic_labels": (labels + 1) % 3})
+    _, res = _run("t3ar", mode="train", adapt_kw={"probe": Probe(diagnostic_labels=(labels + 1) % 3)})
     assert [h.pl_accuracy for h in res.history] == [0.0] * res.steps
 
 
 def test_diagnostics_fill_finite_grad_norms_and_change_no_parameter() -> None:
     a, plain = _run("t3ar", seed=2)
-    b, diag = _run("t3ar", seed=2, adapt_kw={"diagnostics": True})
+    b, diag = _run("t3ar", seed=2, adapt_kw={"probe": Probe(diagnostics=True)})
     assert all(math.isnan(h.grad_norm_ce) and math.isnan(h.grad_norm_contrastive) for h in plain.history)
     for h in diag.history:
         assert math.isfinite(h.grad_norm_ce) and h.grad_norm_ce >= 0

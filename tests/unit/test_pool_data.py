@@ -11,6 +11,7 @@ from t3ar.method.adapt import adapt
 from t3ar.method.bank import MemoryBank
 from t3ar.method.config import AdaptConfig
 from t3ar.method.pool_data import agreement, same_class_pool_entries, select_pool_data
+from t3ar.method.probe import Probe
 from t3ar.models.classifier import Classifier
 
 
@@ -83,7 +84,7 @@ def _run(device: torch.device | None = None, **options: object) -> tuple[Classif
     cfg = AdaptConfig(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None, **options)  # type: ignore[arg-type]
     res = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
                 device=device, pool_sources=["emoji"] * 5 + ["clipart"] * 4,
-                pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1]))
+                probe=Probe(pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1])))
     return model, res
 
 
@@ -128,8 +129,9 @@ def test_the_oracle_serves_known_neighbours_with_their_true_labels() -> None:
     cfg = AdaptConfig(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None,
                       pool_data_weight=1.0, pool_data_threshold=0.99)
     oracle = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
-                   device=torch.device("cpu"), pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1]),
-                   pool_label_oracle=True)
+                   device=torch.device("cpu"),
+                   probe=Probe(pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1]),
+                               pool_label_oracle=True))
     correct = [h.pool_data_correct for h in oracle.history if h.pool_data_known > 0]
     assert correct and all(c == 1.0 for c in correct)
 

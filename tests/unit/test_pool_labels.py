@@ -10,7 +10,8 @@ from tiny_models import tiny_problem
 from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.bn_adapt import adapted_norms
 from t3ar.method.config import AdaptConfig
-from t3ar.method.pool_labels import LabelDraw, balance_weights, labelled_neighbours
+from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights, labelled_neighbours
+from t3ar.method.probe import Probe
 from t3ar.models.classifier import Classifier, iter_batchnorms
 from t3ar.pipeline import pool_classes
 
@@ -58,12 +59,13 @@ def _data(n_pool: int = 9) -> tuple[Classifier, torch.Tensor, torch.Tensor, torc
     return tiny_problem(n_pool=n_pool)
 
 
-def _run(draw: str = "retrieved", known: torch.Tensor | None = KNOWN, **over: object) -> tuple[Classifier, AdaptResult]:
+def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN,
+         **over: object) -> tuple[Classifier, AdaptResult]:
     model, target, pool, nbr = _data()
     cfg = AdaptConfig(**{"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64,
                          "train_groups": None, **over})
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
-                device=torch.device("cpu"), pool_labels=known, pool_label_draw=draw)
+                device=torch.device("cpu"), pool_labels=known, probe=Probe(pool_label_draw=draw))
     return model, res
 
 

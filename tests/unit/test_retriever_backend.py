@@ -22,7 +22,7 @@ def test_uri_kinds() -> None:
 
 
 def test_backends_section_of_the_retrieval_report() -> None:
-    from t3ar.bench.retrieval.report import _backends
+    from t3ar_bench.retrieval.report import _backends
 
     side = {"start_s": 1.0, "ingest_vectors_per_s": 1000.0, "qps": 50.0,
             "single": {"p50_ms": 5.0, "p99_ms": 9.0, "max_ms": 9.5, "n": 10},
@@ -75,7 +75,7 @@ def test_settings_make_the_milvus_configuration(monkeypatch: pytest.MonkeyPatch)
 def test_the_backends_benchmark_s_exact_top_k_is_the_brute_force_answer() -> None:
     import numpy as np
 
-    from t3ar.bench.retrieval.backends import exact_top_k
+    from t3ar_bench.retrieval.backends import exact_top_k
 
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((250, 8)).astype(np.float32)
@@ -86,7 +86,7 @@ def test_the_backends_benchmark_s_exact_top_k_is_the_brute_force_answer() -> Non
 
 
 def test_the_backends_benchmark_names_the_milvus_index_the_retrievers_inherit() -> None:
-    from t3ar.bench.retrieval.backends import milvus_index_description
+    from t3ar_bench.retrieval.backends import milvus_index_description
 
     assert milvus_index_description({}) == "HNSW (M 16, efConstruction 200, ef 128), Session consistency"
     assert milvus_index_description({"T3AR_RETRIEVER_MILVUS_INDEX": "IVF_FLAT", "T3AR_RETRIEVER_MILVUS_IVF_NPROBE": "8",

@@ -7,8 +7,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from t3ar.bench.speed.main import SpeedData
-from t3ar.bench.speed.report import merge, verdict, write_report
+from t3ar_bench.speed.main import SpeedData
+from t3ar_bench.speed.report import merge, verdict, write_report
 
 
 def _dev(t3ar: float, noret: float) -> dict[str, object]:

@@ -1,8 +1,8 @@
 """The `t3ar` command line. Logging is configured here, once.
 
 Commands of other packages plug in through the ``t3ar.commands`` entry-point group (the services' ``serve``,
-``up`` and ``worker``): the library never names them. A plugin that cannot be loaded stays listed, and using
-it prints why instead of taking the whole CLI down.
+``up`` and ``worker``; the benchmarks' ``bench``, from their own distribution): the library never names them. A
+plugin that cannot be loaded stays listed, and using it prints why instead of taking the whole CLI down.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from importlib.metadata import EntryPoint, entry_points
 import click
 
 from t3ar import __version__
-from t3ar.cli.bench_cmd import bench
 from t3ar.cli.compact_cmd import compact
 from t3ar.cli.data_cmd import data
 from t3ar.cli.export_cmd import export_cmd
@@ -68,8 +67,8 @@ def add_plugins(group: click.Group, entry_point_group: str = PLUGIN_GROUP) -> No
         group.add_command(command, ep.name)
 
 
-for _command in (train_source, adapt_cmd, evaluate_cmd, export_cmd, data, pool, bench, submit, jobs, models,
-                 withdraw, keys, audit):
+for _command in (train_source, adapt_cmd, evaluate_cmd, export_cmd, data, pool, submit, jobs, models, withdraw, keys,
+                 audit):
     cli.add_command(_command)
 pool.add_command(compact)
 add_plugins(cli)

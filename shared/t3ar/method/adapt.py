@@ -15,8 +15,10 @@ Random streams are separate (so the arms of a comparison share all but what diff
 (``config.redraw_neighbours``) the per-visit neighbour draws each from their own generator derived from
 ``config.seed`` (:func:`~t3ar.method.base.stream`, which lists them).
 
-Diagnostics never touch a loss: ``diagnostic_labels`` only score the pseudo-labels each step used
-(``StepStats.pl_accuracy``); ``diagnostics=True`` adds the T3AR family's per-term gradient norms.
+The benchmarks' controls and measurements reach the loop through one argument, ``probe``
+(:class:`~t3ar.method.probe.Probe`), which the product never sets. Its measurements never touch a loss:
+``diagnostic_labels`` only score the pseudo-labels each step used (``StepStats.pl_accuracy``); ``diagnostics``
+adds the T3AR family's per-term gradient norms.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.base import MethodSetup, stream
 from t3ar.method.bn_adapt import bn_adapt
 from t3ar.method.config import AdaptConfig
+from t3ar.method.probe import NO_PROBE, Probe
 from t3ar.method.safeguards import CollapseWatch, bn_adapt_state, class_entropy, interpolate
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
 from t3ar.method.views import CHANNELS_LAST, Views
@@ -54,17 +57,17 @@ DEVICE_DATA_SHARE = 0.25
 class StepStats:
     """One optimiser step, reported to ``on_step``. NaN = not measured for this method/run.
 
-    ``pl_accuracy``: accuracy of the labels the step trained on against ``adapt(diagnostic_labels=...)``
+    ``pl_accuracy``: accuracy of the labels the step trained on against ``Probe.diagnostic_labels``
     (T3AR family: the filtered pseudo-labels, or the true labels in train mode; AdaContrast: its refined
     pseudo-labels; tent / SHOT-IM: the argmax of the logits their loss is computed on, i.e. the plain view for
     tent and the weak view for SHOT-IM). ``pool_neg_share`` (T3AR family, always): the batch-mean share of the
     InfoNCE denominator (positive + negatives, Σ exp(logit)) from pool negatives; 0.0 without any.
     ``seconds_augment``: the wall time the step's views took to make (on the background thread when made ahead,
     overlapping the step before); ``seconds_forward_backward``: the rest of the step's wall time.
-    ``grad_norm_ce`` / ``grad_norm_contrastive`` (T3AR family with ``diagnostics=True``): L2 norm of the
+    ``grad_norm_ce`` / ``grad_norm_contrastive`` (T3AR family with ``Probe.diagnostics``): L2 norm of the
     gradient of each weighted term at the query features (a proxy, not the parameter gradient).
     ``pool_data_count`` (T3AR with neighbours as data): how many retrieved neighbours served as data in the step;
-    with ``adapt(pool_diagnostic_labels=...)`` also ``pool_data_known``, how many of those have a known label, and
+    with ``Probe.pool_diagnostic_labels`` also ``pool_data_known``, how many of those have a known label, and
     ``pool_data_correct``, the share of the known ones whose pseudo-label was right (NaN when none was known).
     ``pool_label_count`` / ``loss_pool_labels`` (labelled neighbours as data): how many labelled pool items
     trained the step, and their cross-entropy (NaN when none did). ``reliable_share`` (``reliable_entropy``): the
@@ -181,13 +184,9 @@ def adapt(
     generator: torch.Generator | None = None,
     on_step: Callable[[StepStats], None] | None = None,
     candidates: torch.Tensor | None = None,
-    diagnostic_labels: torch.Tensor | None = None,
-    diagnostics: bool = False,
     pool_sources: list[str] | None = None,
-    pool_diagnostic_labels: torch.Tensor | None = None,
-    pool_label_oracle: bool = False,
     pool_labels: torch.Tensor | None = None,
-    pool_label_draw: str = "retrieved",
+    probe: Probe | None = None,
 ) -> AdaptResult:
     """Adapt ``model`` in place on ``target`` (uint8 [N,3,S,S]) with ``config.method``.
 
@@ -196,20 +195,17 @@ def adapt(
     ``config.redraw_neighbours``, ``candidates`` ([N, m >= k] indices, -1 = missing): every visit of a batch
     then draws k of each row's valid candidates anew (``dedup_sample``, generator ``stream(seed, 3)``) and
     ``neighbours`` is ignored. ``generator`` draws the batch order (default: seeded from ``config.seed``).
-    ``diagnostic_labels`` ([N] true labels) are used only to report ``StepStats.pl_accuracy``;
-    ``diagnostics`` adds the T3AR family's gradient-norm proxies. Neither changes what is trained.
     ``pool_sources`` ([P] the source of each pool image) lets ``config.pool_data_sources`` restrict which
-    neighbours may serve as data (required when that is set). ``pool_diagnostic_labels`` ([P] true class per
-    pool image, -1 = unknown) only score the neighbours that served as data, unless ``pool_label_oracle`` (a
-    benchmark diagnostic, never a product option) makes the known ones serve with their true labels.
+    neighbours may serve as data (required when that is set).
     ``pool_labels`` ([P] the pool label of each pool image as an index into the model's classes, -1 = none) is
     what a labelled pool tells (a product input): with ``config.pool_label_weight`` > 0 the labelled neighbours
     train with their label, and with ``config.false_negatives`` other than 'keep' a labelled neighbour of the
-    query's (pseudo-)class is a false negative by its label. ``pool_label_draw`` says how the labelled data items
-    are drawn (:mod:`t3ar.method.pool_labels`: 'retrieved', the product; 'random' and 'all', benchmark controls
-    that draw from every labelled image in ``pool_images``).
+    query's (pseudo-)class is a false negative by its label.
+    ``probe``: the benchmarks' research hook (:class:`~t3ar.method.probe.Probe`: diagnostic labels, gradient
+    norms, the oracle pool labels, the label draw controls); the product never sets it.
     Returns timings, the history of steps and the pool indices actually used (drawn).
     """
+    probe = probe or NO_PROBE
     device = device or next(model.parameters()).device
     gen = generator or torch.Generator().manual_seed(config.seed)
     result = AdaptResult()
@@ -233,21 +229,14 @@ def adapt(
     if redraw and candidates is not None and (candidates.dim() != 2 or len(candidates) != n
                                               or candidates.shape[1] < config.k):
         raise ValueError(f"candidates must be [N={n}, m >= k={config.k}], got {list(candidates.shape)}")
-    if diagnostic_labels is not None and diagnostic_labels.shape != (n,):
-        raise ValueError(f"diagnostic_labels must be [N={n}], got {list(diagnostic_labels.shape)}")
     n_pool = len(pool_images) if (config.uses_retrieval and pool_images is not None) else 0
     if pool_sources is not None and len(pool_sources) != n_pool:
         raise ValueError(f"pool_sources must name the source of each of the {n_pool} pool images")
     if config.pool_as_data and config.pool_data_sources is not None and pool_sources is None:
         raise ValueError("pool_data_sources needs the pool images' sources (pool_sources)")
-    if pool_diagnostic_labels is not None and pool_diagnostic_labels.shape != (n_pool,):
-        raise ValueError(f"pool_diagnostic_labels must be [P={n_pool}], got {list(pool_diagnostic_labels.shape)}")
-    if pool_label_oracle and pool_diagnostic_labels is None:
-        raise ValueError("pool_label_oracle needs pool_diagnostic_labels")
     if pool_labels is not None and pool_labels.shape != (n_pool,):
         raise ValueError(f"pool_labels must be [P={n_pool}], got {list(pool_labels.shape)}")
-    if pool_label_draw != "retrieved" and not (config.pool_labels_as_data and pool_labels is not None):
-        raise ValueError(f"pool_label_draw={pool_label_draw!r} needs pool_labels and pool_label_weight > 0")
+    probe.check(n, n_pool, config.pool_labels_as_data and pool_labels is not None)
     allowed = None
     if config.pool_as_data and config.pool_data_sources is not None and pool_sources is not None:
         keep = set(config.pool_data_sources)
@@ -258,7 +247,7 @@ def adapt(
         pool_images = place(pool_images, device, budget - target.numel() * (target.device == device))
     nbrs = neighbours.cpu() if (config.uses_retrieval and neighbours is not None and not redraw) else None
     cands = candidates.cpu() if (redraw and candidates is not None) else None
-    diag = diagnostic_labels.to(device) if diagnostic_labels is not None else None
+    diag = probe.diagnostic_labels.to(device) if probe.diagnostic_labels is not None else None
 
     prepare_training(model, device)
     if config.bn_start:  # the target's BatchNorm statistics first (bn-adapt), from a stream of its own
@@ -281,9 +270,8 @@ def adapt(
     views = Views(Normalizer(mean, std, device), stream(config.seed, 1), stream(config.seed, 5))
     setup = MethodSetup(target, config, views, device, labels=labels,
                         pool_images=pool_images if config.uses_retrieval else None, neighbours=nbrs,
-                        candidates=cands, diagnostics=diagnostics, pool_allowed=allowed,
-                        pool_labels=pool_diagnostic_labels, pool_oracle=pool_label_oracle,
-                        pool_known=pool_labels if config.uses_retrieval else None, pool_label_draw=pool_label_draw)
+                        candidates=cands, pool_allowed=allowed,
+                        pool_known=pool_labels if config.uses_retrieval else None, probe=probe)
     with torch.autocast(device.type, enabled=use_amp):
         state = method.create(model, setup)
     watch = None

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from t3ar.method.config import AdaptConfig
+from t3ar.method.probe import NO_PROBE, Probe
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, configure_trainable
 
@@ -47,9 +48,9 @@ class MethodSetup:
     ``target``: uint8 [N,3,S,S] on the device (or in host memory: indexed per step); ``labels``: [N] in train
     mode, else None; ``pool_images``: uint8 [P,3,S,S] for retrieval methods; ``neighbours`` ([N, k], fixed) or
     ``candidates`` ([N, m >= k], drawn anew per visit with ``config.redraw_neighbours``): local pool indices on
-    the CPU, -1 = missing, at most one of them given; ``diagnostics``: report the costly diagnostics too;
-``pool_allowed``, ``pool_labels``, ``pool_oracle``, ``pool_known``, ``pool_label_draw``: see
-:func:`t3ar.method.adapt.adapt` (neighbours as data).
+    the CPU, -1 = missing, at most one of them given; ``pool_allowed``, ``pool_known``: see
+:func:`t3ar.method.adapt.adapt` (neighbours as data); ``probe``: the benchmarks' controls and measurements
+(:class:`~t3ar.method.probe.Probe`; the product's runs have none).
     """
 
     target: torch.Tensor
@@ -60,12 +61,9 @@ class MethodSetup:
     pool_images: torch.Tensor | None = None
     neighbours: torch.Tensor | None = None
     candidates: torch.Tensor | None = None
-    diagnostics: bool = False
     pool_allowed: torch.Tensor | None = None  # [P] bool: may serve as data (config.pool_data_sources); None = all
-    pool_labels: torch.Tensor | None = None  # [P] true class (-1 unknown): diagnostics (and the oracle arm) only
-    pool_oracle: bool = False  # known pool images serve as data with their true labels (a benchmark diagnostic)
     pool_known: torch.Tensor | None = None  # [P] the pool label of each pool image as a model class (-1 = none)
-    pool_label_draw: str = "retrieved"  # how labelled data items are drawn (t3ar.method.pool_labels.LabelDraw)
+    probe: Probe = NO_PROBE
 
 
 class MethodStep(ABC):

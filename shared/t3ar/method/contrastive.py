@@ -52,7 +52,8 @@ from t3ar.method.bank import MemoryBank
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
 from t3ar.method.config import AdaptConfig
 from t3ar.method.pool_data import PoolData, same_class_pool_entries, select_pool_data
-from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights
+from t3ar.method.pool_labels import LabelDraw, balance_weights
+from t3ar.method.probe import NO_PROBE
 from t3ar.method.retrieval import dedup_sample
 from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights
 from t3ar.method.segments import bucket, segmented_batch_stats
@@ -113,6 +114,7 @@ class ContrastiveState:
                              labels=lab[ids] if lab is not None else None)
                 id_pl[ids] = logits.argmax(1)
         model.train(was_training)
+        probe = setup.probe if setup is not None else NO_PROBE
         n_pool = len(setup.pool_images) if (setup is not None and setup.pool_images is not None) else 0
         pool_pl = torch.full((n_pool,), -1, dtype=torch.long, device=device) if n_pool else None
         teacher = None
@@ -122,8 +124,8 @@ class ContrastiveState:
                 p.requires_grad_(False)
         return cls(bank, id_pl, lab, config, shape_bucket, joint_enabled(config, device) and teacher is None, pool_pl,
                    setup.pool_allowed if setup is not None else None,
-                   setup.pool_labels.to(device) if (setup is not None and setup.pool_labels is not None) else None,
-                   bool(setup and setup.pool_oracle),
+                   probe.pool_diagnostic_labels.to(device) if probe.pool_diagnostic_labels is not None else None,
+                   probe.pool_label_oracle,
                    setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None,
                    teacher)
 
@@ -339,15 +341,14 @@ class T3AR(MethodStep):
     def __init__(self, state: ContrastiveState, setup: MethodSetup) -> None:
         self.state, self.views, self.device = state, setup.views, setup.device
         self.pool_images, self.neighbours, self.candidates = setup.pool_images, setup.neighbours, setup.candidates
-        self.k, self.diagnostics = setup.config.k, setup.diagnostics
+        self.k, self.diagnostics = setup.config.k, setup.probe.diagnostics
         self.draws = stream(setup.config.seed, 3)
         self.pool_weak = stream(setup.config.seed, 6) if setup.config.pool_as_data else None
         n_pool = len(self.pool_images) if self.pool_images is not None else 0
         self.used = torch.zeros(n_pool, dtype=torch.bool)
         self.label_draw = None
         if setup.config.pool_labels_as_data and setup.pool_known is not None:
-            mode: LabelDrawMode = setup.pool_label_draw  # type: ignore[assignment]  # checked by LabelDraw
-            self.label_draw = LabelDraw(mode, setup.pool_known, setup.config.pool_label_cap,
+            self.label_draw = LabelDraw(setup.probe.pool_label_draw, setup.pool_known, setup.config.pool_label_cap,
                                         stream(setup.config.seed, 7))
             self.label_views = stream(setup.config.seed, 8)
         self.served = torch.zeros(n_pool, dtype=torch.long)

@@ -1,0 +1,120 @@
+"""The acceptance round's part of the method benchmark's report: the goals per shift, the acceptance winners and
+holdout-size curve (:mod:`t3ar_bench.method.goals`), label-free selection (:mod:`t3ar_bench.method.label_free`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from t3ar_bench.method.labelled_report import GOAL_ROWS
+
+ACCEPTANCE_GOALS = ("accepted_vs_bn_adapt", "accepted_vs_source", "accepted_vs_hindsight")
+CRITERION_NAMES = {"entropy": "entropy (minus the mean prediction entropy)",
+                   "im": "information maximisation (marginal − mean entropy)",
+                   "agreement": "agreement with bn-adapt", "snd": "soft neighbourhood density (softmax outputs)",
+                   "snd_features": "soft neighbourhood density (bottleneck features)"}
+
+
+def _v(x: float | None) -> str:
+    return "–" if x is None or math.isnan(x) else f"{x:+.1f}"
+
+
+def _ci(d: Mapping[str, Any] | None) -> str:
+    if not d:
+        return "–"
+    lo = d["lo"]
+    return _v(d["mean"]) + ("" if lo is None or math.isnan(lo) else f" [{lo:+.1f}, {d['hi']:+.1f}]")
+
+
+def per_shift_section(res: Mapping[str, Any]) -> list[str]:
+    """Every goal with a per-shift breakdown: a row per (goal, mode, fraction), a column per shift (points)."""
+    g, shifts = res.get("goals") or {}, res.get("evaluation_shifts") or res["plan"]["eval_shifts"]
+    rows = [f"| {name} | {mode} | {100 * float(f):g} % | {_ci(d)} | "
+            + " | ".join(_v(d["per_shift"].get(s)) for s in shifts) + " |"
+            for key, name in GOAL_ROWS for mode, by_f in (g.get(key) or {}).items() for f, d in by_f.items()
+            if d.get("per_shift")]
+    if not rows:
+        return []
+    return ["Per shift (points, mean over seeds):", "",
+            "| comparison | mode | fraction | all [95 % CI] | " + " | ".join(shifts) + " |",
+            "|---|---|---|---|" + "---|" * len(shifts), *rows]
+
+
+def acceptance_section(res: Mapping[str, Any]) -> list[str]:
+    """How often each candidate won its cell's holdout, and the three acceptance goals per holdout size."""
+    curve = (res.get("goals") or {}).get("acceptance_curve") or {}
+    if not any(c["accepted_vs_bn_adapt"]["test"] for c in curve.values()):
+        return []
+    out = ["The accepted model of a cell is the candidate (source, bn-adapt, the default T3AR) with the best top-1 "
+           "on a labelled holdout of k images per class taken from the adaptation part and never adapted on "
+           "(a tie goes to the simpler candidate); it is scored on the held-out evaluation part like every arm.", "",
+           "| images per class | fraction | wins (source / bn-adapt / default) | accepted − bn-adapt | "
+           "accepted − source | accepted − hindsight |", "|---|---|---|---|---|---|"]
+    for k, c in curve.items():
+        for f, wins in c["wins"].items():
+            cells = [_ci(c[g]["test"].get(f)) for g in ACCEPTANCE_GOALS]
+            won = " / ".join(str(wins.get(m, 0)) for m in ("source", "bn-adapt", "t3ar"))
+            out.append(f"| {k} | {100 * float(f):g} % | {won} | " + " | ".join(cells) + " |")
+    return out
+
+
+def label_free_section(res: Mapping[str, Any]) -> list[str]:
+    """Per criterion, leave-one-shift-out: cells where bn-adapt and the default differ by more than a point, how
+    often the criterion picked the better one, and its share as the literature uses it (threshold 0)."""
+    per, v = res.get("label_free_selection"), res.get("label_free_verdict") or {}
+    if not per:
+        return []
+    out = ["Where bn-adapt and the default T3AR differ by more than a point (a cell: shift, seed, fraction), each "
+           "criterion scores both adapted models on their unlabelled target and picks the default when its score "
+           "exceeds bn-adapt's by more than a threshold fitted on the other shifts (leave-one-shift-out):", "",
+           "| criterion | cells | right | share | share at threshold 0 |", "|---|---|---|---|---|"]
+    for c, d in per.items():
+        share = "–" if math.isnan(d["share"]) else f"{100 * d['share']:.0f} %"
+        zero = "–" if math.isnan(d["share_at_zero"]) else f"{100 * d['share_at_zero']:.0f} %"
+        out.append(f"| {CRITERION_NAMES.get(c, c)} | {d['cells']} | {d['right']} | {share} | {zero} |")
+    if v.get("best") is None:
+        out += ["", "No cell: bn-adapt and the default never differ by more than a point."]
+    elif v["meets"]:
+        out += ["", f"**{CRITERION_NAMES.get(v['best'], v['best'])} is right in {100 * v['share']:.0f} % of the "
+                f"cells (≥ {100 * v['required_share']:.0f} %)**: it may guard a job without a holdout."]
+    else:
+        out += ["", f"**No criterion is right in {100 * v['required_share']:.0f} % of the cells** (the best, "
+                f"{CRITERION_NAMES.get(v['best'], v['best'])}, in {100 * v['share']:.0f} %): without a holdout, the "
+                "default is what the worst-shift validation prefers."]
+    return out
+
+
+#: the goals the overview plot shows (the acceptance round's), with their thresholds in points
+OVERVIEW = (("accepted_vs_bn_adapt", 0.5), ("accepted_vs_source", 3.0), ("accepted_vs_hindsight", -1.0),
+            ("no_harm", 0.0), ("labelled_vs_random", 1.5), ("labelled_vs_bn_adapt", 3.0))
+
+
+def overview_plot(res: Mapping[str, Any], path: Path) -> bool:
+    """``path`` (a PNG): each goal of :data:`OVERVIEW` per test fraction, its mean with the 95 % CI over shifts x
+    seeds, each shift's mean as a dot and the goal's threshold as a tick; False (nothing written) without goals or
+    matplotlib."""
+    from t3ar_bench.method.report import pyplot, save_fig
+
+    g = res.get("goals") or {}
+    names = dict(GOAL_ROWS)
+    rows = [(f"{names[key]} ({100 * float(f):g} %)", d, goal) for key, goal in OVERVIEW
+            for f, d in (g.get(key) or {}).get("test", {}).items()]
+    plt = pyplot()
+    if plt is None or not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.4))
+    for i, (_, d, goal) in enumerate(rows):
+        if d["lo"] is not None and not math.isnan(d["lo"]):
+            ax.plot([d["lo"], d["hi"]], [i, i], color="tab:blue", linewidth=2)
+        ax.plot([d["mean"]], [i], "o", color="tab:blue")
+        ax.plot(list(d.get("per_shift", {}).values()), [i + 0.2] * len(d.get("per_shift", {})), ".", color="grey",
+                markersize=4)
+        ax.plot([goal], [i], "|", color="tab:red", markersize=14)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("points: mean and 95 % CI over shifts x seeds (blue), each shift's mean (grey), the goal (red)")
+    save_fig(plt, fig, path)
+    return True

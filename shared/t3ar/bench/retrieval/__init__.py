@@ -1,5 +1,0 @@
-"""The retriever benchmark (``t3ar bench retrieval``): the HTTP service against in-process baselines.
-
-* :mod:`~t3ar.bench.retrieval.main`: the services as subprocesses, the measurements side by side.
-* :mod:`~t3ar.bench.retrieval.report`: ``docs/benchmarks/retrieval.md`` from its results.
-"""

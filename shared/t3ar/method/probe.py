@@ -1,0 +1,54 @@
+"""The research hook of :func:`t3ar.method.adapt.adapt`: controls and measurements that exist for the benchmarks
+(``t3ar_bench``) alone. The product never sets a probe: no CLI option, API field or job config reaches one, and a
+run without it (``probe=None``, the default) is the product's method.
+
+What a probe does (all on top of the method's inputs, none of them a product option):
+
+* ``diagnostic_labels`` ([N] true labels of the target): score the labels each step trained on
+  (``StepStats.pl_accuracy``); never part of a loss.
+* ``diagnostics``: add the T3AR family's per-term gradient norms (``StepStats.grad_norm_*``); a costly measurement
+  that changes nothing trained.
+* ``pool_diagnostic_labels`` ([P] true class per pool image, -1 = unknown): score the neighbours that served as
+  data (``StepStats.pool_data_known`` / ``pool_data_correct``).
+* ``pool_label_oracle``: the known pool images serve as data with their true labels (``pool_diagnostic_labels``),
+  an upper bound for neighbours as data; it changes what is trained.
+* ``pool_label_draw``: how the labelled data items are drawn (:mod:`t3ar.method.pool_labels`): 'retrieved' (what
+  the product does), or the benchmark's controls 'random' and 'all', which draw from every labelled image in the
+  pool images; it changes what is trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from t3ar.method.pool_labels import LabelDrawMode
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Benchmark-only controls and measurements of one adaptation run (see the module docstring)."""
+
+    diagnostic_labels: torch.Tensor | None = None
+    diagnostics: bool = False
+    pool_diagnostic_labels: torch.Tensor | None = None
+    pool_label_oracle: bool = False
+    pool_label_draw: LabelDrawMode = "retrieved"
+
+    def check(self, n: int, n_pool: int, pool_labels_as_data: bool) -> None:
+        """Raise ValueError when the probe does not fit a run of ``n`` target and ``n_pool`` pool images;
+        ``pool_labels_as_data``: the run trains with the pool's labels (a config that says so, and pool labels)."""
+        if self.diagnostic_labels is not None and self.diagnostic_labels.shape != (n,):
+            raise ValueError(f"diagnostic_labels must be [N={n}], got {list(self.diagnostic_labels.shape)}")
+        if self.pool_diagnostic_labels is not None and self.pool_diagnostic_labels.shape != (n_pool,):
+            raise ValueError(f"pool_diagnostic_labels must be [P={n_pool}], "
+                             f"got {list(self.pool_diagnostic_labels.shape)}")
+        if self.pool_label_oracle and self.pool_diagnostic_labels is None:
+            raise ValueError("pool_label_oracle needs pool_diagnostic_labels")
+        if self.pool_label_draw != "retrieved" and not pool_labels_as_data:
+            raise ValueError(f"pool_label_draw={self.pool_label_draw!r} needs pool_labels and pool_label_weight > 0")
+
+
+#: the product's run: no measurement, no control
+NO_PROBE = Probe()
