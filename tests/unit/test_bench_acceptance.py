@@ -274,3 +274,29 @@ def test_sar_and_eata_join_the_grid_only_when_registered(monkeypatch: pytest.Mon
     labels = {a["label"] for a in grid_arms(CPU, sel)}
     # an arm runs with the lr validation chose for it: eata had none (not registered when validation ran)
     assert labels == {"bn-adapt", "sar", "t3ar", "t3ar-labels", "t3ar-labels-random"}
+
+
+def test_the_winner_rule_is_chosen_by_the_worst_validation_shift_and_a_tie_keeps_the_default() -> None:
+    from t3ar_bench.method.winner_rule import choose_rule
+
+    def rec(top1: float, right: int, n: int = 40) -> dict[str, Any]:
+        return {"top1": top1, "holdout": {"1": {"top1": right / n, "n": n,
+                                                "correct": [True] * right + [False] * (n - right)}}}
+
+    # on "weak" the default is one holdout image better than bn-adapt but 10 points worse on evaluation: argmax
+    # takes it, paired keeps bn-adapt; on "strong" the default is far better on both, both rules take it
+    cells = {(shift, seed): {"source": rec(0.1, 4), "bn-adapt": rec(bn, bn_right), "t3ar": rec(t3, t3_right)}
+             for seed in (0, 1)
+             for shift, bn, bn_right, t3, t3_right in (("weak", 0.30, 20, 0.20, 21), ("strong", 0.40, 12, 0.60, 30))}
+    got = choose_rule(cells, [1])
+    by = {t["rule"]: t for t in got["table"]}
+    assert by["argmax"]["per_shift"] == pytest.approx({"strong": 0.6, "weak": 0.2})
+    assert by["paired"]["per_shift"] == pytest.approx({"strong": 0.6, "weak": 0.3})
+    assert by["paired"]["wins"] == {"bn-adapt": 2, "t3ar": 2} and by["argmax"]["cells"] == 4
+    assert got["chosen"] == "paired" and got["shifts"] == ["strong", "weak"]
+    # the same evaluation top-1 under both rules: a tie keeps whichever default the product has
+    tied = {k: {**v, "bn-adapt": rec(0.2, v["bn-adapt"]["holdout"]["1"]["n"] // 2)} for k, v in cells.items()}
+    assert choose_rule(tied, [1], default="argmax")["chosen"] == "argmax"
+    assert choose_rule(tied, [1], default="paired")["chosen"] == "paired"
+    # a cell missing a candidate is not decided; nothing decided keeps the default
+    assert choose_rule({("weak", 0): {"source": rec(0.1, 4)}}, [1], default="argmax")["chosen"] == "argmax"

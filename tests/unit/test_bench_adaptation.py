@@ -412,7 +412,9 @@ def test_grid_selection_freezes_each_choice_on_validation(monkeypatch: pytest.Mo
     better = {**q, "same_class_share": 0.2}
     table = {plan.validation_shift: {"efficientnet_lite0": {"5": q}, "efficientnet_lite1": {"5": better}}}
     monkeypatch.setattr(grid, "run_all", run_all)
-    monkeypatch.setattr(grid, "source_record", lambda ctx, shift, seed: {"top1": 0.4})
+    hold = {"1": {"top1": 0.5, "n": 2, "correct": [True, False]}}
+    monkeypatch.setattr(grid, "source_record", lambda ctx, shift, seed, fraction=None:
+                        {"top1": 0.4, **({"holdout": hold} if fraction else {})})
     monkeypatch.setattr(grid, "quality_table", lambda ctx: table)
     sel = grid.select_design(SimpleNamespace(plan=plan), Path("."))  # type: ignore[arg-type]
     # nothing runs on an evaluation shift; every validation shift is run
@@ -428,6 +430,11 @@ def test_grid_selection_freezes_each_choice_on_validation(monkeypatch: pytest.Mo
     assert sel["validated"] == {"method": "t3ar", "retriever": "efficientnet_lite1",
                                 "options": {"temperature": 0.5, **sel["options"]}}
     assert sel["validated_beats_paper"] and sel["validated_top1"] > sel["paper_top1"]
+    # the winner rule is chosen on the validation cells: here the adapted runs have no holdout, so no cell is
+    # decided and the product's default stays
+    wr = sel["winner_rule"]
+    assert wr["shifts"] == sorted(grid_plans.validation_shifts(plan)) and wr["chosen"] == wr["default"]
+    assert {t["cells"] for t in wr["table"]} == {0}
 
 
 def test_contrastive_study_arms_summary_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,9 +47,13 @@ def acceptance_section(res: Mapping[str, Any]) -> list[str]:
     curve = (res.get("goals") or {}).get("acceptance_curve") or {}
     if not any(c["accepted_vs_bn_adapt"]["test"] for c in curve.values()):
         return []
-    out = ["The accepted model of a cell is the candidate (source, bn-adapt, the default T3AR) with the best top-1 "
-           "on a labelled holdout of k images per class taken from the adaptation part and never adapted on "
-           "(a tie goes to the simpler candidate); it is scored on the held-out evaluation part like every arm.", "",
+    rule = (res.get("goals") or {}).get("acceptance_rule", "argmax")
+    how = ("the best top-1 (a tie goes to the simpler candidate)" if rule == "argmax" else
+           "the simpler candidate unless a paired bootstrap CI on the holdout favours another")
+    out = [*winner_rule_lines(res), f"The accepted model of a cell is the candidate (source, bn-adapt, the default "
+           f"T3AR) that the winner rule `{rule}` picks on a labelled holdout of k images per class taken from the "
+           f"adaptation part and never adapted on: {how}; it is scored on the held-out evaluation part like every "
+           "arm.", "",
            "| images per class | fraction | wins (source / bn-adapt / default) | accepted − bn-adapt | "
            "accepted − source | accepted − hindsight |", "|---|---|---|---|---|---|"]
     for k, c in curve.items():
@@ -58,6 +62,24 @@ def acceptance_section(res: Mapping[str, Any]) -> list[str]:
             won = " / ".join(str(wins.get(m, 0)) for m in ("source", "bn-adapt", "t3ar"))
             out.append(f"| {k} | {100 * float(f):g} % | {won} | " + " | ".join(cells) + " |")
     return out
+
+
+def winner_rule_lines(res: Mapping[str, Any]) -> list[str]:
+    """The winner rule's choice on the validation shifts (:mod:`t3ar_bench.method.winner_rule`): each rule's worst
+    validation shift at each holdout size, and the rule chosen."""
+    wr = (res.get("selection") or {}).get("winner_rule")
+    if not wr:
+        return []
+    out = [f"**Winner rule, chosen on the validation shifts ({', '.join(wr['shifts'])}) by the worst shift at "
+           f"{wr['per_class']} image(s) per class: `{wr['chosen']}`** (the product's default: `{wr['default']}`; a "
+           "tie keeps the default). Evaluation top-1 of each rule's winners, mean over the selection seeds:", "",
+           "| rule | images per class | cells | worst shift | per shift | wins |", "|---|---|---|---|---|---|"]
+    for t in wr["table"]:
+        worst = "–" if math.isnan(t["worst"]) else f"{100 * t['worst']:.1f}"
+        per = ", ".join(f"{s} {100 * v:.1f}" for s, v in t["per_shift"].items())
+        wins = ", ".join(f"{m} {n}" for m, n in sorted(t["wins"].items()))
+        out.append(f"| {t['rule']} | {t['per_class']} | {t['cells']} | {worst} | {per} | {wins} |")
+    return [*out, ""]
 
 
 def label_free_section(res: Mapping[str, Any]) -> list[str]:

@@ -28,11 +28,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from t3ar_bench.method.arms import NO_LR, arm_options, make_arm, seeded_arms, worst_top1
+from t3ar_bench.method.arms import ARM_FIELDS, NO_LR, arm_options, make_arm, seeded_arms, worst_top1
 from t3ar_bench.method.labelled import ALL_ARM, LABEL_ARMS, label_use_summary, labelled_arms
 from t3ar_bench.method.plans import BenchPlan, paired, validation_shifts
 from t3ar_bench.method.quality import choose_retriever, quality_table
 from t3ar_bench.method.runs import Context, run_all, source_record
+from t3ar_bench.method.winner_rule import choose_rule
 
 #: the arms of the test-time grid, in report order (``source`` is the source model, evaluated)
 TEST_ARMS: tuple[str, ...] = ("source", "bn-adapt", "tent", "shot-im", "adacontrast", "sar", "eata",
@@ -113,6 +114,12 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
             kept.update(dict(option))
             best = got
     src = {v: statistics.mean(source_record(ctx, v, s)["top1"] for s in p.select_seeds) for v in validation_shifts(p)}
+    validated = {"phase": "select", "fraction": p.select_fraction, "method": "t3ar", "lr": lrs[fam],
+                 **arm_options({**term, **kept}), **extra_r}
+    bn = {"phase": "select", "fraction": p.select_fraction, "method": "bn-adapt", "lr": NO_LR,
+          **arm_options({"train_groups": bn_groups})}
+    rule = choose_rule(validation_cells(ctx, recs, bn, validated), p.holdout_per_class) \
+        if p.holdout_per_class else None
     return {"shift": p.validation_shift, "shifts": list(src), "fraction": p.select_fraction,
             "seeds": list(p.select_seeds), "source_top1": min(src.values()), "source_top1_by_shift": src,
             "quality": quality, "retriever": retriever,
@@ -120,8 +127,27 @@ def select_design(ctx: Context, cache: Path) -> dict[str, Any]:
             "term": term, "term_table": term_table, "options": arm_options(kept).get("options", {}),
             "options_table": option_table,
             "paper_top1": paper_top, "validated_top1": best,
-            "validated_beats_paper": best > paper_top,
+            "validated_beats_paper": best > paper_top, "winner_rule": rule,
             "validated": {"method": "t3ar", **extra_r, "options": arm_options({**term, **kept}).get("options", {})}}
+
+
+def validation_cells(ctx: Context, recs: Sequence[Mapping[str, Any]], bn: Mapping[str, Any],
+                     validated: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, Mapping[str, Any]]]:
+    """The acceptance candidates' records per validation cell (shift, selection seed): the source model's
+    (:func:`source_record` with its holdouts), bn-adapt's and the validated T3AR's selection runs (``bn`` and
+    ``validated``: their arms without shift and seed)."""
+    p = ctx.plan
+    cells: dict[tuple[str, int], dict[str, Mapping[str, Any]]] = {}
+    for v in validation_shifts(p):
+        for s in p.select_seeds:
+            cell: dict[str, Mapping[str, Any]] = {"source": source_record(ctx, v, s, p.select_fraction)}
+            for name, arm in (("bn-adapt", bn), ("t3ar", validated)):
+                want = {**arm, "shift": v}
+                got = [r for r in recs if r.get("seed") == s and all(r.get(k) == want.get(k) for k in ARM_FIELDS)]
+                if got:
+                    cell[name] = got[0]
+            cells[(v, s)] = cell
+    return cells
 
 
 def _family(sel: Mapping[str, Any], label: str, mode: str = "test") -> tuple[str, float, dict[str, Any]]:
@@ -260,7 +286,8 @@ def summarise_grid(p: BenchPlan, sel: Mapping[str, Any], records: Sequence[Mappi
     oracle = {str(f): paired(per_seed(records, shifts, seeds, f, ORACLE, "main"),
                              per_seed(records, shifts, seeds, f, "t3ar", "main"))
               for f in p.fractions if str(f) in cells["test"] and ORACLE in cells["test"][str(f)]}
-    labelled: dict[str, Any] = {"goals": goals(p, records)}
+    rule = (sel.get("winner_rule") or {}).get("chosen", "argmax")
+    labelled: dict[str, Any] = {"goals": goals(p, records, rule)}
     if p.labelled:
         labelled["label_use"] = {mode: {str(f): label_use_summary(records, phases[mode], f) for f in fractions[mode]}
                                  for mode in phases}
