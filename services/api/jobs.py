@@ -32,7 +32,10 @@ from t3ar_services.common.job_contract import (
     JOB_FUNCTION,
     LINEAGE_FILE,
     SERIALIZER,
+    AcceptanceRecord,
+    JobMeta,
     JobSpec,
+    Progress,
     artifacts_dir,
 )
 from t3ar_services.common.registries import clean_registries
@@ -75,10 +78,10 @@ class JobState:
     ended_at: str | None = None
     position: int | None = None
     worker: str | None = None
-    progress: dict[str, Any] | None = None
+    progress: Progress | None = None
     error: str | None = None
     result: dict[str, Any] | None = None
-    acceptance: dict[str, Any] | None = None  # a job with a holdout, once its candidates were scored
+    acceptance: AcceptanceRecord | None = None  # a job with a holdout, once its candidates were scored
 
 
 class JobService:
@@ -125,19 +128,17 @@ class JobService:
             return JobState("failed", error="the job's queue record is gone (expired or Redis was reset) and it "
                                             "left no checkpoint: POST /jobs/{id}/readapt to run it again")
         rq_status = job.get_status(refresh=False)
-        meta = dict(job.meta or {})
+        meta = JobMeta.read(job.meta)
         status = _STATUS.get(rq_status, "queued") if rq_status is not None else "queued"
-        if status == "failed" and meta.get("canceled"):
+        if status == "failed" and meta.canceled:
             status = "canceled"
         st = JobState(status, _iso(job.enqueued_at), _iso(job.started_at), _iso(job.ended_at),
                       worker=job.worker_name or None)
         if status == "queued":
             st.position = job.get_position()
-        progress = {k: v for k, v in meta.items() if k not in ("error", "canceled", "acceptance")}
-        st.acceptance = meta["acceptance"] if isinstance(meta.get("acceptance"), dict) else None
-        st.progress = progress or None
+        st.progress, st.acceptance = meta.progress(), meta.acceptance
         if status == "failed":
-            st.error = without_paths(meta.get("error") or "")  # the worker's words: never where it keeps files
+            st.error = without_paths(meta.error or "")  # the worker's words: never where it keeps files
             if not st.error:
                 result = job.latest_result()
                 st.error = explain_failure(result.exc_string if result else None, self.settings.job_timeout)

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from t3ar.clients.api_models import Progress
 from t3ar_services.common.job_contract import AcceptanceRecord, JobReport
 from t3ar_services.common.text import Utf8Str
 
@@ -55,25 +56,6 @@ class ModelOut(BaseModel):
 
 class ModelList(BaseModel):
     models: list[ModelOut]
-
-
-class Progress(BaseModel):
-    phase: str | None = Field(default=None, description="starting, loading, retrieving, adapting, saving, done")
-    epoch: int | None = None
-    epochs: int | None = None
-    step: int | None = None
-    total_steps: int | None = None
-    loss: float | None = None
-    loss_ce: float | None = None
-    loss_contrastive: float | None = None
-    pl_change_rate: float | None = Field(default=None, description="share of pseudo-labels that changed")
-    lr: float | None = None
-    candidate: str | None = Field(default=None, description="a job with a holdout: the candidate running, e.g. "
-                                                            "'bn-adapt (2/3)'")
-    device: str | None = None
-    host: str | None = Field(default=None, description="machine running the job")
-    pid: int | None = Field(default=None, description="process running the job")
-    updated_at: str | None = None
 
 
 class TargetInfo(BaseModel):

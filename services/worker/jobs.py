@@ -11,8 +11,8 @@ sha256 in the worker's data dir) and the target tar are downloaded and checked a
 carries; the target is extracted into ``<data_dir>/work/<job_id>/``, which is removed when the job ends. On
 success the adapted checkpoint (with its AdaptConfig and lineage inside) is uploaded to the API, then its
 report and lineage, which finishes the job there; the return value is a small JSON summary. On error
-``job.meta['error']`` holds a one-line message (what the API shows) and the exception is re-raised so rq marks
-the job failed. On cancellation ``job.meta['canceled']`` is true.
+the job's meta (:class:`~t3ar_services.common.job_contract.JobMeta`) holds a one-line ``error`` (what the API
+shows) and the exception is re-raised so rq marks the job failed. On cancellation its ``canceled`` is true.
 """
 
 from __future__ import annotations
@@ -67,9 +67,8 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     connection = job.connection if job is not None else None
     if (old := old_spec_message(spec)) is not None:
         progress = Progress(job, connection, str(spec.get("job_id", "?")), interval=settings.progress_interval)
-        progress.meta["error"] = old.replace("{id}", str(spec.get("job_id", "{id}")))
-        progress.phase("failed")
-        raise OldJobSpecError(progress.meta["error"])
+        progress.fail(old.replace("{id}", str(spec.get("job_id", "{id}"))))
+        raise OldJobSpecError(progress.meta.error)
     job_spec = JobSpec.model_validate(spec)
 
     progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
@@ -87,8 +86,7 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         log.warning("job %s ended elsewhere while it ran here; stopped", job_spec.job_id)
         raise
     except Exception as e:
-        progress.meta["error"] = _message(e)
-        progress.phase("failed")
+        progress.fail(_message(e))
         raise
 
 
@@ -207,7 +205,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
-        progress.phase("retrieving", k=config.k, r=config.r)
+        progress.phase("retrieving")
     acceptance: dict[str, Any] | None = None
     try:
         if spec.acceptance is not None:
@@ -253,11 +251,11 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
         summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
     if acceptance is not None:
-        summary["winner"] = acceptance["winner"]  # the whole record is meta["acceptance"] (GET /jobs/{id})
+        summary["winner"] = acceptance["winner"]  # the whole record is in the job's meta (GET /jobs/{id})
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]
-    progress.done(**summary)
+    progress.done(steps=res.steps, seconds_adapt=metrics["seconds_adapt"])
     return summary
 
 
@@ -284,7 +282,7 @@ def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, targe
     done = run_candidates(model, info, target, config, options, holdout, provider=provider, device=device,
                           on_step=progress.step, on_candidate=started)
     record = {**done.record(), "require_gain": options.require_gain}
-    progress.meta["acceptance"] = record
+    progress.meta.acceptance = AcceptanceRecord.model_validate(record)
     if options.require_gain and (why := gain_refusal(done.acceptance)) is not None:
         raise AcceptanceRefusedError(why)
     return done.winner.outcome, done.winner.config, record, done.phase_seconds()

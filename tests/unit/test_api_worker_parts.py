@@ -174,3 +174,24 @@ def test_a_job_ended_elsewhere_takes_no_more_progress() -> None:
     with pytest.raises(JobNoLongerStartedError, match="AbandonedJobError"):
         p.step(StepStats(epoch=1, step=930, total_steps=1000, lr=0.1, loss=1.0))
     assert Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta["step"] == 549
+
+
+def test_the_job_meta_is_the_contract_both_sides_read() -> None:
+    from t3ar_services.common.job_contract import JobMeta
+
+    redis = fakeredis.FakeRedis()
+    job = _job(redis)
+    p = Progress(job, redis, "j1", interval=0.0, epochs=3)
+    p.phase("loading", device="cpu")
+    p.step(StepStats(epoch=1, step=2, total_steps=6, lr=0.1, loss=1.25, pl_change_rate=0.5))
+    with pytest.raises(ValueError):
+        p.phase("retrieving", k=5)  # a field the contract does not name is refused where it is written
+    p.fail("DatasetError: bad")
+    meta = JobMeta.read(Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta)
+    progress = meta.progress()
+    assert progress is not None and progress.device == "cpu" and progress.step == 2 and progress.loss == 1.25
+    assert progress.epochs == 3 and meta.error == "DatasetError: bad" and meta.canceled is False
+    # a field that does not fit is left out (what a job's answer shows never fails on what a worker wrote)
+    odd = JobMeta.read({"step": "many", "phase": "adapting", "acceptance": {"winner": "x"}, "canceled": True})
+    assert odd.step is None and odd.phase == "adapting" and odd.acceptance is None and odd.canceled is True
+    assert JobMeta.read({}).progress() is None

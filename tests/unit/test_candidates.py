@@ -163,28 +163,18 @@ def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Pa
     model_file, target_dir, holdout_dir = setup
     model, info = load_checkpoint(model_file, device=CPU)
 
-    class Meta:
-        def __init__(self) -> None:
-            self.meta: dict[str, object] = {}
-            self.phases: list[str] = []
+    from t3ar_services.worker.progress import Progress
 
-        def phase(self, name: str, **fields: object) -> None:
-            self.phases.append(name)
-            self.meta.update(fields)
-
-        def step(self, s: object) -> None:
-            pass
-
-    progress = Meta()
+    progress = Progress(None, None, "j1")
     spec = JobSpec(job_id="j1", model_id="m", model_sha256="0" * 64, target_sha256="0" * 64, target_bytes=1,
                    config={"method": "tent"}, holdout_sha256="0" * 64, holdout_bytes=1, job_secret="s" * 32,
                    acceptance={"candidates": ["source"], "require_gain": True, "rule": "paired"})
     with pytest.raises(jobs.AcceptanceRefusedError, match="no candidate beats the base model"):
         jobs._candidates(spec, AdaptConfig(method="tent", epochs=1), model, info, read_target(target_dir), None, CPU,
                          progress, holdout_dir)
-    record = progress.meta["acceptance"]
-    assert isinstance(record, dict) and record["winner"] == "source" and record["require_gain"] is True
-    AcceptanceRecord.model_validate(record)
+    record = progress.meta.acceptance
+    assert isinstance(record, AcceptanceRecord) and record.winner == "source" and record.require_gain is True
+    assert progress.meta.dump()["acceptance"]["winner"] == "source"
 
 
 def test_onnx_metadata_carries_the_acceptance_record(setup: tuple[Path, Path, Path]) -> None:

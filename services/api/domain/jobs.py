@@ -10,7 +10,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
@@ -232,27 +232,15 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         enqueued_at=st.enqueued_at, started_at=st.started_at, ended_at=st.ended_at, queue_position=st.position,
         worker=st.worker, config=row.config,
         target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
-        progress=s.Progress.model_validate(st.progress) if st.progress else None, error=st.error, result=st.result,
+        progress=st.progress, error=st.error, result=st.result,
         checkpoint_url=links("get_checkpoint", row.id) if finished else None,
         report_url=links("get_report", row.id) if finished else None,
         exports=exports_view(state, links, row.id) if finished else {},
         contribution=s.Contribution(**state.contributor.describe(row.id, st.status)),
         neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
         if finished else [],
-        acceptance=_acceptance(st.acceptance),
+        acceptance=st.acceptance,
     )
-
-
-def _acceptance(meta: dict[str, Any] | None) -> s.AcceptanceRecord | None:
-    """The acceptance record a worker left in the job's meta; None (logged) when it does not fit the contract: a
-    job's page never fails on what a worker wrote."""
-    if not meta:
-        return None
-    try:
-        return s.AcceptanceRecord.model_validate(meta)
-    except ValidationError:
-        log.warning("a job's acceptance record does not fit the contract; left out")
-        return None
 
 
 def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:
