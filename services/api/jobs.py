@@ -27,6 +27,7 @@ from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, Store
 from t3ar_services.api.transfer import TargetTar
+from t3ar_services.api.uploads import Subsample
 from t3ar_services.common.job_contract import (
     CANCEL_KEY,
     JOB_FUNCTION,
@@ -93,13 +94,14 @@ class JobService:
         self._unreadable: set[str] = set()  # jobs whose lineage.json could not be indexed (logged once)
 
     # --- submit ------------------------------------------------------------------------------------------
-    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str, *,
+    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str, subsample: Subsample, *,
                 holdout: TargetTar | None = None, acceptance: dict[str, Any] | None = None) -> None:
         """Queue the job; the worker fetches the base model and ``target`` (and a ``holdout``, with the job's
         ``acceptance`` options) by these digests over HTTP, showing the job's ``secret`` (whose sha256 the row
-        keeps)."""
+        keeps), and adapts to the ``subsample`` drawn at submission."""
         spec = JobSpec(job_id=row.id, model_id=row.model_id, model_sha256=model_sha256, target_sha256=target.sha256,
-                       target_bytes=target.size, config=row.config, parent_id=row.parent_id,
+                       target_bytes=target.size, config=row.config, subsample_rows=subsample.rows,
+                       subsample_sha256=subsample.sha256, parent_id=row.parent_id,
                        request_id=REQUEST_ID.get(), job_secret=secret,
                        acceptance=acceptance if holdout is not None else None,
                        holdout_sha256=holdout.sha256 if holdout is not None else None,

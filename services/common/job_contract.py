@@ -111,6 +111,13 @@ class JobSpec(BaseModel):
     target_sha256: str = Field(pattern=SHA256_PATTERN, description="the target tar's sha256")
     target_bytes: int = Field(ge=0, description="the target tar's size")
     config: dict[str, Any] = Field(description="an AdaptConfig, as a dict")
+    subsample_rows: list[int] = Field(
+        min_length=2, description="the target images the job adapts to, as indices in the target's order "
+                                  "(t3ar.data.target.read_target): the subsample of the config's fraction and seed, "
+                                  "drawn once at submission")
+    subsample_sha256: str = Field(pattern=SHA256_PATTERN, description="the digest of those images "
+                                                                      "(t3ar.pipeline.imageset_sha256): the "
+                                                                      "target_sha256 its checkpoint's lineage names")
     parent_id: str | None = Field(default=None, description="the job this one re-runs (readapt)")
     request_id: str | None = Field(default=None, max_length=128,
                                    description="the API request that made the job: in the worker's log lines and "

@@ -70,15 +70,15 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         progress.fail(old.replace("{id}", str(spec.get("job_id", "{id}"))))
         raise OldJobSpecError(progress.meta.error)
     job_spec = JobSpec.model_validate(spec)
+    config = AdaptConfig.model_validate(job_spec.config)  # the one validation of the config in the worker
 
     progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
-                        epochs=int(job_spec.config.get("epochs", 0)) or None)
+                        epochs=config.epochs or None)
     REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
-    log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id,
-             job_spec.config.get("method", "t3ar"))
+    log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
     queue_wait = phases.queue_seconds(getattr(job, "enqueued_at", None), phases.forked_at)
     try:
-        return _run(job_spec, settings, progress, connection, queue_wait)
+        return _run(job_spec, config, settings, progress, connection, queue_wait)
     except JobCanceledError:
         log.info("job %s canceled", job_spec.job_id)
         raise
@@ -101,7 +101,7 @@ def _message(e: BaseException) -> str:
     return text if isinstance(e, T3arError) else f"{type(e).__name__}: {text}"
 
 
-def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any,
+def _run(spec: JobSpec, config: AdaptConfig, settings: WorkerSettings, progress: Any, connection: Any,
          queue_wait: float | None = None) -> dict[str, Any]:
     import torch
 
@@ -115,7 +115,6 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     t0 -= since_fork
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    config = AdaptConfig.model_validate(spec.config)
     device = resolve_device(settings.device)
     progress.phase("loading", device=str(device))
     work = settings.work_dir() / spec.job_id
@@ -181,10 +180,13 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     t = time.perf_counter()
     model, info = load_checkpoint(model_file, device=device)
     target = read_target(target_dir, strict=True)
-    from t3ar.data.datasets import adapted_rows
     from t3ar_services.worker.memory import check_job_memory
 
-    kept = len(adapted_rows(target.labels, len(target), config.fraction, config.seed))
+    rows = spec.subsample_rows  # drawn once, at submission
+    if max(rows) >= len(target) or min(rows) < 0:
+        raise T3arError(f"the job's subsample names image {max(rows)} of a target of {len(target)}: the target it "
+                        "fetched is not the one the job was submitted with")
+    kept = len(rows)
     configs = [config]
     if spec.acceptance is not None:  # every candidate runs here, one after the other
         from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names
@@ -213,7 +215,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
                                                                      device, progress, work / "holdout")
         else:
             outcome = run_adaptation(model, info, target, config, provider=provider, device=device,
-                                     on_step=progress.step)
+                                     on_step=progress.step, rows=rows)
             phase_seconds = outcome.phase_seconds
     finally:
         if client is not None:
@@ -280,7 +282,7 @@ def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, targe
         progress.phase("adapting" if name == config.method else "candidate", candidate=f"{name} ({i + 1}/{n})")
 
     done = run_candidates(model, info, target, config, options, holdout, provider=provider, device=device,
-                          on_step=progress.step, on_candidate=started)
+                          on_step=progress.step, on_candidate=started, rows=spec.subsample_rows)
     record = {**done.record(), "require_gain": options.require_gain}
     progress.meta.acceptance = AcceptanceRecord.model_validate(record)
     if options.require_gain and (why := gain_refusal(done.acceptance)) is not None:

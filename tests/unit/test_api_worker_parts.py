@@ -87,8 +87,10 @@ def test_heartbeat_ttl_uses_grace() -> None:
 
 def test_job_spec_contract(tmp_path: Path) -> None:
     good = {"job_id": "j1", "model_id": "m", "model_sha256": "a" * 64, "target_sha256": "b" * 64, "target_bytes": 1,
-            "config": {}, "job_secret": "s" * 32}
+            "config": {}, "job_secret": "s" * 32, "subsample_rows": [0, 1], "subsample_sha256": "c" * 64}
     assert JobSpec.model_validate(good).target_bytes == 1
+    with pytest.raises(ValueError):  # the subsample is drawn at submission: a job always carries it
+        JobSpec.model_validate({k: v for k, v in good.items() if k != "subsample_rows"})
     with pytest.raises(ValueError):
         JobSpec.model_validate({**good, "job_id": "../x"})
     with pytest.raises(ValueError):

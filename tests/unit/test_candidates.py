@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,7 +157,8 @@ def test_cli_adapt_with_a_holdout(setup: tuple[Path, Path, Path], tmp_path: Path
     assert res.exit_code != 0 and "pass --holdout" in res.output
 
 
-def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Path, Path]) -> None:
+def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Path, Path], monkeypatch: Any) -> None:
+    import t3ar.data.sampling as sampling
     from t3ar_services.common.job_contract import JobSpec
     from t3ar_services.worker import jobs
 
@@ -168,7 +170,12 @@ def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Pa
     progress = Progress(None, None, "j1")
     spec = JobSpec(job_id="j1", model_id="m", model_sha256="0" * 64, target_sha256="0" * 64, target_bytes=1,
                    config={"method": "tent"}, holdout_sha256="0" * 64, holdout_bytes=1, job_secret="s" * 32,
+                   subsample_rows=list(range(len(read_target(target_dir)))), subsample_sha256="0" * 64,
                    acceptance={"candidates": ["source"], "require_gain": True, "rule": "paired"})
+    def drawn(*args: object, **kwargs: object) -> list[int]:
+        raise AssertionError("the worker drew the subsample again instead of using the job's")
+
+    monkeypatch.setattr(sampling, "stratified_subsample", drawn)
     with pytest.raises(jobs.AcceptanceRefusedError, match="no candidate beats the base model"):
         jobs._candidates(spec, AdaptConfig(method="tent", epochs=1), model, info, read_target(target_dir), None, CPU,
                          progress, holdout_dir)

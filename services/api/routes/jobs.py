@@ -75,8 +75,8 @@ def adapt(
                                holdout.file if holdout is not None else None,
                                holdout.filename if holdout is not None else None, candidates, require_gain,
                                winner_rule)
-    access.check_model(state, who, model_id)
-    done = jobs.submit(state, upload, access.owner(who))
+    model = access.check_model(state, who, model_id)
+    done = jobs.submit(state, upload, access.owner(who), model)
     access.record(state, who, "job.submit", done.row.id, client, detail=f"model={model_id}")
     return _accepted(links, done)
 
