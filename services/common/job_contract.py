@@ -88,18 +88,6 @@ LINEAGE_FILE = "lineage.json"
 
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
-PATH_ARGUMENTS = ("model_path", "target_dir")  # what a job queued by an API before issue 12 carries instead
-
-
-def old_spec_message(spec: dict[str, Any]) -> str | None:
-    """Why ``spec`` cannot run here when it was queued by an API that passed paths into a shared data dir."""
-    if any(k in spec for k in PATH_ARGUMENTS):
-        return ("this job was queued by an older API (its arguments are paths into a shared data directory); "
-                "workers now fetch jobs over HTTP: POST /jobs/{id}/readapt to queue it again, and drain the queue "
-                "before upgrading")
-    return None
-
-
 class JobSpec(BaseModel):
     """The single (JSON) argument of :func:`t3ar_services.worker.jobs.run_adapt_job`."""
 

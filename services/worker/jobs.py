@@ -47,7 +47,6 @@ from t3ar_services.common.job_contract import (
     NeighbourRow,
     StepPoint,
     Transfer,
-    old_spec_message,
 )
 from t3ar_services.common.text import readable
 from t3ar_services.worker import phases
@@ -65,10 +64,6 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     settings = WorkerSettings()
     job = get_current_job()
     connection = job.connection if job is not None else None
-    if (old := old_spec_message(spec)) is not None:
-        progress = Progress(job, connection, str(spec.get("job_id", "?")), interval=settings.progress_interval)
-        progress.fail(old.replace("{id}", str(spec.get("job_id", "{id}"))))
-        raise OldJobSpecError(progress.meta.error)
     job_spec = JobSpec.model_validate(spec)
     config = AdaptConfig.model_validate(job_spec.config)  # the one validation of the config in the worker
 
@@ -88,10 +83,6 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:
         progress.fail(_message(e))
         raise
-
-
-class OldJobSpecError(T3arError):
-    """A job queued by an API that passed paths into a shared data directory (before issue 12)."""
 
 
 def _message(e: BaseException) -> str:

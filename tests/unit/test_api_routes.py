@@ -328,13 +328,12 @@ def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None
     assert got["status"] == "failed" and got["error"] == "DatasetError: something broke"
     # what a worker leaves behind when a job finishes
     save_checkpoint(data / "artifacts" / done / "model.pt", *_tiny())
-    write_json_atomic(data / "artifacts" / done / "report.json", {"accuracy": None})
+    write_json_atomic(data / "artifacts" / done / "report.json", {"job_id": done, "accuracy": None})
     write_json_atomic(data / "artifacts" / done / "lineage.json", {"pool_ids": ["p-1"], "created_at": "now"})
     Job.fetch(done, connection=redis, serializer=SERIALIZER).set_status("finished")
     assert client.get(f"/jobs/{done}/report", headers=USER).json() == {
         "job_id": done, "accuracy": None, "contribution": {"requested": False, "status": "not_requested"},
-        "neighbours_from_contributions": []}  # the API adds what it knows about contributions (and a report from
-    # before the report had a version gets its job's id)
+        "neighbours_from_contributions": []}  # the API adds what it knows about contributions
     assert client.get(f"/jobs/{done}/checkpoint", headers=USER).content[:2] == b"PK"
     assert client.delete("/pool/p-1", headers=USER).status_code == 403
     out = client.delete("/pool/p-1", headers=ADMIN).json()

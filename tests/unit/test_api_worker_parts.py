@@ -21,7 +21,6 @@ from t3ar_services.common.job_contract import (
     SERIALIZER,
     JobCanceledError,
     JobSpec,
-    old_spec_message,
     resolve_inside,
 )
 from t3ar_services.worker.cache import ImageCache
@@ -95,14 +94,6 @@ def test_job_spec_contract(tmp_path: Path) -> None:
         JobSpec.model_validate({**good, "job_id": "../x"})
     with pytest.raises(ValueError):
         JobSpec.model_validate({**good, "model_sha256": "A" * 64})
-    # a job queued by an API before issue 12 carries paths: refused with what to do, not a validation error
-    old = {"job_id": "j0", "model_id": "m", "model_path": "models/m.pt", "target_dir": "jobs/j0/target", "config": {}}
-    assert old_spec_message(good) is None
-    assert "older API" in (old_spec_message(old) or "") and "readapt" in (old_spec_message(old) or "")
-    from t3ar_services.worker.jobs import OldJobSpecError, run_adapt_job
-
-    with pytest.raises(OldJobSpecError, match="older API.*POST /jobs/j0/readapt"):
-        run_adapt_job(old)
     with pytest.raises(ValueError, match="escapes"):
         resolve_inside(tmp_path, "../outside")
     assert resolve_inside(tmp_path, "jobs/1/target") == (tmp_path / "jobs/1/target").resolve()

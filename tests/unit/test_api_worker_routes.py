@@ -101,15 +101,18 @@ def test_scopes(env: Any, tmp_path: Path) -> None:
 
 
 def test_a_job_without_a_secret_opens_nothing(env: Any, tmp_path: Path) -> None:
-    """The job secret is mandatory: a job row without its digest (no API writes one) is refused to the worker
-    token alone, as any job is; the job payload cannot leave the secret out either."""
+    """The job secret is mandatory: the worker token alone opens no job, a job record cannot be stored without
+    the secret's digest, and the job payload cannot leave the secret out."""
+    import sqlite3
+
     client, redis, _ = env
     job_id, spec = _job(client, redis, tmp_path)
-    store = client.app.state.api.store  # type: ignore[attr-defined]
-    store._db.execute("UPDATE jobs SET secret_sha256 = NULL WHERE id = ?", (job_id,))
     for method, path in (("GET", f"/internal/jobs/{job_id}/target"), ("GET", f"/internal/jobs/{job_id}/base-model")):
         assert client.request(method, path, headers=WORKER).status_code == 403, (method, path)
-        assert client.request(method, path, headers=as_worker(spec)).status_code == 403, (method, path)
+        assert client.request(method, path, headers=as_worker(spec)).status_code == 200, (method, path)
+    store = client.app.state.api.store  # type: ignore[attr-defined]
+    with pytest.raises(sqlite3.IntegrityError):
+        store._db.execute("UPDATE jobs SET secret_sha256 = NULL WHERE id = ?", (job_id,))
     with pytest.raises(ValueError, match="job_secret"):
         JobSpec.model_validate({k: v for k, v in spec.items() if k != "job_secret"})
 

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from pydantic import ValidationError
-
 from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names, parse_options
 from t3ar.errors import InvalidInputError, T3arError
 from t3ar.method.config import AdaptConfig
@@ -23,7 +21,7 @@ from t3ar_services.api.domain import Links
 from t3ar_services.api.errors import ConflictError, NotFoundError, classify
 from t3ar_services.api.holdout import HOLDOUT_DIR, holdout_of, prepare_holdout
 from t3ar_services.api.jobs import JobState, artifact, require_job
-from t3ar_services.api.registry import model_path, require_file, require_model
+from t3ar_services.api.registry import require_file, require_model
 from t3ar_services.api.store import JobRow, ModelRow
 from t3ar_services.api.transfer import target_tar
 from t3ar_services.api.uploads import (
@@ -36,8 +34,7 @@ from t3ar_services.api.uploads import (
     save_upload,
     sent_name,
 )
-from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, JobReport, new_job_secret
-from t3ar_services.common.text import readable
+from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, new_job_secret
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +83,7 @@ def _check_pool(state: ApiState, config: AdaptConfig) -> None:
 
 def _check_size(state: ApiState, config: AdaptConfig, n_kept: int, model: ModelRow) -> None:
     """The operator's per-job caps (steps, memory), with the base model's input size, feature width and head."""
-    check_job_size(state.settings, config, n_kept, model.image_size, _feature_dim(state, model), len(model.classes))
-
-
-def _feature_dim(state: ApiState, model: ModelRow) -> int | None:
-    """The model's feature width, recorded at upload; for a model registered before it was, its spec's bottleneck
-    width (read from its checkpoint; None without a bottleneck: the size check assumes a wide backbone)."""
-    if model.feature_dim is not None:
-        return model.feature_dim
-    from t3ar.models.checkpoint import read_info
-
-    return read_info(model_path(state.settings.data_dir, model.id)).spec.bottleneck_dim
+    check_job_size(state.settings, config, n_kept, model.image_size, model.feature_dim, len(model.classes))
 
 
 def _enqueue(state: ApiState, row: JobRow, secret: str, model: ModelRow, subsample: Subsample,
@@ -300,20 +287,15 @@ def checkpoint(state: ApiState, job_id: str) -> Path:
 
 def report(state: ApiState, job_id: str) -> s.ReportOut:
     """The finished job's report, with its contribution as it stands now (not at finishing) and the earlier
-    contributions its retrieved neighbours came from. A report stored before the report had a version is read
-    for the fields the contract names."""
+    contributions its retrieved neighbours came from. The report was validated when it arrived: one that does
+    not read now is a damaged file (409)."""
     path = finished_artifact(state, job_id, REPORT_FILE)
-    found = readable(json.loads(path.read_text()))  # a report stored before issue 29 may hold NaN
     extra = {"contribution": state.contributor.describe(job_id, "finished"),
              "neighbours_from_contributions": state.contributor.neighbours(job_id)}
     try:
-        return s.ReportOut.model_validate({**found, **extra})
-    except ValidationError:
-        if "version" in found:  # written by a versioned worker, so it was validated on arrival: a damaged file
-            raise ConflictError(f"job {job_id}'s stored report does not fit the job contract") from None
-        log.warning("job %s: a report from before the contract named it; unknown fields left out", job_id)
-        known = {"job_id": job_id} | {k: v for k, v in found.items() if k in JobReport.model_fields}
-        return s.ReportOut.model_validate({**known, **extra})
+        return s.ReportOut.model_validate({**json.loads(path.read_text()), **extra})
+    except ValueError:  # not JSON, or not the contract's report
+        raise ConflictError(f"job {job_id}'s stored report does not fit the job contract") from None
 
 
 def retrieved(state: ApiState, job_id: str) -> list[str]:
