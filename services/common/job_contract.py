@@ -24,6 +24,8 @@ The API's data directory::
     <data_dir>/models/<model_id>.pt         base checkpoints (uploaded through the API)
     <data_dir>/jobs/<job_id>/target/        the validated, extracted target images (+ labels.csv)
     <data_dir>/jobs/<job_id>/target.tar     the same, as the one file workers download (made at enqueue)
+    <data_dir>/jobs/<job_id>/subsample.json the target images the job adapts to (rows and their digest, drawn once
+                                            at submission; the job spec carries them)
     <data_dir>/artifacts/<job_id>/model.pt  the adapted checkpoint (uploaded by the worker; atomic rename)
     <data_dir>/artifacts/<job_id>/report.json
     <data_dir>/artifacts/<job_id>/lineage.json   written last: its presence means "finished"
