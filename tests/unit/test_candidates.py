@@ -202,11 +202,15 @@ def test_onnx_metadata_carries_the_acceptance_record(setup: tuple[Path, Path, Pa
 def test_jobs_show_prints_the_acceptance_table() -> None:
     from t3ar.acceptance import as_record, decide
     from t3ar.cli.job_cmd import _summary
+    from t3ar.clients.api_models import JobOut
 
     record = {**as_record(decide({"source": [False] * 10, "bn-adapt": [True] * 10, "t3ar": [True] * 9 + [False]})),
               "require_gain": True}
-    job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"},
-           "target": {"images": 9}, "acceptance": record}
+    job = JobOut.model_validate({"id": "j1", "url": "http://api/jobs/j1", "status": "finished", "model_id": "m",
+                                 "created_at": "2026", "config": {"method": "t3ar"},
+                                 "target": {"images": 9, "labelled": False, "skipped": 0},
+                                 "contribution": {"requested": False, "status": "not_requested"},
+                                 "acceptance": record})
     text = _summary(job)
     assert "acceptance on 10 holdout images (rule paired): bn-adapt wins" in text
     rows = {line.split()[0]: line for line in text.splitlines()[2:] if line.strip()}
