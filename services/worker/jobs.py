@@ -65,14 +65,14 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     job = get_current_job()
     connection = job.connection if job is not None else None
     job_spec = JobSpec.model_validate(spec)
-    config = AdaptConfig.model_validate(job_spec.config)  # the one validation of the config in the worker
 
-    progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
-                        epochs=config.epochs or None)
+    progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval)
     REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
-    log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
     queue_wait = phases.queue_seconds(getattr(job, "enqueued_at", None), phases.forked_at)
     try:
+        config = AdaptConfig.model_validate(job_spec.config)  # the one validation of the config in the worker
+        log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
+        progress.phase("starting", epochs=config.epochs or None)
         return _run(job_spec, config, settings, progress, connection, queue_wait)
     except JobCanceledError:
         log.info("job %s canceled", job_spec.job_id)

@@ -188,3 +188,24 @@ def test_the_job_meta_is_the_contract_both_sides_read() -> None:
     odd = JobMeta.read({"step": "many", "phase": "adapting", "acceptance": {"winner": "x"}, "canceled": True})
     assert odd.step is None and odd.phase == "adapting" and odd.acceptance is None and odd.canceled is True
     assert JobMeta.read({}).progress() is None
+
+
+def test_a_config_the_worker_refuses_is_the_jobs_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker validates the job's config once, at its entry, and a refusal is the job's one-line error."""
+    import contextvars
+
+    import rq
+
+    from t3ar_services.common.job_contract import JobMeta
+    from t3ar_services.worker.jobs import run_adapt_job
+
+    redis = fakeredis.FakeRedis()
+    job = _job(redis)
+    monkeypatch.setattr(rq, "get_current_job", lambda: job)
+    spec = {"job_id": "j1", "model_id": "m", "model_sha256": "a" * 64, "target_sha256": "b" * 64, "target_bytes": 1,
+            "config": {"method": "no-such-method"}, "job_secret": "s" * 32, "subsample_rows": [0, 1],
+            "subsample_sha256": "c" * 64}
+    with pytest.raises(ValueError):  # in a context of its own: the job sets the process' request id
+        contextvars.copy_context().run(run_adapt_job, spec)
+    meta = JobMeta.read(Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta)
+    assert meta.phase == "failed" and meta.error is not None and "AdaptConfig" in meta.error, meta
