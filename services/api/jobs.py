@@ -27,12 +27,16 @@ from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, Store
 from t3ar_services.api.transfer import TargetTar
+from t3ar_services.api.uploads import Subsample
 from t3ar_services.common.job_contract import (
     CANCEL_KEY,
     JOB_FUNCTION,
     LINEAGE_FILE,
     SERIALIZER,
+    AcceptanceRecord,
+    JobMeta,
     JobSpec,
+    Progress,
     artifacts_dir,
 )
 from t3ar_services.common.registries import clean_registries
@@ -75,10 +79,10 @@ class JobState:
     ended_at: str | None = None
     position: int | None = None
     worker: str | None = None
-    progress: dict[str, Any] | None = None
+    progress: Progress | None = None
     error: str | None = None
     result: dict[str, Any] | None = None
-    acceptance: dict[str, Any] | None = None  # a job with a holdout, once its candidates were scored
+    acceptance: AcceptanceRecord | None = None  # a job with a holdout, once its candidates were scored
 
 
 class JobService:
@@ -90,13 +94,14 @@ class JobService:
         self._unreadable: set[str] = set()  # jobs whose lineage.json could not be indexed (logged once)
 
     # --- submit ------------------------------------------------------------------------------------------
-    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str, *,
+    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str, subsample: Subsample, *,
                 holdout: TargetTar | None = None, acceptance: dict[str, Any] | None = None) -> None:
         """Queue the job; the worker fetches the base model and ``target`` (and a ``holdout``, with the job's
         ``acceptance`` options) by these digests over HTTP, showing the job's ``secret`` (whose sha256 the row
-        keeps)."""
+        keeps), and adapts to the ``subsample`` drawn at submission."""
         spec = JobSpec(job_id=row.id, model_id=row.model_id, model_sha256=model_sha256, target_sha256=target.sha256,
-                       target_bytes=target.size, config=row.config, parent_id=row.parent_id,
+                       target_bytes=target.size, config=row.config, subsample_rows=subsample.rows,
+                       subsample_sha256=subsample.sha256, parent_id=row.parent_id,
                        request_id=REQUEST_ID.get(), job_secret=secret,
                        acceptance=acceptance if holdout is not None else None,
                        holdout_sha256=holdout.sha256 if holdout is not None else None,
@@ -125,19 +130,17 @@ class JobService:
             return JobState("failed", error="the job's queue record is gone (expired or Redis was reset) and it "
                                             "left no checkpoint: POST /jobs/{id}/readapt to run it again")
         rq_status = job.get_status(refresh=False)
-        meta = dict(job.meta or {})
+        meta = JobMeta.read(job.meta)
         status = _STATUS.get(rq_status, "queued") if rq_status is not None else "queued"
-        if status == "failed" and meta.get("canceled"):
+        if status == "failed" and meta.canceled:
             status = "canceled"
         st = JobState(status, _iso(job.enqueued_at), _iso(job.started_at), _iso(job.ended_at),
                       worker=job.worker_name or None)
         if status == "queued":
             st.position = job.get_position()
-        progress = {k: v for k, v in meta.items() if k not in ("error", "canceled", "acceptance")}
-        st.acceptance = meta["acceptance"] if isinstance(meta.get("acceptance"), dict) else None
-        st.progress = progress or None
+        st.progress, st.acceptance = meta.progress(), meta.acceptance
         if status == "failed":
-            st.error = without_paths(meta.get("error") or "")  # the worker's words: never where it keeps files
+            st.error = without_paths(meta.error or "")  # the worker's words: never where it keeps files
             if not st.error:
                 result = job.latest_result()
                 st.error = explain_failure(result.exc_string if result else None, self.settings.job_timeout)

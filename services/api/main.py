@@ -44,7 +44,6 @@ from t3ar_services.common.auth_failures import FailureWindow
 from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.common.forms import close_form_schemas
-from t3ar_services.common.withdrawn import migrate_legacy
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +147,6 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
                         "T3AR_WORKER_API_TOKEN")
         log.info("api: data dir %s, queue %s, retriever %s", settings.data_dir.resolve(), settings.queue,
                  settings.retriever_url)
-        try:  # an older API kept withdrawn ids in an unbounded set: move them into the bounded feed, once
-            await run_in_threadpool(migrate_legacy, state.redis)
-        except Exception as e:
-            log.warning("could not move an older API's withdrawn ids into the bounded feed (Redis down?): %s", e)
         sweeper = asyncio.create_task(_sweeper(state), name="t3ar-api-sweeper")
         state.contributor.start(settings.sweep_interval)
         try:

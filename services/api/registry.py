@@ -69,7 +69,12 @@ def require_model(store: Store, settings: ApiSettings, model_id: str) -> ModelRo
     row = store.get_model(model_id)
     if row is None:
         raise NotFoundError(f"no model {model_id!r}; upload one with POST /models or list them with GET /models")
-    if not model_path(settings.data_dir, model_id).is_file():
-        raise NotFoundError(f"model {model_id!r} is registered but its file is missing from the data dir; "
+    return require_file(settings, row)
+
+
+def require_file(settings: ApiSettings, row: ModelRow) -> ModelRow:
+    """``row``, unless its checkpoint file is missing from the data dir (404)."""
+    if not model_path(settings.data_dir, row.id).is_file():
+        raise NotFoundError(f"model {row.id!r} is registered but its file is missing from the data dir; "
                             "upload it again")
     return row

@@ -26,12 +26,12 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
     arch TEXT NOT NULL, image_size INTEGER NOT NULL, classes TEXT NOT NULL, uploaded_at TEXT NOT NULL,
-    feature_dim INTEGER
+    feature_dim INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, model_id TEXT NOT NULL, parent_id TEXT, created_at TEXT NOT NULL,
     config TEXT NOT NULL, target_dir TEXT NOT NULL, n_images INTEGER NOT NULL, labelled INTEGER NOT NULL,
-    skipped INTEGER NOT NULL DEFAULT 0, secret_sha256 TEXT
+    skipped INTEGER NOT NULL DEFAULT 0, secret_sha256 TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_created ON jobs (created_at);
 CREATE INDEX IF NOT EXISTS jobs_parent ON jobs (parent_id);
@@ -62,7 +62,7 @@ class ModelRow:
     image_size: int
     classes: list[str]
     uploaded_at: str
-    feature_dim: int | None = None  # the model's feature width (its bank's); None: registered before issue 34
+    feature_dim: int  # the model's feature width (its bank's)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class JobRow:
     n_images: int
     labelled: bool
     skipped: int
-    secret_sha256: str | None = None  # the sha256 of the job's own secret (every job the API makes has one)
+    secret_sha256: str  # the sha256 of the job's own secret (its worker routes need the secret)
 
 
 @dataclass(frozen=True)
@@ -96,16 +96,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self._db = open_db(path)
-        had_owners = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'owners'").fetchone() is not None
         self._db.executescript(_SCHEMA)
-        if not had_owners:  # a data dir from before teams: what it holds belongs to the default team, once
-            self._db.execute("INSERT OR IGNORE INTO owners SELECT 'job', id, 'default', '' FROM jobs")
-            self._db.execute("INSERT OR IGNORE INTO owners SELECT 'model', id, 'default', '' FROM models")
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
-        if "secret_sha256" not in columns:  # a data dir from before issue 29
-            self._db.execute("ALTER TABLE jobs ADD COLUMN secret_sha256 TEXT")
-        if "feature_dim" not in {r[1] for r in self._db.execute("PRAGMA table_info(models)")}:  # before issue 34
-            self._db.execute("ALTER TABLE models ADD COLUMN feature_dim INTEGER")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -245,10 +236,8 @@ _OWNED = " AND EXISTS (SELECT 1 FROM owners o WHERE o.kind = '{kind}' AND o.id =
 
 
 def _model(r: tuple[Any, ...]) -> ModelRow:
-    return ModelRow(r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), list(json.loads(r[6])), r[7],
-                    int(r[8]) if len(r) > 8 and r[8] is not None else None)
+    return ModelRow(r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), list(json.loads(r[6])), r[7], int(r[8]))
 
 
 def _job(r: tuple[Any, ...]) -> JobRow:
-    return JobRow(r[0], r[1], r[2], r[3], dict(json.loads(r[4])), r[5], int(r[6]), bool(r[7]), int(r[8]),
-                  r[9] if len(r) > 9 else None)
+    return JobRow(r[0], r[1], r[2], r[3], dict(json.loads(r[4])), r[5], int(r[6]), bool(r[7]), int(r[8]), r[9])

@@ -14,15 +14,40 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from t3ar.errors import DatasetError, InvalidInputError
 from t3ar.method.config import AdaptConfig
-from t3ar_services.api.errors import PayloadTooLargeError
+from t3ar_services.api.errors import ConflictError, PayloadTooLargeError
 from t3ar_services.api.settings import ApiSettings
+from t3ar_services.common.job_contract import SHA256_PATTERN, resolve_inside, write_json_atomic
 from t3ar_services.common.text import parse_json_object
 
 _CHUNK = 1 << 20
+#: beside a job's ``target/``: the images it adapts to (:class:`Subsample`), drawn once at submission
+SUBSAMPLE_FILE = "subsample.json"
+
+
+class Subsample(BaseModel):
+    """The target images a job adapts to, drawn once at submission from the validated target (the stratified
+    subsample of its config's ``fraction`` and ``seed``) and recorded beside it: the job spec carries the rows to
+    the worker, and a checkpoint's lineage must name its digest. A readapt shares its parent's target and config,
+    so it shares this record too."""
+
+    rows: list[int] = Field(min_length=2, description="indices into the target in read_target's order")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="t3ar.pipeline.imageset_sha256 of those images: the "
+                                                            "target_sha256 of the lineage of a checkpoint adapted "
+                                                            "to them")
+
+
+def read_subsample(data_dir: Path, target_dir: str) -> Subsample:
+    """The :class:`Subsample` recorded beside the target ``target_dir`` (relative to ``data_dir``)."""
+    path = resolve_inside(data_dir, target_dir).parent / SUBSAMPLE_FILE
+    try:
+        return Subsample.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ConflictError(f"the record of the target images the job adapts to cannot be read "
+                            f"({type(e).__name__}); submit the target again") from None
 
 
 def save_upload(src: BinaryIO, dest: Path, limit: int, what: str, setting: str) -> int:
@@ -91,7 +116,11 @@ class PreparedTarget:
     mode: str
     classes: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    n_kept: int = 0  # images the job adapts to (after ``fraction``)
+    subsample: Subsample | None = None  # the images the job adapts to (after ``fraction``), recorded
+
+    @property
+    def n_kept(self) -> int:
+        return len(self.subsample.rows) if self.subsample is not None else 0
 
 
 def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_classes: list[str],
@@ -108,6 +137,7 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     from t3ar.data.datasets import adapted_rows, class_map_check
     from t3ar.data.target import read_target
     from t3ar.errors import T3arError, UnsafeArchiveError
+    from t3ar.pipeline import imageset_sha256
 
     if archive_kind(archive) is None:
         raise UnsafeArchiveError("the upload is not a zip or tar(.gz/.bz2/.xz) archive; pack the images into one")
@@ -143,8 +173,10 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
                            "archive root, or use mode 'test'")
     config = config.model_copy(update={"mode": mode})
     kept = adapted_rows(images.labels, len(images), config.fraction, config.seed)
+    subsample = Subsample(rows=kept, sha256=imageset_sha256(images.subset(kept)))
+    write_json_atomic(job_dir / SUBSAMPLE_FILE, subsample.model_dump())
     prepared = PreparedTarget(target_dir, len(images), images.labelled, mode, list(images.classes or []),
-                              [(rel, as_sent(why, target_dir, sent)) for rel, why in images.skipped], len(kept))
+                              [(rel, as_sent(why, target_dir, sent)) for rel, why in images.skipped], subsample)
     return prepared, config
 
 

@@ -2,9 +2,9 @@
 
 - :func:`check_checkpoint`: the uploaded file loads as a t3ar checkpoint (``weights_only``; the weights fit the
   architecture it declares), that architecture and class list are the base model's, and its lineage is this
-  job's: the base model's sha256, the sha256 of the very target images the job adapts to (the API computes it
-  from the job's validated target, as the worker's pipeline does), the job's adaptation config and method (for a
-  job with a holdout, those of one of its candidates: the winner's).
+  job's: the base model's sha256, the sha256 of the very target images the job adapts to (recorded when the
+  target was validated: :class:`~t3ar_services.api.uploads.Subsample`; the target is not read again), the job's
+  adaptation config and method (for a job with a holdout, those of one of its candidates: the winner's).
 - :func:`check_result`: the result's lineage is the stored checkpoint's (every :class:`~t3ar.models.checkpoint
   .Lineage` field, plus the job's model and parent), and the report holds only text and finite numbers.
 
@@ -22,22 +22,8 @@ from t3ar_services.api.holdout import holdout_of
 from t3ar_services.api.registry import model_path
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, ModelRow
-from t3ar_services.common.job_contract import resolve_inside
+from t3ar_services.api.uploads import read_subsample
 from t3ar_services.common.text import check_text
-
-
-def target_lineage_sha256(settings: ApiSettings, row: JobRow) -> str:
-    """The ``target_sha256`` a checkpoint of this job carries: the content hash of the images it adapts to
-    (the job's target, subsampled by the config's ``fraction`` and ``seed``), as :func:`t3ar.pipeline
-    .run_adaptation` computes it."""
-    from t3ar.data.datasets import adapted_rows
-    from t3ar.data.target import read_target
-    from t3ar.pipeline import imageset_sha256
-
-    images = read_target(resolve_inside(settings.data_dir, row.target_dir), strict=True,
-                         num_workers=settings.validate_threads)
-    fraction, seed = float(row.config.get("fraction", 1.0)), int(row.config.get("seed", 0))
-    return imageset_sha256(images.subset(adapted_rows(images.labels, len(images), fraction, seed)))
 
 
 def check_checkpoint(path: Path, settings: ApiSettings, row: JobRow, model: ModelRow) -> None:
@@ -78,7 +64,7 @@ def check_checkpoint(path: Path, settings: ApiSettings, row: JobRow, model: Mode
     if lineage.method != wanted.method:
         raise CheckpointError(f"the uploaded checkpoint's lineage names method {lineage.method!r}, {job} runs "
                               f"{wanted.method!r}")
-    target = target_lineage_sha256(settings, row)
+    target = read_subsample(settings.data_dir, row.target_dir).sha256
     if lineage.target_sha256 != target:
         raise CheckpointError(f"the uploaded checkpoint was adapted to target sha256 {lineage.target_sha256}, not "
                               f"{job}'s images ({target})")

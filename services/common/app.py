@@ -4,9 +4,7 @@ Middleware, outermost first: request id + access log (every answer carries the i
 (times everything below), failed sign-ins per client address (429 past a budget, where a service gives one),
 credentials first (a client without a known token gets 401 before any byte of its
 body is read; not under ``session_prefixes``, the API's web console, whose routes check their session cookie
-before reading a body), the body limit (413), innermost. Outside them all, ``fast`` (a method, a path and an answer
-function, e.g. the retriever's lean search path): that one route answered by
-:class:`~t3ar_services.common.fastlane.FastLane`, which does what the four layers do inline.
+before reading a body), the body limit (413), innermost.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from t3ar_services.common.auth import RouteScopes, TokenSettings, token_scopes, 
 from t3ar_services.common.auth_failures import AuthFailuresMiddleware, FailureWindow
 from t3ar_services.common.body_limit import BodyLimitMiddleware, LimitFor
 from t3ar_services.common.credentials import CredentialsFirstMiddleware, token_matcher
-from t3ar_services.common.fastlane import Answer, FastLane
 from t3ar_services.common.forms import strict_multipart_text
 from t3ar_services.common.metrics import MetricsMiddleware, ServiceMetrics
 from t3ar_services.common.request_id import RequestIdMiddleware
@@ -61,7 +58,7 @@ def _scope_or_key(scope_of: Callable[[str], str | None],
 
 def create_service_app(*, settings: TokenSettings, install_errors: Callable[[FastAPI], None],
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
-                       fast: tuple[str, str, Answer] | None = None, limit_for: LimitFor | None = None,
+                       limit_for: LimitFor | None = None,
                        session_prefixes: Sequence[str] = (), failures: FailureWindow | None = None,
                        sign_in_paths: Sequence[str] = (), key_scope: Callable[[str], str | None] | None = None,
                        **fastapi: Any) -> FastAPI:
@@ -89,10 +86,6 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
         app.add_middleware(AuthFailuresMiddleware, failures=failures, sign_in_paths=sign_in_paths)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
-    if fast is not None:  # added last = outermost
-        method, path, answer = fast
-        app.add_middleware(FastLane, method=method, path=path, answer=answer, metrics=metrics, body_limit=body_limit,
-                           accepts=accepts, auth_enabled=not settings.auth_disabled, limit_for=limit_for)
     for router in routers:
         app.include_router(router)
     routes.fill(routers)

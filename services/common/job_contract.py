@@ -24,6 +24,8 @@ The API's data directory::
     <data_dir>/models/<model_id>.pt         base checkpoints (uploaded through the API)
     <data_dir>/jobs/<job_id>/target/        the validated, extracted target images (+ labels.csv)
     <data_dir>/jobs/<job_id>/target.tar     the same, as the one file workers download (made at enqueue)
+    <data_dir>/jobs/<job_id>/subsample.json the target images the job adapts to (rows and their digest, drawn once
+                                            at submission; the job spec carries them)
     <data_dir>/artifacts/<job_id>/model.pt  the adapted checkpoint (uploaded by the worker; atomic rename)
     <data_dir>/artifacts/<job_id>/report.json
     <data_dir>/artifacts/<job_id>/lineage.json   written last: its presence means "finished"
@@ -33,12 +35,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from t3ar.clients.api_models import Progress
 from t3ar.clients.job_report import (
     MAX_LABELLED_LISTED,
     REPORT_VERSION,
@@ -59,9 +63,10 @@ from t3ar_services.common.files import atomic_file
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
 # in the library, which the CLI reads too (the library never imports the services).
 __all__ = ["REPORT_VERSION", "AcceptanceRecord", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport",
-           "LabelledNeighbour",
-           "MAX_LABELLED_LISTED", "Neighbour",
-           "NeighbourRow", "StepPoint", "Transfer"]
+           "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourRow", "Progress", "StepPoint",
+           "Transfer"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "t3ar-adapt"
 JOB_FUNCTION = "t3ar_services.worker.jobs.run_adapt_job"
@@ -85,18 +90,6 @@ LINEAGE_FILE = "lineage.json"
 
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
-PATH_ARGUMENTS = ("model_path", "target_dir")  # what a job queued by an API before issue 12 carries instead
-
-
-def old_spec_message(spec: dict[str, Any]) -> str | None:
-    """Why ``spec`` cannot run here when it was queued by an API that passed paths into a shared data dir."""
-    if any(k in spec for k in PATH_ARGUMENTS):
-        return ("this job was queued by an older API (its arguments are paths into a shared data directory); "
-                "workers now fetch jobs over HTTP: POST /jobs/{id}/readapt to queue it again, and drain the queue "
-                "before upgrading")
-    return None
-
-
 class JobSpec(BaseModel):
     """The single (JSON) argument of :func:`t3ar_services.worker.jobs.run_adapt_job`."""
 
@@ -108,6 +101,13 @@ class JobSpec(BaseModel):
     target_sha256: str = Field(pattern=SHA256_PATTERN, description="the target tar's sha256")
     target_bytes: int = Field(ge=0, description="the target tar's size")
     config: dict[str, Any] = Field(description="an AdaptConfig, as a dict")
+    subsample_rows: list[int] = Field(
+        min_length=2, description="the target images the job adapts to, as indices in the target's order "
+                                  "(t3ar.data.target.read_target): the subsample of the config's fraction and seed, "
+                                  "drawn once at submission")
+    subsample_sha256: str = Field(pattern=SHA256_PATTERN, description="the digest of those images "
+                                                                      "(t3ar.pipeline.imageset_sha256): the "
+                                                                      "target_sha256 its checkpoint's lineage names")
     parent_id: str | None = Field(default=None, description="the job this one re-runs (readapt)")
     request_id: str | None = Field(default=None, max_length=128,
                                    description="the API request that made the job: in the worker's log lines and "
@@ -122,6 +122,44 @@ class JobSpec(BaseModel):
     holdout_sha256: str | None = Field(default=None, pattern=SHA256_PATTERN,
                                        description="the holdout tar's sha256 (with acceptance)")
     holdout_bytes: int | None = Field(default=None, ge=0, description="the holdout tar's size")
+
+
+class JobMeta(Progress):
+    """An adaptation job's rq ``job.meta``: written by the worker running it (the API never writes it), read by the
+    API (``GET /jobs/{id}`` shows its :class:`Progress` part) and by the worker's metrics."""
+
+    model_config = ConfigDict(validate_assignment=True)
+
+    error: str | None = Field(default=None, description="a failed job: one line, what the API shows")
+    canceled: bool = Field(default=False, description="the job stopped because its cancellation was requested")
+    acceptance: AcceptanceRecord | None = Field(default=None, description="a job with a holdout, once its "
+                                                                          "candidates were scored")
+    steps: int | None = Field(default=None, description="a finished job: the optimiser steps it ran")
+    seconds_adapt: float | None = Field(default=None, description="a finished job: seconds of adaptation")
+
+    @classmethod
+    def read(cls, meta: dict[str, Any] | None) -> JobMeta:
+        """``meta`` as written; a field that does not fit the contract is left out (a job's answer never fails on
+        what a worker wrote)."""
+        meta = dict(meta or {})
+        try:
+            return cls.model_validate(meta)
+        except ValidationError as e:
+            bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+            log.warning("a job's meta does not fit the contract; left out: %s", ", ".join(map(str, sorted(bad))))
+            try:
+                return cls.model_validate({k: v for k, v in meta.items() if k not in bad})
+            except ValidationError:
+                return cls()
+
+    def progress(self) -> Progress | None:
+        """The progress part, or None before the worker wrote any."""
+        fields = self.model_dump(include=set(Progress.model_fields), exclude_none=True)
+        return Progress.model_validate(fields) if fields else None
+
+    def dump(self) -> dict[str, Any]:
+        """What goes into ``job.meta`` (JSON, unset fields left out)."""
+        return self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
 
 
 def new_job_secret() -> tuple[str, str]:

@@ -79,12 +79,12 @@ def guarded(base: type, header_timeout: float, max_connections: int) -> type:
 
 
 def protocol_class(settings: ServiceSettings) -> type:
-    """The HTTP protocol the services run on: the coalescing httptools one when httptools is installed (uvicorn's
-    h11 one otherwise), guarded."""
-    if importlib.util.find_spec("httptools") is not None:  # a response's head and body in one socket write
-        from t3ar_services.common.http_protocol import CoalescingHttpToolsProtocol
+    """The HTTP protocol the services run on: uvicorn's httptools one when httptools is installed (its h11 one
+    otherwise), guarded."""
+    if importlib.util.find_spec("httptools") is not None:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-        base: type = CoalescingHttpToolsProtocol
+        base: type = HttpToolsProtocol
     else:
         from uvicorn.protocols.http.h11_impl import H11Protocol
 

@@ -14,18 +14,14 @@ so entries appear in sequence order.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger(__name__)
-
 LOG_KEY = "t3ar:pool:withdrawn:log"  # sorted set: pool id -> sequence number
 SEQ_KEY = "t3ar:pool:withdrawn:seq"  # the last sequence number given
 FLOOR_KEY = "t3ar:pool:withdrawn:floor"  # entries at or below this were trimmed
-LEGACY_SET_KEY = "t3ar:pool:withdrawn"  # the unbounded set of withdrawn ids of APIs before issue 34
 KEEP = 100_000  # entries the log keeps (about 10 MB of Redis)
 
 _publishing = threading.Lock()
@@ -74,12 +70,3 @@ def read(redis: Any, after: int) -> Feed:
     upto = max([after, floor, *(int(score) for _, score in entries)])
     return Feed(ids, upto, reset=after < floor)
 
-
-def migrate_legacy(redis: Any) -> int:
-    """Move the set an older API kept (:data:`LEGACY_SET_KEY`) into the log, once; returns how many ids moved."""
-    members = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in redis.smembers(LEGACY_SET_KEY))
-    if members:
-        publish(redis, members)
-        redis.delete(LEGACY_SET_KEY)
-        log.info("moved %d withdrawn id(s) of an older API into the bounded log", len(members))
-    return len(members)

@@ -41,7 +41,6 @@ class RetrieverState:
     backend: PoolBackend | None = None  # faiss in process, or a Milvus collection (set at start-up)
     loader: threading.Thread | None = field(default=None, repr=False)
     trainer: IndexTrainer | None = field(default=None, repr=False)
-    fast_searches: int = 0  # searches answered by the lean path (t3ar_services.retriever.fastpath)
 
     @property
     def ready(self) -> bool:

@@ -21,7 +21,6 @@ from t3ar_services.common.app import create_service_app
 from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
-from t3ar_services.retriever.fastpath import SearchAnswer
 from t3ar_services.retriever.index import VectorIndex
 from t3ar_services.retriever.metrics import RetrieverMetrics
 from t3ar_services.retriever.openapi import install as install_pool_openapi
@@ -137,8 +136,7 @@ def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
         settings=settings, install_errors=install_error_handlers, metrics=state.metrics,
         body_limit=settings.max_upload_bytes,
         body_hint=" (T3AR_RETRIEVER_MAX_UPLOAD_BYTES); send fewer or smaller files per request",
-        routers=[router, curation_router],
-        fast=("POST", "/search", SearchAnswer(state)), limit_for=lambda scope: _search_limit(state, scope))
+        routers=[router, curation_router], limit_for=lambda scope: _search_limit(state, scope))
     app.state.retriever = state
     install_pool_openapi(app, lambda: None if state.pool is None else {
         "tag": state.pool.info.tag, "dim": state.pool.info.dim, "max_k": settings.max_k,

@@ -309,7 +309,7 @@ class Pool:
                     exclude_ids: Sequence[str] = (), source: str | None = None,
                     blocking: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`search` with sequence numbers (int64 rows) instead of public ids: the search answer writes
-        the ids itself (``t3ar_services.retriever.answer``)."""
+        the ids itself (``t3ar_services.retriever.routes.search_json``)."""
         index = self.live_index()
         if index.pending:  # rare: only after a failed write
             with self._writer:

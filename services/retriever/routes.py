@@ -7,6 +7,7 @@ import binascii
 from typing import Annotated, Any, Literal
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -17,7 +18,6 @@ from t3ar.errors import InvalidInputError
 from t3ar_services.common.offloop import OffLoopJsonRoute
 from t3ar_services.common.text import check_text, parse_json_object, readable
 from t3ar_services.retriever import schemas as s
-from t3ar_services.retriever.answer import search_answer
 from t3ar_services.retriever.deps import (
     IngestorDep,
     PoolDep,
@@ -304,13 +304,18 @@ def search_queries(pool: PoolDep, state: StateDep, settings: SettingsDep, body: 
 
 
 def search_json(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.SearchRequest,
-                queries: np.ndarray, *, blocking: bool = True) -> bytes:
-    """Search and the JSON answer (a :class:`~t3ar_services.retriever.schemas.SearchResponse`)."""
+                queries: np.ndarray) -> bytes:
+    """Search and the JSON answer (a :class:`~t3ar_services.retriever.schemas.SearchResponse`, encoded by orjson:
+    ids as ``<tag>-<seq>``, scores rounded to 6 decimals; ``labels`` only when the pool holds labelled items)."""
     rows = pool.search_seqs(queries, body.k, r=body.r, seed=body.seed, exclude_ids=body.exclude_ids,
-                            source=body.source, blocking=blocking)
+                            source=body.source)
     state.metrics.searches.inc()
     state.metrics.search_queries.inc(len(queries))
-    return search_answer(pool.info.identity, body.k, pool.info.tag, rows, pool.result_labels(rows))
+    labels, tag = pool.result_labels(rows), pool.info.tag
+    return orjson.dumps({"identity": pool.info.identity, "k": body.k, "results": [
+        {"ids": [f"{tag}-{q}" for q in seqs.tolist()], "scores": np.round(scores.astype(np.float64), 6)}
+        | ({"labels": list(labels[i])} if labels is not None else {})
+        for i, (seqs, scores) in enumerate(rows)]}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _check_n(n: int, limit: int) -> None:

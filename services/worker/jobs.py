@@ -11,8 +11,8 @@ sha256 in the worker's data dir) and the target tar are downloaded and checked a
 carries; the target is extracted into ``<data_dir>/work/<job_id>/``, which is removed when the job ends. On
 success the adapted checkpoint (with its AdaptConfig and lineage inside) is uploaded to the API, then its
 report and lineage, which finishes the job there; the return value is a small JSON summary. On error
-``job.meta['error']`` holds a one-line message (what the API shows) and the exception is re-raised so rq marks
-the job failed. On cancellation ``job.meta['canceled']`` is true.
+the job's meta (:class:`~t3ar_services.common.job_contract.JobMeta`) holds a one-line ``error`` (what the API
+shows) and the exception is re-raised so rq marks the job failed. On cancellation its ``canceled`` is true.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from t3ar_services.common.job_contract import (
     NeighbourRow,
     StepPoint,
     Transfer,
-    old_spec_message,
 )
 from t3ar_services.common.text import readable
 from t3ar_services.worker import phases
@@ -65,21 +64,16 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     settings = WorkerSettings()
     job = get_current_job()
     connection = job.connection if job is not None else None
-    if (old := old_spec_message(spec)) is not None:
-        progress = Progress(job, connection, str(spec.get("job_id", "?")), interval=settings.progress_interval)
-        progress.meta["error"] = old.replace("{id}", str(spec.get("job_id", "{id}")))
-        progress.phase("failed")
-        raise OldJobSpecError(progress.meta["error"])
     job_spec = JobSpec.model_validate(spec)
 
-    progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
-                        epochs=int(job_spec.config.get("epochs", 0)) or None)
+    progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval)
     REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
-    log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id,
-             job_spec.config.get("method", "t3ar"))
     queue_wait = phases.queue_seconds(getattr(job, "enqueued_at", None), phases.forked_at)
     try:
-        return _run(job_spec, settings, progress, connection, queue_wait)
+        config = AdaptConfig.model_validate(job_spec.config)  # the one validation of the config in the worker
+        log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
+        progress.phase("starting", epochs=config.epochs or None)
+        return _run(job_spec, config, settings, progress, connection, queue_wait)
     except JobCanceledError:
         log.info("job %s canceled", job_spec.job_id)
         raise
@@ -87,13 +81,8 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         log.warning("job %s ended elsewhere while it ran here; stopped", job_spec.job_id)
         raise
     except Exception as e:
-        progress.meta["error"] = _message(e)
-        progress.phase("failed")
+        progress.fail(_message(e))
         raise
-
-
-class OldJobSpecError(T3arError):
-    """A job queued by an API that passed paths into a shared data directory (before issue 12)."""
 
 
 def _message(e: BaseException) -> str:
@@ -103,7 +92,7 @@ def _message(e: BaseException) -> str:
     return text if isinstance(e, T3arError) else f"{type(e).__name__}: {text}"
 
 
-def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any,
+def _run(spec: JobSpec, config: AdaptConfig, settings: WorkerSettings, progress: Any, connection: Any,
          queue_wait: float | None = None) -> dict[str, Any]:
     import torch
 
@@ -117,7 +106,6 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     t0 -= since_fork
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    config = AdaptConfig.model_validate(spec.config)
     device = resolve_device(settings.device)
     progress.phase("loading", device=str(device))
     work = settings.work_dir() / spec.job_id
@@ -183,10 +171,13 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     t = time.perf_counter()
     model, info = load_checkpoint(model_file, device=device)
     target = read_target(target_dir, strict=True)
-    from t3ar.data.datasets import adapted_rows
     from t3ar_services.worker.memory import check_job_memory
 
-    kept = len(adapted_rows(target.labels, len(target), config.fraction, config.seed))
+    rows = spec.subsample_rows  # drawn once, at submission
+    if max(rows) >= len(target) or min(rows) < 0:
+        raise T3arError(f"the job's subsample names image {max(rows)} of a target of {len(target)}: the target it "
+                        "fetched is not the one the job was submitted with")
+    kept = len(rows)
     configs = [config]
     if spec.acceptance is not None:  # every candidate runs here, one after the other
         from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names
@@ -207,7 +198,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
-        progress.phase("retrieving", k=config.k, r=config.r)
+        progress.phase("retrieving")
     acceptance: dict[str, Any] | None = None
     try:
         if spec.acceptance is not None:
@@ -215,7 +206,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
                                                                      device, progress, work / "holdout")
         else:
             outcome = run_adaptation(model, info, target, config, provider=provider, device=device,
-                                     on_step=progress.step)
+                                     on_step=progress.step, rows=rows)
             phase_seconds = outcome.phase_seconds
     finally:
         if client is not None:
@@ -253,11 +244,11 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
         summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
     if acceptance is not None:
-        summary["winner"] = acceptance["winner"]  # the whole record is meta["acceptance"] (GET /jobs/{id})
+        summary["winner"] = acceptance["winner"]  # the whole record is in the job's meta (GET /jobs/{id})
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]
-    progress.done(**summary)
+    progress.done(steps=res.steps, seconds_adapt=metrics["seconds_adapt"])
     return summary
 
 
@@ -282,9 +273,9 @@ def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, targe
         progress.phase("adapting" if name == config.method else "candidate", candidate=f"{name} ({i + 1}/{n})")
 
     done = run_candidates(model, info, target, config, options, holdout, provider=provider, device=device,
-                          on_step=progress.step, on_candidate=started)
+                          on_step=progress.step, on_candidate=started, rows=spec.subsample_rows)
     record = {**done.record(), "require_gain": options.require_gain}
-    progress.meta["acceptance"] = record
+    progress.meta.acceptance = AcceptanceRecord.model_validate(record)
     if options.require_gain and (why := gain_refusal(done.acceptance)) is not None:
         raise AcceptanceRefusedError(why)
     return done.winner.outcome, done.winner.config, record, done.phase_seconds()

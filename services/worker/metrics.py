@@ -21,6 +21,8 @@ from prometheus_client import (
 )
 from rq.job import Job, JobStatus
 
+from t3ar_services.common.job_contract import JobMeta
+
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("finished", "failed", "canceled", "refused")
@@ -50,21 +52,20 @@ class WorkerMetrics:
         except Exception as e:  # the record may have expired or Redis gone: count what we know
             log.warning("job %s: could not read its end state (%s)", job.id, e)
         status = job.get_status(refresh=False)
-        meta: dict[str, Any] = job.meta or {}
+        meta = JobMeta.read(job.meta)
         if refused:
             outcome = "refused"
         elif status == JobStatus.FINISHED:
             outcome = "finished"
-        elif meta.get("canceled"):
+        elif meta.canceled:
             outcome = "canceled"
         else:
             outcome = "failed"
         self.jobs.labels(outcome).inc()
         if job.started_at is not None and job.ended_at is not None:
             self.job_seconds.labels(outcome).observe(max(0.0, (job.ended_at - job.started_at).total_seconds()))
-        steps, seconds = meta.get("steps"), meta.get("seconds_adapt")
-        if outcome == "finished" and isinstance(steps, int | float) and isinstance(seconds, int | float) \
-                and seconds > 0:
+        steps, seconds = meta.steps, meta.seconds_adapt
+        if outcome == "finished" and steps is not None and seconds is not None and seconds > 0:
             self.steps_per_second.observe(steps / seconds)
         return outcome
 

@@ -1,7 +1,8 @@
 """Progress reporting into ``job.meta`` (throttled) and cancellation checks between steps.
 
-The worker owns ``job.meta`` (the API never writes it, so the two cannot overwrite each other); the API asks
-for cancellation through a separate key (:data:`~t3ar_services.common.job_contract.CANCEL_KEY`).
+The worker owns ``job.meta``, a :class:`~t3ar_services.common.job_contract.JobMeta` (the API never writes it, so
+the two cannot overwrite each other); the API asks for cancellation through a separate key
+(:data:`~t3ar_services.common.job_contract.CANCEL_KEY`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rq.job import JobStatus
 
-from t3ar_services.common.job_contract import CANCEL_KEY, JobCanceledError
+from t3ar_services.common.job_contract import CANCEL_KEY, JobCanceledError, JobMeta
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -49,8 +50,8 @@ class Progress:
         self.interval = interval
         self._last_write = 0.0
         self._last_cancel_check = 0.0
-        self.meta: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "phase": "starting",
-                                     "epochs": epochs, "updated_at": _now()}
+        self.meta = JobMeta(pid=os.getpid(), host=socket.gethostname(), phase="starting", epochs=epochs,
+                            updated_at=_now())
         self._flush()
 
     def _flush(self) -> None:
@@ -58,8 +59,8 @@ class Progress:
         if self.job is None:
             return
         self._still_running()
-        self.meta["updated_at"] = _now()
-        self.job.meta.update(self.meta)
+        self.meta.updated_at = _now()
+        self.job.meta.update(self.meta.dump())
         try:
             self.job.save_meta()
         except Exception as e:  # progress is best effort: a Redis hiccup must not fail the adaptation
@@ -79,9 +80,14 @@ class Progress:
                 f"job {self.job_id} is {getattr(status, 'value', status)} while this work horse still ran it (an "
                 "AbandonedJobError: its worker stopped heart-beating); the horse stops without writing anything")
 
+    def _set(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(self.meta, name, value)  # validated: only the contract's fields, with their types
+
     def phase(self, name: str, **fields: Any) -> None:
-        """Enter a phase (loading, retrieving, adapting, saving...): written at once."""
-        self.meta.update(fields, phase=name)
+        """Enter a phase (loading, retrieving, adapting, saving...) with :class:`JobMeta` fields: written at
+        once."""
+        self._set(**fields, phase=name)
         self._flush()
         self.check_cancel(force=True)
 
@@ -96,22 +102,26 @@ class Progress:
             log.warning("could not check cancellation of job %s: %s", self.job_id, e)
             return
         if requested:
-            self.meta.update(phase="canceled", canceled=True)
+            self._set(phase="canceled", canceled=True)
             self._flush()
             raise JobCanceledError(f"job {self.job_id} was canceled")
 
     def step(self, s: StepStats) -> None:
         """The ``on_step`` callback of the adaptation loop."""
         last = s.step >= s.total_steps
-        self.meta.update(phase="adapting", epoch=s.epoch, step=s.step, total_steps=s.total_steps,
-                         loss=round(s.loss, 5), loss_ce=round(s.loss_ce, 5),
-                         loss_contrastive=round(s.loss_contrastive, 5), pl_change_rate=round(s.pl_change_rate, 5),
-                         lr=s.lr)
+        self._set(phase="adapting", epoch=s.epoch, step=s.step, total_steps=s.total_steps, loss=round(s.loss, 5),
+                  loss_ce=round(s.loss_ce, 5), loss_contrastive=round(s.loss_contrastive, 5),
+                  pl_change_rate=round(s.pl_change_rate, 5), lr=s.lr)
         if last or time.monotonic() - self._last_write >= self.interval:
             self._flush()
         if not last:
             self.check_cancel()
 
+    def fail(self, error: str) -> None:
+        """The job failed: its one-line ``error`` (what the API shows), written at once."""
+        self._set(phase="failed", error=error)
+        self._flush()
+
     def done(self, **fields: Any) -> None:
-        self.meta.update(fields, phase="done")
+        self._set(**fields, phase="done")
         self._flush()

@@ -152,6 +152,7 @@ def run_candidates(
     on_step: Callable[[StepStats], None] | None = None,
     on_candidate: Callable[[str, int, int], None] | None = None,
     target_tensor: torch.Tensor | None = None,
+    rows: Sequence[int] | None = None,
     eval_set: ImageSet | None = None,
     max_holdout: int | None = None,
 ) -> CandidatesOutcome:
@@ -181,7 +182,7 @@ def run_candidates(
         model.load_state_dict(base)
         t = time.perf_counter()
         out = run_adaptation(model, info, target, cfg, provider=shared if cfg.uses_retrieval else None,
-                             device=device, target_tensor=full, eval_set=eval_set,
+                             device=device, target_tensor=full, eval_set=eval_set, rows=rows,
                              on_step=on_step if name == config.method else None)
         correct = (predict(model, hx, norm).argmax(1) == hy).numpy()
         seconds = time.perf_counter() - t

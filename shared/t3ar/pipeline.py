@@ -246,8 +246,10 @@ def run_adaptation(
     eval_set: ImageSet | None = None,
     on_step: Callable[[StepStats], None] | None = None,
     target_tensor: torch.Tensor | None = None,
+    rows: Sequence[int] | None = None,
 ) -> AdaptOutcome:
-    """Subsample T (``config.fraction``), retrieve, adapt ``model`` in place, evaluate before/after.
+    """Subsample T (``config.fraction``; ``rows``: the subsample drawn already, e.g. recorded with a job), retrieve,
+    adapt ``model`` in place, evaluate before/after.
 
     Evaluation uses ``eval_set`` when given (held-out images), else the whole of ``target`` when it is
     labelled (the usual transductive test-time protocol), else none.
@@ -258,7 +260,7 @@ def run_adaptation(
     if config.mode == "train" and not target.labelled:
         raise DatasetError("train-time mode needs a labelled target (class folders or labels.csv)")
     full = target_tensor if target_tensor is not None else load_tensors(target, spec.image_size)
-    keep = adapted_rows(target.labels, len(target), config.fraction, config.seed)
+    keep = list(rows) if rows is not None else adapted_rows(target.labels, len(target), config.fraction, config.seed)
     adapt_set, x = target.subset(keep), full[keep]
     labels = labels_for_model(adapt_set, spec.classes) if config.mode == "train" else None
 

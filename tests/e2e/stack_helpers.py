@@ -89,7 +89,7 @@ def upload_tiny_model(stack: Any, folder: Path, name: str) -> str:
     """A tiny base model uploaded to ``stack``'s API; its id."""
     ckpt = tiny_checkpoint(folder / "base.pt")
     with stack.api() as api:
-        return str(api.upload_model(ckpt, name)["id"])
+        return api.upload_model(ckpt, name).id
 
 
 def tiny_checkpoint(path: Path, classes: tuple[str, ...] = CLASSES) -> Path:

@@ -103,14 +103,14 @@ CASES: list[tuple[Callable[[Path], Path], str]] = [
 
 def _nothing_enqueued(stack: Stack, before: tuple[int, int, set[str]]) -> None:
     with stack.api() as api:
-        total = api.jobs(limit=1)["total"]
+        total = api.jobs(limit=1).total
     assert (total, stack.redis().llen("rq:queue:t3ar-adapt")) == before[:2]
     assert {p.name for p in (stack.data_dir / "api" / "jobs").iterdir()} == before[2]
 
 
 def _snapshot(stack: Stack) -> tuple[int, int, set[str]]:
     with stack.api() as api:
-        total = api.jobs(limit=1)["total"]
+        total = api.jobs(limit=1).total
     return total, stack.redis().llen("rq:queue:t3ar-adapt"), \
         {p.name for p in (stack.data_dir / "api" / "jobs").iterdir()}
 
@@ -154,6 +154,6 @@ def test_skip_bad_images_drops_them(stack: Stack, model_id: str, pool_ids: list[
     archive = _zip(tmp_path / "t.zip", {**_images(), "img/readme.txt": b"not an image"})
     with stack.api() as api:
         accepted = api.adapt(archive, model_id, {**FAST_JOB, "method": "tent"}, skip_bad_images=True)
-        assert accepted["target"]["skipped"] == 1 and accepted["target"]["images"] == 6
-        assert any("readme.txt" in w for w in accepted["warnings"])
-        assert api.wait(accepted["id"], poll=0.2, timeout=180)["status"] == "finished"
+        assert accepted.target.skipped == 1 and accepted.target.images == 6
+        assert any("readme.txt" in w for w in accepted.warnings)
+        assert api.wait(accepted.id, poll=0.2, timeout=180).status == "finished"

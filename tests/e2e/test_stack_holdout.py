@@ -31,26 +31,26 @@ def test_a_job_with_a_holdout_returns_the_winner(stack: Stack, model_id: str, po
         # the job's method does not retrieve, a candidate does: the worker still reaches the pool for it
         accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "method": "tent", "mode": "test"}, holdout=holdout,
                              candidates=["t3ar", "tent", "bn-adapt", "source"], winner_rule="argmax")
-        job = api.wait(accepted["id"], poll=0.2, timeout=240)
-        assert job["status"] == "finished", job
-        acc = job["acceptance"]
-        assert acc["n"] == 6 and acc["rule"] == "argmax" and acc["require_gain"] is False
-        names = [c["name"] for c in acc["candidates"]]
+        job = api.wait(accepted.id, poll=0.2, timeout=240)
+        assert job.status == "finished", job
+        acc = job.acceptance
+        assert acc.n == 6 and acc.rule == "argmax" and acc.require_gain is False
+        names = [c.name for c in acc.candidates]
         assert names == ["source", "bn-adapt", "t3ar", "tent"]
-        assert acc["winner"] in names and job["result"]["winner"] == acc["winner"]
-        for c in acc["candidates"]:
-            assert 0 <= c["ci"][0] <= c["top1"] <= c["ci"][1] <= 1 and c["n"] == 6
-            assert c["seconds"] is not None and c["seconds"] >= 0
-        assert acc["candidates"][0]["vs_source"] is None and acc["candidates"][2]["vs_source"] is not None
-        assert acc["candidates"][3]["vs_bn_adapt"] is not None
-        best = max(c["top1"] for c in acc["candidates"])  # argmax: the simplest of the best
-        assert acc["winner"] == next(c["name"] for c in acc["candidates"] if c["top1"] == best)
-        report = api.report(accepted["id"])
-        assert report["acceptance"] == acc
+        assert acc.winner in names and job.result["winner"] == acc.winner
+        for c in acc.candidates:
+            assert 0 <= c.ci[0] <= c.top1 <= c.ci[1] <= 1 and c.n == 6
+            assert c.seconds is not None and c.seconds >= 0
+        assert acc.candidates[0].vs_source is None and acc.candidates[2].vs_source is not None
+        assert acc.candidates[3].vs_bn_adapt is not None
+        best = max(c.top1 for c in acc.candidates)  # argmax: the simplest of the best
+        assert acc.winner == next(c.name for c in acc.candidates if c.top1 == best)
+        report = api.report(accepted.id)
+        assert report.acceptance == acc
         # the checkpoint is the winner's, and carries the record in its metadata
-        info = read_info(api.download_checkpoint(accepted["id"], tmp_path / "won.pt"))
-        assert info.lineage.method == acc["winner"] and info.metrics["acceptance"]["winner"] == acc["winner"]
-        assert (info.lineage.pool_ids == ()) == (acc["winner"] != "t3ar")
+        info = read_info(api.download_checkpoint(accepted.id, tmp_path / "won.pt"))
+        assert info.lineage.method == acc.winner and info.metrics["acceptance"]["winner"] == acc.winner
+        assert (info.lineage.pool_ids == ()) == (acc.winner != "t3ar")
         # a holdout image that is also a target image is refused before anything is queued
         with zipfile.ZipFile(labelled_zip) as zf:
             member = next(n for n in zf.namelist() if n.endswith(".png"))
@@ -72,9 +72,9 @@ def test_a_job_with_a_holdout_returns_the_winner(stack: Stack, model_id: str, po
         signed = web.post("/ui/login", data={"csrf": csrf.group(1), "token": stack.info["tokens"]["api_token"],
                                              "next": "/ui/jobs"}, follow_redirects=False)
         assert signed.status_code == 303, signed.text[:500]
-        html = web.get(f"/ui/jobs/{accepted['id']}").text
+        html = web.get(f"/ui/jobs/{accepted.id}").text
     assert 'id="acceptance"' in html and "Acceptance on the holdout (6 images)" in html
     table = html[html.index('id="acceptance"'):]
     table = table[:table.index("</table>")]
     assert all(f"<td>{n}</td>" in table for n in names)
-    assert re.search(r'<tr class="winner"><td>' + re.escape(acc["winner"]) + "</td>", table)
+    assert re.search(r'<tr class="winner"><td>' + re.escape(acc.winner) + "</td>", table)

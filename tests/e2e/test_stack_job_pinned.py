@@ -26,17 +26,17 @@ def test_the_stacks_job_gives_the_in_process_weights(stack: Stack, pool_ids: lis
     base = tiny_checkpoint(tmp_path / "base.pt")
     config = {**FAST_JOB, "mode": "test", "seed": 3}
     with stack.api() as api:
-        model_id = str(api.upload_model(base, "pinned")["id"])
+        model_id = str(api.upload_model(base, "pinned").id)
         accepted = api.adapt(labelled_zip, model_id, config)
-        job = api.wait(accepted["id"], poll=0.2, timeout=180)
-        assert job["status"] == "finished", job
-        from_stack, _ = load_checkpoint(api.download_checkpoint(accepted["id"], tmp_path / "stack.pt"))
-        report = api.report(accepted["id"])
+        job = api.wait(accepted.id, poll=0.2, timeout=180)
+        assert job.status == "finished", job
+        from_stack, _ = load_checkpoint(api.download_checkpoint(accepted.id, tmp_path / "stack.pt"))
+        report = api.report(accepted.id)
 
-    phases = report["phases"]
+    phases = report.phases
     assert list(phases) == ["queue_wait", *WORKER_PHASES] and all(v >= 0 for v in phases.values())
     inside = sum(v for k, v in phases.items() if k != "queue_wait")
-    assert inside == pytest.approx(report["seconds_total"], abs=0.02)  # rounding of 14 three-digit figures
+    assert inside == pytest.approx(report.seconds_total, abs=0.02)  # rounding of 14 three-digit figures
     assert phases["steps"] > 0 and phases["inputs_fetched"] > 0 and phases["neighbours_fetched"] > 0
 
     with zipfile.ZipFile(labelled_zip) as zf:
@@ -47,7 +47,7 @@ def test_the_stacks_job_gives_the_in_process_weights(stack: Stack, pool_ids: lis
     try:
         with stack.retriever() as client:
             run_adaptation(model, info, read_target(tmp_path / "target", strict=True),
-                           AdaptConfig.model_validate(job["config"]), provider=RetrieverProvider(client),
+                           AdaptConfig.model_validate(job.config), provider=RetrieverProvider(client),
                            device=torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)

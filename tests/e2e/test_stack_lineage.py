@@ -17,18 +17,18 @@ def test_withdraw_returns_lineage_and_readapt_excludes_it(stack: Stack, model_id
                                                            labelled_zip: Path, tmp_path: Path) -> None:
     with stack.api() as api, stack.api("admin") as admin:
         first = api.adapt(labelled_zip, model_id, {**FAST_JOB, "mode": "test"})
-        assert api.wait(first["id"], poll=0.2, timeout=180)["status"] == "finished"
-        _, info = load_checkpoint(api.download_checkpoint(first["id"], tmp_path / "first.pt"))
+        assert api.wait(first.id, poll=0.2, timeout=180).status == "finished"
+        _, info = load_checkpoint(api.download_checkpoint(first.id, tmp_path / "first.pt"))
         victim = info.lineage.pool_ids[0]
 
         before = api.lineage(victim)
-        assert first["id"] in [j["job_id"] for j in before["jobs"]]
+        assert first.id in [j.job_id for j in before.jobs]
 
         out = admin.delete_pool_item(victim)
-        assert out["deleted"] is True and out["pool_id"] == victim
-        entry = next(j for j in out["jobs"] if j["job_id"] == first["id"])
-        assert entry["checkpoint_url"].endswith(f"/jobs/{first['id']}/checkpoint")
-        assert entry["model_id"] == model_id
+        assert out.deleted is True and out.pool_id == victim
+        entry = next(j for j in out.jobs if j.job_id == first.id)
+        assert entry.checkpoint_url.endswith(f"/jobs/{first.id}/checkpoint")
+        assert entry.model_id == model_id
 
         with pytest.raises(ApiNotFoundError, match="already withdrawn"):
             admin.delete_pool_item(victim)
@@ -40,11 +40,11 @@ def test_withdraw_returns_lineage_and_readapt_excludes_it(stack: Stack, model_id
             res = rc.search(queries / np.linalg.norm(queries, axis=1, keepdims=True), k=len(pool_ids))
             assert all(victim not in row for row in res.ids)
 
-        again = api.readapt(first["id"])
-        assert again["parent_id"] == first["id"] and again["config"] == first["config"]
-        job = api.wait(again["id"], poll=0.2, timeout=180)
-        assert job["status"] == "finished" and job["parent_id"] == first["id"]
-        _, info2 = load_checkpoint(api.download_checkpoint(again["id"], tmp_path / "again.pt"))
+        again = api.readapt(first.id)
+        assert again.parent_id == first.id and again.config == first.config
+        job = api.wait(again.id, poll=0.2, timeout=180)
+        assert job.status == "finished" and job.parent_id == first.id
+        _, info2 = load_checkpoint(api.download_checkpoint(again.id, tmp_path / "again.pt"))
         assert victim not in info2.lineage.pool_ids
         assert info2.lineage.target_sha256 == info.lineage.target_sha256
-        assert again["id"] not in [j["job_id"] for j in api.lineage(victim)["jobs"]]
+        assert again.id not in [j.job_id for j in api.lineage(victim).jobs]

@@ -36,10 +36,10 @@ def _make_key(stack: Stack, team: str, role: str) -> tuple[str, str]:
 
 def _finished_job(stack: Stack, key: str, target: Path, ckpt: Path) -> str:
     with ApiClient(stack.info["api_url"], key, retries=2) as api:
-        model_id = api.upload_model(ckpt, "team model")["id"]
-        job = api.wait(api.adapt(target, model_id, {"method": "source"})["id"], timeout=240)
-        assert job["status"] == "finished", job
-        return str(job["id"])
+        model_id = api.upload_model(ckpt, "team model").id
+        job = api.wait(api.adapt(target, model_id, {"method": "source"}).id, timeout=240)
+        assert job.status == "finished", job
+        return str(job.id)
 
 
 def _console(stack: Stack, key: str) -> httpx.Client:

@@ -23,24 +23,24 @@ def test_killed_worker_fails_the_job_and_stack_recovers(stack: Stack, model_id: 
                                                          labelled_zip: Path) -> None:
     with stack.api() as api:
         accepted = api.adapt(labelled_zip, model_id, LONG_JOB)
-        job = wait_for(lambda: (j := api.job(accepted["id"])) and (j.get("progress") or {}).get("phase") == "adapting"
+        job = wait_for(lambda: (j := api.job(accepted.id)) and getattr(j.progress, "phase", None) == "adapting"
                        and j, 120, "the job to be adapting")
-        horse = int(job["progress"]["pid"])
+        horse = int(job.progress.pid)
         worker = stack.pids()["worker-1"]
         assert horse != worker
         _kill(worker)
         _kill(horse)
 
-        failed = wait_for(lambda: (j := api.job(accepted["id"]))["status"] != "started" and j, 60,
+        failed = wait_for(lambda: (j := api.job(accepted.id)).status != "started" and j, 60,
                           "the abandoned job to leave 'started'")
-        assert failed["status"] == "failed", failed
-        assert "worker running this job stopped" in failed["error"]
-        assert f"/jobs/{accepted['id']}/readapt" in failed["error"]
-        assert not (stack.data_dir / "api" / "artifacts" / accepted["id"] / "lineage.json").exists()
+        assert failed.status == "failed", failed
+        assert "worker running this job stopped" in failed.error
+        assert f"/jobs/{accepted.id}/readapt" in failed.error
+        assert not (stack.data_dir / "api" / "artifacts" / accepted.id / "lineage.json").exists()
 
         wait_for(lambda: stack.pids()["worker-1"] != worker, 30, "`t3ar up` to restart the worker")
         nxt = api.adapt(labelled_zip, model_id, {**FAST_JOB, "mode": "test"})
-        assert api.wait(nxt["id"], poll=0.2, timeout=180)["status"] == "finished"
+        assert api.wait(nxt.id, poll=0.2, timeout=180).status == "finished"
 
 
 def _alive(pid: int) -> bool:
@@ -59,18 +59,18 @@ def test_killing_only_the_worker_takes_its_work_horse_too(stack: Stack, model_id
 
     with stack.api() as api:
         accepted = api.adapt(labelled_zip, model_id, LONG_JOB)
-        job = wait_for(lambda: (j := api.job(accepted["id"])) and (j.get("progress") or {}).get("phase") == "adapting"
+        job = wait_for(lambda: (j := api.job(accepted.id)) and getattr(j.progress, "phase", None) == "adapting"
                        and j, 120, "the job to be adapting")
-        horse, worker = int(job["progress"]["pid"]), stack.pids()["worker-1"]
+        horse, worker = int(job.progress.pid), stack.pids()["worker-1"]
         assert horse != worker and _alive(horse)
         _kill(worker)
         wait_for(lambda: not _alive(horse), 15, "the work horse to die with its worker")
-        failed = wait_for(lambda: (j := api.job(accepted["id"]))["status"] != "started" and j, 60,
+        failed = wait_for(lambda: (j := api.job(accepted.id)).status != "started" and j, 60,
                           "the abandoned job to leave 'started'")
-        assert failed["status"] == "failed", failed
-        step = (failed.get("progress") or {}).get("step")
+        assert failed.status == "failed", failed
+        step = getattr(failed.progress, "step", None)
         time.sleep(3)
-        assert (api.job(accepted["id"]).get("progress") or {}).get("step") == step  # no more progress
+        assert getattr(api.job(accepted.id).progress, "step", None) == step  # no more progress
         wait_for(lambda: stack.pids()["worker-1"] != worker, 30, "`t3ar up` to restart the worker")
         metrics = stack.info["worker_metrics"][0]
 

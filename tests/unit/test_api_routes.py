@@ -100,6 +100,63 @@ def _adapt(client: TestClient, model_id: str, archive: bytes, config: dict[str, 
                        data={"model_id": model_id, "config": json.dumps(config)}, headers=USER)
 
 
+def test_a_submission_validates_its_config_draws_its_subsample_and_reads_its_model_once(
+        env: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """POST /adapt validates the config once, draws the target's subsample once (recorded beside the target and in
+    the job: the worker and the checkpoint check use the record) and looks the model up once; so does a readapt
+    (its parent's record, no draw)."""
+    import collections
+
+    import t3ar.data.sampling as sampling
+    from t3ar.method.config import AdaptConfig
+    from t3ar_services.api.uploads import SUBSAMPLE_FILE, Subsample
+
+    client, redis, _, data = env
+    model_id = _model(client, tmp_path)
+    counts: collections.Counter[str] = collections.Counter()
+
+    class CountingValidator:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def validate_python(self, *args: Any, **kwargs: Any) -> Any:
+            counts["config validated"] += 1
+            return self.inner.validate_python(*args, **kwargs)
+
+        def validate_json(self, *args: Any, **kwargs: Any) -> Any:
+            counts["config validated"] += 1
+            return self.inner.validate_json(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    store = client.app.state.api.store  # type: ignore[attr-defined]
+    monkeypatch.setattr(AdaptConfig, "__pydantic_validator__", CountingValidator(AdaptConfig.__pydantic_validator__))
+    monkeypatch.setattr(sampling, "stratified_subsample", counted("subsample drawn", sampling.stratified_subsample))
+    monkeypatch.setattr(store, "get_model", counted("model looked up", store.get_model))
+    resp = _adapt(client, model_id, _archive(labels=True), {"method": "tent", "fraction": 0.5, "seed": 3})
+    assert resp.status_code == 202, resp.text
+    assert counts == {"config validated": 1, "subsample drawn": 1, "model looked up": 1}, counts
+    job_id = resp.json()["id"]
+    recorded = Subsample.model_validate_json((data / "jobs" / job_id / SUBSAMPLE_FILE).read_bytes())
+    spec = Job.fetch(job_id, connection=redis, serializer=SERIALIZER).args[0]
+    assert spec["subsample_rows"] == recorded.rows and spec["subsample_sha256"] == recorded.sha256
+    assert len(recorded.rows) == 2  # half of the 4 images
+
+    counts.clear()
+    again = client.post(f"/jobs/{job_id}/readapt", headers=USER)
+    assert again.status_code == 202, again.text
+    assert counts == {"config validated": 1, "model looked up": 1}, counts
+    spec = Job.fetch(again.json()["id"], connection=redis, serializer=SERIALIZER).args[0]
+    assert spec["subsample_rows"] == recorded.rows and spec["subsample_sha256"] == recorded.sha256
+
+
 def test_adapt_enqueues_json_job(env: Any, tmp_path: Path) -> None:
     client, redis, _, data = env
     model_id = _model(client, tmp_path)
@@ -271,13 +328,12 @@ def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None
     assert got["status"] == "failed" and got["error"] == "DatasetError: something broke"
     # what a worker leaves behind when a job finishes
     save_checkpoint(data / "artifacts" / done / "model.pt", *_tiny())
-    write_json_atomic(data / "artifacts" / done / "report.json", {"accuracy": None})
+    write_json_atomic(data / "artifacts" / done / "report.json", {"job_id": done, "accuracy": None})
     write_json_atomic(data / "artifacts" / done / "lineage.json", {"pool_ids": ["p-1"], "created_at": "now"})
     Job.fetch(done, connection=redis, serializer=SERIALIZER).set_status("finished")
     assert client.get(f"/jobs/{done}/report", headers=USER).json() == {
         "job_id": done, "accuracy": None, "contribution": {"requested": False, "status": "not_requested"},
-        "neighbours_from_contributions": []}  # the API adds what it knows about contributions (and a report from
-    # before the report had a version gets its job's id)
+        "neighbours_from_contributions": []}  # the API adds what it knows about contributions
     assert client.get(f"/jobs/{done}/checkpoint", headers=USER).content[:2] == b"PK"
     assert client.delete("/pool/p-1", headers=USER).status_code == 403
     out = client.delete("/pool/p-1", headers=ADMIN).json()

@@ -120,13 +120,6 @@ def test_the_feed_is_bounded_and_a_cache_behind_its_floor_drops_everything() -> 
     assert not withdrawn.read(redis, 1).reset and withdrawn.read(redis, 1).ids == ["b", "c", "d", "e"]
 
 
-def test_an_older_apis_set_moves_into_the_feed_once() -> None:
-    redis = fakeredis.FakeRedis()
-    redis.sadd(withdrawn.LEGACY_SET_KEY, "x", "y")
-    assert withdrawn.migrate_legacy(redis) == 2 and withdrawn.migrate_legacy(redis) == 0
-    assert withdrawn.read(redis, 0).ids == ["x", "y"] and not redis.exists(withdrawn.LEGACY_SET_KEY)
-
-
 def test_a_worker_cache_forgets_only_what_is_new_and_everything_after_a_gap(tmp_path: Path) -> None:
     redis = fakeredis.FakeRedis()
     cache = ImageCache(tmp_path / "cache", 1 << 20)

@@ -21,7 +21,6 @@ from t3ar_services.common.job_contract import (
     SERIALIZER,
     JobCanceledError,
     JobSpec,
-    old_spec_message,
     resolve_inside,
 )
 from t3ar_services.worker.cache import ImageCache
@@ -87,20 +86,14 @@ def test_heartbeat_ttl_uses_grace() -> None:
 
 def test_job_spec_contract(tmp_path: Path) -> None:
     good = {"job_id": "j1", "model_id": "m", "model_sha256": "a" * 64, "target_sha256": "b" * 64, "target_bytes": 1,
-            "config": {}, "job_secret": "s" * 32}
+            "config": {}, "job_secret": "s" * 32, "subsample_rows": [0, 1], "subsample_sha256": "c" * 64}
     assert JobSpec.model_validate(good).target_bytes == 1
+    with pytest.raises(ValueError):  # the subsample is drawn at submission: a job always carries it
+        JobSpec.model_validate({k: v for k, v in good.items() if k != "subsample_rows"})
     with pytest.raises(ValueError):
         JobSpec.model_validate({**good, "job_id": "../x"})
     with pytest.raises(ValueError):
         JobSpec.model_validate({**good, "model_sha256": "A" * 64})
-    # a job queued by an API before issue 12 carries paths: refused with what to do, not a validation error
-    old = {"job_id": "j0", "model_id": "m", "model_path": "models/m.pt", "target_dir": "jobs/j0/target", "config": {}}
-    assert old_spec_message(good) is None
-    assert "older API" in (old_spec_message(old) or "") and "readapt" in (old_spec_message(old) or "")
-    from t3ar_services.worker.jobs import OldJobSpecError, run_adapt_job
-
-    with pytest.raises(OldJobSpecError, match="older API.*POST /jobs/j0/readapt"):
-        run_adapt_job(old)
     with pytest.raises(ValueError, match="escapes"):
         resolve_inside(tmp_path, "../outside")
     assert resolve_inside(tmp_path, "jobs/1/target") == (tmp_path / "jobs/1/target").resolve()
@@ -174,3 +167,45 @@ def test_a_job_ended_elsewhere_takes_no_more_progress() -> None:
     with pytest.raises(JobNoLongerStartedError, match="AbandonedJobError"):
         p.step(StepStats(epoch=1, step=930, total_steps=1000, lr=0.1, loss=1.0))
     assert Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta["step"] == 549
+
+
+def test_the_job_meta_is_the_contract_both_sides_read() -> None:
+    from t3ar_services.common.job_contract import JobMeta
+
+    redis = fakeredis.FakeRedis()
+    job = _job(redis)
+    p = Progress(job, redis, "j1", interval=0.0, epochs=3)
+    p.phase("loading", device="cpu")
+    p.step(StepStats(epoch=1, step=2, total_steps=6, lr=0.1, loss=1.25, pl_change_rate=0.5))
+    with pytest.raises(ValueError):
+        p.phase("retrieving", k=5)  # a field the contract does not name is refused where it is written
+    p.fail("DatasetError: bad")
+    meta = JobMeta.read(Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta)
+    progress = meta.progress()
+    assert progress is not None and progress.device == "cpu" and progress.step == 2 and progress.loss == 1.25
+    assert progress.epochs == 3 and meta.error == "DatasetError: bad" and meta.canceled is False
+    # a field that does not fit is left out (what a job's answer shows never fails on what a worker wrote)
+    odd = JobMeta.read({"step": "many", "phase": "adapting", "acceptance": {"winner": "x"}, "canceled": True})
+    assert odd.step is None and odd.phase == "adapting" and odd.acceptance is None and odd.canceled is True
+    assert JobMeta.read({}).progress() is None
+
+
+def test_a_config_the_worker_refuses_is_the_jobs_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker validates the job's config once, at its entry, and a refusal is the job's one-line error."""
+    import contextvars
+
+    import rq
+
+    from t3ar_services.common.job_contract import JobMeta
+    from t3ar_services.worker.jobs import run_adapt_job
+
+    redis = fakeredis.FakeRedis()
+    job = _job(redis)
+    monkeypatch.setattr(rq, "get_current_job", lambda: job)
+    spec = {"job_id": "j1", "model_id": "m", "model_sha256": "a" * 64, "target_sha256": "b" * 64, "target_bytes": 1,
+            "config": {"method": "no-such-method"}, "job_secret": "s" * 32, "subsample_rows": [0, 1],
+            "subsample_sha256": "c" * 64}
+    with pytest.raises(ValueError):  # in a context of its own: the job sets the process' request id
+        contextvars.copy_context().run(run_adapt_job, spec)
+    meta = JobMeta.read(Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta)
+    assert meta.phase == "failed" and meta.error is not None and "AdaptConfig" in meta.error, meta

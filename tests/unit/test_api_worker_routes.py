@@ -101,15 +101,18 @@ def test_scopes(env: Any, tmp_path: Path) -> None:
 
 
 def test_a_job_without_a_secret_opens_nothing(env: Any, tmp_path: Path) -> None:
-    """The job secret is mandatory: a job row without its digest (no API writes one) is refused to the worker
-    token alone, as any job is; the job payload cannot leave the secret out either."""
+    """The job secret is mandatory: the worker token alone opens no job, a job record cannot be stored without
+    the secret's digest, and the job payload cannot leave the secret out."""
+    import sqlite3
+
     client, redis, _ = env
     job_id, spec = _job(client, redis, tmp_path)
-    store = client.app.state.api.store  # type: ignore[attr-defined]
-    store._db.execute("UPDATE jobs SET secret_sha256 = NULL WHERE id = ?", (job_id,))
     for method, path in (("GET", f"/internal/jobs/{job_id}/target"), ("GET", f"/internal/jobs/{job_id}/base-model")):
         assert client.request(method, path, headers=WORKER).status_code == 403, (method, path)
-        assert client.request(method, path, headers=as_worker(spec)).status_code == 403, (method, path)
+        assert client.request(method, path, headers=as_worker(spec)).status_code == 200, (method, path)
+    store = client.app.state.api.store  # type: ignore[attr-defined]
+    with pytest.raises(sqlite3.IntegrityError):
+        store._db.execute("UPDATE jobs SET secret_sha256 = NULL WHERE id = ?", (job_id,))
     with pytest.raises(ValueError, match="job_secret"):
         JobSpec.model_validate({k: v for k, v in spec.items() if k != "job_secret"})
 
@@ -175,6 +178,43 @@ def test_upload_is_verified_atomic_idempotent_and_final(env: Any, tmp_path: Path
     stale = client.put(url, params={"sha256": hashlib.sha256(other).hexdigest()}, content=other, headers=W)
     assert stale.status_code == 409 and "cannot be replaced" in stale.json()["error"]["message"]
     assert (out / "model.pt").read_bytes() == ckpt
+
+
+def test_the_checkpoint_check_compares_the_digest_recorded_at_submission(env: Any, tmp_path: Path,
+                                                                          monkeypatch: Any) -> None:
+    """A checkpoint adapted to other images than the job's (one image changed) is refused by the digest recorded
+    when the target was validated; the check decodes and hashes no image of the target (a tampered lineage:
+    test_probe_api's bad worker upload)."""
+    import shutil
+
+    import t3ar.data.target as target_module
+    from t3ar.data.datasets import stratified_subsample
+    from t3ar.pipeline import imageset_sha256
+
+    client, redis, data = env
+    job_id, spec = _job(client, redis, tmp_path)
+    url = f"/internal/jobs/{job_id}/checkpoint"
+    other = tmp_path / "other-target"
+    shutil.copytree(data / "jobs" / job_id / "target", other)
+    first = sorted(p for p in other.iterdir() if p.suffix == ".png")[0]
+    first.write_bytes(first.read_bytes() + b"\0")  # another image under the same name and label
+    images = target_module.read_target(other)
+    cfg = spec["config"]
+    digest = imageset_sha256(images.subset(stratified_subsample(images.labels, len(images), cfg["fraction"],
+                                                                cfg["seed"])))
+    assert digest != spec["subsample_sha256"]
+    ckpt, sha, _ = adapted(data, tmp_path, job_id, spec, target_sha256=digest)
+    refused = client.put(url, params={"sha256": sha}, content=ckpt, headers=as_worker(spec))
+    assert refused.status_code == 422 and "target sha256" in refused.json()["error"]["message"], refused.text
+
+    ckpt, sha, _ = adapted(data, tmp_path, job_id, spec)
+
+    def no_decoding(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the checkpoint check read the target again")
+
+    monkeypatch.setattr(target_module, "read_target", no_decoding)
+    ok = client.put(url, params={"sha256": sha}, content=ckpt, headers=as_worker(spec))
+    assert ok.status_code == 200, ok.text
 
 
 def test_uploads_only_for_a_running_job(env: Any, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,35 +157,31 @@ def test_cli_adapt_with_a_holdout(setup: tuple[Path, Path, Path], tmp_path: Path
     assert res.exit_code != 0 and "pass --holdout" in res.output
 
 
-def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Path, Path]) -> None:
+def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Path, Path], monkeypatch: Any) -> None:
+    import t3ar.data.sampling as sampling
     from t3ar_services.common.job_contract import JobSpec
     from t3ar_services.worker import jobs
 
     model_file, target_dir, holdout_dir = setup
     model, info = load_checkpoint(model_file, device=CPU)
 
-    class Meta:
-        def __init__(self) -> None:
-            self.meta: dict[str, object] = {}
-            self.phases: list[str] = []
+    from t3ar_services.worker.progress import Progress
 
-        def phase(self, name: str, **fields: object) -> None:
-            self.phases.append(name)
-            self.meta.update(fields)
-
-        def step(self, s: object) -> None:
-            pass
-
-    progress = Meta()
+    progress = Progress(None, None, "j1")
     spec = JobSpec(job_id="j1", model_id="m", model_sha256="0" * 64, target_sha256="0" * 64, target_bytes=1,
                    config={"method": "tent"}, holdout_sha256="0" * 64, holdout_bytes=1, job_secret="s" * 32,
+                   subsample_rows=list(range(len(read_target(target_dir)))), subsample_sha256="0" * 64,
                    acceptance={"candidates": ["source"], "require_gain": True, "rule": "paired"})
+    def drawn(*args: object, **kwargs: object) -> list[int]:
+        raise AssertionError("the worker drew the subsample again instead of using the job's")
+
+    monkeypatch.setattr(sampling, "stratified_subsample", drawn)
     with pytest.raises(jobs.AcceptanceRefusedError, match="no candidate beats the base model"):
         jobs._candidates(spec, AdaptConfig(method="tent", epochs=1), model, info, read_target(target_dir), None, CPU,
                          progress, holdout_dir)
-    record = progress.meta["acceptance"]
-    assert isinstance(record, dict) and record["winner"] == "source" and record["require_gain"] is True
-    AcceptanceRecord.model_validate(record)
+    record = progress.meta.acceptance
+    assert isinstance(record, AcceptanceRecord) and record.winner == "source" and record.require_gain is True
+    assert progress.meta.dump()["acceptance"]["winner"] == "source"
 
 
 def test_onnx_metadata_carries_the_acceptance_record(setup: tuple[Path, Path, Path]) -> None:
@@ -205,11 +202,15 @@ def test_onnx_metadata_carries_the_acceptance_record(setup: tuple[Path, Path, Pa
 def test_jobs_show_prints_the_acceptance_table() -> None:
     from t3ar.acceptance import as_record, decide
     from t3ar.cli.job_cmd import _summary
+    from t3ar.clients.api_models import JobOut
 
     record = {**as_record(decide({"source": [False] * 10, "bn-adapt": [True] * 10, "t3ar": [True] * 9 + [False]})),
               "require_gain": True}
-    job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"},
-           "target": {"images": 9}, "acceptance": record}
+    job = JobOut.model_validate({"id": "j1", "url": "http://api/jobs/j1", "status": "finished", "model_id": "m",
+                                 "created_at": "2026", "config": {"method": "t3ar"},
+                                 "target": {"images": 9, "labelled": False, "skipped": 0},
+                                 "contribution": {"requested": False, "status": "not_requested"},
+                                 "acceptance": record})
     text = _summary(job)
     assert "acceptance on 10 holdout images (rule paired): bn-adapt wins" in text
     rows = {line.split()[0]: line for line in text.splitlines()[2:] if line.strip()}

@@ -73,13 +73,12 @@ def test_the_keep_alive_connection_survives_console_errors(tmp_path: Path, pool:
     import http.client
 
     from console_kit import app_for
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     from uvicorn_kit import serving
-
-    from t3ar_services.common.http_protocol import CoalescingHttpToolsProtocol
 
     app = app_for(settings_for(tmp_path), pool)
     cookie = f"t3ar_session={app.state.console_sessions.issue('user-t')}"
-    with serving(app, http=CoalescingHttpToolsProtocol) as port:
+    with serving(app, http=HttpToolsProtocol) as port:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
         conn.request("GET", "/ui/pool?exact=maybe", headers={"Cookie": cookie})
         first = conn.getresponse()

@@ -60,15 +60,20 @@ def test_the_report_lists_labelled_neighbours_and_the_summary_names_them() -> No
         JobReport(job_id="j", labelled_neighbours=[uses[0]] * (MAX_LABELLED_LISTED + 1))
 
 
+JOB = {"id": "j1", "url": "http://api/jobs/j1", "status": "finished", "model_id": "m", "created_at": "2026",
+                   "config": {"method": "t3ar"}, "target": {"images": 4, "labelled": False, "skipped": 0},
+                   "contribution": {"requested": False, "status": "not_requested"}}
+
+
 def test_job_status_lines_name_the_labelled_neighbours() -> None:
     """``t3ar submit`` / ``t3ar jobs show`` print the job's result: which neighbours served as labelled data."""
     from t3ar.cli.job_cmd import _summary
+    from t3ar.clients.api_models import JobOut
 
-    job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"}, "target": {"images": 4},
-           "result": {"labelled_neighbours": [{"pool_id": "p-3", "label": "owl", "uses": 2}],
-                      "labelled_neighbours_total": 1}}
+    job = JobOut.model_validate({**JOB, "result": {
+        "labelled_neighbours": [{"pool_id": "p-3", "label": "owl", "uses": 2}], "labelled_neighbours_total": 1}})
     assert "1 pool neighbour served as labelled data (owl 1): p-3 (owl, 2 steps)" in _summary(job)
-    assert "labelled" not in _summary({**job, "result": {}})
+    assert "labelled" not in _summary(job.model_copy(update={"result": {}}))
 
 
 def test_jobs_show_counts_every_labelled_neighbour_per_label_not_only_the_listed() -> None:
@@ -78,16 +83,18 @@ def test_jobs_show_counts_every_labelled_neighbour_per_label_not_only_the_listed
     from types import SimpleNamespace
 
     from t3ar.cli.job_cmd import _summary
+    from t3ar.clients.api_models import JobOut
     from t3ar_services.worker.jobs import labelled_per_label
 
     everyone = [SimpleNamespace(pool_id=f"p-{i}", label="dog" if i < 30 else "cat", uses=1) for i in range(47)]
     counts = labelled_per_label(everyone)
     assert counts == {"dog": 30, "cat": 17}
     listed = [{"pool_id": u.pool_id, "label": u.label, "uses": u.uses} for u in everyone[:20]]
-    job = {"id": "j1", "status": "finished", "model_id": "m", "config": {"method": "t3ar"}, "target": {"images": 4},
-           "result": {"labelled_neighbours": listed, "labelled_neighbours_total": 47, "labelled_per_label": counts}}
+    result = {"labelled_neighbours": listed, "labelled_neighbours_total": 47, "labelled_per_label": counts}
+    job = JobOut.model_validate({**JOB, "result": result})
     assert "47 pool neighbours served as labelled data (dog 30, cat 17): p-0 (dog, 1 step)" in _summary(job)
-    del job["result"]["labelled_per_label"]
+    del result["labelled_per_label"]
+    job = JobOut.model_validate({**JOB, "result": result})
     assert "47 pool neighbours served as labelled data (dog 20 among the 20 listed): " in _summary(job)
     whole = labelled_summary(listed[:3], total=3)
     assert whole.startswith("3 pool neighbours served as labelled data (dog 3): ")

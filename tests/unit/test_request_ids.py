@@ -98,6 +98,7 @@ def test_api_accepts_returns_logs_and_forwards_the_id(tmp_path: Path, caplog: py
 
 def test_the_job_carries_the_request_id(tmp_path: Path) -> None:
     spec: dict[str, Any] = {"job_id": "j1", "model_id": "m", "model_sha256": "a" * 64, "target_sha256": "b" * 64,
-                            "target_bytes": 10, "config": {}, "request_id": "trace-42", "job_secret": "s" * 32}
+                            "target_bytes": 10, "config": {}, "request_id": "trace-42", "job_secret": "s" * 32,
+                            "subsample_rows": [0, 1], "subsample_sha256": "c" * 64}
     assert JobSpec.model_validate(spec).request_id == "trace-42"
     assert JobSpec.model_validate({k: v for k, v in spec.items() if k != "request_id"}).request_id is None

@@ -112,39 +112,6 @@ def test_openapi_states_this_pools_ids_and_dimension(pool: tuple[TestClient, lis
     _expect(client.post("/search", headers=ADMIN, json=two_kinds), 422, "invalid_request", "exactly one")
 
 
-def test_search_answer_bytes_are_orjson_of_the_public_ids_and_rounded_floats() -> None:
-    """The hand-written answer is byte for byte orjson's encoding of the documented answer: ids as
-    ``<tag>-<seq>`` strings and scores as rounded Python floats; equal, ragged and empty rows, and a tag JSON
-    would escape."""
-    import numpy as np
-    import orjson
-
-    from t3ar_services.retriever.answer import search_answer
-
-    rng = np.random.default_rng(0)
-    scores = rng.standard_normal((7, 50)).astype(np.float32)
-    scores[0, :3] = [0.1234565, -1e-7, 1.0]
-    seqs = rng.integers(1, 2**63 - 1, (7, 50))
-    seqs[1, :2] = [1, 9]
-    cases = [[(seqs[i], scores[i]) for i in range(7)],
-             [(seqs[i, :n], scores[i, :n]) for i, n in enumerate((50, 3, 0, 50, 1))],
-             [(seqs[0, :0], scores[0, :0])]]
-    for tag in ("3fa9c1", 'we"ird\\tag'):
-        for rows in cases:
-            old = orjson.dumps({"identity": "clip:ViT-B-32", "k": 50, "results": [
-                {"ids": [f"{tag}-{s}" for s in q.tolist()], "scores": np.round(sc.astype(np.float64), 6).tolist()}
-                for q, sc in rows]})
-            assert search_answer("clip:ViT-B-32", 50, tag, rows) == old
-    # with labels (issue 33): each row also carries its ids' labels, byte for byte orjson's encoding
-    rows = [(seqs[i, :n], scores[i, :n]) for i, n in enumerate((3, 0, 2))]
-    labels = [["dog", None, "caf\u00e9 \"x\""], [], [None, "cat"]]
-    for tag in ("3fa9c1", 'we"ird\\tag'):
-        old = orjson.dumps({"identity": "i", "k": 3, "results": [
-            {"ids": [f"{tag}-{s}" for s in q.tolist()], "scores": np.round(sc.astype(np.float64), 6).tolist(),
-             "labels": lab} for (q, sc), lab in zip(rows, labels, strict=True)]})
-        assert search_answer("i", 3, tag, rows, labels) == old
-
-
 def test_a_bad_label_is_refused_on_every_door_and_nothing_is_stored(pool: tuple[TestClient, list[str]]) -> None:
     """Issue 33: the label of POST /pool/vectors is checked (POST /pool's: tests/integration/
     test_retriever_bad_input.py); a refused request stores nothing; listings filter by label."""

@@ -101,15 +101,11 @@ def _job(job_id: str, created: str) -> JobRow:
     return JobRow(job_id, "m", None, created, {}, f"jobs/{job_id}", 1, False, 0, "0" * 64)
 
 
-def test_a_store_from_before_teams_belongs_to_default_and_lists_filter_by_team(tmp_path: Path) -> None:
+def test_lists_filter_by_team(tmp_path: Path) -> None:
     path = tmp_path / "api.sqlite3"
-    with sqlite3.connect(path) as db:  # an older data dir: jobs and models, no owners table
-        db.executescript("CREATE TABLE jobs (id TEXT PRIMARY KEY, model_id TEXT NOT NULL, parent_id TEXT, "
-                         "created_at TEXT NOT NULL, config TEXT NOT NULL, target_dir TEXT NOT NULL, n_images INTEGER "
-                         "NOT NULL, labelled INTEGER NOT NULL, skipped INTEGER NOT NULL DEFAULT 0, secret_sha256 TEXT);"
-                         "INSERT INTO jobs VALUES ('old', 'm', NULL, '2020', '{}', 'jobs/old', 1, 0, 0, NULL);")
     store = Store(path)
-    assert store.teams_of("job", "old") == {"default"}
+    store.add_job(_job("old", "2020"))
+    store.add_owner("job", "old", "default", "")
     store.add_job(_job("v1", "2021"))
     store.add_owner("job", "v1", "vision", "k1")
     store.add_job(_job("nobody", "2022"))  # made without an owner (a crash in between): admins only
@@ -120,12 +116,12 @@ def test_a_store_from_before_teams_belongs_to_default_and_lists_filter_by_team(t
     assert (store.count_jobs("vision"), store.count_jobs()) == (1, 3)
     store.delete_job("v1")
     assert store.teams_of("job", "v1") == set() and store.count_jobs("vision") == 0
-    store.add_model(ModelRow("m", "m", "0" * 64, 1, "a", 32, ["a"], "2020"))
+    store.add_model(ModelRow("m", "m", "0" * 64, 1, "a", 32, ["a"], "2020", 8))
     store.add_owner("model", "m", "vision", "k1")
     store.add_owner("model", "m", "audio", "k2")  # the same file uploaded by two teams belongs to both
     assert [m.id for m in store.list_models("audio")] == ["m"] and store.list_models("default") == []
     store.close()
-    assert Store(path).teams_of("job", "nobody") == set()  # the migration ran once, not at every start
+    assert Store(path).teams_of("job", "nobody") == set()  # reopened: no owner is made up
 
 
 # --- the API and the console -------------------------------------------------------------------------------

@@ -91,17 +91,17 @@ class StackRunner:
         self.info, self.model, self.target, self.config, self.threads, self.work = (
             info, model, target, config, threads, work)
         self.api = ApiClient(info["api_url"], info["tokens"]["api_token"])
-        self.model_id = str(self.api.upload_model(model, "bench-job")["id"])
+        self.model_id = self.api.upload_model(model, "bench-job").id
 
     def stack(self) -> tuple[float, dict[str, Any]]:
         t = time.perf_counter()
         accepted = self.api.adapt(self.target, self.model_id, self.config)
-        job = self.api.wait(accepted["id"], poll=0.2, timeout=3600)
-        if job["status"] != "finished":
-            raise RuntimeError(f"the stack's job ended {job['status']}: {job.get('error')}")
-        self.api.download_checkpoint(accepted["id"], self.work / "stack.pt")
+        job = self.api.wait(accepted.id, poll=0.2, timeout=3600)
+        if job.status != "finished":
+            raise RuntimeError(f"the stack's job ended {job.status}: {job.error}")
+        self.api.download_checkpoint(accepted.id, self.work / "stack.pt")
         wall = time.perf_counter() - t
-        return wall, self.api.report(accepted["id"])
+        return wall, self.api.report(accepted.id).model_dump(mode="json", exclude_unset=True)
 
     def _spec(self, out: str) -> dict[str, Any]:
         return {"retriever_url": self.info["retriever_url"], "retriever_token": self.info["tokens"]["retriever_token"],

@@ -15,7 +15,7 @@ from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.keys import KeyRow, Principal
-from t3ar_services.api.store import JobRow
+from t3ar_services.api.store import JobRow, ModelRow
 
 
 def owner(who: Principal) -> tuple[str, str]:
@@ -31,10 +31,12 @@ def job_for(state: ApiState, who: Principal, job_id: str) -> JobRow:
     return row
 
 
-def check_model(state: ApiState, who: Principal, model_id: str) -> None:
-    """404 (the words of an unknown model) unless ``who`` may use the model."""
-    if state.store.get_model(model_id) is None or not who.sees(state.store.teams_of("model", model_id)):
+def check_model(state: ApiState, who: Principal, model_id: str) -> ModelRow:
+    """The model, when ``who`` may use it; else 404 (the words of an unknown model)."""
+    row = state.store.get_model(model_id)
+    if row is None or not who.sees(state.store.teams_of("model", model_id)):
         raise NotFoundError(f"no model {model_id!r}; list them with GET /models")
+    return row
 
 
 def visible_lineage(state: ApiState, who: Principal, found: s.LineageResponse) -> s.LineageResponse:

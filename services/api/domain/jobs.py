@@ -10,26 +10,31 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-
-from pydantic import ValidationError
+from typing import BinaryIO
 
 from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names, parse_options
 from t3ar.errors import InvalidInputError, T3arError
-from t3ar.jobsize import kept_images
 from t3ar.method.config import AdaptConfig
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.domain import Links
 from t3ar_services.api.errors import ConflictError, NotFoundError, classify
-from t3ar_services.api.holdout import holdout_of, prepare_holdout
+from t3ar_services.api.holdout import HOLDOUT_DIR, holdout_of, prepare_holdout
 from t3ar_services.api.jobs import JobState, artifact, require_job
-from t3ar_services.api.registry import model_path, require_model
+from t3ar_services.api.registry import require_file, require_model
 from t3ar_services.api.store import JobRow, ModelRow
 from t3ar_services.api.transfer import target_tar
-from t3ar_services.api.uploads import check_job_size, discard, parse_config, prepare_target, save_upload, sent_name
-from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, JobReport, new_job_secret
-from t3ar_services.common.text import readable
+from t3ar_services.api.uploads import (
+    Subsample,
+    check_job_size,
+    discard,
+    parse_config,
+    prepare_target,
+    read_subsample,
+    save_upload,
+    sent_name,
+)
+from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, new_job_secret
 
 log = logging.getLogger(__name__)
 
@@ -76,29 +81,17 @@ def _check_pool(state: ApiState, config: AdaptConfig) -> None:
                                 "image: ingest more (t3ar pool ingest) or lower k")
 
 
-def _check_size(state: ApiState, config: AdaptConfig, n_kept: int, model_id: str) -> None:
+def _check_size(state: ApiState, config: AdaptConfig, n_kept: int, model: ModelRow) -> None:
     """The operator's per-job caps (steps, memory), with the base model's input size, feature width and head."""
-    model = require_model(state.store, state.settings, model_id)
-    check_job_size(state.settings, config, n_kept, model.image_size, _feature_dim(state, model), len(model.classes))
+    check_job_size(state.settings, config, n_kept, model.image_size, model.feature_dim, len(model.classes))
 
 
-def _feature_dim(state: ApiState, model: ModelRow) -> int | None:
-    """The model's feature width, recorded at upload; for a model registered before it was, its spec's bottleneck
-    width (read from its checkpoint; None without a bottleneck: the size check assumes a wide backbone)."""
-    if model.feature_dim is not None:
-        return model.feature_dim
-    from t3ar.models.checkpoint import read_info
-
-    return read_info(model_path(state.settings.data_dir, model.id)).spec.bottleneck_dim
-
-
-def _enqueue(state: ApiState, row: JobRow, secret: str) -> None:
-    model = require_model(state.store, state.settings, row.model_id)
+def _enqueue(state: ApiState, row: JobRow, secret: str, model: ModelRow, subsample: Subsample,
+             holdout: tuple[str, AcceptanceOptions] | None) -> None:
     data_dir = state.settings.data_dir
-    found = holdout_of(data_dir, row.target_dir)  # a readapt finds its parent's holdout next to the target
-    state.jobs.enqueue(row, model.sha256, target_tar(data_dir, row.target_dir), secret,
-                       holdout=target_tar(data_dir, found[0]) if found else None,
-                       acceptance=found[1].model_dump(mode="json") if found else None)
+    state.jobs.enqueue(row, model.sha256, target_tar(data_dir, row.target_dir), secret, subsample,
+                       holdout=target_tar(data_dir, holdout[0]) if holdout else None,
+                       acceptance=holdout[1].model_dump(mode="json") if holdout else None)
     state.metrics.jobs_submitted.labels(str(row.config.get("method")), "readapt" if row.parent_id else "adapt").inc()
 
 
@@ -126,17 +119,20 @@ def _check_steps(state: ApiState, configs: list[AdaptConfig], n_kept: int) -> No
                                 "epochs or list fewer candidates")
 
 
-def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None = None) -> Accepted:
+def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None = None,
+           model: ModelRow | None = None) -> Accepted:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
     pool large enough) and enqueue an adaptation job. Nothing is enqueued, and nothing stays on disk, when any
     check fails (a :class:`~t3ar.errors.T3arError`, counted as a rejected upload). ``owner``: the (team, key id)
-    the job belongs to, recorded before it is enqueued."""
+    the job belongs to, recorded before it is enqueued. ``model``: the base model's record when the caller looked
+    it up already (its access check), else it is looked up here."""
     settings = state.settings
     job_id = uuid.uuid4().hex
     job_dir = settings.data_dir / "jobs" / job_id
     state.submissions.add(job_id)  # before its folder exists: the leftover sweep leaves it alone
     try:
-        model = require_model(state.store, settings, upload.model_id)
+        model = require_model(state.store, settings, upload.model_id) if model is None \
+            else require_file(settings, model)
         given, cfg = parse_config(upload.config)
         archive = job_dir / "upload"
         save_upload(upload.archive, archive, settings.max_upload_bytes, "the target archive",
@@ -146,14 +142,16 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
                                        sent=sent_name(upload.filename, "archive"))
         archive.unlink()
         options = _acceptance_options(upload)
-        configs, digests = [cfg], {}
+        configs, digests, holdout = [cfg], {}, None
         if options is not None:
             assert upload.holdout is not None
             digests = prepare_holdout(upload.holdout, sent_name(upload.holdout_filename, "holdout"), job_dir,
                                       prepared.target_dir, settings, model.classes, options)
             configs = [candidate_config(cfg, name) for name in candidate_names(options, cfg)]
+            holdout = ((job_dir / HOLDOUT_DIR).relative_to(settings.data_dir).as_posix(), options)
+        assert prepared.subsample is not None
         for c in configs:
-            _check_size(state, c, prepared.n_kept, model.id)
+            _check_size(state, c, prepared.n_kept, model)
             _check_pool(state, c)
         _check_steps(state, configs, prepared.n_kept)
         if options is not None and any(c.uses_retrieval for c in configs):
@@ -171,7 +169,7 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
         if upload.contribute:
             state.contributor.records.request(job_id)  # before enqueueing: a quick job finds it
         try:
-            _enqueue(state, row, secret)
+            _enqueue(state, row, secret, model, prepared.subsample, holdout)
         except BaseException:
             state.contributor.records.forget(job_id)
             state.store.delete_job(job_id)
@@ -193,15 +191,16 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     items); the new job records ``parent_id`` and belongs to the team of the job it re-runs (``by``: the key id
     that asked). 409 when the target is no longer stored."""
     orig = require_job(state.store, job_id)
-    require_model(state.store, state.settings, orig.model_id)
+    model = require_model(state.store, state.settings, orig.model_id)
     if not (state.settings.data_dir / orig.target_dir).is_dir():
         raise ConflictError(f"the target images of job {job_id} are no longer stored; submit them again")
     cfg = AdaptConfig.model_validate(orig.config)
-    found = holdout_of(state.settings.data_dir, orig.target_dir)
+    found = holdout_of(state.settings.data_dir, orig.target_dir)  # the parent's holdout, next to the target
     configs = [candidate_config(cfg, name) for name in candidate_names(found[1], cfg)] if found else [cfg]
-    n_kept = kept_images(orig.n_images, cfg.fraction)
+    subsample = read_subsample(state.settings.data_dir, orig.target_dir)  # the same target and config
+    n_kept = len(subsample.rows)
     for c in configs:
-        _check_size(state, c, n_kept, orig.model_id)  # the caps may have changed
+        _check_size(state, c, n_kept, model)  # the caps may have changed
         _check_pool(state, c)
     _check_steps(state, configs, n_kept)
     secret, digest = new_job_secret()
@@ -212,7 +211,7 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     for team in state.store.teams_of("job", orig.id):
         state.store.add_owner("job", row.id, team, by)
     try:
-        _enqueue(state, row, secret)
+        _enqueue(state, row, secret, model, subsample, found)
     except BaseException:
         state.store.delete_job(row.id)
         raise
@@ -232,27 +231,15 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         enqueued_at=st.enqueued_at, started_at=st.started_at, ended_at=st.ended_at, queue_position=st.position,
         worker=st.worker, config=row.config,
         target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
-        progress=s.Progress.model_validate(st.progress) if st.progress else None, error=st.error, result=st.result,
+        progress=st.progress, error=st.error, result=st.result,
         checkpoint_url=links("get_checkpoint", row.id) if finished else None,
         report_url=links("get_report", row.id) if finished else None,
         exports=exports_view(state, links, row.id) if finished else {},
         contribution=s.Contribution(**state.contributor.describe(row.id, st.status)),
         neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
         if finished else [],
-        acceptance=_acceptance(st.acceptance),
+        acceptance=st.acceptance,
     )
-
-
-def _acceptance(meta: dict[str, Any] | None) -> s.AcceptanceRecord | None:
-    """The acceptance record a worker left in the job's meta; None (logged) when it does not fit the contract: a
-    job's page never fails on what a worker wrote."""
-    if not meta:
-        return None
-    try:
-        return s.AcceptanceRecord.model_validate(meta)
-    except ValidationError:
-        log.warning("a job's acceptance record does not fit the contract; left out")
-        return None
 
 
 def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:
@@ -331,20 +318,15 @@ def checkpoint(state: ApiState, job_id: str) -> Path:
 
 def report(state: ApiState, job_id: str) -> s.ReportOut:
     """The finished job's report, with its contribution as it stands now (not at finishing) and the earlier
-    contributions its retrieved neighbours came from. A report stored before the report had a version is read
-    for the fields the contract names."""
+    contributions its retrieved neighbours came from. The report was validated when it arrived: one that does
+    not read now is a damaged file (409)."""
     path = finished_artifact(state, job_id, REPORT_FILE)
-    found = readable(json.loads(path.read_text()))  # a report stored before issue 29 may hold NaN
     extra = {"contribution": state.contributor.describe(job_id, "finished"),
              "neighbours_from_contributions": state.contributor.neighbours(job_id)}
     try:
-        return s.ReportOut.model_validate({**found, **extra})
-    except ValidationError:
-        if "version" in found:  # written by a versioned worker, so it was validated on arrival: a damaged file
-            raise ConflictError(f"job {job_id}'s stored report does not fit the job contract") from None
-        log.warning("job %s: a report from before the contract named it; unknown fields left out", job_id)
-        known = {"job_id": job_id} | {k: v for k, v in found.items() if k in JobReport.model_fields}
-        return s.ReportOut.model_validate({**known, **extra})
+        return s.ReportOut.model_validate({**json.loads(path.read_text()), **extra})
+    except ValueError:  # not JSON, or not the contract's report
+        raise ConflictError(f"job {job_id}'s stored report does not fit the job contract") from None
 
 
 def retrieved(state: ApiState, job_id: str) -> list[str]:

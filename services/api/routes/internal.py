@@ -81,13 +81,12 @@ def get_base_model(request: Request, state: StateDep, job_id: str) -> FileRespon
 def require_job_secret(request: Request, state: ApiState, job_id: str) -> JobRow:
     """The job, if the request shows its own secret (:data:`JOB_SECRET_HEADER`; 403 otherwise): the worker
     token opens the worker routes, the secret (only in the job's payload) binds them to the job a worker
-    dequeued. Every job has one: a row without its digest opens nothing."""
+    dequeued."""
     row = require_job(state.store, job_id)
     if state.settings.auth_disabled:
         return row
     given = request.headers.getlist(JOB_SECRET_HEADER)
-    if (row.secret_sha256 is None or len(given) != 1
-            or not hmac.compare_digest(secret_digest(given[0]), row.secret_sha256)):
+    if len(given) != 1 or not hmac.compare_digest(secret_digest(given[0]), row.secret_sha256):
         raise AuthError(f"job {job_id}'s worker routes need its own secret ({JOB_SECRET_HEADER}), which only the "
                         "worker that dequeued it has: the worker token alone opens no job", status=403)
     return row

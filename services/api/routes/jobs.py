@@ -75,8 +75,8 @@ def adapt(
                                holdout.file if holdout is not None else None,
                                holdout.filename if holdout is not None else None, candidates, require_gain,
                                winner_rule)
-    access.check_model(state, who, model_id)
-    done = jobs.submit(state, upload, access.owner(who))
+    model = access.check_model(state, who, model_id)
+    done = jobs.submit(state, upload, access.owner(who), model)
     access.record(state, who, "job.submit", done.row.id, client, detail=f"model={model_id}")
     return _accepted(links, done)
 
@@ -132,7 +132,7 @@ def get_report(state: StateDep, who: PrincipalDep, job_id: str) -> s.ReportOut:
     """Metrics of the run: steps, timings, per-epoch losses, pool items used; accuracy when labels were given;
     ``contribution`` (whether its target joined the pool: added / skipped counts) and
     ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from). The
-    fields are the report's as stored (a report from before the report had a version has fewer)."""
+    fields are the report's as stored."""
     access.job_for(state, who, job_id)
     return jobs.report(state, job_id)
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from t3ar.clients.api_models import AuditList, AuditOut, KeyCreated, KeyList, KeyOut
 from t3ar_services.api import schemas as s
 from t3ar_services.api.audit import ACTIONS
 from t3ar_services.api.deps import ADMIN, ClientDep, PrincipalDep, StateDep
@@ -24,41 +25,6 @@ class KeyRequest(BaseModel):
     role: Literal["read", "submit", "admin"] = Field(description="read: see the team's jobs and models; submit: "
                                                                   "also submit, upload, cancel, readapt; admin: all")
     name: str = Field(default="", max_length=MAX_NAME, description="what the key is for (shown in lists)")
-
-
-class KeyOut(BaseModel):
-    id: str = Field(description="the key's id: not secret; names it in lists and the audit log")
-    team: str
-    role: str
-    name: str
-    created_at: str
-    created_by: str = Field(description="the key id that made it")
-    revoked_at: str | None = None
-
-
-class KeyCreated(KeyOut):
-    key: str = Field(description="the key itself: shown this once, never stored (only its sha256)")
-
-
-class KeyList(BaseModel):
-    keys: list[KeyOut]
-
-
-class AuditOut(BaseModel):
-    seq: int
-    at: str
-    key_id: str
-    team: str
-    action: str
-    target: str
-    client: str = Field(description="the client address as the API saw it")
-    outcome: str
-    detail: str
-
-
-class AuditList(BaseModel):
-    entries: list[AuditOut]
-    next_before: int | None = Field(description="the `before` of the next (older) page; null on the last")
 
 
 @router.post("/keys", status_code=201, response_model=KeyCreated,

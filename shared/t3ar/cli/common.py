@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from pydantic import BaseModel
 from tqdm import tqdm
 
 from t3ar.errors import T3arError
@@ -103,8 +104,21 @@ def device_option(func: F) -> F:
 
 
 def echo_result(as_json: bool, data: Any, text: str) -> None:
-    """``data`` as JSON (sorted keys) with ``--json``, else ``text``."""
-    click.echo(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+    """``data`` (JSON values, models of the API's answers among them) as JSON (sorted keys) with ``--json``, else
+    ``text``."""
+    click.echo(json.dumps(_plain(data), indent=2, sort_keys=True) if as_json else text)
+
+
+def _plain(data: Any) -> Any:
+    """``data`` with every pydantic model as its JSON dump: the fields the answer held (a model read from an
+    answer dumps what the API sent)."""
+    if isinstance(data, BaseModel):
+        return data.model_dump(mode="json", exclude_unset=True)
+    if isinstance(data, list | tuple):
+        return [_plain(v) for v in data]
+    if isinstance(data, dict):
+        return {k: _plain(v) for k, v in data.items()}
+    return data
 
 
 def service_options(what: str, url_env: str, default_url: str, token_env: Sequence[str]) -> Callable[[F], F]:

@@ -3,34 +3,33 @@ removal is an ordinary withdrawal whose lineage is answered. Dry-run by default.
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from t3ar.cli.common import echo_result, service_options
 from t3ar.clients.api import ApiClient
+from t3ar.clients.api_models import CompactResponse
 
 DEFAULT_API_URL = "http://127.0.0.1:8700"
 
 
-def _human(out: dict[str, Any]) -> str:
-    rows = out["remove"]
-    mib = out["bytes_freed"] / 2**20
-    if out["dry_run"]:
-        head = (f"dry-run (nothing removed): {len(rows)} near-duplicate(s) of {out['sources']} at cosine >= "
-                f"{out['threshold']} would be removed, freeing {mib:.2f} MiB; {out['clusters']} item(s) kept for "
-                f"them; {out['scanned']} scanned of {out['items']} ({out['method']}, "
-                f"{out['seconds'].get('total', 0):.1f} s)")
+def _human(out: CompactResponse) -> str:
+    rows = out.remove
+    mib = out.bytes_freed / 2**20
+    if out.dry_run:
+        head = (f"dry-run (nothing removed): {len(rows)} near-duplicate(s) of {out.sources} at cosine >= "
+                f"{out.threshold} would be removed, freeing {mib:.2f} MiB; {out.clusters} item(s) kept for "
+                f"them; {out.scanned} scanned of {out.items} ({out.method}, "
+                f"{out.seconds.get('total', 0):.1f} s)")
     else:
-        head = f"removed {len(rows)} item(s), freed {mib:.2f} MiB (plan {out['plan_id']})"
-    lines = [head] + [f"  {r['id']}  ({r['source']}, {r['size']} B)  duplicate of {r['duplicate_of']}  "
-                      f"cosine {r['score']:.4f}" for r in rows[:50]]
+        head = f"removed {len(rows)} item(s), freed {mib:.2f} MiB (plan {out.plan_id})"
+    lines = [head] + [f"  {r.id}  ({r.source}, {r.size} B)  duplicate of {r.duplicate_of}  "
+                      f"cosine {r.score:.4f}" for r in rows[:50]]
     if len(rows) > 50:
         lines.append(f"  ... and {len(rows) - 50} more (--json lists all)")
-    if out["dry_run"]:
-        lines.append(f"plan {out['plan_id']}: remove exactly these with  t3ar pool compact --apply {out['plan_id']}")
+    if out.dry_run:
+        lines.append(f"plan {out.plan_id}: remove exactly these with  t3ar pool compact --apply {out.plan_id}")
     else:
-        lines += [f"used by finished job {j['job_id']}: readapt with {j['readapt_url']}" for j in out["jobs"]]
+        lines += [f"used by finished job {j.job_id}: readapt with {j.readapt_url}" for j in out.jobs]
     return "\n".join(lines)
 
 
@@ -68,6 +67,6 @@ def compact(threshold: float | None, sources: tuple[str, ...], nprobe: int, plan
                 echo_result(as_json, out, _human(out))
                 return
             click.echo(_human(out), err=True)
-            plan_id = out["plan_id"]
+            plan_id = out.plan_id
         applied = client.compact(plan_id=plan_id)
         echo_result(as_json, applied, _human(applied))

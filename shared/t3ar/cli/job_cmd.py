@@ -17,7 +17,8 @@ from t3ar.acceptance import DEFAULT_RULE, RULES
 from t3ar.cli.common import MethodChoice, echo_result, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
-from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, labelled_summary
+from t3ar.clients.api_models import JobOut, ModelOut, Progress
+from t3ar.clients.job_report import acceptance_table, labelled_summary
 from t3ar.method.presets import PRESET_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,34 +36,34 @@ def console_page(api_url: str, job_id: str) -> str:
     return f"{api_url.rstrip('/')}/ui/jobs/{job_id}"
 
 
-def _summary(job: dict[str, Any]) -> str:
-    p = job.get("progress") or {}
-    line = f"{job['id']}  {job['status']:9s} model {job['model_id']}  {job['config'].get('method')}"
-    line += f"  {job['target']['images']} images"
-    if job["status"] == "started" and p.get("total_steps"):
-        line += f"  step {p.get('step')}/{p['total_steps']} (epoch {p.get('epoch')})"
-    if job.get("parent_id"):
-        line += f"  readapt of {job['parent_id']}"
-    if job.get("error"):
-        line += f"\n    error: {job['error']}"
-    c = job.get("contribution") or {}
-    if c.get("requested"):
-        line += f"\n    contribution to the pool ({c.get('source')}): {c['status']}"
-        if c.get("added") is not None:
-            line += (f", {c['added']} of {c['images']} images added, {c['skipped_exact']} exact and "
-                     f"{c['skipped_near']} near-duplicates skipped")
-    for n in job.get("neighbours_from_contributions") or []:
-        line += f"\n    used {n['items_used']} pool image(s) contributed by job {n['job_id']}"
-    if job.get("acceptance"):  # a job with a holdout: its candidates on it, and the winner
-        line += "\n    " + "\n    ".join(acceptance_table(AcceptanceRecord.model_validate(job["acceptance"])))
-    res = job.get("result") or {}
+def _summary(job: JobOut) -> str:
+    p = job.progress or Progress()
+    line = f"{job.id}  {job.status:9s} model {job.model_id}  {job.config.get('method')}"
+    line += f"  {job.target.images} images"
+    if job.status == "started" and p.total_steps:
+        line += f"  step {p.step}/{p.total_steps} (epoch {p.epoch})"
+    if job.parent_id:
+        line += f"  readapt of {job.parent_id}"
+    if job.error:
+        line += f"\n    error: {job.error}"
+    c = job.contribution
+    if c.requested:
+        line += f"\n    contribution to the pool ({c.source}): {c.status}"
+        if c.added is not None:
+            line += (f", {c.added} of {c.images} images added, {c.skipped_exact} exact and "
+                     f"{c.skipped_near} near-duplicates skipped")
+    for n in job.neighbours_from_contributions:
+        line += f"\n    used {n.items_used} pool image(s) contributed by job {n.job_id}"
+    if job.acceptance:  # a job with a holdout: its candidates on it, and the winner
+        line += "\n    " + "\n    ".join(acceptance_table(job.acceptance))
+    res = job.result or {}
     if res.get("labelled_neighbours"):  # issue 33: which neighbours served as labelled data, with their labels
         line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
                                           per_label=res.get("labelled_per_label"))
     return line
 
 
-def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: float | None = None) -> dict[str, Any]:
+def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: float | None = None) -> JobOut:
     """Wait for the job, drawing a progress bar of adaptation steps on stderr."""
     from tqdm import tqdm
 
@@ -70,20 +71,20 @@ def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: floa
     phase = ""
     tty = sys.stderr.isatty()
 
-    def update(job: dict[str, Any]) -> None:
+    def update(job: JobOut) -> None:
         nonlocal bar, phase
         if quiet:
             return
-        p = job.get("progress") or {}
-        now = p.get("phase") or job["status"]
-        if bar is None and p.get("total_steps"):
+        p = job.progress or Progress()
+        now = p.phase or job.status
+        if bar is None and p.total_steps:
             # a log file gets a line every 20 s instead of a redraw every second
-            bar = tqdm(total=int(p["total_steps"]), desc=f"job {job_id[:8]}", unit="step", file=sys.stderr,
+            bar = tqdm(total=int(p.total_steps), desc=f"job {job_id[:8]}", unit="step", file=sys.stderr,
                        mininterval=0.5 if tty else 20.0, dynamic_ncols=tty)
         if bar is not None:
-            bar.set_postfix_str(f"{now} epoch {p.get('epoch')} loss {p.get('loss')} "
-                                f"pl-change {pct(p.get('pl_change_rate'))}", refresh=False)
-            bar.update(max(0, int(p.get("step") or 0) - bar.n))
+            bar.set_postfix_str(f"{now} epoch {p.epoch} loss {p.loss} "
+                                f"pl-change {pct(p.pl_change_rate)}", refresh=False)
+            bar.update(max(0, int(p.step or 0) - bar.n))
         elif now != phase:
             click.echo(f"job {job_id[:8]}: {now}", err=True)
         phase = now
@@ -95,17 +96,18 @@ def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: floa
             bar.close()
 
 
-def _finish(client: ApiClient, job: dict[str, Any], out: Path | None, as_json: bool) -> None:
+def _finish(client: ApiClient, job: JobOut, out: Path | None, as_json: bool) -> None:
     text = _summary(job)
-    res = job.get("result") or {}
+    res = job.result or {}
     if "accuracy_after" in res:
         text += f"\naccuracy {pct(res['accuracy_before'])} -> {pct(res['accuracy_after'])} on the target labels"
-    if job["status"] == "finished" and out is not None:
-        client.download_checkpoint(job["id"], out)
+    shown: Any = job
+    if job.status == "finished" and out is not None:
+        client.download_checkpoint(job.id, out)
         text += f"\ncheckpoint written to {out}"
-        job = {**job, "checkpoint_path": str(out)}
-    echo_result(as_json, job, text)
-    if job["status"] != "finished":
+        shown = {**job.model_dump(mode="json", exclude_unset=True), "checkpoint_path": str(out)}
+    echo_result(as_json, shown, text)
+    if job.status != "finished":
         sys.exit(1)
 
 
@@ -168,24 +170,24 @@ def submit(target: Path, model: str, method: str | None, preset: str | None, mod
     with ApiClient(url, token) as client:
         model_id = model
         if Path(model).is_file():
-            model_id = client.upload_model(Path(model))["id"]
+            model_id = client.upload_model(Path(model)).id
             click.echo(f"model {model} uploaded as {model_id}", err=True)
         if holdout is None and (candidates or require_gain or winner_rule):
             raise click.UsageError("--candidates, --require-gain and --winner-rule decide on a holdout: pass --holdout")
         accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images, contribute=contribute,
                                 holdout=holdout, candidates=[c.strip() for c in candidates.split(",") if c.strip()],
                                 require_gain=require_gain, winner_rule=winner_rule)
-        for w in accepted.get("warnings", []):
+        for w in accepted.warnings:
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):
-            echo_result(as_json, accepted, f"job {accepted['id']} queued: {console_page(url, accepted['id'])}")
+            echo_result(as_json, accepted, f"job {accepted.id} queued: {console_page(url, accepted.id)}")
             return
-        click.echo(f"job {accepted['id']} queued ({accepted['target']['images']} images): "
-                   f"{console_page(url, accepted['id'])}", err=True)
-        _finish(client, follow_job(client, accepted["id"], as_json, timeout), out, as_json)
+        click.echo(f"job {accepted.id} queued ({accepted.target.images} images): "
+                   f"{console_page(url, accepted.id)}", err=True)
+        _finish(client, follow_job(client, accepted.id, as_json, timeout), out, as_json)
 
 
-def follow_job(client: ApiClient, job_id: str, as_json: bool, timeout: float | None) -> dict[str, Any]:
+def follow_job(client: ApiClient, job_id: str, as_json: bool, timeout: float | None) -> JobOut:
     """Progress goes to stderr, so it is shown with --json too (stdout stays machine-readable)."""
     return follow(client, job_id, timeout=timeout)
 
@@ -212,15 +214,15 @@ def _job_command(name: str) -> Callable[[F], click.Command]:
 def jobs_list(limit: int, url: str, token: str | None, as_json: bool) -> None:
     """The newest jobs first."""
     page = _ask(url, token, lambda client: client.jobs(limit=limit))
-    echo_result(as_json, page, "\n".join(_summary(j) for j in page["jobs"]) or "(no jobs)")
+    echo_result(as_json, page, "\n".join(_summary(j) for j in page.jobs) or "(no jobs)")
 
 
 @_job_command("show")
 def jobs_show(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """Status, progress, timings and error of one job."""
     job = _ask(url, token, lambda client: client.job(job_id))
-    echo_result(as_json, job, _summary(job) + f"\n    created {job['created_at']}  started {job['started_at']}  "
-                                        f"ended {job['ended_at']}")
+    echo_result(as_json, job, _summary(job) + f"\n    created {job.created_at}  started {job.started_at}  "
+                                        f"ended {job.ended_at}")
 
 
 @jobs.command("follow")
@@ -238,7 +240,7 @@ def jobs_follow(job_id: str, out: Path | None, url: str, token: str | None, as_j
 def jobs_cancel(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """Cancel a queued job at once, or a running one at its next step."""
     out = _ask(url, token, lambda client: client.cancel(job_id))
-    echo_result(as_json, out, f"job {job_id}: {out['status']}")
+    echo_result(as_json, out, f"job {job_id}: {out.status}")
 
 
 @jobs.command("download")
@@ -259,10 +261,10 @@ def jobs_download(job_id: str, out: Path, fmt: str, url: str, token: str | None,
 def jobs_report(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """A finished job's report: what ran, timings, pool items used, accuracy when labels were given; with --json
     the whole report (losses per epoch and step, the neighbours drawn, the contribution)."""
-    from t3ar.clients.job_report import ServedReport, report_summary
+    from t3ar.clients.job_report import report_summary
 
     data = _ask(url, token, lambda client: client.report(job_id))
-    echo_result(as_json, data, report_summary(ServedReport.model_validate(data)))
+    echo_result(as_json, data, report_summary(data))
 
 
 @jobs.command("readapt")
@@ -275,10 +277,10 @@ def jobs_readapt(job_id: str, follow: bool, out: Path | None, url: str, token: s
     with ApiClient(url, token) as client:
         accepted = client.readapt(job_id)
         if not (follow or out):
-            echo_result(as_json, accepted, f"job {accepted['id']} queued (readapt of {job_id}): "
-                                           f"{console_page(url, accepted['id'])}")
+            echo_result(as_json, accepted, f"job {accepted.id} queued (readapt of {job_id}): "
+                                           f"{console_page(url, accepted.id)}")
             return
-        _finish(client, follow_job(client, accepted["id"], as_json, None), out, as_json)
+        _finish(client, follow_job(client, accepted.id, as_json, None), out, as_json)
 
 
 @click.group("models")
@@ -303,8 +305,8 @@ def models_list(url: str, token: str | None, as_json: bool) -> None:
     echo_result(as_json, ms, "\n".join(_model_line(m) for m in ms) or "(no models)")
 
 
-def _model_line(m: dict[str, Any]) -> str:
-    return f"{m['id']}  {m['name']}  ({m['num_classes']} classes, {m['image_size']} px)"
+def _model_line(m: ModelOut) -> str:
+    return f"{m.id}  {m.name}  ({m.num_classes} classes, {m.image_size} px)"
 
 
 @click.command("withdraw")
@@ -325,32 +327,32 @@ def withdraw(pool_ids: tuple[str, ...], contributions: tuple[str, ...], readapt:
     """
     if not pool_ids and not contributions:
         raise click.UsageError("name pool ids to withdraw, or --contribution JOB_ID")
-    results: list[dict[str, Any]] = []
+    results: list[Any] = []
     lines: list[str] = []
     with ApiClient(url, token) as client:
         affected: dict[str, None] = {}
         for job_id in contributions:
             out = client.withdraw_contribution(job_id)
             results.append(out)
-            lines.append(f"withdrew the contribution of job {job_id} ({len(out['withdrawn'])} pool image(s), "
-                         f"source {out['source']}): used by {len(out['jobs'])} later finished job(s)"
-                         + "".join(f"\n  {j['job_id']}  {j['checkpoint_url']}" for j in out["jobs"])
-                         + (f"\n  running now (may have used them): {', '.join(out['in_flight'])}"
-                            if out["in_flight"] else ""))
-            affected.update({j["job_id"]: None for j in out["jobs"]})
+            lines.append(f"withdrew the contribution of job {job_id} ({len(out.withdrawn)} pool image(s), "
+                         f"source {out.source}): used by {len(out.jobs)} later finished job(s)"
+                         + "".join(f"\n  {j.job_id}  {j.checkpoint_url}" for j in out.jobs)
+                         + (f"\n  running now (may have used them): {', '.join(out.in_flight)}"
+                            if out.in_flight else ""))
+            affected.update({j.job_id: None for j in out.jobs})
         for pid in pool_ids:
-            out = client.delete_pool_item(pid)
-            results.append(out)
-            lines.append(f"withdrew {pid}: used by {len(out['jobs'])} finished job(s)"
-                         + "".join(f"\n  {j['job_id']}  {j['checkpoint_url']}" for j in out["jobs"])
-                         + (f"\n  running now (may have used it): {', '.join(out['in_flight'])}"
-                            if out["in_flight"] else ""))
-            affected.update({j["job_id"]: None for j in out["jobs"]})
+            gone = client.delete_pool_item(pid)
+            results.append(gone)
+            lines.append(f"withdrew {pid}: used by {len(gone.jobs)} finished job(s)"
+                         + "".join(f"\n  {j.job_id}  {j.checkpoint_url}" for j in gone.jobs)
+                         + (f"\n  running now (may have used it): {', '.join(gone.in_flight)}"
+                            if gone.in_flight else ""))
+            affected.update({j.job_id: None for j in gone.jobs})
         if readapt:
             for job_id in affected:
                 acc = client.readapt(job_id)
-                lines.append(f"readapt of {job_id} queued as {acc['id']}")
-                results.append({"readapt_of": job_id, **acc})
+                lines.append(f"readapt of {job_id} queued as {acc.id}")
+                results.append({"readapt_of": job_id, **acc.model_dump(mode="json", exclude_unset=True)})
     echo_result(as_json, results, "\n".join(lines))
 
 

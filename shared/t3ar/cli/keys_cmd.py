@@ -9,6 +9,7 @@ import click
 
 from t3ar.cli.common import echo_result, service_options
 from t3ar.clients.api import ApiClient
+from t3ar.clients.api_models import KeyOut
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 ROLES = ("read", "submit", "admin")
@@ -18,10 +19,10 @@ def _admin_options(fn: Any) -> Any:
     return service_options("API", "T3AR_API_URL", DEFAULT_URL, ["T3AR_API_ADMIN_TOKEN"])(fn)
 
 
-def _key_line(k: dict[str, Any]) -> str:
-    state = f"revoked {k['revoked_at'][:19]}" if k.get("revoked_at") else "active"
-    name = f"  {k['name']}" if k.get("name") else ""
-    return f"{k['id']}  {k['team']:<16} {k['role']:<6}  {state:<27} created {k['created_at'][:19]}{name}"
+def _key_line(k: KeyOut) -> str:
+    state = f"revoked {k.revoked_at[:19]}" if k.revoked_at else "active"
+    name = f"  {k.name}" if k.name else ""
+    return f"{k.id}  {k.team:<16} {k.role:<6}  {state:<27} created {k.created_at[:19]}{name}"
 
 
 @click.group("keys")
@@ -42,8 +43,8 @@ def keys_create(team: str, role: str, name: str, url: str, token: str | None, as
     if as_json:
         echo_result(True, made, "")
         return
-    click.echo(made["key"])
-    click.echo(f"key {made['id']}: team {made['team']}, role {made['role']}. Store it now: it is shown this once "
+    click.echo(made.key)
+    click.echo(f"key {made.id}: team {made.team}, role {made.role}. Store it now: it is shown this once "
                "(use it as T3AR_API_TOKEN or sign in to the console with it).", err=True)
 
 
@@ -80,8 +81,8 @@ def audit(team: str | None, action: str | None, key_id: str | None, limit: int, 
     """The audit log (admin), newest first: when, who (key id and team), what, to what, from where."""
     with ApiClient(url, token) as client:
         page = client.audit(limit=limit, before=before, team=team, action=action, key_id=key_id)
-    lines = [f"{e['at'][:23]}  {e['key_id']:<18} {e['team']:<12} {e['action']:<22} {e['target']:<34} "
-             f"{e['client']:<15} {e['outcome']}{'  ' + e['detail'] if e['detail'] else ''}" for e in page["entries"]]
-    if page.get("next_before"):
-        lines.append(f"(older: --before {page['next_before']})")
+    lines = [f"{e.at[:23]}  {e.key_id:<18} {e.team:<12} {e.action:<22} {e.target:<34} "
+             f"{e.client:<15} {e.outcome}{'  ' + e.detail if e.detail else ''}" for e in page.entries]
+    if page.next_before:
+        lines.append(f"(older: --before {page.next_before})")
     echo_result(as_json, page, "\n".join(lines) or "(nothing recorded)")

@@ -1,5 +1,6 @@
 """HTTP client for the adaptation API: upload a base model, submit a target, follow a job, download its
-checkpoint, withdraw a pool item (getting its lineage), re-run a job.
+checkpoint, withdraw a pool item (getting its lineage), re-run a job. Answers come back as the API's models
+(:mod:`t3ar.clients.api_models`).
 
 Retries (:class:`~t3ar.clients.http.HttpClient`): connection failures before the request was sent and 503 are
 retried for every call; read timeouts and 502/504 only for calls that are safe to repeat (GETs, model uploads,
@@ -17,11 +18,30 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
+from t3ar.clients.api_models import (
+    AuditList,
+    CancelResponse,
+    CompactResponse,
+    ContributionWithdrawn,
+    DeleteResponse,
+    JobAccepted,
+    JobList,
+    JobOut,
+    KeyCreated,
+    KeyList,
+    KeyOut,
+    LineageResponse,
+    ModelList,
+    ModelOut,
+    ReadyResponse,
+    ReportOut,
+)
 from t3ar.clients.http import HttpClient
 from t3ar.errors import InvalidInputError, T3arError
 from t3ar.urls import path_segment
@@ -111,6 +131,19 @@ def zip_holdout(source: Path, dest: Path) -> Path:
     return dest
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def _answer(model: type[M], data: Any) -> M:
+    """``data`` (an answer's JSON) as ``model``; an answer that does not fit is an :class:`ApiError` (a client older
+    or newer than its API), never a traceback."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ApiError(f"the API's answer does not fit {model.__name__} (is the client of another version than the "
+                       f"API?): {e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}") from None
+
+
 def _seg(value: str) -> str:
     """An id as one encoded path segment (an empty one names nothing: 404 without a request)."""
     if not value:
@@ -131,24 +164,25 @@ class ApiClient(HttpClient):
         return dict(super()._json(method, path, safe=safe, **kwargs))
 
     # --- ops / models ------------------------------------------------------------------------------------
-    def ready(self) -> dict[str, Any]:
+    def ready(self) -> ReadyResponse:
         resp = self._http.get("/ready")
-        return dict(resp.json())
+        return _answer(ReadyResponse, resp.json())
 
-    def upload_model(self, path: Path, name: str = "") -> dict[str, Any]:
+    def upload_model(self, path: Path, name: str = "") -> ModelOut:
         """Upload a base checkpoint; returns the model (``id`` ...). Same file twice -> same id."""
         with open(path, "rb") as fh:
-            return self._json("POST", "/models", files=[("file", (Path(path).name, fh, "application/octet-stream"))],
-                              data={"name": name or Path(path).stem})
+            return _answer(ModelOut, self._json(
+                "POST", "/models", files=[("file", (Path(path).name, fh, "application/octet-stream"))],
+                data={"name": name or Path(path).stem}))
 
-    def list_models(self) -> list[dict[str, Any]]:
-        return list(self._json("GET", "/models")["models"])
+    def list_models(self) -> list[ModelOut]:
+        return _answer(ModelList, self._json("GET", "/models")).models
 
     # --- jobs --------------------------------------------------------------------------------------------
     def adapt(self, target: Path, model_id: str, config: dict[str, Any] | None = None, *,
               skip_bad_images: bool = False, contribute: bool = False, holdout: Path | None = None,
               candidates: list[str] | None = None, require_gain: bool = False,
-              winner_rule: str | None = None) -> dict[str, Any]:
+              winner_rule: str | None = None) -> JobAccepted:
         """Submit a target (a zip/tar archive, or a folder that is zipped on the fly); returns the accepted job.
         ``contribute``: once the job finished, its target images join the pool (source ``target:<job id>``).
         ``holdout`` (class folders, a CSV of path,label, or an archive): the job scores ``candidates`` on it and
@@ -167,32 +201,32 @@ class ApiClient(HttpClient):
                                           "application/octet-stream")))
                 data |= {"candidates": ",".join(candidates or []), "require_gain": "true" if require_gain else "false",
                          "winner_rule": winner_rule or ""}
-            return self._json("POST", "/adapt", safe=False, files=parts, data=data)
+            return _answer(JobAccepted, self._json("POST", "/adapt", safe=False, files=parts, data=data))
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/jobs/{_seg(job_id)}")
+    def job(self, job_id: str) -> JobOut:
+        return _answer(JobOut, self._json("GET", f"/jobs/{_seg(job_id)}"))
 
-    def jobs(self, *, limit: int = 50, before: str | None = None) -> dict[str, Any]:
+    def jobs(self, *, limit: int = 50, before: str | None = None) -> JobList:
         params: dict[str, Any] = {"limit": limit}
         if before:
             params["before"] = before
-        return self._json("GET", "/jobs", params=params)
+        return _answer(JobList, self._json("GET", "/jobs", params=params))
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/jobs/{_seg(job_id)}/cancel")
+    def cancel(self, job_id: str) -> CancelResponse:
+        return _answer(CancelResponse, self._json("POST", f"/jobs/{_seg(job_id)}/cancel"))
 
-    def wait(self, job_id: str, *, on_update: Callable[[dict[str, Any]], None] | None = None,
-             poll: float = 1.0, timeout: float | None = None) -> dict[str, Any]:
+    def wait(self, job_id: str, *, on_update: Callable[[JobOut], None] | None = None,
+             poll: float = 1.0, timeout: float | None = None) -> JobOut:
         """Poll until the job is finished, failed or canceled; ``on_update`` gets every snapshot."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
             if on_update is not None:
                 on_update(job)
-            if job["status"] in TERMINAL:
+            if job.status in TERMINAL:
                 return job
             if deadline is not None and time.monotonic() > deadline:
-                raise ApiError(f"job {job_id} still {job['status']} after {timeout:.0f}s")
+                raise ApiError(f"job {job_id} still {job.status} after {timeout:.0f}s")
             time.sleep(poll)
 
     def download_checkpoint(self, job_id: str, dest: Path, fmt: str = "pt") -> Path:
@@ -205,7 +239,8 @@ class ApiClient(HttpClient):
         what = f"GET /jobs/{job_id}/checkpoint" + ("" if fmt == "pt" else f"?format={fmt}")
 
         def recorded(size: int, sha256: str) -> None:
-            want = ((self.job(job_id).get("exports") or {}).get(fmt) or {}).get("sha256")
+            made = self.job(job_id).exports.get(fmt)
+            want = made.sha256 if made is not None else None
             if want is not None and want != sha256:
                 raise ApiError(f"{what}: the file hashes to {sha256}, the job records {want}; nothing was kept")
 
@@ -213,26 +248,27 @@ class ApiClient(HttpClient):
         self._download(path, dest, what, None if fmt == "pt" else recorded)
         return dest
 
-    def report(self, job_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/jobs/{_seg(job_id)}/report")
+    def report(self, job_id: str) -> ReportOut:
+        return _answer(ReportOut, self._json("GET", f"/jobs/{_seg(job_id)}/report"))
 
-    def readapt(self, job_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/jobs/{_seg(job_id)}/readapt", safe=False)
+    def readapt(self, job_id: str) -> JobAccepted:
+        return _answer(JobAccepted, self._json("POST", f"/jobs/{_seg(job_id)}/readapt", safe=False))
 
     # --- pool --------------------------------------------------------------------------------------------
-    def delete_pool_item(self, pool_id: str) -> dict[str, Any]:
+    def delete_pool_item(self, pool_id: str) -> DeleteResponse:
         """Withdraw a pool item (admin token); returns its lineage (``jobs``, ``in_flight``)."""
-        return self._json("DELETE", f"/pool/{_seg(pool_id)}", safe=False)
+        return _answer(DeleteResponse, self._json("DELETE", f"/pool/{_seg(pool_id)}", safe=False))
 
-    def lineage(self, pool_id: str) -> dict[str, Any]:
-        return self._json("GET", f"/pool/{_seg(pool_id)}/lineage")
+    def lineage(self, pool_id: str) -> LineageResponse:
+        return _answer(LineageResponse, self._json("GET", f"/pool/{_seg(pool_id)}/lineage"))
 
-    def withdraw_contribution(self, job_id: str) -> dict[str, Any]:
+    def withdraw_contribution(self, job_id: str) -> ContributionWithdrawn:
         """Withdraw the pool images a job contributed, as one unit (admin token); returns the ids and lineage."""
-        return self._json("DELETE", f"/jobs/{_seg(job_id)}/contribution", safe=False)
+        return _answer(ContributionWithdrawn, 
+            self._json("DELETE", f"/jobs/{_seg(job_id)}/contribution", safe=False))
 
     def compact(self, *, threshold: float | None = None, sources: list[str] | None = None, nprobe: int = 2,
-                plan_id: str | None = None) -> dict[str, Any]:
+                plan_id: str | None = None) -> CompactResponse:
         """Pool compaction (admin token). Without ``plan_id``: a dry-run that lists what would be removed and
         returns its ``plan_id``; with it: remove exactly what that dry-run listed."""
         body: dict[str, Any] = {"dry_run": plan_id is None, "nprobe": nprobe}
@@ -240,26 +276,27 @@ class ApiClient(HttpClient):
             body.update(threshold=threshold, sources=sources)
         else:
             body["plan_id"] = plan_id
-        return self._json("POST", "/pool/compact", safe=False, json=body)
+        return _answer(CompactResponse, self._json("POST", "/pool/compact", safe=False, json=body))
 
     # --- teams (admin) -----------------------------------------------------------------------------------
-    def create_key(self, team: str, role: str, name: str = "") -> dict[str, Any]:
+    def create_key(self, team: str, role: str, name: str = "") -> KeyCreated:
         """A new API key for ``team`` with ``role`` (admin token); the answer's ``key`` is shown this once."""
-        return self._json("POST", "/keys", safe=False, json={"team": team, "role": role, "name": name})
+        return _answer(KeyCreated, 
+            self._json("POST", "/keys", safe=False, json={"team": team, "role": role, "name": name}))
 
-    def list_keys(self, *, team: str | None = None, revoked: bool = True) -> list[dict[str, Any]]:
+    def list_keys(self, *, team: str | None = None, revoked: bool = True) -> list[KeyOut]:
         params: dict[str, Any] = {"revoked": "true" if revoked else "false"}
         if team:
             params["team"] = team
-        return list(self._json("GET", "/keys", params=params)["keys"])
+        return _answer(KeyList, self._json("GET", "/keys", params=params)).keys
 
-    def revoke_key(self, key_id: str) -> dict[str, Any]:
-        return self._json("DELETE", f"/keys/{_seg(key_id)}", safe=False)
+    def revoke_key(self, key_id: str) -> KeyOut:
+        return _answer(KeyOut, self._json("DELETE", f"/keys/{_seg(key_id)}", safe=False))
 
     def audit(self, *, limit: int = 100, before: int | None = None, team: str | None = None,
-              action: str | None = None, key_id: str | None = None) -> dict[str, Any]:
+              action: str | None = None, key_id: str | None = None) -> AuditList:
         """A page of the audit log, newest first (admin token); the next page starts ``before`` its
         ``next_before``."""
         params = {k: v for k, v in {"limit": limit, "before": before, "team": team, "action": action,
                                     "key_id": key_id}.items() if v is not None}
-        return self._json("GET", "/audit", params=params)
+        return _answer(AuditList, self._json("GET", "/audit", params=params))

@@ -181,13 +181,6 @@ class JobReport(_Part):
         return v
 
 
-class ServedReport(JobReport):
-    """A report as the API serves it (``GET /jobs/{id}/report``): the job's report, read by its typed fields; what
-    the API adds about the job's state now (its contribution) is left to the JSON."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
 def report_summary(report: JobReport) -> str:
     """A few lines a person reads: what ran, how long, what it used, and the accuracy when labels were given."""
     steps = report.metrics.get("steps")

@@ -1,0 +1,276 @@
+"""The adaptation API's answers as models: the API serves them (its OpenAPI schema is generated from them) and
+:class:`~t3ar.clients.api.ApiClient` returns them, so the CLI reads typed fields.
+
+They live in the library because the CLI reads them too (the library never imports the services); the API's
+:mod:`t3ar_services.api.schemas` imports them from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from t3ar.clients.job_report import AcceptanceRecord, JobReport
+
+JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
+
+
+class Progress(BaseModel):
+    """A job's progress as the worker running it last wrote it (throttled; phase changes go out at once)."""
+
+    phase: str | None = Field(default=None, description="starting, loading, retrieving, adapting, saving, done")
+    epoch: int | None = None
+    epochs: int | None = None
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    loss_ce: float | None = None
+    loss_contrastive: float | None = None
+    pl_change_rate: float | None = Field(default=None, description="share of pseudo-labels that changed")
+    lr: float | None = None
+    candidate: str | None = Field(default=None, description="a job with a holdout: the candidate running, e.g. "
+                                                            "'bn-adapt (2/3)'")
+    device: str | None = None
+    host: str | None = Field(default=None, description="machine running the job")
+    pid: int | None = Field(default=None, description="process running the job")
+    updated_at: str | None = None
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    redis: bool
+    retriever: bool
+    workers: int = Field(description="rq workers listening on the adaptation queue")
+    detail: str | None = None
+
+
+class ModelOut(BaseModel):
+    id: str
+    name: str
+    sha256: str
+    size: int
+    arch: str
+    image_size: int
+    num_classes: int
+    classes: list[str]
+    uploaded_at: str
+
+
+class ModelList(BaseModel):
+    models: list[ModelOut]
+
+
+class TargetInfo(BaseModel):
+    images: int
+    labelled: bool
+    skipped: int = Field(description="unreadable files dropped (only with skip_bad_images=true)")
+
+
+class Contribution(BaseModel):
+    """A job's contribution of its target images to the pool (``contribute=true`` on POST /adapt)."""
+
+    requested: bool
+    status: Literal["not_requested", "waiting", "pending", "done", "none", "withdrawing", "withdrawn"] = Field(
+        description="not_requested; waiting (the job has not finished); pending (finished, being added); done; "
+                    "none (the job failed or was canceled: nothing contributed); withdrawing; withdrawn")
+    source: str | None = Field(default=None, description="the pool source of its items: target:<job id>")
+    images: int | None = Field(default=None, description="target images offered")
+    added: int | None = Field(default=None, description="images that joined the pool")
+    skipped_exact: int | None = Field(default=None, description="skipped: the same file (sha256) was in the pool")
+    skipped_near: int | None = Field(default=None, description="skipped: R's near-duplicate of a pool item (cosine "
+                                                               ">= the pool's duplicate_threshold)")
+    rejected: int | None = None
+    attempts: int | None = Field(default=None, description="failed attempts so far (retried)")
+    error: str | None = None
+    withdrawn_at: str | None = None
+    withdrawn_items: int | None = None
+
+
+class NeighbourSource(BaseModel):
+    job_id: str = Field(description="the job whose contribution it is")
+    source: str
+    items_used: int = Field(description="of its items, how many this job retrieved and used")
+
+
+class ReportOut(JobReport):
+    """A finished job's report as ``GET /jobs/{id}/report`` serves it: what the worker reported, and what the API
+    knows now (not at finishing)."""
+
+    contribution: Contribution = Field(description="whether this job's target joined the pool, and how it went")
+    neighbours_from_contributions: list[NeighbourSource] = Field(
+        default_factory=list, description="earlier jobs' contributions its retrieved neighbours came from")
+
+
+class ExportParity(BaseModel):
+    """The check an export passed before it was kept: the exported model against the checkpoint."""
+
+    images: int
+    images_source: str = Field(description="which images: the job's target (topped up with generated ones)")
+    max_abs_diff: float = Field(description="largest |logit difference| over those images")
+    top1_agreement: float = Field(description="share of the images with the same top-1 class (1.0 = all)")
+    tolerance: float
+    ok: bool
+
+
+class ExportOut(BaseModel):
+    """A finished job's checkpoint in a serving format, made on its first download and kept."""
+
+    format: Literal["onnx", "safetensors"]
+    url: str
+    sha256: str
+    size: int
+    created_at: str
+    parity: ExportParity
+
+
+class JobOut(BaseModel):
+    id: str
+    url: str
+    status: JobStatusName
+    model_id: str
+    parent_id: str | None = Field(default=None, description="the job this one re-runs (readapt)")
+    created_at: str
+    enqueued_at: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    queue_position: int | None = None
+    worker: str | None = None
+    config: dict[str, Any]
+    target: TargetInfo
+    progress: Progress | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = None
+    checkpoint_url: str | None = None
+    report_url: str | None = None
+    exports: dict[str, ExportOut] = Field(
+        default_factory=dict, description="the serving formats made so far, by format: `checkpoint_url` with "
+                                          "`?format=onnx` or `?format=safetensors` makes one on first request")
+    contribution: Contribution = Field(description="whether this job's target joins the pool, and how it went")
+    neighbours_from_contributions: list[NeighbourSource] = Field(
+        default_factory=list, description="earlier jobs' contributions that this job's retrieved neighbours came "
+                                          "from (finished jobs; from its lineage)")
+    acceptance: AcceptanceRecord | None = Field(
+        default=None, description="a job with a holdout, once its candidates were scored: each candidate's top-1 with "
+                                  "its 95 % CI and paired differences to the base model and bn-adapt (points), the "
+                                  "rule and the winner (the job's checkpoint; with require_gain a base-model winner "
+                                  "fails the job)")
+    used_withdrawn: int | None = Field(
+        default=None, description="GET /jobs/{id} of a finished job: how many of the pool items it retrieved were "
+                                  "withdrawn since (above 0: its checkpoint is stale, readapt it); None in lists")
+    superseded_by: list[str] | None = Field(
+        default=None, description="GET /jobs/{id}: the jobs that re-run this one (readapts), newest first; None in "
+                                  "lists")
+
+
+class JobAccepted(BaseModel):
+    id: str
+    url: str
+    status: JobStatusName = "queued"
+    parent_id: str | None = None
+    config: dict[str, Any]
+    target: TargetInfo
+    contribute: bool = Field(default=False, description="the target joins the pool once the job finished")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+    total: int
+    next_before: str | None = Field(default=None, description="pass as ?before= for the next (older) page")
+
+
+class CancelResponse(BaseModel):
+    id: str
+    status: Literal["canceled", "canceling"]
+
+
+class LineageJob(BaseModel):
+    job_id: str
+    url: str
+    checkpoint_url: str
+    readapt_url: str
+    model_id: str | None = None
+    finished_at: str | None = None
+
+
+class LineageResponse(BaseModel):
+    pool_id: str
+    jobs: list[LineageJob] = Field(description="finished jobs whose adaptation retrieved this pool item")
+    in_flight: list[str] = Field(default_factory=list,
+                                 description="jobs running now; they may have retrieved it already")
+
+
+class DeleteResponse(LineageResponse):
+    deleted: bool = True
+    lineage_error: str | None = Field(default=None, description="set when the item was withdrawn but its lineage "
+                                                                "could not be read (then ``jobs`` may be incomplete)")
+
+
+class ContributionWithdrawn(BaseModel):
+    job_id: str
+    source: str
+    withdrawn: list[str] = Field(description="the pool ids of the contribution this withdrawal deleted (not those "
+                                             "removed before, e.g. by compaction)")
+    jobs: list[LineageJob] = Field(description="finished jobs that retrieved any of them: readapt them")
+    in_flight: list[str] = Field(default_factory=list, description="jobs running now; they may have used them")
+
+
+class CompactRemoval(BaseModel):
+    id: str
+    source: str
+    size: int
+    duplicate_of: str
+    score: float
+
+
+class CompactResponse(BaseModel):
+    dry_run: bool
+    plan_id: str
+    threshold: float
+    sources: list[str]
+    remove: list[CompactRemoval] = Field(description="dry-run: what the plan removes; real run: what it removed")
+    bytes_freed: int = Field(description="image bytes the removals free (dry-run: would free)")
+    clusters: int | None = None
+    scanned: int | None = None
+    items: int | None = None
+    method: str | None = None
+    seconds: dict[str, float] = Field(default_factory=dict)
+    jobs: list[LineageJob] = Field(default_factory=list, description="real run: finished jobs that used a removed "
+                                                                     "item")
+    in_flight: list[str] = Field(default_factory=list)
+
+
+class KeyOut(BaseModel):
+    id: str = Field(description="the key's id: not secret; names it in lists and the audit log")
+    team: str
+    role: str
+    name: str
+    created_at: str
+    created_by: str = Field(description="the key id that made it")
+    revoked_at: str | None = None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="the key itself: shown this once, never stored (only its sha256)")
+
+
+class KeyList(BaseModel):
+    keys: list[KeyOut]
+
+
+class AuditOut(BaseModel):
+    seq: int
+    at: str
+    key_id: str
+    team: str
+    action: str
+    target: str
+    client: str = Field(description="the client address as the API saw it")
+    outcome: str
+    detail: str
+
+
+class AuditList(BaseModel):
+    entries: list[AuditOut]
+    next_before: int | None = Field(description="the `before` of the next (older) page; null on the last")
