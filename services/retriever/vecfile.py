@@ -1,0 +1,104 @@
+"""Compact copies of the pool's vectors on disk: float16 rows in one memory-mapped file, keyed by the item's seq.
+
+Row ``seq`` lives at byte ``seq * dim * 2`` (seqs are never reused, so a row is written once and zeroed when its
+item is deleted; the file is sparse where ids were never used). The compressed index (``ivfpq``) searches product
+quantised codes held in RAM and re-ranks its candidates exactly against these rows: the process maps the file and
+the kernel's page cache holds the rows that are read, so the process's own (anonymous) memory stays small
+whatever the pool's size (10 M x 512-d = 9.5 GiB on disk, none of it in the heap).
+
+The file is derived, like the index: SQLite holds every vector, a start-up that cannot trust the file (no saved
+index that vouches for it, a size or sample that disagrees with the database) rewrites it from there. Writes are
+not fsynced (a crash means a rebuild at the next start, exactly as for the index).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+ROW_DTYPE = np.float16
+_GROW = 1 << 16  # rows added to the mapping at a time when the file has to grow (64 Ki rows: 64 MiB at 512-d)
+
+
+class VectorFile:
+    """float16 rows by seq, in ``path``. Readers never block each other; growth (remapping) takes a lock that
+    readers share."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        self.path, self.dim = path, dim
+        self.row_bytes = dim * np.dtype(ROW_DTYPE).itemsize
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock = threading.Lock()
+        self._rows = 0
+        self._mm: mmap.mmap | None = None
+        self._arr: np.ndarray = np.zeros((0, dim), ROW_DTYPE)
+        self._map(os.fstat(self._fd).st_size // self.row_bytes)
+
+    def _map(self, rows: int) -> None:
+        if rows <= self._rows and self._mm is not None:
+            return
+        size = rows * self.row_bytes
+        if os.fstat(self._fd).st_size < size:
+            os.ftruncate(self._fd, size)  # sparse: no disk blocks for rows never written
+        if size == 0:
+            return
+        mm = mmap.mmap(self._fd, size)
+        mm.madvise(mmap.MADV_RANDOM)  # re-ranking reads scattered rows: no read-ahead of neighbours
+        self._arr = np.frombuffer(mm, dtype=ROW_DTYPE).reshape(rows, self.dim)
+        self._mm, self._rows = mm, rows  # the old mapping is freed when no array views it any more
+
+    @property
+    def rows(self) -> int:
+        """Rows the file has room for (1 + the largest seq written, rounded up)."""
+        return self._rows
+
+    def write(self, seqs: np.ndarray, vectors: np.ndarray) -> None:
+        seqs = np.asarray(seqs, dtype=np.int64)
+        if not len(seqs):
+            return
+        top = int(seqs.max()) + 1
+        with self._lock:
+            if top > self._rows:
+                self._map(max(top, self._rows + _GROW))
+            self._arr[seqs] = np.asarray(vectors, dtype=np.float32).astype(ROW_DTYPE)
+
+    def zero(self, seqs: np.ndarray) -> None:
+        """Forget these rows (a deleted item's vector does not stay on disk)."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        seqs = seqs[(seqs >= 0) & (seqs < self._rows)]
+        if len(seqs):
+            self._arr[seqs] = 0
+
+    def read(self, seqs: np.ndarray) -> np.ndarray:
+        """float32 rows for these seqs (zeros for rows never written or beyond the file)."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        arr = self._arr  # one mapping for the whole read, even if another thread grows the file meanwhile
+        out = np.zeros((len(seqs), self.dim), np.float32)
+        ok = (seqs >= 0) & (seqs < len(arr))
+        out[ok] = arr[seqs[ok]]
+        return out
+
+    def reset(self) -> None:
+        """Empty the file (before a rewrite from the database)."""
+        with self._lock:
+            self._arr = np.zeros((0, self.dim), ROW_DTYPE)
+            self._mm, self._rows = None, 0
+            os.ftruncate(self._fd, 0)
+
+    def flush(self) -> None:
+        if self._mm is not None:
+            self._mm.flush()
+        os.fsync(self._fd)
+
+    def disk_bytes(self) -> int:
+        return int(os.fstat(self._fd).st_blocks * 512)
+
+    def close(self) -> None:
+        self._arr = np.zeros((0, self.dim), ROW_DTYPE)
+        self._mm = None
+        os.close(self._fd)
