@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 IndexKind = Literal["flat", "ivf", "ivfpq"]
 TRAINED: tuple[IndexKind, ...] = ("ivf", "ivfpq")  # the kinds trained on the pool's vectors (inverted lists)
+RERANK_MIN_EXTRA = 64  # at least this many candidates beyond k (a k=1 near-duplicate check still sees 65)
 RERANK_CHUNK = 64  # queries re-ranked at a time (bounds the gathered candidate rows: 64 x 200 x 512 x 4 B = 26 MiB)
 SELECTOR_MIN_DROP = 2048  # above this many excluded/tombstoned ids, filter inside faiss instead of over-fetching
 SMALL_BATCH = 20  # faiss' own BLAS threshold: fewer queries are scanned without matrix multiplication
@@ -133,7 +134,7 @@ class IndexConfig:
     train_min: int = 0  # ivf: below this many vectors the index is flat (exact); see training.py
     retrain_growth: float = 2.0  # ivf: retrain once the pool holds this many times the vectors trained on
     pq_m: int = 64  # ivfpq: bytes of code per vector (sub-quantisers of 8 bits; must divide the dimension)
-    rerank: int = 4  # ivfpq: candidates re-scored exactly per result wanted (k * rerank, at least k + 32)
+    rerank: int = 4  # ivfpq: candidates re-scored exactly per result wanted (k * rerank, at least k + 64)
     vector_file: Path | None = None  # ivfpq: where the float16 rows for re-ranking live (vecfile.VectorFile)
 
     @property
@@ -417,7 +418,7 @@ class VectorIndex:
 
     def _candidates(self, k: int) -> int:
         """How many results to ask faiss for (before tombstones): ``k``, or the re-ranking's candidates."""
-        return max(k * self.rerank, k + 32) if self._reranks else k
+        return max(k * self.rerank, k + RERANK_MIN_EXTRA) if self._reranks else k
 
     # --- persistence ------------------------------------------------------------------------------------
     def save(self, path: Path, marker: dict[str, Any]) -> None:

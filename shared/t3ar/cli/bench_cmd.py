@@ -244,3 +244,8 @@ def job(model: Path, target: Path, pool: Path, config_json: str, rounds: int, th
                                                    "warm_wall_s", "phases")},
                           indent=2))
     click.echo(f"wrote {out_dir / 'job-overhead.md'} and {out_dir / 'job-overhead.json'}")
+
+
+from t3ar.bench.retrieval.pool10m_cmd import pool as _pool_bench  # noqa: E402 - t3ar bench pool
+
+bench.add_command(_pool_bench)
