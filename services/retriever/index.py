@@ -136,6 +136,7 @@ class IndexConfig:
     pq_m: int = 64  # ivfpq: bytes of code per vector (sub-quantisers of 8 bits; must divide the dimension)
     rerank: int = 4  # ivfpq: candidates re-scored exactly per result wanted (k * rerank, at least k + 64)
     vector_file: Path | None = None  # ivfpq: where the float16 rows for re-ranking live (vecfile.VectorFile)
+    vectors_shared: bool = False  # the file is the store's own (float16 storage): read, never written, by the index
 
     @property
     def trained(self) -> bool:
@@ -163,6 +164,7 @@ class VectorIndex:
     def __init__(self, index: Any, dim: int, kind: IndexKind, nprobe: int = 32) -> None:
         self._index: Any = index
         self.vectors: VectorFile | None = None  # ivfpq: float16 rows for re-ranking, kept up to date by add/remove
+        self.owns_vectors = True  # False: the rows are the store's (float16 storage), written and zeroed by it
         self.rerank = 4
         self.threads = 0  # OpenMP threads for large query batches (0 = all cores); see search_threads()
         self.dim = dim
@@ -181,11 +183,11 @@ class VectorIndex:
         """Build from ``(seqs, vectors)`` batches. IVF needs data to train: with fewer than 39 vectors per
         list it uses fewer lists, and an empty pool gets a flat index (rebuilt as IVF at a later start)."""
         vf = open_vector_file(dim, config, reset=True)
-        if vf is not None:
+        if vf is not None and not config.vectors_shared:
             batches = _writing(vf, batches)
         built = cls._build(dim, config, batches)
         built.threads = config.threads
-        built.vectors, built.rerank = vf, config.rerank
+        built.vectors, built.rerank, built.owns_vectors = vf, config.rerank, not config.vectors_shared
         built.attach_device(config.device)
         return built
 
@@ -304,7 +306,7 @@ class VectorIndex:
             raise ValueError(f"vectors have dim {vectors.shape[1]}, index has {self.dim}")
         ids, vecs = np.asarray(seqs, dtype=np.int64), _as_f32(vectors)
         with self._lock.write():
-            if self.vectors is not None:  # first: a search that finds the id can re-rank it
+            if self.vectors is not None and self.owns_vectors:  # first: a search that finds it can re-rank it
                 self.vectors.write(ids, vecs)
             self._index.add_with_ids(vecs, ids)
             if self._mirror is not None:
@@ -319,7 +321,7 @@ class VectorIndex:
             self._tomb = self._tomb | gone
             if self._journal is not None:
                 self._journal.removed |= gone
-        if self.vectors is not None and gone:  # filtered from here on; the compact copy goes at once too
+        if self.vectors is not None and self.owns_vectors and gone:  # filtered from here on; the copy goes too
             self.vectors.zero(np.fromiter(gone, dtype=np.int64, count=len(gone)))
 
     # the in-process side of PoolIndex (t3ar_services.retriever.backend): what a Milvus collection does differently
@@ -476,11 +478,12 @@ def _writing(vf: VectorFile, batches: Iterable[tuple[np.ndarray, np.ndarray]]
 
 
 def open_vector_file(dim: int, config: IndexConfig, *, reset: bool) -> VectorFile | None:
-    """The configured index's :class:`VectorFile` (ivfpq with a ``vector_file``), emptied when ``reset``."""
+    """The configured index's :class:`VectorFile` (ivfpq with a ``vector_file``), emptied when ``reset`` (never
+    the store's own file)."""
     if config.kind != "ivfpq" or config.vector_file is None:
         return None
     vf = VectorFile(config.vector_file, dim)
-    if reset:
+    if reset and not config.vectors_shared:
         vf.reset()
     return vf
 

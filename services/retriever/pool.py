@@ -350,7 +350,7 @@ class Pool:
             "count": self.store.count(), "dim": self.info.dim, "identity": self.info.identity,
             "kind": self.info.kind, "pool_tag": self.info.tag, "sources": self.store.sources(),
             "labels": self.store.labels(),
-            "backend": self.info.backend,
+            "backend": self.info.backend, "vector_storage": self.store.vector_storage,
             "index": {"type": index.kind if index else self.info.index_config.kind,
                       "configured_type": self.info.index_config.kind,
                       "vectors": index.count if index else None,

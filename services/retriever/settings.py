@@ -59,6 +59,7 @@ class RetrieverSettings(ServiceSettings):
     ivf_retrain_growth: float = Field(default=2.0, gt=1.0)  # retrain once the pool grew this many times
     index_device: str = "auto"  # auto | faiss | a torch device (cpu, cuda, cuda:N) for exact search
     search_threads: int = Field(default=0, ge=0, le=256)  # for batches of >= 20 queries; 0 = all cores
+    vector_storage: Literal["auto", "sqlite", "float16"] = "auto"  # where a pool keeps its vectors (store.py)
     compact_threshold: int = Field(default=512, ge=1)
     compact_idle_seconds: float = Field(default=2.0, ge=0.0)
 

@@ -46,7 +46,7 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
     shutil.rmtree(root / "tmp", ignore_errors=True)
     (root / "tmp").mkdir()
     store = Store(root / "pool.sqlite3")
-    meta = store.meta()
+    meta = meta_before = store.meta()
     kind = "vectors" if settings.vectors_only else "images"
     if settings.vectors_only:
         identity, dim = settings.vector_identity, settings.vector_dim
@@ -85,19 +85,50 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
         store.close()
         raise PoolIdentityError(f"the pool in {root} holds {meta['dim']}-d vectors, "
                                 f"T3AR_RETRIEVER_VECTOR_DIM says {dim}")
+    repairs = _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
+    if needs_reembed and store.vectors is not None and dim != int(meta["dim"]):
+        store.close()
+        raise PoolIdentityError(f"the pool in {root} keeps {meta['dim']}-d vectors in float16 storage; re-embedding "
+                                f"to {dim}-d is not supported there: start a new pool for the new embedder")
     info = PoolInfo(
         data_dir=root, identity=identity if needs_reembed and identity else meta["identity"],
         dim=dim if needs_reembed and dim else int(meta["dim"]), kind=kind, tag=meta["tag"],  # type: ignore[arg-type]
         index_config=IndexConfig(settings.index_type, settings.ivf_nlist, settings.ivf_nprobe, settings.search_threads,
                                  device=settings.search_device, train_min=settings.ivf_train_min,
                                  retrain_growth=settings.ivf_retrain_growth, pq_m=settings.pq_m,
-                                 rerank=settings.rerank_factor, vector_file=root / "index" / VECTOR_FILE),
-        duplicate_threshold=settings.duplicate_threshold)
+                                 rerank=settings.rerank_factor,
+                                 vector_file=store.vector_path if store.vectors else root / "index" / VECTOR_FILE,
+                                 vectors_shared=store.vectors is not None),
+        duplicate_threshold=settings.duplicate_threshold, repairs=repairs)
     if settings.index_type == "ivfpq" and info.dim % settings.pq_m:
         store.close()
         raise PoolConflictError(f"T3AR_RETRIEVER_PQ_M={settings.pq_m} must divide the pool's dimension {info.dim} "
                                 "(each sub-quantiser codes dim / pq_m components); e.g. 32 or 64 for 512-d")
     return Pool(info, store, BlobStore(root / "blobs")), needs_reembed
+
+
+def _vector_storage(settings: RetrieverSettings, store: Store, dim: int, *, created: bool) -> list[str]:
+    """Put the pool's vectors where ``T3AR_RETRIEVER_VECTOR_STORAGE`` says: a new pool gets float16 storage when
+    asked (``auto``: with the ``ivfpq`` index); an existing ``sqlite`` pool is migrated only when ``float16`` is set
+    explicitly (``auto`` keeps every pool as it is); a float16 pool is never moved back. Returns the repairs."""
+    want = settings.vector_storage
+    if created:
+        if want == "float16" or (want == "auto" and settings.index_type == "ivfpq"):
+            store.use_float16(dim)
+        return []
+    if want == "sqlite" and store.vector_storage == "float16":
+        store.close()
+        raise PoolConflictError(f"the pool in {settings.data_dir} keeps its vectors in float16 storage "
+                                f"({store.vector_path.name}); T3AR_RETRIEVER_VECTOR_STORAGE=sqlite cannot move them "
+                                "back (set it to auto or float16)")
+    if want == "float16" and store.vector_storage == "sqlite":
+        t0 = time.monotonic()
+        moved = store.move_vectors_to_file(dim)
+        msg = f"moved {moved} vectors from SQLite to float16 storage ({store.vector_path.name}) in " \
+              f"{time.monotonic() - t0:.1f}s (T3AR_RETRIEVER_VECTOR_STORAGE=float16)"
+        log.warning("start-up migration: %s", msg)
+        return [msg]
+    return []
 
 
 def reembed(pool: Pool, embed: Callable[[list[bytes], list[str]], np.ndarray], batch: int) -> None:
@@ -200,7 +231,7 @@ def _attach_vector_file(pool: Pool, index: VectorIndex, ids: np.ndarray) -> str 
         if want is None or np.abs(row - want).max() > F16_TOLERANCE:
             vf.close()
             return f"the re-ranking vector file disagrees with the database at id {seq}"
-    index.vectors = vf
+    index.vectors, index.owns_vectors = vf, not pool.info.index_config.vectors_shared
     return None
 
 

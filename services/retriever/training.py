@@ -144,7 +144,8 @@ def build_index(dim: int, config: IndexConfig, total: int, batches: Batches) -> 
     if config.kind != "ivfpq" or total < max(config.train_min, min_to_train(config)) or nlist < 1:
         return VectorIndex.build(dim, config, batches())
     vf = open_vector_file(dim, config, reset=True)
-    index, _ = build_ivf_two_pass(dim, config, nlist, total, batches, write_to=vf)
-    index.vectors = vf
+    index, _ = build_ivf_two_pass(dim, config, nlist, total, batches,
+                                  write_to=None if config.vectors_shared else vf)
+    index.vectors, index.owns_vectors = vf, not config.vectors_shared
     index.attach_device(config.device)
     return index

@@ -25,8 +25,9 @@ _GROW = 1 << 16  # rows added to the mapping at a time when the file has to grow
 
 
 class VectorFile:
-    """float16 rows by seq, in ``path``. Readers never block each other; growth (remapping) takes a lock that
-    readers share."""
+    """float16 rows by seq, in ``path``. Readers never block each other; growth (remapping) takes a lock. Several
+    instances may map one file (the store writes it, the index reads it): a read past this mapping's end maps the
+    file's current size first."""
 
     def __init__(self, path: Path, dim: int) -> None:
         self.path, self.dim = path, dim
@@ -78,6 +79,10 @@ class VectorFile:
         """float32 rows for these seqs (zeros for rows never written or beyond the file)."""
         seqs = np.asarray(seqs, dtype=np.int64)
         arr = self._arr  # one mapping for the whole read, even if another thread grows the file meanwhile
+        if len(seqs) and int(seqs.max()) >= len(arr):  # another VectorFile on this path may have grown the file
+            with self._lock:
+                self._map(os.fstat(self._fd).st_size // self.row_bytes)
+            arr = self._arr
         out = np.zeros((len(seqs), self.dim), np.float32)
         ok = (seqs >= 0) & (seqs < len(arr))
         out[ok] = arr[seqs[ok]]

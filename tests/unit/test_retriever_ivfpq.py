@@ -55,7 +55,11 @@ def test_vector_file_rows_by_seq_round_trip_in_float16_and_zero_on_delete(tmp_pa
     again = VectorFile(tmp_path / "v.f16", D)  # reopened: the rows are on disk
     assert np.abs(again.read(np.array([9]))[0] - v[4]).max() < 1e-3 and not again.read(np.array([3])).any()
     assert again.disk_bytes() < 70000 * D * 2  # sparse where no id was written
+    reader = VectorFile(tmp_path / "v.f16", D)  # a second instance on the file (the index reading the store's rows)
+    again.write(np.array([200_000]), v[:1])  # grows the file past the reader's mapping
+    assert np.abs(reader.read(np.array([200_000]))[0] - v[0]).max() < 1e-3
     again.close()
+    reader.close()
 
 
 def test_ivfpq_reranks_to_exact_scores_and_high_recall_where_pq_alone_is_lower(tmp_path: Path) -> None:
@@ -130,8 +134,8 @@ def test_background_training_then_a_saved_index_loads_without_retraining(tmp_pat
     pool.store.close()
 
 
-def _saved_pool(tmp_path: Path) -> tuple[RetrieverSettings, np.ndarray, list[str]]:
-    settings = _settings(tmp_path)
+def _saved_pool(tmp_path: Path, storage: str) -> tuple[RetrieverSettings, np.ndarray, list[str]]:
+    settings = _settings(tmp_path, vector_storage=storage)
     pool, _ = open_pool(settings, None, None)
     load_index(pool)
     vecs = _unit(1500, 5)
@@ -147,7 +151,9 @@ def _saved_pool(tmp_path: Path) -> tuple[RetrieverSettings, np.ndarray, list[str
 
 @pytest.mark.parametrize("damage", ["corrupt-index", "stale-marker", "vector-file"])
 def test_a_corrupt_or_stale_saved_index_is_rebuilt_never_trusted(tmp_path: Path, damage: str) -> None:
-    settings, vecs, ids = _saved_pool(tmp_path)
+    # sqlite storage for the vector-file case: there index/vectors.f16 is derived and checked (with float16 storage
+    # the file is the pool's own vectors, the source of truth)
+    settings, vecs, ids = _saved_pool(tmp_path, "sqlite" if damage == "vector-file" else "auto")
     index_dir = settings.data_dir / "index"
     if damage == "corrupt-index":
         path = index_dir / "faiss.index"
