@@ -4,7 +4,10 @@ Row ``seq`` lives at byte ``seq * dim * 2`` (seqs are never reused, so a row is 
 item is deleted; the file is sparse where ids were never used). The compressed index (``ivfpq``) searches product
 quantised codes held in RAM and re-ranks its candidates exactly against these rows: the process maps the file and
 the kernel's page cache holds the rows that are read, so the process's own (anonymous) memory stays small
-whatever the pool's size (10 M x 512-d = 9.5 GiB on disk, none of it in the heap).
+whatever the pool's size (10 M x 512-d = 9.5 GiB on disk, none of it in the heap). Writes and large reads (index
+builds) go through ``pwrite``/``pread``, not the mapping, so the process's resident set holds only the rows
+re-ranking touched (a mapped page counts in VmRSS as ``RssFile`` once touched; cached pages that no mapping
+touched do not).
 
 The file is derived, like the index: SQLite holds every vector, a start-up that cannot trust the file (no saved
 index that vouches for it, a size or sample that disagrees with the database) rewrites it from there. Writes are
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 ROW_DTYPE = np.float16
+MAPPED_READ_MAX = 4096  # reads of more rows than this (index builds) use pread on contiguous runs
 _GROW = 1 << 16  # rows added to the mapping at a time when the file has to grow (64 Ki rows: 64 MiB at 512-d)
 
 
@@ -66,19 +70,23 @@ class VectorFile:
         with self._lock:
             if top > self._rows:
                 self._map(max(top, self._rows + _GROW))
-            self._arr[seqs] = np.asarray(vectors, dtype=np.float32).astype(ROW_DTYPE)
+        rows = np.asarray(vectors, dtype=np.float32).astype(ROW_DTYPE)
+        for first, idx in _runs(seqs):
+            os.pwrite(self._fd, np.ascontiguousarray(rows[idx]).tobytes(), first * self.row_bytes)
 
     def zero(self, seqs: np.ndarray) -> None:
         """Forget these rows (a deleted item's vector does not stay on disk)."""
         seqs = np.asarray(seqs, dtype=np.int64)
         seqs = seqs[(seqs >= 0) & (seqs < self._rows)]
-        if len(seqs):
-            self._arr[seqs] = 0
+        for first, idx in _runs(seqs):
+            os.pwrite(self._fd, bytes(len(idx) * self.row_bytes), first * self.row_bytes)
 
     def read(self, seqs: np.ndarray) -> np.ndarray:
         """float32 rows for these seqs (zeros for rows never written or beyond the file)."""
         seqs = np.asarray(seqs, dtype=np.int64)
         arr = self._arr  # one mapping for the whole read, even if another thread grows the file meanwhile
+        if len(seqs) > MAPPED_READ_MAX:
+            return self._pread(seqs)
         if len(seqs) and int(seqs.max()) >= len(arr):  # another VectorFile on this path may have grown the file
             with self._lock:
                 self._map(os.fstat(self._fd).st_size // self.row_bytes)
@@ -86,6 +94,15 @@ class VectorFile:
         out = np.zeros((len(seqs), self.dim), np.float32)
         ok = (seqs >= 0) & (seqs < len(arr))
         out[ok] = arr[seqs[ok]]
+        return out
+
+    def _pread(self, seqs: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(seqs), self.dim), np.float32)
+        ok = np.nonzero(seqs >= 0)[0]
+        for first, idx in _runs(seqs[ok]):
+            data = os.pread(self._fd, len(idx) * self.row_bytes, first * self.row_bytes)
+            got = np.frombuffer(data, dtype=ROW_DTYPE).reshape(-1, self.dim)  # short past the end of the file
+            out[ok[idx[:len(got)]]] = got
         return out
 
     def reset(self) -> None:
@@ -96,8 +113,6 @@ class VectorFile:
             os.ftruncate(self._fd, 0)
 
     def flush(self) -> None:
-        if self._mm is not None:
-            self._mm.flush()
         os.fsync(self._fd)
 
     def disk_bytes(self) -> int:
@@ -107,3 +122,14 @@ class VectorFile:
         self._arr = np.zeros((0, self.dim), ROW_DTYPE)
         self._mm = None
         os.close(self._fd)
+
+
+def _runs(seqs: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Split ``seqs`` into runs of consecutive ids: (first id, positions in ``seqs`` of the run's ids in order).
+    Duplicated ids are kept (a later position wins when written)."""
+    if not len(seqs):
+        return []
+    order = np.argsort(seqs, kind="stable")
+    s = seqs[order]
+    breaks = np.nonzero(np.diff(s) != 1)[0] + 1
+    return [(int(s[a]), order[a:b]) for a, b in zip(np.r_[0, breaks], np.r_[breaks, len(s)], strict=True)]

@@ -66,7 +66,7 @@ def test_ivfpq_pool_deletes_stay_deleted_across_kill9_and_a_clean_restart_loads_
         assert _self_found(c, vecs[20:70], ids[20:70]) >= 0.95
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     assert (data / "index" / "faiss.index.marker.json").exists()
-    rows = (data / "index" / "vectors.f16").read_bytes()
+    rows = (data / "vectors.f16").read_bytes()  # float16 storage, the default for a new ivfpq pool
     assert all(vecs[i].astype(np.float16).tobytes() not in rows for i in range(20))  # deleted rows zeroed
     assert vecs[25].astype(np.float16).tobytes() in rows
     rp = retriever_factory(data, ENV)

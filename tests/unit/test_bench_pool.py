@@ -36,7 +36,8 @@ def _result(n: int) -> dict[str, object]:
             "disk_breakdown": {"pool.sqlite3": 4 << 30}, "cold_start_s": 3.0, "deleted_still_returned": 0,
             "deleted_returned_after_2xx": 0, "deleted_returned_after_restart": 0, "deletes": 10, "delete": p,
             "ingest_vectors_per_s": 5000.0, "ingest_wall_s": 40.0, "train_wait_after_ingest_s": 1.0,
-            "cold_start_repairs": [], "single_after_restart": p, "memory_after_restart": mem,
+            "cold_start_repairs": [], "single_after_restart": p, "memory_after_restart": mem, "memory_empty": mem,
+            "anon_bytes_per_vector": 100.0,
             "real_embeddings": {"measured": False, "why": "none here"}, "command": "t3ar bench pool",
             "machine": "x86_64", "started_at": "now", "commit": "abc", "wall_s": 60.0}
 

@@ -203,3 +203,18 @@ def test_near_duplicates_are_found_through_the_compressed_index(tmp_path: Path) 
     assert out[0].status == "duplicate" and out[0].duplicate_of == pool.format_id(8) and out[0].score is not None
     assert out[0].score >= 0.98 and out[1].status == "added"
     pool.store.close()
+
+
+def test_large_reads_and_writes_bypass_the_mapping_and_agree_with_it(tmp_path: Path) -> None:
+    vf = VectorFile(tmp_path / "v.f16", D)
+    v = _unit(6000, 9)
+    seqs = np.r_[np.arange(1, 3001), np.arange(5000, 8000)]  # two runs, written out of order
+    perm = np.random.default_rng(0).permutation(len(seqs))
+    vf.write(seqs[perm], v[perm])
+    big = vf.read(np.r_[seqs, [4000, 10**7, -3]])  # > MAPPED_READ_MAX rows: pread, zeros where nothing is
+    small = vf.read(seqs[:100])  # the mapping
+    assert np.abs(big[:6000] - v).max() < 1e-3 and not big[6000:].any()
+    assert np.array_equal(small, big[:100])
+    vf.zero(seqs[::2])
+    assert not vf.read(seqs[::2]).any() and np.abs(vf.read(seqs[1::2]) - v[1::2]).max() < 1e-3
+    vf.close()

@@ -129,6 +129,7 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
     victims = np.sort(rng.choice(np.arange(1, n + 1), size=min(n_deletes, n // 2), replace=False))
     victim_vecs: dict[int, np.ndarray] = {}
     with retriever_service(data, env) as (client, proc):
+        out["memory_empty"] = proc_memory(proc.pid)  # the process before the pool holds anything
         t0, t_post = time.perf_counter(), 0.0
         for start in range(0, n, CHUNK):
             chunk = mixture_vectors(min(CHUNK, n - start), seed=BASE_SEED + start // CHUNK)
@@ -182,7 +183,9 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
         out["deleted_returned_after_restart"] = sum(g in row for g, row in zip(gone, res, strict=True))
         found, seconds = _searches(client, queries[: max(20, n_queries // 4)])
         out["single_after_restart"] = percentiles(seconds)
-        out["memory_after_restart"] = proc_memory(proc.pid)
+        out["memory_after_restart"] = mem = proc_memory(proc.pid)
+        if mem["rss_anon_bytes"] is not None and out["memory_empty"]["rss_anon_bytes"] is not None:
+            out["anon_bytes_per_vector"] = (mem["rss_anon_bytes"] - out["memory_empty"]["rss_anon_bytes"]) / n
     out["deleted_still_returned"] = out["deleted_returned_after_2xx"] + out["deleted_returned_after_restart"]
     out["real_embeddings"] = bench_real(work, real, nprobe=nprobe, rerank=rerank)
     return out

@@ -67,7 +67,10 @@ def write_report(r: dict[str, Any], out_dir: Path) -> None:
     lines += ["", "Memory: `rss_bytes` is VmRSS after the load, "
               f"of which RssAnon (the process's own memory) {_gib(r['rss_anon_bytes'])} and RssFile (mapped file "
               f"pages: the float16 rows read by re-ranking, dropped by the kernel under pressure) "
-              f"{_gib(r['rss_file_bytes'])}; after a cold start {_gib(r['memory_after_restart']['rss_bytes'])}.",
+              f"{_gib(r['rss_file_bytes'])}; after a cold start {_gib(r['memory_after_restart']['rss_bytes'])} "
+              f"(RssAnon {_gib(r['memory_after_restart']['rss_anon_bytes'])}; "
+              f"{_gib(r['memory_empty']['rss_anon_bytes'])} with the pool empty: "
+              f"{r.get('anon_bytes_per_vector') or 0:.0f} bytes of anonymous memory per vector).",
               "", f"Disk ({_gib(r['disk_bytes'])} allocated; raw float32 would be {_gib(r['raw_float32_bytes'])}): "
               + ", ".join(f"`{k}` {_gib(v)}" for k, v in r["disk_breakdown"].items()) + ".", "",
               f"Ingest: {r['ingest_vectors_per_s']:,.0f} vectors/s over the POSTs ({r['ingest_wall_s']:.0f} s wall "
