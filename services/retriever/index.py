@@ -4,7 +4,7 @@
   product, native ids, removal supported), trained on the stored vectors when the index is built. ``ivfpq``:
   ``IndexIVFPQ`` (the same lists, each vector held as ``pq_m`` bytes of product-quantised code instead of
   ``4 * dim``), whose ``rerank * k`` candidates are re-scored exactly against the float16 rows of a
-  :class:`~t3ar_services.retriever.vecfile.VectorFile` (memory-mapped on disk) before the top k are returned: the
+  :class:`~t3ar_services.retriever.vecfile.VectorFile` (on disk, read with ``pread``) before the top k are returned: the
   compressed index for pools that do not fit in RAM as float32 (10 M x 512-d: 640 MiB of codes, 9.5 GiB on disk).
 - ids are the store's ``seq`` (int64, never reused); faiss' ``-1`` (missing result) is never returned.
 - Concurrency: searches hold the read side of a writer-preferring RW lock; ``add`` and physical removal hold

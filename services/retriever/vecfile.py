@@ -1,22 +1,21 @@
-"""Compact copies of the pool's vectors on disk: float16 rows in one memory-mapped file, keyed by the item's seq.
+"""Compact copies of the pool's vectors on disk: float16 rows in one file, keyed by the item's seq.
 
 Row ``seq`` lives at byte ``seq * dim * 2`` (seqs are never reused, so a row is written once and zeroed when its
 item is deleted; the file is sparse where ids were never used). The compressed index (``ivfpq``) searches product
-quantised codes held in RAM and re-ranks its candidates exactly against these rows: the process maps the file and
-the kernel's page cache holds the rows that are read, so the process's own (anonymous) memory stays small
-whatever the pool's size (10 M x 512-d = 9.5 GiB on disk, none of it in the heap). Writes and large reads (index
-builds) go through ``pwrite``/``pread``, not the mapping, so the process's resident set holds only the rows
-re-ranking touched (a mapped page counts in VmRSS as ``RssFile`` once touched; cached pages that no mapping
-touched do not).
+quantised codes held in RAM and re-ranks its candidates exactly against these rows, read with ``pread``: the
+kernel's page cache keeps the rows that are read, the process's resident set none of them, whatever the pool's
+size (10 M x 512-d = 9.5 GiB on disk). A memory mapping was tried first and measured: the kernel maps the cached
+neighbours of every faulted page (fault-around), so after a few thousand re-ranked queries the mapped rows counted
+in the retriever's VmRSS (RssFile) grew to the whole file (0.17 GiB more than the empty process at 200,000
+vectors); ``pread`` of ~200 rows of 1 KiB per query costs well under a millisecond.
 
-The file is derived, like the index: SQLite holds every vector, a start-up that cannot trust the file (no saved
-index that vouches for it, a size or sample that disagrees with the database) rewrites it from there. Writes are
-not fsynced (a crash means a rebuild at the next start, exactly as for the index).
+Where the file is the pool's vectors (float16 storage, ``store.py``) the store writes it and the index only reads
+it; otherwise it is derived, like the index: a start-up that cannot trust it (no saved index that vouches for it,
+a size or sample that disagrees with the database) rewrites it from SQLite.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from pathlib import Path
@@ -24,14 +23,13 @@ from pathlib import Path
 import numpy as np
 
 ROW_DTYPE = np.float16
-MAPPED_READ_MAX = 4096  # reads of more rows than this (index builds) use pread on contiguous runs
-_GROW = 1 << 16  # rows added to the mapping at a time when the file has to grow (64 Ki rows: 64 MiB at 512-d)
+SCATTERED_READ_MAX = 4096  # reads of more rows than this (index builds) read contiguous runs at once
+_GROW = 1 << 16  # rows the file grows by at a time (64 Ki rows: 64 MiB at 512-d, sparse until written)
 
 
 class VectorFile:
-    """float16 rows by seq, in ``path``. Readers never block each other; growth (remapping) takes a lock. Several
-    instances may map one file (the store writes it, the index reads it): a read past this mapping's end maps the
-    file's current size first."""
+    """float16 rows by seq, in ``path``, read and written with ``pread``/``pwrite`` (thread-safe; several
+    instances may share one file: the store writes it, the index reads it)."""
 
     def __init__(self, path: Path, dim: int) -> None:
         self.path, self.dim = path, dim
@@ -39,28 +37,11 @@ class VectorFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self._lock = threading.Lock()
-        self._rows = 0
-        self._mm: mmap.mmap | None = None
-        self._arr: np.ndarray = np.zeros((0, dim), ROW_DTYPE)
-        self._map(os.fstat(self._fd).st_size // self.row_bytes)
-
-    def _map(self, rows: int) -> None:
-        if rows <= self._rows and self._mm is not None:
-            return
-        size = rows * self.row_bytes
-        if os.fstat(self._fd).st_size < size:
-            os.ftruncate(self._fd, size)  # sparse: no disk blocks for rows never written
-        if size == 0:
-            return
-        mm = mmap.mmap(self._fd, size)
-        mm.madvise(mmap.MADV_RANDOM)  # re-ranking reads scattered rows: no read-ahead of neighbours
-        self._arr = np.frombuffer(mm, dtype=ROW_DTYPE).reshape(rows, self.dim)
-        self._mm, self._rows = mm, rows  # the old mapping is freed when no array views it any more
 
     @property
     def rows(self) -> int:
         """Rows the file has room for (1 + the largest seq written, rounded up)."""
-        return self._rows
+        return os.fstat(self._fd).st_size // self.row_bytes
 
     def write(self, seqs: np.ndarray, vectors: np.ndarray) -> None:
         seqs = np.asarray(seqs, dtype=np.int64)
@@ -68,32 +49,31 @@ class VectorFile:
             return
         top = int(seqs.max()) + 1
         with self._lock:
-            if top > self._rows:
-                self._map(max(top, self._rows + _GROW))
-        rows = np.asarray(vectors, dtype=np.float32).astype(ROW_DTYPE)
+            rows = self.rows
+            if top > rows:  # sparse: no disk blocks for rows never written
+                os.ftruncate(self._fd, max(top, rows + _GROW) * self.row_bytes)
+        half = np.asarray(vectors, dtype=np.float32).astype(ROW_DTYPE)
         for first, idx in _runs(seqs):
-            os.pwrite(self._fd, np.ascontiguousarray(rows[idx]).tobytes(), first * self.row_bytes)
+            os.pwrite(self._fd, np.ascontiguousarray(half[idx]).tobytes(), first * self.row_bytes)
 
     def zero(self, seqs: np.ndarray) -> None:
         """Forget these rows (a deleted item's vector does not stay on disk)."""
         seqs = np.asarray(seqs, dtype=np.int64)
-        seqs = seqs[(seqs >= 0) & (seqs < self._rows)]
+        seqs = seqs[(seqs >= 0) & (seqs < self.rows)]
         for first, idx in _runs(seqs):
             os.pwrite(self._fd, bytes(len(idx) * self.row_bytes), first * self.row_bytes)
 
     def read(self, seqs: np.ndarray) -> np.ndarray:
         """float32 rows for these seqs (zeros for rows never written or beyond the file)."""
         seqs = np.asarray(seqs, dtype=np.int64)
-        arr = self._arr  # one mapping for the whole read, even if another thread grows the file meanwhile
-        if len(seqs) > MAPPED_READ_MAX:
+        if len(seqs) > SCATTERED_READ_MAX:
             return self._pread(seqs)
-        if len(seqs) and int(seqs.max()) >= len(arr):  # another VectorFile on this path may have grown the file
-            with self._lock:
-                self._map(os.fstat(self._fd).st_size // self.row_bytes)
-            arr = self._arr
         out = np.zeros((len(seqs), self.dim), np.float32)
-        ok = (seqs >= 0) & (seqs < len(arr))
-        out[ok] = arr[seqs[ok]]
+        ok = np.nonzero((seqs >= 0) & (seqs < self.rows))[0]
+        if len(ok):
+            rb, fd = self.row_bytes, self._fd
+            data = b"".join([os.pread(fd, rb, s * rb) for s in seqs[ok].tolist()])
+            out[ok] = np.frombuffer(data, dtype=ROW_DTYPE).reshape(len(ok), self.dim)
         return out
 
     def _pread(self, seqs: np.ndarray) -> np.ndarray:
@@ -108,8 +88,6 @@ class VectorFile:
     def reset(self) -> None:
         """Empty the file (before a rewrite from the database)."""
         with self._lock:
-            self._arr = np.zeros((0, self.dim), ROW_DTYPE)
-            self._mm, self._rows = None, 0
             os.ftruncate(self._fd, 0)
 
     def flush(self) -> None:
@@ -119,8 +97,6 @@ class VectorFile:
         return int(os.fstat(self._fd).st_blocks * 512)
 
     def close(self) -> None:
-        self._arr = np.zeros((0, self.dim), ROW_DTYPE)
-        self._mm = None
         os.close(self._fd)
 
 

@@ -1,4 +1,4 @@
-"""The compressed index (``ivfpq``): IVF-PQ codes in RAM, exact re-ranking from float16 rows in a memory-mapped
+"""The compressed index (``ivfpq``): IVF-PQ codes in RAM, exact re-ranking from float16 rows in a
 file, deletes, compaction, background retraining, near-duplicates, and the saved index (stale or corrupt: rebuilt)."""
 
 from __future__ import annotations
