@@ -221,7 +221,7 @@ class VectorIndex:
         if nlist < config.nlist:
             log.warning("ivf: %d vectors train only %d lists (configured %d)", n, nlist, config.nlist)
         rng = np.random.default_rng(0)
-        frac = min(1.0, nlist * 256 / n)
+        frac = min(1.0, nlist * (64 if config.kind == "ivfpq" else 256) / n)  # as training.py
         sample = np.concatenate([v[rng.random(len(v)) < frac] for _, v in parts])  # no full copy of the pool
         ivf = new_trained(dim, config, nlist, sample)
         for seqs, vecs in parts:

@@ -15,7 +15,8 @@ Searches run on the live index throughout; a delete acknowledged during the buil
 by the shared tombstone set. Peak memory of a rebuild: the live index + the new one + the sample (~0.5 GiB at
 nlist 1024, 512-d) + one database batch. With ``ivfpq`` both indexes are codes (``pq_m`` + 8 bytes of id per
 vector: 0.7 GiB each at 10 M, m 64), the float16 re-ranking rows are one file on disk shared by both (keyed
-by id, written by every add, not rebuilt by a retrain), so a retrain never holds two copies of the vectors.
+by id, written by every add, not rebuilt by a retrain), so a retrain never holds two copies of the vectors; its
+sample is 64 vectors per list (0.5 GiB at nlist 4096).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 MIN_PER_LIST = 39  # faiss' own warning threshold for k-means training points per centroid
 SAMPLE_PER_LIST = 256  # faiss' default cap of training points per centroid
+# ivfpq: fewer (the pool it is for is large: at nlist 4096, 256 per list would hold 2 GiB of float32 while a retrain
+# runs beside the live index; 64 per list is 0.5 GiB, above faiss' 39, and 262,144 points for the PQ codebooks)
+SAMPLE_PER_LIST_PQ = 64
 
 Batches = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 
@@ -59,7 +63,8 @@ def build_ivf_two_pass(dim: int, config: IndexConfig, nlist: int, total: int, ba
     also write each vector of the second pass there (the start-up rebuild of the re-ranking rows). Never more
     than the sample and one batch of float32 vectors in memory besides the index itself."""
     rng = np.random.default_rng(0)
-    frac = min(1.0, nlist * SAMPLE_PER_LIST / max(total, 1))
+    per_list = SAMPLE_PER_LIST_PQ if config.kind == "ivfpq" else SAMPLE_PER_LIST
+    frac = min(1.0, nlist * per_list / max(total, 1))
     sample = np.concatenate([v[rng.random(len(v)) < frac] for _, v in batches()] or [np.empty((0, dim), np.float32)])
     if len(sample) < nlist:
         raise ValueError(f"{len(sample)} training vectors for {nlist} lists")
