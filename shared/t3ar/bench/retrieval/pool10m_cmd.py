@@ -65,8 +65,8 @@ def write_report(r: dict[str, Any], out_dir: Path) -> None:
         lines += ["", f"The machine's 1-minute load average while the single queries ran: {load:.1f} on "
                   f"{r['machine'].split(', ')[1]} (latency is CPU-bound: above the core count it is inflated)."]
     lines += ["", "Memory: `rss_bytes` is VmRSS after the load, "
-              f"of which RssAnon (the process's own memory) {_gib(r['rss_anon_bytes'])} and RssFile (mapped file "
-              f"pages: the float16 rows read by re-ranking, dropped by the kernel under pressure) "
+              f"of which RssAnon (the process's own memory) {_gib(r['rss_anon_bytes'])} and RssFile (mapped files: "
+              f"the libraries; the float16 rows are read with pread and stay in the page cache, outside it) "
               f"{_gib(r['rss_file_bytes'])}; after a cold start {_gib(r['memory_after_restart']['rss_bytes'])} "
               f"(RssAnon {_gib(r['memory_after_restart']['rss_anon_bytes'])}; "
               f"{_gib(r['memory_empty']['rss_anon_bytes'])} with the pool empty: "
