@@ -85,7 +85,11 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
         store.close()
         raise PoolIdentityError(f"the pool in {root} holds {meta['dim']}-d vectors, "
                                 f"T3AR_RETRIEVER_VECTOR_DIM says {dim}")
-    repairs = _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
+    try:
+        repairs = _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
+    except BaseException:
+        store.close()
+        raise
     if needs_reembed and store.vectors is not None and dim != int(meta["dim"]):
         store.close()
         raise PoolIdentityError(f"the pool in {root} keeps {meta['dim']}-d vectors in float16 storage; re-embedding "
@@ -117,7 +121,6 @@ def _vector_storage(settings: RetrieverSettings, store: Store, dim: int, *, crea
             store.use_float16(dim)
         return []
     if want == "sqlite" and store.vector_storage == "float16":
-        store.close()
         raise PoolConflictError(f"the pool in {settings.data_dir} keeps its vectors in float16 storage "
                                 f"({store.vector_path.name}); T3AR_RETRIEVER_VECTOR_STORAGE=sqlite cannot move them "
                                 "back (set it to auto or float16)")

@@ -109,3 +109,30 @@ def test_use_float16_refuses_a_pool_with_items(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="empty pool"):
         store.use_float16(D)
     store.close()
+
+
+def test_a_migration_that_fails_before_its_commit_leaves_the_sqlite_pool_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool, _ = open_pool(_settings(tmp_path), None, None)
+    load_index(pool)
+    vecs = _unit(100, 6)
+    pool.add_vectors(vecs, source="s", metadata={})
+    pool.store.close()
+
+    def crash(self: object) -> None:
+        raise OSError("disk full")
+
+    from t3ar_services.retriever.vecfile import VectorFile
+
+    monkeypatch.setattr(VectorFile, "flush", crash)  # the file written, its fsync fails: no commit follows
+    with pytest.raises(OSError, match="disk full"):
+        open_pool(_settings(tmp_path, vector_storage="float16"), None, None)
+    monkeypatch.undo()
+    pool, _ = open_pool(_settings(tmp_path), None, None)
+    assert pool.store.vector_storage == "sqlite" and _column_bytes(tmp_path / "pool") == 100 * D * 4
+    got = pool.store.vector(1)
+    assert got is not None and np.array_equal(got, vecs[0])
+    pool.store.close()
+    pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # and a retry completes it
+    assert pool.store.vector_storage == "float16" and "moved 100 vectors" in pool.info.repairs[0]
+    pool.store.close()
