@@ -19,6 +19,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from t3ar.curation import plan_removals
+from t3ar_services.retriever.store import VECTOR_FILE
+from t3ar_services.retriever.vecfile import VectorFile
 
 MAX_SOURCES = 100
 #: a source tag (at most 200 printable characters) or a prefix of one followed by *
@@ -69,16 +71,23 @@ def snapshot(db_path: Path, dim: int) -> tuple[np.ndarray, list[str], np.ndarray
         seqs, sizes = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         vecs = np.empty((n, dim), dtype=np.float32)  # filled in place: no second copy of the vectors
         sources: list[str] = []
+        storage = conn.execute("SELECT value FROM meta WHERE key = 'vector_storage'").fetchone()
+        vf = VectorFile(db_path.parent / VECTOR_FILE, dim) if storage and storage[0] == "float16" else None
         cur = conn.execute("SELECT seq, source, size, vector FROM items ORDER BY seq")
         i = 0
         while rows := cur.fetchmany(65536):
             j = i + len(rows)
             seqs[i:j] = [r[0] for r in rows]
             sizes[i:j] = [r[2] for r in rows]
-            vecs[i:j] = np.frombuffer(b"".join(r[3] for r in rows), dtype="<f4").reshape(len(rows), dim)
+            if vf is not None:  # float16 storage (store.py): the rows of committed ids never change
+                vecs[i:j] = vf.read(seqs[i:j])
+            else:
+                vecs[i:j] = np.frombuffer(b"".join(r[3] for r in rows), dtype="<f4").reshape(len(rows), dim)
             sources += [r[1] for r in rows]
             i = j
         conn.execute("COMMIT")
+        if vf is not None:
+            vf.close()
     finally:
         conn.close()
     return seqs[:i], sources, sizes[:i], vecs[:i]

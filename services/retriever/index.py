@@ -1,7 +1,11 @@
 """The derived faiss index over the pool's vectors, safe for concurrent searches.
 
 - ``flat``: ``IndexIDMap2(IndexFlatIP)``, exact inner product (the paper). ``ivf``: ``IndexIVFFlat`` (inner
-  product, native ids, removal supported), trained on the stored vectors when the index is built.
+  product, native ids, removal supported), trained on the stored vectors when the index is built. ``ivfpq``:
+  ``IndexIVFPQ`` (the same lists, each vector held as ``pq_m`` bytes of product-quantised code instead of
+  ``4 * dim``), whose ``rerank * k`` candidates are re-scored exactly against the float16 rows of a
+  :class:`~t3ar_services.retriever.vecfile.VectorFile` (on disk, read with ``pread``) before the top k are returned: the
+  compressed index for pools that do not fit in RAM as float32 (10 M x 512-d: 640 MiB of codes, 9.5 GiB on disk).
 - ids are the store's ``seq`` (int64, never reused); faiss' ``-1`` (missing result) is never returned.
 - Concurrency: searches hold the read side of a writer-preferring RW lock; ``add`` and physical removal hold
   the write side (faiss is not safe for a write concurrent with searches).
@@ -33,12 +37,16 @@ import faiss
 import numpy as np
 
 from t3ar_services.common.files import fsync_path
+from t3ar_services.retriever.vecfile import VectorFile
 
 F: Any = faiss  # the bundled stubs are incomplete (kwargs constructors, IVF attributes)
 
 log = logging.getLogger(__name__)
 
-IndexKind = Literal["flat", "ivf"]
+IndexKind = Literal["flat", "ivf", "ivfpq"]
+TRAINED: tuple[IndexKind, ...] = ("ivf", "ivfpq")  # the kinds trained on the pool's vectors (inverted lists)
+RERANK_MIN_EXTRA = 64  # at least this many candidates beyond k (a k=1 near-duplicate check still sees 65)
+RERANK_CHUNK = 64  # queries re-ranked at a time (bounds the gathered candidate rows: 64 x 200 x 512 x 4 B = 26 MiB)
 SELECTOR_MIN_DROP = 2048  # above this many excluded/tombstoned ids, filter inside faiss instead of over-fetching
 SMALL_BATCH = 20  # faiss' own BLAS threshold: fewer queries are scanned without matrix multiplication
 
@@ -125,6 +133,19 @@ class IndexConfig:
     device: str | None = None  # a torch device for exact search (TorchFlat mirror of a flat index); None = faiss
     train_min: int = 0  # ivf: below this many vectors the index is flat (exact); see training.py
     retrain_growth: float = 2.0  # ivf: retrain once the pool holds this many times the vectors trained on
+    pq_m: int = 64  # ivfpq: bytes of code per vector (sub-quantisers of 8 bits; must divide the dimension)
+    rerank: int = 4  # ivfpq: candidates re-scored exactly per result wanted (k * rerank, at least k + 64)
+    vector_file: Path | None = None  # ivfpq: where the float16 rows for re-ranking live (vecfile.VectorFile)
+    vectors_shared: bool = False  # the file is the store's own (float16 storage): read, never written, by the index
+
+    @property
+    def trained(self) -> bool:
+        return self.kind in TRAINED
+
+    def marker(self) -> dict[str, Any]:
+        """What a saved index must have been configured with to be loaded under this configuration."""
+        return {"configured_type": self.kind, "configured_nlist": self.nlist if self.trained else None,
+                **({"configured_pq_m": self.pq_m} if self.kind == "ivfpq" else {})}
 
 
 @dataclass
@@ -142,6 +163,9 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
 class VectorIndex:
     def __init__(self, index: Any, dim: int, kind: IndexKind, nprobe: int = 32) -> None:
         self._index: Any = index
+        self.vectors: VectorFile | None = None  # ivfpq: float16 rows for re-ranking, kept up to date by add/remove
+        self.owns_vectors = True  # False: the rows are the store's (float16 storage), written and zeroed by it
+        self.rerank = 4
         self.threads = 0  # OpenMP threads for large query batches (0 = all cores); see search_threads()
         self.dim = dim
         self.kind: IndexKind = kind
@@ -158,8 +182,12 @@ class VectorIndex:
     def build(cls, dim: int, config: IndexConfig, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> VectorIndex:
         """Build from ``(seqs, vectors)`` batches. IVF needs data to train: with fewer than 39 vectors per
         list it uses fewer lists, and an empty pool gets a flat index (rebuilt as IVF at a later start)."""
+        vf = open_vector_file(dim, config, reset=True)
+        if vf is not None and not config.vectors_shared:
+            batches = _writing(vf, batches)
         built = cls._build(dim, config, batches)
         built.threads = config.threads
+        built.vectors, built.rerank, built.owns_vectors = vf, config.rerank, not config.vectors_shared
         built.attach_device(config.device)
         return built
 
@@ -186,20 +214,20 @@ class VectorIndex:
         parts = list(batches)
         n = sum(len(s) for s, _ in parts)
         nlist = min(config.nlist, n // 39)
-        if nlist < 1 or n < config.train_min:
+        if nlist < 1 or n < config.train_min or n < min_to_train(config):
             log.info("ivf index requested but the pool has %d vectors (trained from %d): exact flat index for now",
                      n, max(config.train_min, 39))
             return cls._build(dim, IndexConfig("flat"), parts)
         if nlist < config.nlist:
             log.warning("ivf: %d vectors train only %d lists (configured %d)", n, nlist, config.nlist)
         rng = np.random.default_rng(0)
-        frac = min(1.0, nlist * 256 / n)
+        frac = min(1.0, nlist * (64 if config.kind == "ivfpq" else 256) / n)  # as training.py
         sample = np.concatenate([v[rng.random(len(v)) < frac] for _, v in parts])  # no full copy of the pool
-        ivf = new_ivf(dim, nlist, sample)
+        ivf = new_trained(dim, config, nlist, sample)
         for seqs, vecs in parts:
             ivf.add_with_ids(_as_f32(vecs), seqs.astype(np.int64))
         ivf.nprobe = min(config.nprobe, nlist)
-        out = cls(ivf, dim, "ivf", ivf.nprobe)
+        out = cls(ivf, dim, config.kind, ivf.nprobe)
         out.trained_on = n
         return out
 
@@ -258,7 +286,7 @@ class VectorIndex:
 
     @property
     def nlist(self) -> int | None:
-        return int(self._index.nlist) if self.kind == "ivf" else None
+        return int(self._index.nlist) if self.kind in TRAINED else None
 
     def live_ids(self) -> np.ndarray:
         with self._lock.read():
@@ -278,6 +306,8 @@ class VectorIndex:
             raise ValueError(f"vectors have dim {vectors.shape[1]}, index has {self.dim}")
         ids, vecs = np.asarray(seqs, dtype=np.int64), _as_f32(vectors)
         with self._lock.write():
+            if self.vectors is not None and self.owns_vectors:  # first: a search that finds it can re-rank it
+                self.vectors.write(ids, vecs)
             self._index.add_with_ids(vecs, ids)
             if self._mirror is not None:
                 self._mirror.add(ids, vecs)
@@ -291,6 +321,8 @@ class VectorIndex:
             self._tomb = self._tomb | gone
             if self._journal is not None:
                 self._journal.removed |= gone
+        if self.vectors is not None and self.owns_vectors and gone:  # filtered from here on; the copy goes too
+            self.vectors.zero(np.fromiter(gone, dtype=np.int64, count=len(gone)))
 
     # the in-process side of PoolIndex (t3ar_services.retriever.backend): what a Milvus collection does differently
     persistent = False  # rebuilt from the database when it cannot be trusted; saved at shutdown
@@ -326,7 +358,7 @@ class VectorIndex:
     def scan_cost(self, n_queries: int) -> float:
         """About how many multiply-adds a search of ``n_queries`` costs (no lock; for scheduling decisions)."""
         n = float(self._index.ntotal)
-        if self.kind == "ivf":
+        if self.kind in TRAINED:
             nlist = float(self._index.nlist)
             n = nlist + n * min(self.nprobe, nlist) / nlist
         return n_queries * n * self.dim
@@ -354,10 +386,10 @@ class VectorIndex:
                     parts.append(faiss.IDSelectorNot(faiss.IDSelectorBatch(
                         np.fromiter(drop, dtype=np.int64, count=len(drop)))))
                 sel = parts[0] if len(parts) == 1 else faiss.IDSelectorAnd(parts[0], parts[1])
-                kk = min(k, ntotal)
+                kk = min(self._candidates(k), ntotal)
             else:
-                kk = min(k + len(drop), ntotal)
-            if self.kind == "ivf":
+                kk = min(self._candidates(k) + len(drop), ntotal)
+            if self.kind in TRAINED:
                 params: Any = F.SearchParametersIVF(nprobe=self.nprobe, sel=sel) if sel is not None \
                     else F.SearchParametersIVF(nprobe=self.nprobe)
             else:
@@ -371,6 +403,9 @@ class VectorIndex:
         valid = ids >= 0
         if drop and sel is None:
             valid &= ~np.isin(ids, np.fromiter(drop, dtype=np.int64, count=len(drop)))
+        if self._reranks:
+            assert self.vectors is not None
+            scores, ids, valid = _rerank(self.vectors, q, ids, valid, k)
         if valid.all():  # the usual case: every row is k live ids (views of the answer's rows, no copies)
             return list(scores[:, :k]), list(ids[:, :k])
         out_s, out_i = [], []
@@ -379,11 +414,21 @@ class VectorIndex:
             out_i.append(row_i[row_v][:k])
         return out_s, out_i
 
+    @property
+    def _reranks(self) -> bool:
+        return self.kind == "ivfpq" and self.vectors is not None
+
+    def _candidates(self, k: int) -> int:
+        """How many results to ask faiss for (before tombstones): ``k``, or the re-ranking's candidates."""
+        return max(k * self.rerank, k + RERANK_MIN_EXTRA) if self._reranks else k
+
     # --- persistence ------------------------------------------------------------------------------------
     def save(self, path: Path, marker: dict[str, Any]) -> None:
         """Write the index and its marker (the DB state it reflects) atomically, index first."""
         self.compact()
         with self._lock.read():
+            if self.vectors is not None:  # the rows the saved index re-ranks with, on disk before its marker
+                self.vectors.flush()
             tmp = path.with_suffix(".tmp")
             faiss.write_index(self._index, str(tmp))
         fsync_path(tmp)
@@ -404,10 +449,14 @@ class VectorIndex:
         index: Any = faiss.read_index(str(path))
         if isinstance(index, faiss.IndexIDMap2):
             return cls(index, index.d, "flat"), marker
-        if not isinstance(index, faiss.IndexIVFFlat):  # keep the object read_index returned: it owns the memory
+        if isinstance(index, faiss.IndexIVFPQ):
+            kind: IndexKind = "ivfpq"
+        elif isinstance(index, faiss.IndexIVFFlat):  # keep the object read_index returned: it owns the memory
+            kind = "ivf"
+        else:
             raise ValueError(f"{path}: unexpected index type {type(index).__name__}")
         index.nprobe = min(nprobe, index.nlist)
-        out = cls(index, index.d, "ivf", index.nprobe)
+        out = cls(index, index.d, kind, index.nprobe)
         out.trained_on = int(marker.get("trained_on") or index.ntotal)
         return out, marker
 
@@ -418,6 +467,72 @@ def _member(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return np.zeros(len(ids), dtype=bool)
     pos = np.searchsorted(sorted_ids, ids).clip(max=len(sorted_ids) - 1)
     return sorted_ids[pos] == ids
+
+
+def _writing(vf: VectorFile, batches: Iterable[tuple[np.ndarray, np.ndarray]]
+             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``batches``, each written to ``vf`` on its way through."""
+    for seqs, vecs in batches:
+        vf.write(seqs, vecs)
+        yield seqs, vecs
+
+
+def open_vector_file(dim: int, config: IndexConfig, *, reset: bool) -> VectorFile | None:
+    """The configured index's :class:`VectorFile` (ivfpq with a ``vector_file``), emptied when ``reset`` (never
+    the store's own file)."""
+    if config.kind != "ivfpq" or config.vector_file is None:
+        return None
+    vf = VectorFile(config.vector_file, dim)
+    if reset and not config.vectors_shared:
+        vf.reset()
+    return vf
+
+
+def _rerank(vf: VectorFile, q: np.ndarray, ids: np.ndarray, valid: np.ndarray,
+            k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Re-score the candidates ``ids`` [n, c] (``valid`` marks the usable ones) by the exact inner product with
+    their float16 rows; -> (scores, ids, valid), each [n, <= k], best first."""
+    n, c = ids.shape
+    kk = min(k, c)
+    out_s = np.empty((n, kk), np.float32)
+    out_i = np.empty((n, kk), np.int64)
+    out_v = np.empty((n, kk), bool)
+    for a in range(0, n, RERANK_CHUNK):
+        b = min(n, a + RERANK_CHUNK)
+        cand = np.where(valid[a:b], ids[a:b], -1)
+        rows = vf.read(cand.ravel()).reshape(b - a, c, -1)
+        exact = np.einsum("qd,qcd->qc", q[a:b], rows)
+        exact[~valid[a:b]] = -np.inf
+        order = np.argsort(-exact, axis=1, kind="stable")[:, :kk]
+        out_s[a:b] = np.take_along_axis(exact, order, 1)
+        out_i[a:b] = np.take_along_axis(cand, order, 1)
+        out_v[a:b] = np.take_along_axis(valid[a:b], order, 1)
+    return out_s, out_i, out_v
+
+
+def min_to_train(config: IndexConfig) -> int:
+    """The fewest vectors this kind can be trained on (ivfpq: one 8-bit codebook of 256 centroids per
+    sub-quantiser needs 256 points)."""
+    return 256 if config.kind == "ivfpq" else 1
+
+
+def new_trained(dim: int, config: IndexConfig, nlist: int, sample: np.ndarray) -> Any:
+    """An empty index of the configured trained kind (ivf or ivfpq), trained on ``sample``."""
+    if config.kind == "ivfpq":
+        return new_ivfpq(dim, nlist, config.pq_m, sample)
+    return new_ivf(dim, nlist, sample)
+
+
+def new_ivfpq(dim: int, nlist: int, m: int, sample: np.ndarray) -> Any:
+    """An empty ``IndexIVFPQ`` (inner product, ``m`` 8-bit sub-quantisers, own ids, removal supported)."""
+    if dim % m:
+        raise ValueError(f"pq_m={m} must divide the vectors' dimension {dim}")
+    quantizer: Any = faiss.IndexFlatIP(dim)
+    ivf: Any = faiss.IndexIVFPQ(quantizer, dim, nlist, m, 8, faiss.METRIC_INNER_PRODUCT)
+    ivf.own_fields = True
+    quantizer.this.disown()
+    ivf.train(_as_f32(sample))
+    return ivf
 
 
 def new_ivf(dim: int, nlist: int, sample: np.ndarray) -> Any:

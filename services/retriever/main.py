@@ -46,7 +46,7 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, t
         state.backend.load(pool, needs_reembed)
         state.metrics.repairs.inc(len(pool.info.repairs))
         compactor.start()
-        if pool.info.index_config.kind == "ivf" and state.backend.trains:
+        if pool.info.index_config.trained and state.backend.trains:
             trainer.start()
             trainer.wanted.set()  # a pool that grew past the training threshold since the index was built
         log.info("retriever ready: %d items, %s index, embedder %s", pool.store.count(),

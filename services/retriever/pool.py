@@ -29,9 +29,10 @@ from t3ar.errors import InvalidInputError
 from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import NotFoundError, NotReadyError
-from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
+from t3ar_services.retriever.index import IndexConfig, marker_path
 from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import NewItem, Store
+from t3ar_services.retriever.training import build_index
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +247,8 @@ class Pool:
                 raise
             # faiss: the rows are committed, make the index agree again rather than fail the add
             log.exception("index add failed after commit; rebuilding the index from the database")
-            self.index = VectorIndex.build(self.info.dim, self.info.index_config,
-                                           self.store.iter_vectors(self.info.dim))
+            self.index = build_index(self.info.dim, self.info.index_config, self.store.count(),
+                                     lambda: self.store.iter_vectors(self.info.dim))
 
     # --- delete -----------------------------------------------------------------------------------------
     def delete(self, ids: Sequence[str], *, missing_ok: bool) -> tuple[list[str], list[str]]:
@@ -349,14 +350,14 @@ class Pool:
             "count": self.store.count(), "dim": self.info.dim, "identity": self.info.identity,
             "kind": self.info.kind, "pool_tag": self.info.tag, "sources": self.store.sources(),
             "labels": self.store.labels(),
-            "backend": self.info.backend,
+            "backend": self.info.backend, "vector_storage": self.store.vector_storage,
             "index": {"type": index.kind if index else self.info.index_config.kind,
                       "configured_type": self.info.index_config.kind,
                       "vectors": index.count if index else None,
                       "tombstones": index.tombstones if index else 0,
                       "nlist": index.nlist if index else None, "device": index.device if index else None,
                       "trained_on": index.trained_on if index else None,
-                      "nprobe": index.nprobe if index and index.kind == "ivf" else None},
+                      "nprobe": index.nprobe if index and index.kind in ("ivf", "ivfpq") else None},
             "duplicate_threshold": self.info.duplicate_threshold, "ready": index is not None,
             "repairs": list(self.info.repairs),
         }

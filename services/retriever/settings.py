@@ -50,13 +50,16 @@ class RetrieverSettings(ServiceSettings):
     milvus_consistency: Literal["Bounded", "Session", "Strong"] = "Session"  # searches' read level
 
     # --- index ---
-    index_type: Literal["flat", "ivf"] = "flat"
-    ivf_nlist: int = Field(default=1024, ge=1)
-    ivf_nprobe: int = Field(default=32, ge=1)
+    index_type: Literal["flat", "ivf", "ivfpq"] = "flat"
+    ivf_nlist: int = Field(default=1024, ge=1, le=1 << 20)
+    ivf_nprobe: int = Field(default=32, ge=1, le=1 << 20)
+    pq_m: int = Field(default=64, ge=1, le=4096)  # ivfpq: bytes of code per vector; must divide the dimension
+    rerank_factor: int = Field(default=4, ge=1, le=64)  # ivfpq: candidates re-scored exactly per result
     ivf_train_min: int = Field(default=40_000, ge=1)  # flat (exact) below this; IVF trained in the background
     ivf_retrain_growth: float = Field(default=2.0, gt=1.0)  # retrain once the pool grew this many times
     index_device: str = "auto"  # auto | faiss | a torch device (cpu, cuda, cuda:N) for exact search
     search_threads: int = Field(default=0, ge=0, le=256)  # for batches of >= 20 queries; 0 = all cores
+    vector_storage: Literal["auto", "sqlite", "float16"] = "auto"  # where a pool keeps its vectors (store.py)
     compact_threshold: int = Field(default=512, ge=1)
     compact_idle_seconds: float = Field(default=2.0, ge=0.0)
 

@@ -2,7 +2,9 @@
 
 Data directory layout: ``pool.sqlite3`` (+ WAL), ``blobs/<sha[0]>/<sha256>``, ``index/faiss.index`` with
 ``faiss.index.marker.json`` (the DB state the saved index reflects; written at a clean shutdown, read and
-removed at the next start-up), ``tmp/`` (upload spooling; emptied at start-up).
+removed at the next start-up), ``index/vectors.f16`` (``ivfpq`` only: the float16 rows it re-ranks with, see
+:mod:`~t3ar_services.retriever.vecfile`; trusted only together with a saved index whose marker matches, and
+checked against the database on a sample), ``tmp/`` (upload spooling; emptied at start-up).
 
 Start-up, in order: identity check (refuse a pool built by another embedder unless re-embedding is
 enabled) -> [resumable re-embed] -> orphan-blob sweep -> load the saved index if its marker and its ids
@@ -23,12 +25,17 @@ import numpy as np
 
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import PoolConflictError, PoolIdentityError
-from t3ar_services.retriever.index import IndexConfig, VectorIndex
+from t3ar_services.retriever.index import IndexConfig, VectorIndex, open_vector_file
 from t3ar_services.retriever.pool import Pool, PoolInfo
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.store import Store, id_checksum
+from t3ar_services.retriever.training import build_index
 
 log = logging.getLogger(__name__)
+VECTOR_FILE = "vectors.f16"
+VECTOR_CHECK_SAMPLE = 256  # saved re-ranking rows compared with the database's vectors at start-up
+F16_TOLERANCE = 2e-3  # float16 keeps ~3 decimal digits: a unit vector's components round by < 1e-3
+
 
 def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None) -> tuple[Pool, bool]:
     """Open (or create) the pool in ``settings.data_dir``. ``identity``/``dim`` are the configured embedder's
@@ -39,7 +46,7 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
     shutil.rmtree(root / "tmp", ignore_errors=True)
     (root / "tmp").mkdir()
     store = Store(root / "pool.sqlite3")
-    meta = store.meta()
+    meta = meta_before = store.meta()
     kind = "vectors" if settings.vectors_only else "images"
     if settings.vectors_only:
         identity, dim = settings.vector_identity, settings.vector_dim
@@ -78,14 +85,53 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
         store.close()
         raise PoolIdentityError(f"the pool in {root} holds {meta['dim']}-d vectors, "
                                 f"T3AR_RETRIEVER_VECTOR_DIM says {dim}")
+    try:
+        repairs = _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
+    except BaseException:
+        store.close()
+        raise
+    if needs_reembed and store.vectors is not None and dim != int(meta["dim"]):
+        store.close()
+        raise PoolIdentityError(f"the pool in {root} keeps {meta['dim']}-d vectors in float16 storage; re-embedding "
+                                f"to {dim}-d is not supported there: start a new pool for the new embedder")
     info = PoolInfo(
         data_dir=root, identity=identity if needs_reembed and identity else meta["identity"],
         dim=dim if needs_reembed and dim else int(meta["dim"]), kind=kind, tag=meta["tag"],  # type: ignore[arg-type]
         index_config=IndexConfig(settings.index_type, settings.ivf_nlist, settings.ivf_nprobe, settings.search_threads,
                                  device=settings.search_device, train_min=settings.ivf_train_min,
-                                 retrain_growth=settings.ivf_retrain_growth),
-        duplicate_threshold=settings.duplicate_threshold)
+                                 retrain_growth=settings.ivf_retrain_growth, pq_m=settings.pq_m,
+                                 rerank=settings.rerank_factor,
+                                 vector_file=store.vector_path if store.vectors else root / "index" / VECTOR_FILE,
+                                 vectors_shared=store.vectors is not None),
+        duplicate_threshold=settings.duplicate_threshold, repairs=repairs)
+    if settings.index_type == "ivfpq" and info.dim % settings.pq_m:
+        store.close()
+        raise PoolConflictError(f"T3AR_RETRIEVER_PQ_M={settings.pq_m} must divide the pool's dimension {info.dim} "
+                                "(each sub-quantiser codes dim / pq_m components); e.g. 32 or 64 for 512-d")
     return Pool(info, store, BlobStore(root / "blobs")), needs_reembed
+
+
+def _vector_storage(settings: RetrieverSettings, store: Store, dim: int, *, created: bool) -> list[str]:
+    """Put the pool's vectors where ``T3AR_RETRIEVER_VECTOR_STORAGE`` says: a new pool gets float16 storage when
+    asked (``auto``: with the ``ivfpq`` index); an existing ``sqlite`` pool is migrated only when ``float16`` is set
+    explicitly (``auto`` keeps every pool as it is); a float16 pool is never moved back. Returns the repairs."""
+    want = settings.vector_storage
+    if created:
+        if want == "float16" or (want == "auto" and settings.index_type == "ivfpq"):
+            store.use_float16(dim)
+        return []
+    if want == "sqlite" and store.vector_storage == "float16":
+        raise PoolConflictError(f"the pool in {settings.data_dir} keeps its vectors in float16 storage "
+                                f"({store.vector_path.name}); T3AR_RETRIEVER_VECTOR_STORAGE=sqlite cannot move them "
+                                "back (set it to auto or float16)")
+    if want == "float16" and store.vector_storage == "sqlite":
+        t0 = time.monotonic()
+        moved = store.move_vectors_to_file(dim)
+        msg = f"moved {moved} vectors from SQLite to float16 storage ({store.vector_path.name}) in " \
+              f"{time.monotonic() - t0:.1f}s (T3AR_RETRIEVER_VECTOR_STORAGE=float16)"
+        log.warning("start-up migration: %s", msg)
+        return [msg]
+    return []
 
 
 def reembed(pool: Pool, embed: Callable[[list[bytes], list[str]], np.ndarray], batch: int) -> None:
@@ -124,14 +170,16 @@ def load_index(pool: Pool) -> None:
     """Use the saved index when it provably matches the database, else rebuild it from stored vectors."""
     cfg, info = pool.info.index_config, pool.info
     state = pool.store.state()
-    loaded = VectorIndex.load(pool.index_path, cfg.nprobe)
     reason = None
+    try:
+        loaded = VectorIndex.load(pool.index_path, cfg.nprobe)
+    except Exception as e:  # a truncated or corrupt file: never trusted, rebuilt
+        loaded, reason = None, f"saved index unreadable ({type(e).__name__}: {e})"
     if loaded is None:
-        reason = "no saved index (first start, or the last run did not shut down cleanly)"
+        reason = reason or "no saved index (first start, or the last run did not shut down cleanly)"
     else:
         index, marker = loaded
-        expected = {"generation": state.generation, "identity": info.identity, "dim": info.dim,
-                    "configured_type": cfg.kind, "configured_nlist": cfg.nlist if cfg.kind == "ivf" else None}
+        expected = {"generation": state.generation, "identity": info.identity, "dim": info.dim, **cfg.marker()}
         for key, want in expected.items():
             if marker.get(key) != want:
                 reason = f"saved index has {key}={marker.get(key)!r}, the database needs {want!r}"
@@ -142,9 +190,11 @@ def load_index(pool: Pool) -> None:
             if len(ids) != state.count or id_checksum(ids) != state.checksum:
                 reason = (f"saved index holds {len(ids)} ids (checksum {id_checksum(ids)}), the database "
                           f"{state.count} (checksum {state.checksum})")
+            elif cfg.kind == "ivfpq":
+                reason = _attach_vector_file(pool, index, ids)
     if reason is None and loaded is not None:
         pool.index, pool.persisted = loaded[0], True
-        pool.index.threads = cfg.threads
+        pool.index.threads, pool.index.rerank = cfg.threads, cfg.rerank
         pool.index.attach_device(cfg.device)
         # The saved file is a start-up cache only: drop it now, so that no write (a delete in particular)
         # has to remove a multi-GB file before its 2xx. A crash from here on means a rebuild at the next start.
@@ -155,7 +205,7 @@ def load_index(pool: Pool) -> None:
     pool.persisted = False
     for p in (pool.index_path, pool.index_path.with_name(pool.index_path.name + ".marker.json")):
         p.unlink(missing_ok=True)
-    index = VectorIndex.build(info.dim, cfg, pool.store.iter_vectors(info.dim))
+    index = build_index(info.dim, cfg, state.count, lambda: pool.store.iter_vectors(info.dim))
     if index.count != state.count:
         raise RuntimeError(f"rebuilt index has {index.count} vectors, database {state.count}")
     pool.index = index
@@ -167,6 +217,27 @@ def load_index(pool: Pool) -> None:
         log.info("new empty %s index", index.kind)
 
 
+def _attach_vector_file(pool: Pool, index: VectorIndex, ids: np.ndarray) -> str | None:
+    """Give a loaded ivfpq index its float16 rows if the file agrees with the database: room for every id and a
+    sample of rows equal to the stored vectors (to float16 precision). Returns why not, or None."""
+    vf = open_vector_file(pool.info.dim, pool.info.index_config, reset=False)
+    if vf is None:
+        return "no vector file configured"
+    if len(ids) and vf.rows <= int(ids.max()):
+        vf.close()
+        return f"the re-ranking vector file holds {vf.rows} rows, the largest id is {int(ids.max())}"
+    rng = np.random.default_rng()
+    sample = rng.choice(ids, size=min(VECTOR_CHECK_SAMPLE, len(ids)), replace=False) if len(ids) else ids
+    rows = vf.read(sample)
+    for seq, row in zip(sample.tolist(), rows, strict=True):
+        want = pool.store.vector(seq)
+        if want is None or np.abs(row - want).max() > F16_TOLERANCE:
+            vf.close()
+            return f"the re-ranking vector file disagrees with the database at id {seq}"
+    index.vectors, index.owns_vectors = vf, not pool.info.index_config.vectors_shared
+    return None
+
+
 def save_index(pool: Pool) -> None:
     """On clean shutdown: persist the index with the DB state it reflects, for a fast next start."""
     if not isinstance(pool.index, VectorIndex) or pool.persisted:  # FaissBackend's own step: faiss in process
@@ -174,9 +245,8 @@ def save_index(pool: Pool) -> None:
     state = pool.store.state()
     cfg = pool.info.index_config
     marker = {"generation": state.generation, "count": state.count, "checksum": state.checksum,
-              "identity": pool.info.identity, "dim": pool.info.dim, "configured_type": cfg.kind,
-              "configured_nlist": cfg.nlist if cfg.kind == "ivf" else None, "trained_on": pool.index.trained_on,
-              "saved_at": time.time()}
+              "identity": pool.info.identity, "dim": pool.info.dim, **cfg.marker(),
+              "trained_on": pool.index.trained_on, "saved_at": time.time()}
     t0 = time.monotonic()
     pool.index.save(pool.index_path, marker)
     pool.persisted = True

@@ -1,5 +1,14 @@
 """SQLite: the source of truth for item metadata and embedding vectors (the faiss index is derived).
 
+Where the vectors live (``meta.vector_storage``): ``sqlite`` (float32 in the ``vector`` column, ~2 KiB per 512-d
+item: every pool made before the option, and the default) or ``float16``: float16 rows in ``vectors.f16`` beside
+the database (a :class:`~t3ar_services.retriever.vecfile.VectorFile` keyed by seq, 1 KiB per 512-d item), the
+``vector`` column left empty, so that SQLite keeps only metadata (10 M items: ~9.5 GiB of rows instead of ~20 GiB
+of float32 plus SQLite's page overhead). An add writes and fsyncs its rows before its transaction commits (a
+crash before the commit leaves rows no id names, overwritten by the next add); a delete zeroes them once its
+deletion is committed. :meth:`Store.move_vectors_to_file` migrates a ``sqlite`` pool (explicitly, see
+``T3AR_RETRIEVER_VECTOR_STORAGE``).
+
 WAL journal with ``synchronous=FULL``: a committed transaction survives power loss. ``secure_delete`` zeroes
 deleted rows' bytes, and :meth:`Store.checkpoint` (after deletes) moves them out of the WAL file too.
 ``seq`` (INTEGER PRIMARY KEY AUTOINCREMENT) is the faiss id and is never reused after a delete.
@@ -21,7 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from t3ar_services.retriever.vecfile import VectorFile
+
 SCHEMA_VERSION = "1"
+VECTOR_FILE = "vectors.f16"  # float16 storage: the vectors, beside the database
 CHECKSUM_MUL, CHECKSUM_MOD = 2654435761, 4294967291  # id checksum: sum((seq * MUL) % MOD)
 
 _SCHEMA = """
@@ -104,6 +116,58 @@ class Store:
         self._w.execute(_LABEL_INDEX)
         self._w.execute("INSERT OR IGNORE INTO meta VALUES ('generation', '0')")
         self._w.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+        self.vectors: VectorFile | None = None  # float16 storage: where the vectors are (None: the vector column)
+        meta = self.meta()
+        if meta.get("vector_storage") == "float16":
+            self.vectors = VectorFile(self.vector_path, int(meta["dim"]))
+
+    @property
+    def vector_path(self) -> Path:
+        return self.path.parent / VECTOR_FILE
+
+    @property
+    def vector_storage(self) -> str:
+        return "sqlite" if self.vectors is None else "float16"
+
+    def _blob(self, v: np.ndarray) -> bytes:
+        """The ``vector`` column's value: the float32 bytes, or nothing when the vectors live in the file."""
+        return b"" if self.vectors is not None else np.ascontiguousarray(v, dtype="<f4").tobytes()
+
+    def _write_vectors(self, seqs: Sequence[int], vectors: np.ndarray) -> None:
+        """float16 storage: the rows on disk (fsynced) before the caller's transaction commits."""
+        if self.vectors is not None and len(seqs):
+            self.vectors.write(np.asarray(seqs, dtype=np.int64), vectors)
+            self.vectors.flush()
+
+    def use_float16(self, dim: int) -> None:
+        """Keep this (empty) pool's vectors in the float16 file from now on."""
+        if self.count():
+            raise RuntimeError("use_float16 is for an empty pool; move_vectors_to_file migrates one with items")
+        self.move_vectors_to_file(dim)
+
+    def move_vectors_to_file(self, dim: int) -> int:
+        """Migrate a ``sqlite`` pool to float16 storage (no writer may run meanwhile: the retriever does it at
+        start-up): every vector written to the file and fsynced, then in one transaction the column emptied and
+        ``vector_storage`` set; then the database is vacuumed (its float32 bytes leave the disk). A crash before
+        that commit leaves the pool as it was (the next run starts the file again). Returns the vectors moved."""
+        if self.vectors is not None:
+            return 0
+        vf = VectorFile(self.vector_path, dim)
+        vf.reset()
+        moved = 0
+        for seqs, vecs in self.iter_vectors(dim):
+            vf.write(seqs, vecs)
+            moved += len(seqs)
+        vf.flush()
+        with self._txn() as c:
+            c.execute("UPDATE items SET vector = x''")
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('vector_storage', 'float16')")
+        self.vectors = vf
+        if moved:
+            self.checkpoint()
+            self._w.execute("VACUUM")  # in WAL mode the smaller file is written at the next checkpoint
+            self.checkpoint()
+        return moved
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
@@ -157,10 +221,11 @@ class Store:
                     "INSERT INTO items (sha256, source, metadata, filename, media_type, size, width, height,"
                     " added_at, vector, label) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (it.sha256, it.source, json.dumps(it.metadata, separators=(",", ":")), it.filename,
-                     it.media_type, it.size, it.width, it.height, now,
-                     np.ascontiguousarray(it.vector, dtype="<f4").tobytes(), it.label))
+                     it.media_type, it.size, it.width, it.height, now, self._blob(it.vector), it.label))
                 assert cur.lastrowid is not None
                 seqs.append(cur.lastrowid)
+            if seqs:
+                self._write_vectors(seqs, np.stack([it.vector for it in items]))
             self._bump()
         return seqs
 
@@ -177,7 +242,8 @@ class Store:
             c.executemany(
                 "INSERT INTO items (seq, sha256, source, metadata, filename, media_type, size, width, height,"
                 " added_at, vector, label) VALUES (?, NULL, ?, ?, NULL, NULL, 0, NULL, NULL, ?, ?, ?)",
-                ((s, source, meta, now, v.tobytes(), label) for s, v in zip(seqs, vecs, strict=True)))
+                ((s, source, meta, now, self._blob(v), label) for s, v in zip(seqs, vecs, strict=True)))
+            self._write_vectors(seqs, vecs)
             self._bump()
         return seqs
 
@@ -188,6 +254,9 @@ class Store:
             c.executemany("DELETE FROM items WHERE seq = ?", [(r.seq,) for r in rows])
             if rows:
                 self._bump()
+        if self.vectors is not None and rows:  # committed: the rows' vectors leave the disk too
+            self.vectors.zero(np.array([r.seq for r in rows], dtype=np.int64))
+            self.vectors.flush()
         return rows
 
     def checkpoint(self) -> bool:
@@ -214,7 +283,11 @@ class Store:
 
     def vector(self, seq: int) -> np.ndarray | None:
         r = self._r.execute("SELECT vector FROM items WHERE seq = ?", (seq,)).fetchone()
-        return np.frombuffer(r[0], dtype="<f4").copy() if r else None
+        if r is None:
+            return None
+        if self.vectors is not None:
+            return self.vectors.read(np.array([seq]))[0]
+        return np.frombuffer(r[0], dtype="<f4").copy()
 
     def find_sha(self, shas: Sequence[str], *, writer: bool = False) -> dict[str, int]:
         conn = self._w if writer else self._r
@@ -295,11 +368,17 @@ class Store:
         c = self._connect()  # a private connection: the snapshot stays open across yields
         try:
             c.execute("BEGIN")
-            cur = c.execute("SELECT seq, vector FROM items ORDER BY seq")
-            while rows := cur.fetchmany(batch):
-                seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-                vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), dim)
-                yield seqs, vecs
+            if self.vectors is not None:  # the rows of a committed id never change (zeroed once deleted)
+                cur = c.execute("SELECT seq FROM items ORDER BY seq")
+                while rows := cur.fetchmany(batch):
+                    seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+                    yield seqs, self.vectors.read(seqs)
+            else:
+                cur = c.execute("SELECT seq, vector FROM items ORDER BY seq")
+                while rows := cur.fetchmany(batch):
+                    seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+                    vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), dim)
+                    yield seqs, vecs
             c.execute("COMMIT")
         finally:
             c.close()
@@ -319,9 +398,17 @@ class Store:
                                                                                               strict=True)])
 
     def reembed_finish(self, meta: dict[str, str]) -> None:
+        if self.vectors is not None:  # staged rows into the file first (fsynced): repeating it after a crash is a no-op
+            dim = self.vectors.dim
+            cur = self._w.execute("SELECT seq, vector FROM reembed ORDER BY seq")
+            while rows := cur.fetchmany(65536):
+                self.vectors.write(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
+                                   np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), dim))
+            self.vectors.flush()
         with self._txn() as c:
-            c.execute("UPDATE items SET vector = (SELECT r.vector FROM reembed r WHERE r.seq = items.seq) "
-                      "WHERE seq IN (SELECT seq FROM reembed)")
+            if self.vectors is None:
+                c.execute("UPDATE items SET vector = (SELECT r.vector FROM reembed r WHERE r.seq = items.seq) "
+                          "WHERE seq IN (SELECT seq FROM reembed)")
             c.execute("DELETE FROM reembed")
             c.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
             self._bump()
@@ -331,6 +418,9 @@ class Store:
             c.execute("DELETE FROM reembed")
 
     def close(self) -> None:
+        if self.vectors is not None:
+            self.vectors.close()
+            self.vectors = None
         with self._conns_lock:
             for conn in [self._w, *self._conns]:
                 conn.close()

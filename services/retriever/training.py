@@ -13,7 +13,10 @@ With ``T3AR_RETRIEVER_INDEX_TYPE=ivf`` a pool starts on an exact flat index; onc
 
 Searches run on the live index throughout; a delete acknowledged during the build is filtered from the new index
 by the shared tombstone set. Peak memory of a rebuild: the live index + the new one + the sample (~0.5 GiB at
-nlist 1024, 512-d) + one database batch.
+nlist 1024, 512-d) + one database batch. With ``ivfpq`` both indexes are codes (``pq_m`` + 8 bytes of id per
+vector: 0.7 GiB each at 10 M, m 64), the float16 re-ranking rows are one file on disk shared by both (keyed
+by id, written by every add, not rebuilt by a retrain), so a retrain never holds two copies of the vectors; its
+sample is 64 vectors per list (0.5 GiB at nlist 4096).
 """
 
 from __future__ import annotations
@@ -25,23 +28,27 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from t3ar_services.retriever.index import IndexConfig, VectorIndex, new_ivf
+from t3ar_services.retriever.index import IndexConfig, VectorIndex, min_to_train, new_trained, open_vector_file
+from t3ar_services.retriever.vecfile import VectorFile
 
 log = logging.getLogger(__name__)
 
 MIN_PER_LIST = 39  # faiss' own warning threshold for k-means training points per centroid
 SAMPLE_PER_LIST = 256  # faiss' default cap of training points per centroid
+# ivfpq: fewer (the pool it is for is large: at nlist 4096, 256 per list would hold 2 GiB of float32 while a retrain
+# runs beside the live index; 64 per list is 0.5 GiB, above faiss' 39, and 262,144 points for the PQ codebooks)
+SAMPLE_PER_LIST_PQ = 64
 
 Batches = Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]
 
 
 def nlist_to_train(index: VectorIndex, config: IndexConfig) -> int | None:
     """The nlist to (re)train with now, or None. ``index.count`` excludes tombstones."""
-    if config.kind != "ivf":
+    if not config.trained:
         return None
     n = index.count
     nlist = min(config.nlist, n // MIN_PER_LIST)
-    if n < config.train_min or nlist < 1:
+    if n < config.train_min or nlist < 1 or n < min_to_train(config):
         return None
     if index.kind == "flat":
         return nlist
@@ -49,24 +56,29 @@ def nlist_to_train(index: VectorIndex, config: IndexConfig) -> int | None:
     return nlist if n >= config.retrain_growth * trained else None
 
 
-def build_ivf_two_pass(dim: int, config: IndexConfig, nlist: int, total: int,
-                       batches: Batches) -> tuple[VectorIndex, np.ndarray]:
-    """A trained IVF index holding every vector of ``batches()`` (called twice: sample, then add) and the
-    ids it holds. ``total``: about how many vectors there are (sets the sampling rate)."""
+def build_ivf_two_pass(dim: int, config: IndexConfig, nlist: int, total: int, batches: Batches,
+                       write_to: VectorFile | None = None) -> tuple[VectorIndex, np.ndarray]:
+    """A trained IVF (or IVF-PQ) index holding every vector of ``batches()`` (called twice: sample, then add)
+    and the ids it holds. ``total``: about how many vectors there are (sets the sampling rate). ``write_to``:
+    also write each vector of the second pass there (the start-up rebuild of the re-ranking rows). Never more
+    than the sample and one batch of float32 vectors in memory besides the index itself."""
     rng = np.random.default_rng(0)
-    frac = min(1.0, nlist * SAMPLE_PER_LIST / max(total, 1))
+    per_list = SAMPLE_PER_LIST_PQ if config.kind == "ivfpq" else SAMPLE_PER_LIST
+    frac = min(1.0, nlist * per_list / max(total, 1))
     sample = np.concatenate([v[rng.random(len(v)) < frac] for _, v in batches()] or [np.empty((0, dim), np.float32)])
     if len(sample) < nlist:
         raise ValueError(f"{len(sample)} training vectors for {nlist} lists")
-    ivf = new_ivf(dim, nlist, sample)
+    ivf = new_trained(dim, config, nlist, sample)
     del sample
     seqs: list[np.ndarray] = []
     for ids, vecs in batches():
+        if write_to is not None:
+            write_to.write(ids, vecs)
         ivf.add_with_ids(np.ascontiguousarray(vecs, dtype=np.float32), ids.astype(np.int64))
         seqs.append(ids.astype(np.int64))
     ivf.nprobe = min(config.nprobe, nlist)
-    out = VectorIndex(ivf, dim, "ivf", ivf.nprobe)
-    out.threads = config.threads
+    out = VectorIndex(ivf, dim, config.kind, ivf.nprobe)
+    out.threads, out.rerank = config.threads, config.rerank
     all_seqs = np.concatenate(seqs) if seqs else np.empty(0, np.int64)
     out.trained_on = len(all_seqs)
     return out, all_seqs
@@ -127,3 +139,18 @@ class IndexTrainer(threading.Thread):
         self.stop_event.set()
         self.wanted.set()
         self.join(timeout=120)
+
+
+def build_index(dim: int, config: IndexConfig, total: int, batches: Batches) -> VectorIndex:
+    """The index for ``batches()`` (the whole pool, ``total`` vectors) at start-up or after a failed add.
+    ``ivfpq`` is built in two passes over the database (never the pool's float32 vectors in memory at once) and
+    rewrites its float16 re-ranking rows on the way; the other kinds as :meth:`VectorIndex.build`."""
+    nlist = min(config.nlist, total // MIN_PER_LIST)
+    if config.kind != "ivfpq" or total < max(config.train_min, min_to_train(config)) or nlist < 1:
+        return VectorIndex.build(dim, config, batches())
+    vf = open_vector_file(dim, config, reset=True)
+    index, _ = build_ivf_two_pass(dim, config, nlist, total, batches,
+                                  write_to=None if config.vectors_shared else vf)
+    index.vectors, index.owns_vectors = vf, not config.vectors_shared
+    index.attach_device(config.device)
+    return index

@@ -1,0 +1,219 @@
+"""``t3ar bench pool``: the compressed index (``ivfpq``) at pool scale, through a real retriever process over HTTP.
+
+What one run measures, at ``--vectors`` N (the goal: 10 M on one 24 GiB machine):
+
+- **data**: the structured generator of the 1 M benchmark (:func:`~t3ar_bench.retrieval.ann.mixture_vectors`,
+  512-d unit vectors with the neighbourhood structure of real embeddings), generated chunk by chunk (never the
+  whole set in memory); queries are held-out samples of the same distribution;
+- **ingest**: every chunk through ``POST /pool/vectors`` (vectors/s over the whole load, background training
+  included: the pool starts on an exact index and the retriever trains IVF-PQ off to the side as it grows);
+- **ground truth**: the exact top-50 of each recall query, merged chunk by chunk while the chunks are generated;
+- **search**: single-query p50 over HTTP (one query per request, k = 50) and recall@50 of those answers;
+- **memory / disk**: the retriever's resident memory (``VmRSS``; ``RssAnon``, the process's own memory, and
+  ``RssFile``, mapped file pages the kernel may drop, beside it) and the data directory's allocated bytes;
+- **deletes**: ids deleted one by one, each searched for by its own vector right after its 2xx (and again after a
+  restart): how many come back;
+- **cold start**: SIGTERM (the index is saved), then the time from a new process's start to ready, which must
+  load the saved index (no repair) rather than retrain;
+- **real embeddings** (a sanity set): when a folder of real embeddings (``.npy``, e.g. the adaptation
+  benchmark's cache) exists, a second small pool of them with the same index, recall@50 against exact search.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from t3ar_bench.retrieval.ann import REAL_EMBEDDINGS, K, mixture_vectors
+from t3ar_bench.retrieval.service import percentiles, retriever_service, rss_bytes
+
+log = logging.getLogger(__name__)
+DIM = 512
+CHUNK = 50_000  # vectors per POST /pool/vectors (100 MiB of float32 on the wire)
+QUERY_SEED, BASE_SEED = 7, 1000
+
+
+def default_nlist(n: int) -> int:
+    """About sqrt(n) lists, a power of two (4096 at 10 M, 512 at 200 k), at least 64."""
+    return max(64, 2 ** round(math.log2(max(n, 1) ** 0.5)))
+
+
+def proc_memory(pid: int) -> dict[str, int | None]:
+    """VmRSS, RssAnon and RssFile of a process in bytes (Linux /proc)."""
+    out: dict[str, int | None] = {"rss_bytes": rss_bytes(pid), "rss_anon_bytes": None, "rss_file_bytes": None}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            for key, name in (("RssAnon:", "rss_anon_bytes"), ("RssFile:", "rss_file_bytes")):
+                if line.startswith(key):
+                    out[name] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes allocated on disk under ``root`` (sparse files count what they use)."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file())
+
+
+class TopK:
+    """The exact top-k of fixed queries over a set seen chunk by chunk."""
+
+    def __init__(self, queries: np.ndarray, k: int) -> None:
+        self.q, self.k = queries, k
+        self.scores = np.full((len(queries), k), -np.inf, np.float32)
+        self.ids = np.full((len(queries), k), -1, np.int64)
+
+    def add(self, first_seq: int, chunk: np.ndarray) -> None:
+        s = self.q @ chunk.T
+        ids = np.broadcast_to(np.arange(first_seq, first_seq + len(chunk)), s.shape)
+        all_s, all_i = np.concatenate([self.scores, s], 1), np.concatenate([self.ids, ids], 1)
+        top = np.argpartition(-all_s, self.k - 1, axis=1)[:, :self.k]
+        self.scores, self.ids = np.take_along_axis(all_s, top, 1), np.take_along_axis(all_i, top, 1)
+
+
+def recall(found: list[list[int]], truth: np.ndarray) -> float:
+    return float(np.mean([len(set(f) & set(t.tolist())) / truth.shape[1] for f, t in zip(found, truth, strict=True)]))
+
+
+def _env(dim: int, identity: str, nlist: int, nprobe: int, pq_m: int, rerank: int, train_min: int) -> dict[str, str]:
+    return {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(dim),
+            "T3AR_RETRIEVER_VECTOR_IDENTITY": identity, "T3AR_RETRIEVER_INDEX_TYPE": "ivfpq",
+            "T3AR_RETRIEVER_IVF_NLIST": str(nlist), "T3AR_RETRIEVER_IVF_NPROBE": str(nprobe),
+            "T3AR_RETRIEVER_PQ_M": str(pq_m), "T3AR_RETRIEVER_RERANK_FACTOR": str(rerank),
+            "T3AR_RETRIEVER_IVF_TRAIN_MIN": str(train_min), "T3AR_RETRIEVER_MAX_VECTORS_PER_REQUEST": str(CHUNK)}
+
+
+def _wait_trained(client: Any, timeout: float) -> dict[str, Any]:
+    """Until the index is IVF-PQ and no retrain is due (the pool is under twice what it was trained on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        idx = (st := client.stats())["index"]
+        if idx["type"] == "ivfpq" and st["count"] < 2 * (idx["trained_on"] or 0):
+            return st
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the index was not trained within {timeout:.0f}s: {idx}")
+        time.sleep(1.0)
+
+
+def _searches(client: Any, queries: np.ndarray) -> tuple[list[list[int]], list[float]]:
+    found, seconds = [], []
+    client.search(queries[:1], K)  # warm-up
+    for q in queries:
+        t = time.perf_counter()
+        ids = client.search(q[None], K).ids[0]
+        seconds.append(time.perf_counter() - t)
+        found.append([int(i.rsplit("-", 1)[1]) for i in ids])
+    return found, seconds
+
+
+def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200, nlist: int | None = None,
+               nprobe: int = 32, pq_m: int = 64, rerank: int = 4, real: Path = REAL_EMBEDDINGS) -> dict[str, Any]:
+    nlist = nlist or default_nlist(n)
+    train_min = min(max(n // 4, 1000), 500_000)
+    env = _env(DIM, "synthetic-mixture", nlist, nprobe, pq_m, rerank, train_min)
+    data = work / "pool"
+    out: dict[str, Any] = {"vectors": n, "dim": DIM, "k": K, "data": "structured (ann.mixture_vectors)",
+                           "index": {"type": "ivfpq", "nlist": nlist, "nprobe": nprobe, "pq_m": pq_m,
+                                     "rerank_factor": rerank, "train_min": train_min},
+                           "raw_float32_bytes": n * DIM * 4}
+    queries = mixture_vectors(n_queries, seed=QUERY_SEED)
+    truth = TopK(queries, K)
+    rng = np.random.default_rng(3)
+    victims = np.sort(rng.choice(np.arange(1, n + 1), size=min(n_deletes, n // 2), replace=False))
+    victim_vecs: dict[int, np.ndarray] = {}
+    with retriever_service(data, env) as (client, proc):
+        out["memory_empty"] = proc_memory(proc.pid)  # the process before the pool holds anything
+        t0, t_post = time.perf_counter(), 0.0
+        for start in range(0, n, CHUNK):
+            chunk = mixture_vectors(min(CHUNK, n - start), seed=BASE_SEED + start // CHUNK)
+            t = time.perf_counter()
+            ids = client.add_vectors(chunk, identity="synthetic-mixture")
+            t_post += time.perf_counter() - t
+            seqs = np.array([int(i.rsplit("-", 1)[1]) for i in ids])
+            if not (seqs == np.arange(start + 1, start + len(chunk) + 1)).all():
+                raise RuntimeError("the pool was not empty: ids do not follow the load order")
+            truth.add(start + 1, chunk)
+            for v in victims[(victims > start) & (victims <= start + len(chunk))]:
+                victim_vecs[int(v)] = chunk[int(v) - start - 1].copy()
+            if (start // CHUNK) % 20 == 0:
+                log.info("ingested %d/%d vectors (%.0f/s)", start + len(chunk), n,
+                         (start + len(chunk)) / (time.perf_counter() - t0))
+        out["ingest_vectors_per_s"] = n / t_post
+        out["ingest_wall_s"] = time.perf_counter() - t0
+        t = time.perf_counter()
+        st = _wait_trained(client, timeout=max(600.0, n / 2000))
+        out["train_wait_after_ingest_s"] = time.perf_counter() - t
+        out["trained_on"] = st["index"]["trained_on"]
+        load_before = os.getloadavg()[0]
+        found, seconds = _searches(client, queries)
+        out["single"] = percentiles(seconds)
+        out["load_average_during_search"] = (load_before + os.getloadavg()[0]) / 2  # latency is CPU-bound
+        out["recall_at_50"] = recall(found, truth.ids)
+        out.update(proc_memory(proc.pid))
+        tag = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
+        t_del, returned = [], 0
+        for v in victims.tolist():
+            pid = f"{tag}-{v}"
+            t = time.perf_counter()
+            client.delete(pid)
+            t_del.append(time.perf_counter() - t)
+            returned += pid in client.search(victim_vecs[v][None], K).ids[0]
+        out["delete"] = percentiles(t_del)
+        out["deletes"] = len(victims)
+        out["deleted_returned_after_2xx"] = returned
+        out["memory_after_deletes"] = proc_memory(proc.pid)
+    out["disk_bytes"] = disk_bytes(data)
+    out["disk_breakdown"] = {p.name: p.stat().st_blocks * 512 for p in sorted(data.rglob("*"))
+                             if p.is_file() and p.stat().st_blocks * 512 > 1 << 20}
+    t = time.perf_counter()
+    with retriever_service(data, env) as (client, proc):  # cold start: the saved index, never a retrain
+        out["cold_start_s"] = time.perf_counter() - t
+        st = client.stats()
+        out["cold_start_repairs"] = st["repairs"]
+        out["cold_start_index"] = st["index"]
+        gone = [f"{tag}-{v}" for v in victims.tolist()]
+        res = client.search(np.stack([victim_vecs[v] for v in victims.tolist()]), K).ids
+        out["deleted_returned_after_restart"] = sum(g in row for g, row in zip(gone, res, strict=True))
+        found, seconds = _searches(client, queries[: max(20, n_queries // 4)])
+        out["single_after_restart"] = percentiles(seconds)
+        out["memory_after_restart"] = mem = proc_memory(proc.pid)
+        if mem["rss_anon_bytes"] is not None and out["memory_empty"]["rss_anon_bytes"] is not None:
+            out["anon_bytes_per_vector"] = (mem["rss_anon_bytes"] - out["memory_empty"]["rss_anon_bytes"]) / n
+    out["deleted_still_returned"] = out["deleted_returned_after_2xx"] + out["deleted_returned_after_restart"]
+    out["real_embeddings"] = bench_real(work, real, nprobe=nprobe, rerank=rerank)
+    return out
+
+
+def bench_real(work: Path, folder: Path, *, nprobe: int, rerank: int, n_queries: int = 200) -> dict[str, Any]:
+    """Recall@50 of the same index on real embeddings (``folder/*.npy``), if there are any."""
+    files = sorted(f for f in folder.glob("*.npy") if "-queries-" not in f.name) if folder.is_dir() else []
+    arrays = [a for a in (np.load(f) for f in files) if a.ndim == 2 and len(a)]
+    if not arrays or len({a.shape[1] for a in arrays}) != 1:
+        return {"measured": False, "why": f"no real embeddings (.npy) in {folder}: run `t3ar bench adaptation` "
+                                          "first, or pass --real-embeddings DIR"}
+    real = np.unique(np.concatenate(arrays).astype(np.float32), axis=0)
+    real /= np.linalg.norm(real, axis=1, keepdims=True)
+    rng = np.random.default_rng(5)
+    pick = rng.permutation(len(real))
+    queries, base = real[pick[:n_queries]], real[pick[n_queries:]]
+    dim = base.shape[1]
+    pq_m = next(m for m in (64, 32, 16, 8, 4, 2, 1) if dim % m == 0)
+    nlist = default_nlist(len(base))
+    env = _env(dim, f"real-{dim}", nlist, nprobe, pq_m, rerank, train_min=1000)
+    truth = TopK(queries, K)
+    truth.add(1, base)
+    with retriever_service(work / "real", env) as (client, _):
+        for start in range(0, len(base), CHUNK):
+            client.add_vectors(base[start:start + CHUNK], identity=f"real-{dim}")
+        _wait_trained(client, timeout=600)
+        found, seconds = _searches(client, queries)
+    return {"measured": True, "source": str(folder), "vectors": len(base), "dim": dim, "nlist": nlist,
+            "pq_m": pq_m, "recall_at_50": recall(found, truth.ids), "single": percentiles(seconds)}
+

@@ -1,0 +1,138 @@
+"""float16 vector storage: the vectors in ``vectors.f16`` beside a database that keeps only metadata; existing
+(``sqlite``) pools keep working and move only when asked; compaction's near-duplicate scan and re-embedding read
+and write the file."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from t3ar_services.retriever.curation import NearDuplicatesRequest, near_duplicates
+from t3ar_services.retriever.errors import PoolConflictError
+from t3ar_services.retriever.settings import RetrieverSettings
+from t3ar_services.retriever.startup import load_index, open_pool
+from t3ar_services.retriever.store import VECTOR_FILE, Store
+
+D = 32
+
+
+def _unit(n: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, D)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _settings(tmp_path: Path, **kw: object) -> RetrieverSettings:
+    args: dict[str, object] = {"data_dir": tmp_path / "pool", "auth_disabled": True, "embedder": "none",
+                               "vector_dim": D, "vector_identity": "t"}
+    args.update(kw)
+    return RetrieverSettings(**args)  # type: ignore[arg-type]
+
+
+def _column_bytes(data: Path) -> int:
+    with sqlite3.connect(data / "pool.sqlite3") as db:
+        return int(db.execute("SELECT coalesce(sum(length(vector)), 0) FROM items").fetchone()[0])
+
+
+def test_a_new_ivfpq_pool_keeps_its_vectors_in_float16_and_sqlite_only_metadata(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, index_type="ivfpq", pq_m=8, ivf_nlist=8, ivf_train_min=100_000)
+    pool, _ = open_pool(settings, None, None)
+    load_index(pool)
+    vecs = _unit(300, 0)
+    ids = pool.add_vectors(vecs, source="s", metadata={})
+    assert pool.stats()["vector_storage"] == "float16" and _column_bytes(settings.data_dir) == 0
+    seq = pool.require_seq(ids[5])
+    got = pool.store.vector(seq)
+    assert got is not None and np.abs(got - vecs[5]).max() < 1e-3
+    pool.delete(ids[:2], missing_ok=False)
+    assert pool.store.vector(pool.require_seq(ids[0])) is None
+    rows = (settings.data_dir / VECTOR_FILE).read_bytes()
+    assert vecs[0].astype(np.float16).tobytes() not in rows and vecs[5].astype(np.float16).tobytes() in rows
+    pool.store.close()
+    pool, _ = open_pool(settings, None, None)  # a restart: the file is the truth, the index rebuilt from it
+    load_index(pool)
+    assert [r[0][0] for r in pool.search(vecs[2:12], 1)] == ids[2:12]
+    assert sum(len(s) for s, _ in pool.store.iter_vectors(D)) == pool.store.count() == 298
+    pool.store.close()
+
+
+def test_a_sqlite_pool_opens_as_it_is_and_moves_to_float16_only_when_asked(tmp_path: Path) -> None:
+    pool, _ = open_pool(_settings(tmp_path), None, None)  # the default: float32 in SQLite, as every older pool
+    load_index(pool)
+    vecs = _unit(500, 1)
+    ids = pool.add_vectors(vecs, source="s", metadata={})
+    pool.delete(ids[:1], missing_ok=False)
+    pool.store.close()
+    data = tmp_path / "pool"
+    assert _column_bytes(data) == 499 * D * 4
+    size_before = (data / "pool.sqlite3").stat().st_size
+    pool, _ = open_pool(_settings(tmp_path, index_type="ivfpq", pq_m=8), None, None)  # auto: it stays as it is
+    assert pool.store.vector_storage == "sqlite" and pool.info.repairs == []
+    pool.store.close()
+    pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # asked: migrated at start-up
+    assert pool.store.vector_storage == "float16" and "moved 499 vectors" in pool.info.repairs[0]
+    load_index(pool)
+    assert _column_bytes(data) == 0 and (data / "pool.sqlite3").stat().st_size < size_before / 2  # vacuumed
+    assert [r[0][0] for r in pool.search(vecs[1:21], 1)] == ids[1:21]
+    got = dict(zip(*next(iter(pool.store.iter_vectors(D, batch=1000))), strict=True))
+    assert pool.require_seq(ids[0]) not in got
+    assert max(np.abs(got[pool.require_seq(i)] - v).max() for i, v in zip(ids[1:], vecs[1:], strict=True)) < 1e-3
+    pool.store.close()
+    with pytest.raises(PoolConflictError, match="cannot move them"):
+        open_pool(_settings(tmp_path, vector_storage="sqlite"), None, None)
+
+
+def test_compaction_scan_and_reembedding_use_the_float16_file(tmp_path: Path) -> None:
+    pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)
+    load_index(pool)
+    vecs = _unit(50, 2)
+    dup = vecs[3] + 0.001 * _unit(1, 3)[0]
+    ids = pool.add_vectors(np.concatenate([vecs, (dup / np.linalg.norm(dup))[None]]), source="s", metadata={})
+    res = near_duplicates(pool.store.path, D, pool.format_id, NearDuplicatesRequest(threshold=0.99, sources=["s"]))
+    assert [(r.id, r.duplicate_of) for r in res.remove] == [(ids[50], ids[3])]
+    new = _unit(51, 4)
+    seqs = [pool.require_seq(i) for i in ids]
+    pool.store.reembed_stage(seqs, new)
+    pool.store.reembed_finish({"identity": "t2"})
+    pool.store.reembed_finish({"identity": "t2"})  # repeated (a crash after the file was written): the same
+    got = pool.store.vector(seqs[7])
+    assert got is not None and np.abs(got - new[7]).max() < 1e-3 and pool.store.meta()["identity"] == "t2"
+    pool.store.close()
+
+
+def test_use_float16_refuses_a_pool_with_items(tmp_path: Path) -> None:
+    store = Store(tmp_path / "pool.sqlite3")
+    store.set_meta({"dim": str(D)})
+    store.insert_vectors(_unit(2, 5), "s", {})
+    with pytest.raises(RuntimeError, match="empty pool"):
+        store.use_float16(D)
+    store.close()
+
+
+def test_a_migration_that_fails_before_its_commit_leaves_the_sqlite_pool_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool, _ = open_pool(_settings(tmp_path), None, None)
+    load_index(pool)
+    vecs = _unit(100, 6)
+    pool.add_vectors(vecs, source="s", metadata={})
+    pool.store.close()
+
+    def crash(self: object) -> None:
+        raise OSError("disk full")
+
+    from t3ar_services.retriever.vecfile import VectorFile
+
+    monkeypatch.setattr(VectorFile, "flush", crash)  # the file written, its fsync fails: no commit follows
+    with pytest.raises(OSError, match="disk full"):
+        open_pool(_settings(tmp_path, vector_storage="float16"), None, None)
+    monkeypatch.undo()
+    pool, _ = open_pool(_settings(tmp_path), None, None)
+    assert pool.store.vector_storage == "sqlite" and _column_bytes(tmp_path / "pool") == 100 * D * 4
+    got = pool.store.vector(1)
+    assert got is not None and np.array_equal(got, vecs[0])
+    pool.store.close()
+    pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # and a retry completes it
+    assert pool.store.vector_storage == "float16" and "moved 100 vectors" in pool.info.repairs[0]
+    pool.store.close()
