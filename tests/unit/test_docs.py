@@ -69,7 +69,7 @@ def test_relative_links_resolve(doc: Path) -> None:
 
 def test_every_environment_variable_is_documented() -> None:
     used: set[str] = set()
-    for folder in ("shared", "services", "scripts"):
+    for folder in ("shared", "services", "scripts", "bench"):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in {".py", ".sh"}:
                 used |= set(_ENV.findall(path.read_text()))
