@@ -54,6 +54,7 @@ from t3ar.clients.job_report import (
     StepPoint,
     Transfer,
 )
+from t3ar.method.config import AdaptConfig
 from t3ar_services.common.files import atomic_file
 
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
@@ -107,7 +108,8 @@ class JobSpec(BaseModel):
     model_sha256: str = Field(pattern=SHA256_PATTERN, description="the base checkpoint file's sha256")
     target_sha256: str = Field(pattern=SHA256_PATTERN, description="the target tar's sha256")
     target_bytes: int = Field(ge=0, description="the target tar's size")
-    config: dict[str, Any] = Field(description="an AdaptConfig, as a dict")
+    config: AdaptConfig = Field(description="the job's adaptation config: the registered methods' configs, "
+                                            "discriminated on method (t3ar.method.config)")
     parent_id: str | None = Field(default=None, description="the job this one re-runs (readapt)")
     request_id: str | None = Field(default=None, max_length=128,
                                    description="the API request that made the job: in the worker's log lines and "

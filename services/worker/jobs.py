@@ -73,10 +73,10 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     job_spec = JobSpec.model_validate(spec)
 
     progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval,
-                        epochs=int(job_spec.config.get("epochs", 0)) or None)
+                        epochs=job_spec.config.epochs)
     REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
     log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id,
-             job_spec.config.get("method", "t3ar"))
+             job_spec.config.method)
     queue_wait = phases.queue_seconds(getattr(job, "enqueued_at", None), phases.forked_at)
     try:
         return _run(job_spec, settings, progress, connection, queue_wait)
@@ -117,7 +117,7 @@ def _run(spec: JobSpec, settings: WorkerSettings, progress: Any, connection: Any
     t0 -= since_fork
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    config = AdaptConfig.model_validate(spec.config)
+    config = spec.config  # validated once, with the job's spec, at the worker's entry
     device = resolve_device(settings.device)
     progress.phase("loading", device=str(device))
     work = settings.work_dir() / spec.job_id
@@ -207,7 +207,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
-        progress.phase("retrieving", k=config.k, r=config.r)
+        retrieval = config.retrieval_options
+        progress.phase("retrieving", **({"k": retrieval.k, "r": retrieval.r} if retrieval is not None else {}))
     acceptance: dict[str, Any] | None = None
     try:
         if spec.acceptance is not None:

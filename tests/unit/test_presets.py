@@ -41,7 +41,9 @@ def test_the_api_gives_t3ar_jobs_the_default_preset_and_refuses_an_unknown_one()
     _, cfg = parse_config('{"method": "t3ar", "k": 3}')
     assert cfg.preset == DEFAULT_PRESET and cfg.k == 3
     _, tent = parse_config('{"method": "tent"}')
-    assert tent.preset is None
+    assert "preset" not in tent.model_dump()  # presets are the T3AR family's
+    with pytest.raises(InvalidInputError, match="preset is an option of the T3AR family .*, not of tent"):
+        parse_config('{"method": "tent", "preset": "paper"}')
     with pytest.raises(InvalidInputError, match="preset"):
         parse_config('{"preset": "best"}')
 

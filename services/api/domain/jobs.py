@@ -68,12 +68,13 @@ def _now() -> str:
 
 def _check_pool(state: ApiState, config: AdaptConfig) -> None:
     """Retrieval methods need at least k pool items; say so now rather than fail in the worker."""
-    if not config.uses_retrieval:
+    retrieval = config.retrieval_options
+    if retrieval is None:
         return
     count = int(state.retriever.stats()["count"])
-    if count < config.k:
-        raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves k={config.k} per "
-                                "image: ingest more (t3ar pool ingest) or lower k")
+    if count < retrieval.k:
+        raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves "
+                                f"k={retrieval.k} per image: ingest more (t3ar pool ingest) or lower k")
 
 
 def _check_size(state: ApiState, config: AdaptConfig, n_kept: int, model_id: str) -> None:
@@ -92,14 +93,14 @@ def _feature_dim(state: ApiState, model: ModelRow) -> int | None:
     return read_info(model_path(state.settings.data_dir, model.id)).spec.bottleneck_dim
 
 
-def _enqueue(state: ApiState, row: JobRow, secret: str) -> None:
+def _enqueue(state: ApiState, row: JobRow, config: AdaptConfig, secret: str) -> None:
     model = require_model(state.store, state.settings, row.model_id)
     data_dir = state.settings.data_dir
     found = holdout_of(data_dir, row.target_dir)  # a readapt finds its parent's holdout next to the target
-    state.jobs.enqueue(row, model.sha256, target_tar(data_dir, row.target_dir), secret,
+    state.jobs.enqueue(row, config, model.sha256, target_tar(data_dir, row.target_dir), secret,
                        holdout=target_tar(data_dir, found[0]) if found else None,
                        acceptance=found[1].model_dump(mode="json") if found else None)
-    state.metrics.jobs_submitted.labels(str(row.config.get("method")), "readapt" if row.parent_id else "adapt").inc()
+    state.metrics.jobs_submitted.labels(config.method, "readapt" if row.parent_id else "adapt").inc()
 
 
 def _acceptance_options(upload: TargetUpload) -> AcceptanceOptions | None:
@@ -171,7 +172,7 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
         if upload.contribute:
             state.contributor.records.request(job_id)  # before enqueueing: a quick job finds it
         try:
-            _enqueue(state, row, secret)
+            _enqueue(state, row, cfg, secret)
         except BaseException:
             state.contributor.records.forget(job_id)
             state.store.delete_job(job_id)
@@ -212,7 +213,7 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     for team in state.store.teams_of("job", orig.id):
         state.store.add_owner("job", row.id, team, by)
     try:
-        _enqueue(state, row, secret)
+        _enqueue(state, row, cfg, secret)
     except BaseException:
         state.store.delete_job(row.id)
         raise

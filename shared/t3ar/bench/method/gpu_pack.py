@@ -43,7 +43,7 @@ from t3ar.bench.method.pack import (
 )
 from t3ar.bench.method.plans import ARCHIVE, CPU, PAPER, BenchPlan
 from t3ar.bench.method.protocol import SOURCE_STYLE
-from t3ar.bench.method.runs import build_pools, load_targets, pool_name
+from t3ar.bench.method.runs import build_pools, load_targets, plan_k, pool_name
 from t3ar.data.images import to_tensor_uint8
 from t3ar.digest import file_sha256
 from t3ar.method.config import AdaptConfig
@@ -108,9 +108,9 @@ def neighbour_depth(arms: Sequence[Mapping[str, Any]], plan: BenchPlan) -> int:
     """The most candidates per image a retrieving arm asks the pool for (``k·r`` of its AdaptConfig)."""
     depth = 0
     for arm in arms:
-        cfg = AdaptConfig(**{"method": arm["method"], "k": arm.get("k", plan.k), **arm.get("options", {})})
-        if cfg.uses_retrieval:
-            depth = max(depth, cfg.k * cfg.r)
+        cfg = AdaptConfig(**{"method": arm["method"], **plan_k(arm, plan), **arm.get("options", {})})
+        if (retrieval := cfg.retrieval_options) is not None:
+            depth = max(depth, retrieval.k * retrieval.r)
     return depth
 
 
