@@ -320,14 +320,18 @@ def validate(data: Any) -> AdaptConfig:
 
 
 def error_lines(error: ValidationError) -> list[str]:
-    """``error``'s messages as ``'<option path>: <message>'``, without the union's method tag."""
+    """``error``'s messages as ``'<option path>: <message>'``, without the union's method tag; a group's option
+    also under its flat name (``refinement.neighbors (refine_neighbors): ...``)."""
     methods = set(registry.names())
+    flat = {where: name for cls in registry.config_classes() for name, where in cls.FLAT.items()}
     out = []
     for err in error.errors():
         loc = list(err["loc"])
         if loc and loc[0] in methods:
             loc = loc[1:]
-        out.append(f"{'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
+        path = ".".join(str(p) for p in loc) or "config"
+        alias = flat.get((str(loc[0]), str(loc[1]))) if len(loc) == 2 else None
+        out.append(f"{path}{f' ({alias})' if alias else ''}: {err['msg']}")
     return out
 
 
