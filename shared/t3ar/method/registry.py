@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,7 +173,8 @@ def config_class(name: str) -> type[AdaptConfig]:
             from t3ar.method.config import AdaptConfig
 
             tag: Any = Literal[name]
-            made = _CONFIGS[name] = create_model(f"Config[{name}]", __base__=AdaptConfig,
+            title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", name)) + "Config"
+            made = _CONFIGS[name] = create_model(title, __base__=AdaptConfig,
                                                  __module__=AdaptConfig.__module__, method=(tag, name))
         return made
 
