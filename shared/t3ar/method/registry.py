@@ -9,10 +9,12 @@ A method is one :class:`MethodSpec`, registered where the method is declared (li
   class or :func:`register` on a spec, and names that module in the entry-point group ``t3ar.methods`` (or
   imports it before it validates a config).
 
-Everything that used to switch on a method's name reads the spec instead: the config's validation and
-properties (:class:`t3ar.method.config.AdaptConfig`), the presets (the T3AR family), the CLI's ``--method``
-choices, the API's schema, job sizing (:mod:`t3ar.jobsize`), the loop (:func:`t3ar.method.adapt.adapt`) and the
-pipeline (:mod:`t3ar.pipeline`). No torch here.
+A spec names its method's config class (``MethodSpec.config``, a subclass of
+:class:`t3ar.method.config.AdaptConfig`); the registry builds the union of every registered class
+(:func:`config_adapter`), which is what validating an ``AdaptConfig`` means. Everything that used to switch on a
+method's name reads the spec or the config instead: the config's validation, the presets (the T3AR family), the
+CLI's ``--method`` choices and option defaults, the API's schema, job sizing (:mod:`t3ar.jobsize`), the loop
+(:func:`t3ar.method.adapt.adapt`) and the pipeline (:mod:`t3ar.pipeline`). No torch here.
 """
 
 from __future__ import annotations
