@@ -137,6 +137,8 @@ class AdaptConfig(BaseModel):
     # --- the union: AdaptConfig(...) and AdaptConfig.model_validate(...) give the method's own class
 
     def __new__(cls, *args: Any, **data: Any) -> AdaptConfig:
+        # AdaptConfig(**data) is the method's class: Python then runs that class's __init__ on it with the same
+        # data (validated a second time, to the same values)
         if _is_union_root(cls):
             return validate(data)
         return super().__new__(cls)
