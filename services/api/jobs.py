@@ -23,6 +23,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 
 from t3ar.errors import without_paths
 from t3ar.logs import REQUEST_ID
+from t3ar.method.config import AdaptConfig
 from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, Store
@@ -94,13 +95,15 @@ class JobService:
         self._unreadable: set[str] = set()  # jobs whose lineage.json could not be indexed (logged once)
 
     # --- submit ------------------------------------------------------------------------------------------
-    def enqueue(self, row: JobRow, model_sha256: str, target: TargetTar, secret: str, subsample: Subsample, *,
-                holdout: TargetTar | None = None, acceptance: dict[str, Any] | None = None) -> None:
+    def enqueue(self, row: JobRow, config: AdaptConfig, model_sha256: str, target: TargetTar, secret: str,
+                subsample: Subsample, *, holdout: TargetTar | None = None,
+                acceptance: dict[str, Any] | None = None) -> None:
         """Queue the job; the worker fetches the base model and ``target`` (and a ``holdout``, with the job's
         ``acceptance`` options) by these digests over HTTP, showing the job's ``secret`` (whose sha256 the row
-        keeps), and adapts to the ``subsample`` drawn at submission."""
+        keeps), and adapts to the ``subsample`` drawn at submission. ``config``: the row's config, as the API
+        validated it (not validated again here)."""
         spec = JobSpec(job_id=row.id, model_id=row.model_id, model_sha256=model_sha256, target_sha256=target.sha256,
-                       target_bytes=target.size, config=row.config, subsample_rows=subsample.rows,
+                       target_bytes=target.size, config=config, subsample_rows=subsample.rows,
                        subsample_sha256=subsample.sha256, parent_id=row.parent_id,
                        request_id=REQUEST_ID.get(), job_secret=secret,
                        acceptance=acceptance if holdout is not None else None,
@@ -109,7 +112,7 @@ class JobService:
         self.queue.enqueue_call(
             JOB_FUNCTION, args=(spec.model_dump(),), job_id=row.id, timeout=self.settings.job_timeout,
             result_ttl=self.settings.result_ttl, failure_ttl=self.settings.failure_ttl,
-            description=f"adapt {row.model_id} ({row.config.get('method', 't3ar')}, {row.n_images} images)")
+            description=f"adapt {row.model_id} ({config.method}, {row.n_images} images)")
 
     # --- read --------------------------------------------------------------------------------------------
     def fetch(self, job_id: str) -> Job | None:

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from t3ar.clients.retriever import RetrieverClient
 from t3ar_services.api.audit import AuditLog
 from t3ar_services.api.compaction import Compactor
+from t3ar_services.api.config_schema import document_config
 from t3ar_services.api.console import PREFIX as CONSOLE_PREFIX
 from t3ar_services.api.console import install_console
 from t3ar_services.api.console.pages_pool import MAX_QUERY_BYTES
@@ -35,6 +36,7 @@ from t3ar_services.api.keys import KeyStore
 from t3ar_services.api.leftovers import sweep_leftovers
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import ROUTERS
+from t3ar_services.api.routes.jobs import ADAPT_CONFIG_FORMAT
 from t3ar_services.api.settings import ApiSettings, MiB
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
@@ -185,4 +187,5 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
     app.state.api = state
     install_console(app, settings)
     close_form_schemas(app)
+    document_config(app, ADAPT_CONFIG_FORMAT)
     return app

@@ -17,7 +17,8 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, Field, ValidationError
 
 from t3ar.errors import DatasetError, InvalidInputError
-from t3ar.method.config import AdaptConfig
+from t3ar.method import registry
+from t3ar.method.config import AdaptConfig, error_lines, field_info
 from t3ar_services.api.errors import ConflictError, PayloadTooLargeError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.common.job_contract import SHA256_PATTERN, resolve_inside, write_json_atomic
@@ -83,14 +84,15 @@ def sent_name(filename: str | None, default: str) -> str:
     return PurePosixPath((filename or "").replace("\\", "/")).name[-200:] or default
 
 
-def _bounds(model: Any, loc: tuple[Any, ...]) -> str:
-    """`` (allowed: 0 <= x <= 1000000)`` for a bounded field of ``model`` named by an error's ``loc``."""
-    info = model.model_fields.get(loc[0]) if len(loc) == 1 else None
+def _bounds(cls: type[AdaptConfig] | None, loc: tuple[Any, ...]) -> str:
+    """`` (allowed: 0 <= x <= 1000000)`` for a bounded option of ``cls`` named by an error's ``loc`` (without the
+    union's method tag)."""
+    info = field_info(cls, loc) if cls is not None and loc else None
     if info is None:
         return ""
     parts = [f"{sym} {getattr(m, attr)}" for m in info.metadata for attr, sym in
              (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if getattr(m, attr, None) is not None]
-    return f" (allowed: {loc[0]} {' and '.join(parts)})" if parts else ""
+    return f" (allowed: {loc[-1]} {' and '.join(parts)})" if parts else ""
 
 
 def parse_config(raw: str) -> tuple[dict[str, Any], AdaptConfig]:
@@ -102,8 +104,10 @@ def parse_config(raw: str) -> tuple[dict[str, Any], AdaptConfig]:
     try:  # a T3AR-family job that names no preset gets the default one (t3ar.method.presets)
         cfg = AdaptConfig.model_validate(with_default(given))
     except ValidationError as e:
-        msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}"
-                         f"{_bounds(AdaptConfig, err['loc'])}" for err in e.errors())
+        method = given.get("method")
+        cls = registry.config_class(method) if isinstance(method, str) and method in registry.names() else None
+        msgs = "; ".join(f"{line}{_bounds(cls, err['loc'][1:])}"
+                         for line, err in zip(error_lines(e), e.errors(), strict=True))
         raise InvalidInputError(f"invalid adaptation config: {msgs}") from e
     return given, cfg
 
@@ -185,19 +189,18 @@ def check_job_size(settings: ApiSettings, config: AdaptConfig, n_kept: int, imag
     """Refuse (422) a job over the operator's per-job caps: planned optimiser steps
     (``T3AR_API_MAX_JOB_STEPS``) and the memory of its bank, target and pool images
     (``T3AR_API_MAX_JOB_MEMORY_BYTES``); wall time is ``T3AR_API_JOB_TIMEOUT``."""
-    from t3ar.jobsize import gib, memory_bytes, planned_steps
+    from t3ar.jobsize import MEMORY_OPTIONS, STEP_OPTIONS, gib, memory_bytes, planned_steps, terms
 
     steps = planned_steps(config, n_kept)
     if steps > settings.max_job_steps:
-        raise InvalidInputError(f"this job would run {steps} optimiser steps ({n_kept} images, epochs={config.epochs}, "
-                                f"batch_size={config.batch_size}, min_steps={config.min_steps}, "
-                                f"second_stage_steps={config.second_stage_steps}); this API allows "
+        raise InvalidInputError(f"this job would run {steps} optimiser steps ({n_kept} images, "
+                                f"{terms(config, STEP_OPTIONS)}); this API allows "
                                 f"{settings.max_job_steps} per job (T3AR_API_MAX_JOB_STEPS): lower epochs, "
                                 "min_steps or second_stage_steps")
     need = memory_bytes(config, n_kept, image_size, feature_dim, num_classes)
     if need > settings.max_job_memory_bytes:
         raise InvalidInputError(f"this job would hold {gib(need)} in its memory bank, target and pool images "
-                                f"(bank_size={config.bank_size}, k={config.k}, {n_kept} images of {image_size} px); "
+                                f"({terms(config, MEMORY_OPTIONS)}, {n_kept} images of {image_size} px); "
                                 f"this API allows {gib(settings.max_job_memory_bytes)} per job "
                                 "(T3AR_API_MAX_JOB_MEMORY_BYTES): lower bank_size or k, or send fewer images")
 

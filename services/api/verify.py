@@ -58,7 +58,7 @@ def check_checkpoint(path: Path, settings: ApiSettings, row: JobRow, model: Mode
         wanted = next((c for c in (candidate_config(wanted, n) for n in candidate_names(found[1], wanted))
                        if c == given), wanted)
     if given != wanted:
-        differ = sorted(k for k in type(wanted).model_fields if getattr(given, k) != getattr(wanted, k))
+        differ = sorted(k for k in type(wanted).model_fields if getattr(given, k, None) != getattr(wanted, k))
         raise CheckpointError(f"the uploaded checkpoint's adaptation config is not {job}'s (differs in "
                               f"{', '.join(differ[:10])})")
     if lineage.method != wanted.method:

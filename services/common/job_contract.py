@@ -58,6 +58,7 @@ from t3ar.clients.job_report import (
     StepPoint,
     Transfer,
 )
+from t3ar.method.config import AdaptConfig
 from t3ar_services.common.files import atomic_file
 
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
@@ -100,7 +101,8 @@ class JobSpec(BaseModel):
     model_sha256: str = Field(pattern=SHA256_PATTERN, description="the base checkpoint file's sha256")
     target_sha256: str = Field(pattern=SHA256_PATTERN, description="the target tar's sha256")
     target_bytes: int = Field(ge=0, description="the target tar's size")
-    config: dict[str, Any] = Field(description="an AdaptConfig, as a dict")
+    config: AdaptConfig = Field(description="the job's adaptation config: the registered methods' configs, "
+                                            "discriminated on method (t3ar.method.config)")
     subsample_rows: list[int] = Field(
         min_length=2, description="the target images the job adapts to, as indices in the target's order "
                                   "(t3ar.data.target.read_target): the subsample of the config's fraction and seed, "

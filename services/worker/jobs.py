@@ -64,21 +64,23 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
     settings = WorkerSettings()
     job = get_current_job()
     connection = job.connection if job is not None else None
-    job_spec = JobSpec.model_validate(spec)
-
-    progress = Progress(job, connection, job_spec.job_id, interval=settings.progress_interval)
-    REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
+    job_id = str(spec.get("job_id") or (job.id if job is not None else "unknown"))
+    progress = Progress(job, connection, job_id, interval=settings.progress_interval)
     queue_wait = phases.queue_seconds(getattr(job, "enqueued_at", None), phases.forked_at)
     try:
-        config = AdaptConfig.model_validate(job_spec.config)  # the one validation of the config in the worker
+        # the spec, and with it the config, validated once, inside the job's error handling: a spec or config the
+        # worker refuses is the job's one-line error in its meta
+        job_spec = JobSpec.model_validate(spec)
+        config = job_spec.config
+        REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
         log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
         progress.phase("starting", epochs=config.epochs or None)
         return _run(job_spec, config, settings, progress, connection, queue_wait)
     except JobCanceledError:
-        log.info("job %s canceled", job_spec.job_id)
+        log.info("job %s canceled", job_id)
         raise
     except JobNoLongerStartedError:
-        log.warning("job %s ended elsewhere while it ran here; stopped", job_spec.job_id)
+        log.warning("job %s ended elsewhere while it ran here; stopped", job_id)
         raise
     except Exception as e:
         progress.fail(_message(e))
@@ -198,7 +200,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
-        progress.phase("retrieving")
+        retrieval = config.retrieval_options
+        progress.phase("retrieving", **({"k": retrieval.k, "r": retrieval.r} if retrieval is not None else {}))
     acceptance: dict[str, Any] | None = None
     try:
         if spec.acceptance is not None:

@@ -36,13 +36,13 @@ def check_job_memory(config: AdaptConfig, n_kept: int, image_size: int, feature_
                      available: int | None = None) -> int:
     """Raise :class:`JobTooLargeError` when the job's fixed tensors do not fit ``available`` (default: what
     ``device`` has free); the bytes needed otherwise."""
-    from t3ar.jobsize import gib, memory_bytes
+    from t3ar.jobsize import MEMORY_OPTIONS, gib, memory_bytes, terms
 
     need = memory_bytes(config, n_kept, image_size, feature_dim, num_classes)
     have = available if available is not None else available_bytes(device)
     if have is not None and need > have:
         raise JobTooLargeError(f"this job needs {gib(need)} for its memory bank, target and pool images "
-                               f"(bank_size={config.bank_size}, k={config.k}, {n_kept} images of {image_size} px) "
+                               f"({terms(config, MEMORY_OPTIONS)}, {n_kept} images of {image_size} px) "
                                f"but {device} has {gib(have)} free: lower bank_size or k, send fewer images, or run "
                                "it on a worker with more memory")
     return need

@@ -73,8 +73,8 @@ def candidate_config(config: AdaptConfig, name: str) -> AdaptConfig:
     time for a method without a train-time mode."""
     if name == config.method:
         return config
-    given = config.model_dump()
-    out: dict[str, Any] = {k: given[k] for k in SHARED_OPTIONS if k in given}
+    given, accepted = config.flat(), registry.config_class(name).flat_fields()
+    out: dict[str, Any] = {k: given[k] for k in SHARED_OPTIONS if k in given and k in accepted}
     out["method"] = name
     out["mode"] = config.mode if registry.get(name).train_mode else "test"
     return AdaptConfig.model_validate(with_default(out))

@@ -38,7 +38,7 @@ def planned_steps(config: AdaptConfig, n: int) -> int:
         return 0
     batch = max(1, min(config.batch_size, n))
     first = int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
-    return first + spec.added_steps(config) + spec.added_passes(config) * steps_per_epoch(n, batch)
+    return first + config.added_steps() + config.added_passes() * steps_per_epoch(n, batch)
 
 
 def kept_images(n_images: int, fraction: float) -> int:
@@ -48,14 +48,25 @@ def kept_images(n_images: int, fraction: float) -> int:
 
 def memory_bytes(config: AdaptConfig, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
     """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px."""
-    bank = 0
-    if config.spec.bank:
-        bank = config.bank_size * ((feature_dim or UNKNOWN_FEATURE_DIM) + num_classes) * 4 + config.bank_size * 18
+    entries = config.bank_entries
+    bank = entries * ((feature_dim or UNKNOWN_FEATURE_DIM) + num_classes) * 4 + entries * 18
     image = 3 * image_size * image_size
     pool = 0
-    if config.uses_retrieval:
-        pool = n * config.k * (config.r if config.redraw_neighbours else 1) * image
+    retrieval = config.retrieval_options
+    if retrieval is not None:
+        pool = n * retrieval.k * (retrieval.r if retrieval.redraw_neighbours else 1) * image
     return bank + n * image + pool
+
+
+#: the options a refusal names, those of them the config has: what sets its steps, and what sets its memory
+STEP_OPTIONS = ("epochs", "batch_size", "min_steps", "second_stage_steps", "anchor")
+MEMORY_OPTIONS = ("bank_size", "k", "r", "redraw_neighbours")
+
+
+def terms(config: AdaptConfig, options: tuple[str, ...]) -> str:
+    """``'epochs=10, batch_size=32, ...'``: those of ``options`` that ``config`` has (flat names), with its values."""
+    flat = config.flat()
+    return ", ".join(f"{name}={flat[name]}" for name in options if name in flat)
 
 
 def gib(n: float) -> str:

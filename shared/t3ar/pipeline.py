@@ -28,6 +28,7 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
 from t3ar.method.retrieval import NeighbourProvider, dedup_sample, random_neighbours
+from t3ar.method.specs.family import T3ARConfig
 from t3ar.models.checkpoint import CheckpointInfo, Lineage
 from t3ar.models.classifier import Classifier
 
@@ -71,7 +72,9 @@ class LabelledUse:
 def reads_pool_labels(config: AdaptConfig) -> bool:
     """Whether a job reads its neighbours' pool labels: labelled neighbours as data, or false negatives told
     by their label."""
-    return config.uses_retrieval and (config.pool_labels_as_data or config.false_negatives != "keep")
+    retrieval = config.retrieval_options
+    return retrieval is not None and ((isinstance(config, T3ARConfig) and config.pool_labels_as_data)
+                                      or retrieval.false_negatives != "keep")
 
 
 def pool_classes(pool_labels: Sequence[str | None], model_classes: Sequence[str]) -> torch.Tensor:
@@ -119,15 +122,18 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
              generator: torch.Generator, *, fetch_batch: int = 256) -> Retrieved:
     """Nearest neighbours with dedup (``t3ar``) or uniformly random pool items (``t3ar-random``).
 
-    ``t3ar``: the top r·k by the provider's search, minus near-duplicates (score >= ``config.dedup_threshold``),
-    then k drawn uniformly with ``generator``. ``t3ar-random``: k (with ``config.redraw_neighbours``: r·k,
+    ``t3ar``: the top r·k by the provider's search, minus near-duplicates (score >= ``dedup_threshold``),
+    then k drawn uniformly with ``generator``. ``t3ar-random``: k (with ``redraw_neighbours``: r·k,
     capped at the pool size, the first k of which are the same draw) distinct random pool items; the dedup
-    threshold does not apply (there are no scores). With ``config.redraw_neighbours`` the images of every
+    threshold does not apply (there are no scores). With ``redraw_neighbours`` the images of every
     candidate are fetched and returned with ``candidates``; otherwise only the k drawn are. ``generator`` is
     consumed identically either way, so both settings share the rest of the run's random streams.
     """
     t0 = time.perf_counter()
-    n, k = len(target), config.k
+    opts = config.retrieval_options
+    if opts is None:
+        raise ValueError(f"method {config.method} reads no pool")
+    n, k = len(target), opts.k
     if provider.size() < k:
         raise InvalidInputError(f"the pool has {provider.size()} items; k={k} neighbours are needed per image")
     cand_rows: list[list[str]] | None = None
@@ -135,7 +141,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     sample: list[tuple[int, list[tuple[str, float | None]]]]
     if config.spec.retrieval == "random":
         all_ids = provider.all_ids()
-        m = min(k * config.r, len(all_ids)) if config.redraw_neighbours else k
+        m = min(k * opts.r, len(all_ids)) if opts.redraw_neighbours else k
         rows = random_neighbours(n, len(all_ids), m, generator)  # its first k columns do not depend on m
         cand_rows = [[all_ids[int(i)] for i in row] for row in rows]
         chosen = [row[:k] for row in cand_rows]
@@ -144,16 +150,16 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     else:
         queries = provider.embed(target)
         t1 = time.perf_counter()
-        scores, cand_ids = provider.search(queries, k * config.r)
+        scores, cand_ids = provider.search(queries, k * opts.r)
         vocab: dict[str, int] = {}
-        cand = torch.full((n, k * config.r), -1, dtype=torch.long)
+        cand = torch.full((n, k * opts.r), -1, dtype=torch.long)
         for i, row in enumerate(cand_ids):
             for j, pid in enumerate(row):
                 if pid:
                     cand[i, j] = vocab.setdefault(pid, len(vocab))
         if cand.shape[1] < k:
             raise InvalidInputError("the pool returned fewer candidates than k")
-        drop = near_duplicates(scores, (n, k * config.r), config.dedup_threshold) & (cand >= 0)
+        drop = near_duplicates(scores, (n, k * opts.r), opts.dedup_threshold) & (cand >= 0)
         dropped = int(drop.sum())
         cand[drop] = -1
         picked = dedup_sample(cand, k, generator)
@@ -168,7 +174,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     local: dict[str, int] = {}
     neighbours = _localise(chosen, k, local)  # the drawn ones first: same local order as without redraw
     candidates = (_localise(cand_rows, max(map(len, cand_rows), default=k), local)
-                  if (config.redraw_neighbours and cand_rows is not None) else None)
+                  if (opts.redraw_neighbours and cand_rows is not None) else None)
     pool_ids = list(local)
     tensors: list[torch.Tensor] = []
     for start in range(0, len(pool_ids), fetch_batch):
@@ -177,7 +183,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     t3 = time.perf_counter()
     labels = provider.labels(pool_ids) if reads_pool_labels(config) else []
     log.info("retrieved %d distinct pool images for %d targets (k=%d, r=%d, %s, redraw=%s, %d near-duplicates "
-             "dropped)", len(pool_ids), n, k, config.r, config.method, config.redraw_neighbours, dropped)
+             "dropped)", len(pool_ids), n, k, opts.r, config.method, opts.redraw_neighbours, dropped)
     return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2, candidates, sample, labels)
 
 
@@ -282,7 +288,8 @@ def run_adaptation(
             raise InvalidInputError(f"method {config.method} needs a pool (retriever)")
         retrieved = retrieve(provider, x, config, spec.image_size, gen)
     sources = None
-    if retrieved is not None and provider is not None and config.pool_as_data and config.pool_data_sources is not None:
+    if (retrieved is not None and provider is not None and isinstance(config, T3ARConfig) and config.pool_as_data
+            and config.pool_data.sources is not None):
         sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
     known = pool_classes(retrieved.pool_labels, spec.classes) if (retrieved and retrieved.pool_labels) else None
     t_adapt = time.perf_counter()

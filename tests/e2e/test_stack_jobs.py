@@ -25,7 +25,7 @@ def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids
         assert job.progress.loss is not None and job.started_at and job.ended_at
         path = api.download_checkpoint(accepted.id, tmp_path / "adapted.pt")
         model, info = load_checkpoint(path)
-        assert info.adapt_config is not None and info.adapt_config["k"] == 2
+        assert info.adapt_config is not None and info.adapt_config["retrieval"]["k"] == 2
         assert info.lineage.method == "t3ar" and info.lineage.target_size == 9
         assert info.lineage.pool_ids and set(info.lineage.pool_ids) <= set(pool_ids)
         report = api.report(accepted.id)

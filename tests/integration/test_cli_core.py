@@ -56,8 +56,9 @@ def test_adapt_every_method_and_evaluate(data: dict[str, Path]) -> None:
     for method in ("source", "tent", "shot-im", "adacontrast", "t3ar-noretrieval", "t3ar-random", "t3ar", "sar",
                    "eata"):
         out = data["root"] / f"{method}.pt"
+        retrieval = ["--k", "2", "--r", "2"] if method in ("t3ar", "t3ar-random") else []  # another's: refused
         got = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool",
-                      str(data["pool"]), "--method", method, "--k", "2", "--r", "2", "--epochs", "1",
+                      str(data["pool"]), "--method", method, *retrieval, "--epochs", "1",
                       "--batch-size", "8", "--retriever-image-size", "32", "--out", str(out))
         assert got["method"] == method and "before" in got and "after" in got
         _, info = load_checkpoint(out)
@@ -81,7 +82,8 @@ def test_method_options_through_config(data: dict[str, Path]) -> None:
             "--out", str(out))
     _, info = load_checkpoint(out)
     assert info.adapt_config is not None
-    assert info.adapt_config["redraw_neighbours"] is True and info.adapt_config["pool_negatives"] == "all"
+    retrieval = info.adapt_config["retrieval"]  # the nested, canonical form
+    assert retrieval["redraw_neighbours"] is True and retrieval["pool_negatives"] == "all"
 
 
 def test_fraction_and_train_time_mode(data: dict[str, Path]) -> None:

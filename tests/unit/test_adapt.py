@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_models import TinyBackbone, tiny_problem
+from tiny_models import TinyBackbone, tiny_config, tiny_problem
 
 from t3ar.device import resolve_device, seed_everything
 from t3ar.method import registry
@@ -14,8 +14,7 @@ from t3ar.models.classifier import Classifier
 
 def _run(method: str, seed: int = 0, **kw: object) -> tuple[Classifier, object]:
     model, target, pool, nbr = tiny_problem(k=2, seed=123, model_seed=seed)
-    cfg = AdaptConfig(method=method, k=2, epochs=2, batch_size=4, bank_size=32, train_groups=None, seed=seed,
-                      **kw)  # type: ignore[arg-type]
+    cfg = tiny_config(method, k=2, epochs=2, batch_size=4, bank_size=32, train_groups=None, seed=seed, **kw)
     res = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
                 labels=torch.arange(12) % 3, device=torch.device("cpu"),
                 generator=torch.Generator().manual_seed(seed))

@@ -191,7 +191,8 @@ def test_the_job_meta_is_the_contract_both_sides_read() -> None:
 
 
 def test_a_config_the_worker_refuses_is_the_jobs_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker validates the job's config once, at its entry, and a refusal is the job's one-line error."""
+    """The worker validates the job's spec (and with it its config) once, at its entry, and a refusal is the job's
+    one-line error."""
     import contextvars
 
     import rq
@@ -208,4 +209,4 @@ def test_a_config_the_worker_refuses_is_the_jobs_error(monkeypatch: pytest.Monke
     with pytest.raises(ValueError):  # in a context of its own: the job sets the process' request id
         contextvars.copy_context().run(run_adapt_job, spec)
     meta = JobMeta.read(Job.fetch("j1", connection=redis, serializer=SERIALIZER).meta)
-    assert meta.phase == "failed" and meta.error is not None and "AdaptConfig" in meta.error, meta
+    assert meta.phase == "failed" and meta.error is not None and "JobSpec" in meta.error, meta

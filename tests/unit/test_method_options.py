@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_models import TinyBackbone
+from tiny_models import TinyBackbone, tiny_config
 
 from t3ar.device import seed_everything
 from t3ar.method import losses
@@ -42,8 +42,7 @@ def _run(method: str = "t3ar", seed: int = 0, *, adapt_kw: dict[str, Any] | None
     seed_everything(seed)
     model = Classifier(TinyBackbone(), 8, 3, 16)
     target, pool, nbr, _ = _data()
-    cfg = AdaptConfig(method=method, k=2, epochs=2, batch_size=4, bank_size=32, train_groups=None, seed=seed,
-                      **cfg_kw)
+    cfg = tiny_config(method, k=2, epochs=2, batch_size=4, bank_size=32, train_groups=None, seed=seed, **cfg_kw)
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 labels=torch.arange(N) % 3, device=torch.device("cpu"),
                 generator=torch.Generator().manual_seed(seed), **(adapt_kw or {}))

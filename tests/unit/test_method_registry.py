@@ -11,7 +11,7 @@ from t3ar.jobsize import memory_bytes, planned_steps
 from t3ar.method import registry
 from t3ar.method.base import MethodStep
 from t3ar.method.config import AdaptConfig
-from t3ar.method.registry import MethodSpec, OptionGroup
+from t3ar.method.registry import MethodSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_the_built_in_methods_and_their_properties() -> None:
     assert sorted(n for n in registry.names() if not registry.get(n).optimises) == ["bn-adapt", "source"]
     assert [n for n in registry.names() if registry.get(n).bn_statistics] == ["bn-adapt"]
     assert AdaptConfig(method="adacontrast").resolved_diversity_weight == 1.0
-    assert AdaptConfig(method="tent").resolved_diversity_weight == 0.0
+    assert "diversity_weight" not in registry.config_class("tent").flat_fields()  # tent has no diversity term
 
 
 @pytest.mark.parametrize("method", registry.names())
@@ -38,13 +38,15 @@ def test_every_adapting_method_implements_the_interface(method: str) -> None:
         assert impl is not None and issubclass(impl, MethodStep)
     else:  # no step: the model as it is / its BatchNorm statistics
         assert impl is None
-    assert AdaptConfig(method=method, k=1).spec is spec  # a valid config for it exists
+    assert AdaptConfig(method=method).spec is spec  # a valid config for it exists
+    assert type(AdaptConfig(method=method)) is registry.config_class(method)
 
 
 def test_an_unknown_method_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown method 'nope': one of .*t3ar-random"):
         AdaptConfig(method="nope")
-    assert AdaptConfig.model_json_schema()["properties"]["method"]["enum"] == list(registry.names())
+    schema = AdaptConfig.model_json_schema()  # the union of the registered configs, discriminated on method
+    assert sorted(schema["discriminator"]["mapping"]) == sorted(registry.names())
 
 
 def test_a_name_is_registered_once() -> None:
@@ -55,54 +57,89 @@ def test_a_name_is_registered_once() -> None:
         registry.register(MethodSpec(" ", "no name"))
 
 
-def test_job_sizing_reads_the_spec() -> None:
+def test_job_sizing_reads_the_config() -> None:
     for name in registry.names():
-        cfg = AdaptConfig(method=name, k=2, epochs=2, batch_size=4)
+        cfg = AdaptConfig(method=name, epochs=2, batch_size=4)
         assert planned_steps(cfg, 12) == (6 if cfg.spec.optimises else 0), name
-        bank = memory_bytes(cfg, 12, 8, 16, 3) - memory_bytes(cfg.model_copy(update={"bank_size": 8}), 12, 8, 16, 3)
-        assert (bank > 0) == cfg.spec.bank, name
-    # the family's second stage adds its steps to the budget
+        bank = cfg.bank_entries
+        assert (bank > 0) == (name in ("adacontrast", *registry.family())), name
+        if bank:
+            smaller = AdaptConfig(**{**cfg.flat(), "bank_size": 8})
+            assert memory_bytes(cfg, 12, 8, 16, 3) > memory_bytes(smaller, 12, 8, 16, 3)
+    # the family's second stage adds its steps to the budget, given flat or nested
     for name in registry.family():
         assert planned_steps(AdaptConfig(method=name, k=2, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
+        assert planned_steps(AdaptConfig(method=name, epochs=2, batch_size=4, second_stage={"steps": 40}), 12) == 46
 
 
-def test_the_family_groups_name_its_fields_and_own_what_other_methods_refuse() -> None:
-    groups = registry.get("t3ar").groups
-    assert [g.name for g in groups] == ["retrieval", "pool data", "pool labels", "BatchNorm", "teacher", "refinement",
-                                        "second stage", "reliable samples", "anchor", "collapse fallback",
-                                        "interpolation"]
-    for group in groups:
-        assert set(group.own) <= set(group.fields) <= set(AdaptConfig.model_fields), group.name
-        assert not any(getattr(AdaptConfig(), f) for f in group.own), group.name  # owned options are off by default
-    assert set(registry.owned_options()) == {"bn_start", "bn_fixed", "teacher_ema", "knn_refine",
-                                             "knn_refine_labelled", "second_stage_steps", "reliable_entropy",
-                                             "reliable_reweight", "anchor", "anchor_weight", "collapse_fallback",
-                                             "wise_alpha"}
+def test_the_family_config_nests_its_groups_and_reads_flat() -> None:
+    cfg = AdaptConfig(method="t3ar", k=3, bn_start=True, second_stage={"steps": 4}, teacher_ema=0.5)
+    assert list(cfg.groups()) == ["retrieval", "pool_data", "pool_labels", "batchnorm", "teacher", "refinement",
+                                  "second_stage", "safeguards"]
+    dumped = cfg.model_dump()
+    assert dumped["retrieval"]["k"] == 3 and dumped["batchnorm"]["start"] and dumped["second_stage"]["steps"] == 4
+    assert "k" not in dumped and "bn_start" not in dumped  # the canonical form is the nested one
+    assert (cfg.k, cfg.bn_start, cfg.second_stage_steps, cfg.teacher_ema) == (3, True, 4, 0.5)  # flat reads
+    assert AdaptConfig.model_validate(dumped) == cfg == AdaptConfig(**cfg.flat())  # both forms, the same config
+    assert AdaptConfig(method="t3ar", second_stage_steps=9, second_stage={"steps": 4}).second_stage.steps == 4
+
+
+def test_a_field_of_another_method_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="bn_start, teacher_ema are options of the T3AR family .*, not of tent"):
         AdaptConfig(method="tent", bn_start=True, teacher_ema=0.5)
+    with pytest.raises(ValueError, match="k is an option of the T3AR family .*, not of tent"):
+        AdaptConfig(method="tent", k=3)  # accepted and ignored before: now refused, even at its default
+    with pytest.raises(ValueError, match="ema is an option of adacontrast, not of t3ar"):
+        AdaptConfig(method="t3ar", ema=0.9)
+    with pytest.raises(ValueError, match="nope is not an option of tent"):
+        AdaptConfig(method="tent", nope=1)
 
 
-def test_a_group_checks_its_options_and_adds_its_steps() -> None:
-    def check(config: AdaptConfig) -> None:
-        if config.lr > 0.5:
-            raise ValueError("grouped: lr above 0.5")
+def test_a_method_registers_its_config_class_with_a_group() -> None:
+    from typing import Literal
 
-    registry.register(MethodSpec("grouped", "tent with a group", step="t3ar.method.tent:Tent", groups=(
-        OptionGroup("g", ("lr",), check=check, added_steps=lambda config: 7),)))
+    from pydantic import Field, model_validator
+
+    from t3ar.method.config import Options
+
+    class Extra(Options):
+        steps: int = Field(default=0, ge=0)
+        lr: float | None = None
+
+        @model_validator(mode="after")
+        def _check(self) -> "Extra":
+            if self.lr is not None and not self.steps:
+                raise ValueError("grouped: extra.lr needs extra.steps")
+            return self
+
+        def added_steps(self) -> int:
+            return self.steps
+
+    class GroupedConfig(AdaptConfig):
+        method: Literal["grouped"] = "grouped"
+        extra: Extra = Extra()
+
+    with pytest.raises(ValueError, match="Literal naming 'other'"):
+        registry.register(MethodSpec("other", "misnamed", step="t3ar.method.tent:Tent", config=GroupedConfig))
+    registry.register(MethodSpec("grouped", "tent with a group", step="t3ar.method.tent:Tent", config=GroupedConfig))
     try:
-        assert planned_steps(AdaptConfig(method="grouped", epochs=2, batch_size=4), 12) == 6 + 7
-        with pytest.raises(ValueError, match="grouped: lr above 0.5"):
-            AdaptConfig(method="grouped", lr=0.6)
-        AdaptConfig(method="tent", lr=0.6)  # another method's group checks nothing here
+        cfg = AdaptConfig(method="grouped", epochs=2, batch_size=4, extra={"steps": 7})
+        assert type(cfg) is GroupedConfig and planned_steps(cfg, 12) == 6 + 7
+        with pytest.raises(ValueError, match="grouped: extra.lr needs extra.steps"):
+            AdaptConfig(method="grouped", extra={"lr": 0.1})
+        with pytest.raises(ValueError, match="extra is an option of grouped, not of tent"):
+            AdaptConfig(method="tent", extra={"steps": 1})
     finally:
         registry.unregister("grouped")
+    with pytest.raises(ValueError, match="unknown method 'grouped'"):
+        AdaptConfig(method="grouped")
 
 
 def test_the_config_layer_does_not_import_torch() -> None:
     """The services and the CLI validate configs, size jobs and list the methods without loading torch."""
     code = ("import sys; from t3ar.method.config import AdaptConfig; from t3ar.method import registry; "
             "from t3ar.jobsize import planned_steps; "
-            "[planned_steps(AdaptConfig(method=n, k=1), 10) for n in registry.names()]; "
+            "[planned_steps(AdaptConfig(method=n), 10) for n in registry.names()]; "
             "AdaptConfig.model_json_schema(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "shared")})

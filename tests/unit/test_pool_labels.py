@@ -122,7 +122,7 @@ def test_bn_start_sets_the_targets_statistics_and_bn_fixed_keeps_them() -> None:
     for a, b in zip(adapted_norms(model, 1), adapted_norms(ref, 1), strict=True):
         assert torch.allclose(a.running_mean, b.running_mean) and torch.allclose(a.running_var, b.running_var)
     moving, *_ = _data()
-    adapt(moving, target, cfg.model_copy(update={"bn_fixed": False}), mean=(0.5,) * 3, std=(0.5,) * 3,
+    adapt(moving, target, AdaptConfig(**{**cfg.flat(), "bn_fixed": False}), mean=(0.5,) * 3, std=(0.5,) * 3,
           device=torch.device("cpu"))
     assert any(not torch.allclose(a.running_mean, b.running_mean)
                for a, b in zip(iter_batchnorms(moving), iter_batchnorms(ref), strict=True))

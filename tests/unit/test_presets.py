@@ -41,7 +41,13 @@ def test_the_api_gives_t3ar_jobs_the_default_preset_and_refuses_an_unknown_one()
     _, cfg = parse_config('{"method": "t3ar", "k": 3}')
     assert cfg.preset == DEFAULT_PRESET and cfg.k == 3
     _, tent = parse_config('{"method": "tent"}')
-    assert tent.preset is None
+    assert "preset" not in tent.model_dump()  # presets are the T3AR family's
+    with pytest.raises(InvalidInputError, match="preset is an option of the T3AR family .*, not of tent"):
+        parse_config('{"method": "tent", "preset": "paper"}')
+    with pytest.raises(InvalidInputError, match="k is an option of the T3AR family .*, not of tent"):
+        parse_config('{"method": "tent", "k": 3}')  # accepted and ignored before
+    with pytest.raises(InvalidInputError, match=r"retrieval.k \(k\): .* \(allowed: k >= 0 and <= 64\)"):
+        parse_config('{"method": "t3ar", "k": 99}')
     with pytest.raises(InvalidInputError, match="preset"):
         parse_config('{"preset": "best"}')
 

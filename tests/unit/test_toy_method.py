@@ -72,6 +72,12 @@ def test_the_api_accepts_and_sizes_a_toy_job(toy: str, env: Any, tmp_path: Path)
     resp = _adapt(client, model_id, _archive(), {"method": toy, "epochs": 3, "batch_size": 2})
     assert resp.status_code == 202, resp.text
     assert resp.json()["config"]["method"] == toy
+    doc = client.get("/openapi.json").json()  # the config's schema in the document is the registry's union
+    config = doc["components"]["schemas"]["AdaptConfig"]
+    assert config["discriminator"]["mapping"][toy] == "#/components/schemas/ToySelfTrainingConfig"
+    form = doc["paths"]["/adapt"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
+    field = doc["components"]["schemas"][form.rsplit("/", 1)[1]]["properties"]["config"]
+    assert field["contentSchema"] == {"$ref": "#/components/schemas/AdaptConfig"}
     state = client.app.state.api
     state.settings = state.settings.model_copy(update={"max_job_steps": 5})  # 4 images / 2 a batch * 3 = 6 steps
     resp = _adapt(client, model_id, _archive(), {"method": toy, "epochs": 3, "batch_size": 2})

@@ -7,6 +7,8 @@ import torch
 from torch import nn
 
 from t3ar.device import seed_everything
+from t3ar.method import registry
+from t3ar.method.config import AdaptConfig
 from t3ar.models.classifier import Classifier
 
 
@@ -36,6 +38,13 @@ def tiny_problem(n_target: int = 12, n_pool: int = 9, k: int = 3, *, seed: int =
     pool = torch.randint(0, 256, (n_pool, 3, 16, 16), dtype=torch.uint8, generator=g)
     nbr = torch.randint(0, n_pool, (n_target, k), generator=g)
     return model, target, pool, nbr
+
+
+def tiny_config(method: str, **fields: object) -> AdaptConfig:
+    """``method``'s config with those of ``fields`` its config has (a loop over every method sets k and bank_size,
+    which only some have; a config refuses another method's option)."""
+    accepted = registry.config_class(method).flat_fields()
+    return AdaptConfig(method=method, **{k: v for k, v in fields.items() if k in accepted or k == "mode"})
 
 
 #: the class count of :class:`Affine` and the reliable-entropy margin SAR and EATA use with it (0.4 ln C)

@@ -46,7 +46,7 @@ from t3ar_bench.method.pack import (
 )
 from t3ar_bench.method.plans import ARCHIVE, CPU, PAPER, BenchPlan
 from t3ar_bench.method.protocol import SOURCE_STYLE
-from t3ar_bench.method.runs import build_pools, load_targets, pool_name
+from t3ar_bench.method.runs import build_pools, load_targets, plan_k, pool_name
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,9 @@ def neighbour_depth(arms: Sequence[Mapping[str, Any]], plan: BenchPlan) -> int:
     """The most candidates per image a retrieving arm asks the pool for (``k·r`` of its AdaptConfig)."""
     depth = 0
     for arm in arms:
-        cfg = AdaptConfig(**{"method": arm["method"], "k": arm.get("k", plan.k), **arm.get("options", {})})
-        if cfg.uses_retrieval:
-            depth = max(depth, cfg.k * cfg.r)
+        cfg = AdaptConfig(**{"method": arm["method"], **plan_k(arm, plan), **arm.get("options", {})})
+        if (retrieval := cfg.retrieval_options) is not None:
+            depth = max(depth, retrieval.k * retrieval.r)
     return depth
 
 

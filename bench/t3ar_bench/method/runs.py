@@ -28,6 +28,7 @@ from t3ar.datakit.archive import ARCHIVE_STYLES
 from t3ar.datakit.emoji import DEFAULT_STYLES
 from t3ar.device import seed_everything
 from t3ar.embedder import Embedder, EmbedderSpec
+from t3ar.method import registry
 from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
@@ -36,6 +37,7 @@ from t3ar.method.probe import Probe
 from t3ar.method.retrieval import NeighbourProvider
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.selection import criteria, soft_neighbourhood_density
+from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.pipeline import retrieve
@@ -294,7 +296,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
         res = train_supervised(model, x, y, tc, mean=b.mean, std=b.std, device=ctx.device,
                                generator=torch.Generator().manual_seed(seed))
     else:
-        cfg = AdaptConfig(**{"method": arm["method"], "mode": arm.get("mode", "test"), "k": arm.get("k", plan.k),
+        cfg = AdaptConfig(**{"method": arm["method"], "mode": arm.get("mode", "test"), **plan_k(arm, plan),
                              "epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size,
                              "lr": arm["lr"], "warmup_frac": plan.warmup_frac, "train_groups": train_groups,
                              "seed": seed, **options})
@@ -320,7 +322,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
             classes = {c: i for i, c in enumerate(src.spec.classes)}
             truth = torch.tensor([classes.get(ctx.side.get(pid, ("", ""))[0], -1) for pid in pool_ids],
                                  dtype=torch.long)
-            if cfg.pool_as_data or cfg.false_negatives != "keep" or draw:
+            if pool_as_data(cfg) or getattr(cfg.retrieval_options, "false_negatives", "keep") != "keep" or draw:
                 pool_kw = {"pool_sources": [pid.split("/", 1)[0] for pid in pool_ids]}
                 probe_kw = {"pool_diagnostic_labels": truth, "pool_label_oracle": bool(arm.get("oracle_pool_labels"))}
             if draw:
@@ -353,7 +355,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
         record["pool_used"] = len(res.pool_used)
         if curves:
             record["curves"] = _curves(res.history)
-        if cfg.pool_as_data:  # how many neighbours served as data per step, and how many had the right label
+        if pool_as_data(cfg):  # how many neighbours served as data per step, and how many had the right label
             record["pool_data"] = pool_data_summary(res.history)
         if draw and retrieved is not None:  # what the labelled items were (reporting only)
             retrieving = retrieved.candidates if retrieved.candidates is not None else retrieved.neighbours
@@ -504,3 +506,13 @@ def run_all(ctx: Context, arms: Sequence[Mapping[str, Any]], cache: Path,
                 if progress:
                     progress(rec)
     return [r for r in out if r is not None]
+
+
+def plan_k(arm: Mapping[str, Any], plan: BenchPlan) -> dict[str, Any]:
+    """The arm's k (or the plan's) for a method whose config has one."""
+    return {"k": arm.get("k", plan.k)} if "k" in registry.config_class(arm["method"]).flat_fields() else {}
+
+
+def pool_as_data(cfg: AdaptConfig) -> bool:
+    """Retrieved neighbours serve as data (a T3AR-family option)."""
+    return isinstance(cfg, T3ARConfig) and cfg.pool_as_data

@@ -31,10 +31,12 @@ import torch
 
 from t3ar.cpu_memory import retain_freed_memory
 from t3ar.device import seed_everything
+from t3ar.method import registry
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.config import AdaptConfig
 from t3ar.method.contrastive import joint_enabled
+from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
@@ -195,7 +197,8 @@ def _runner(method: str, model: Classifier, spec: ModelSpec, data: SpeedData, de
             tc = TrainConfig(epochs=1, batch_size=batch_size, lr=1e-3, seed=seed, **settings)
             return train_supervised(m, data.target, data.labels, tc, mean=b.mean, std=b.std, device=device,
                                     generator=seed_everything(seed), on_step=on_step)
-        cfg = AdaptConfig.model_validate({"method": name, "k": k, "epochs": 1, "batch_size": batch_size,
+        own_k = {"k": k} if "k" in registry.config_class(name).flat_fields() else {}
+        cfg = AdaptConfig.model_validate({"method": name, **own_k, "epochs": 1, "batch_size": batch_size,
                                           "seed": seed, **settings})
         return adapt(m, data.target, cfg, mean=b.mean, std=b.std, neighbours=data.neighbours[:, :k],
                      pool_images=data.pool_images, device=device, generator=seed_everything(seed), on_step=on_step)
@@ -240,7 +243,7 @@ def _nograd_runner(model: Classifier, rows: int, size: int, device: torch.device
     def run(on_step: StepFn) -> object:
         m = copy.deepcopy(model)
         fast_layout(m, device)
-        configure_trainable(m, AdaptConfig().train_groups)
+        configure_trainable(m, T3ARConfig().train_groups)
         m.train()
         freeze_frozen_norms(m)
         x = torch.randn(rows, 3, size, size, device=device)
@@ -365,7 +368,7 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items()
                            if m in APPROXIMATIONS.get(device.type, ())},
         "views_ahead": ahead_enabled(None, device),
-        "joint_pass": joint_enabled(AdaptConfig(), device),
+        "joint_pass": joint_enabled(T3ARConfig(), device),
         "folded_frozen_norms": FOLD.get(device.type, False),
         "steps_timed": {m: len(walls[m]) for m in methods},
         "round_ratios": round_ratios,
@@ -396,7 +399,7 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         out["ratios"]["t3ar-noretrieval"] / out["ceiling"]["noretrieval_ratio"]
         if "t3ar-noretrieval" in out["ratios"] else None)
     if "t3ar" in step_s:  # the bank: what its fill in these first-epoch steps saves against a full one
-        cfg = AdaptConfig()
+        cfg = T3ARConfig()
         n = len(data.target)
         filled = min(cfg.bank_size, n + (n // batch_size) * rows)  # initial entries + each step's keys and pool
         args = (model.feature_dim, model.num_classes)

@@ -73,12 +73,13 @@ def _now() -> str:
 
 def _check_pool(state: ApiState, config: AdaptConfig) -> None:
     """Retrieval methods need at least k pool items; say so now rather than fail in the worker."""
-    if not config.uses_retrieval:
+    retrieval = config.retrieval_options
+    if retrieval is None:
         return
     count = int(state.retriever.stats()["count"])
-    if count < config.k:
-        raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves k={config.k} per "
-                                "image: ingest more (t3ar pool ingest) or lower k")
+    if count < retrieval.k:
+        raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves "
+                                f"k={retrieval.k} per image: ingest more (t3ar pool ingest) or lower k")
 
 
 def _check_size(state: ApiState, config: AdaptConfig, n_kept: int, model: ModelRow) -> None:
@@ -86,13 +87,13 @@ def _check_size(state: ApiState, config: AdaptConfig, n_kept: int, model: ModelR
     check_job_size(state.settings, config, n_kept, model.image_size, model.feature_dim, len(model.classes))
 
 
-def _enqueue(state: ApiState, row: JobRow, secret: str, model: ModelRow, subsample: Subsample,
+def _enqueue(state: ApiState, row: JobRow, config: AdaptConfig, secret: str, model: ModelRow, subsample: Subsample,
              holdout: tuple[str, AcceptanceOptions] | None) -> None:
     data_dir = state.settings.data_dir
-    state.jobs.enqueue(row, model.sha256, target_tar(data_dir, row.target_dir), secret, subsample,
+    state.jobs.enqueue(row, config, model.sha256, target_tar(data_dir, row.target_dir), secret, subsample,
                        holdout=target_tar(data_dir, holdout[0]) if holdout else None,
                        acceptance=holdout[1].model_dump(mode="json") if holdout else None)
-    state.metrics.jobs_submitted.labels(str(row.config.get("method")), "readapt" if row.parent_id else "adapt").inc()
+    state.metrics.jobs_submitted.labels(config.method, "readapt" if row.parent_id else "adapt").inc()
 
 
 def _acceptance_options(upload: TargetUpload) -> AcceptanceOptions | None:
@@ -169,7 +170,7 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
         if upload.contribute:
             state.contributor.records.request(job_id)  # before enqueueing: a quick job finds it
         try:
-            _enqueue(state, row, secret, model, prepared.subsample, holdout)
+            _enqueue(state, row, cfg, secret, model, prepared.subsample, holdout)
         except BaseException:
             state.contributor.records.forget(job_id)
             state.store.delete_job(job_id)
@@ -211,7 +212,7 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     for team in state.store.teams_of("job", orig.id):
         state.store.add_owner("job", row.id, team, by)
     try:
-        _enqueue(state, row, secret, model, subsample, found)
+        _enqueue(state, row, cfg, secret, model, subsample, found)
     except BaseException:
         state.store.delete_job(row.id)
         raise

@@ -46,7 +46,8 @@ def adapt(
     archive: Annotated[UploadFile, File(description="zip/tar(.gz) of target images; labels.csv (path,label) at "
                                                     "its root switches to train-time mode")],
     model_id: Annotated[str, Form(min_length=1, description="a base model id from POST /models")],
-    config: Annotated[str, Form(description="JSON object of AdaptConfig fields, e.g. "
+    config: Annotated[str, Form(description="JSON object of the options of its method's config (contentSchema: "
+                                            "AdaptConfig, one schema per method), e.g. "
                                             "{\"method\": \"t3ar\", \"k\": 5, \"epochs\": 2}",
                                 json_schema_extra={"format": ADAPT_CONFIG_FORMAT})] = "{}",
     skip_bad_images: Annotated[bool, Form(description="drop unreadable files instead of refusing it")] = False,

@@ -18,7 +18,8 @@ from t3ar.cli.json_arg import json_object
 from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, labelled_summary
 from t3ar.data.pool_labels import resolve_pool_labels
 from t3ar.errors import DatasetError
-from t3ar.method.config import AdaptConfig
+from t3ar.method import registry
+from t3ar.method.config import AdaptConfig, error_lines
 from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, PRESET_NAMES, with_default
 
 if TYPE_CHECKING:
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-_D = {name: f.default for name, f in AdaptConfig.model_fields.items()}  # CLI defaults = config defaults
+#: CLI defaults = the configs' defaults (the first registered method's that has the option)
+_D = {name: f.default for cls in reversed(registry.config_classes()) for name, f in cls.flat_fields().items()}
 
 
 def _groups(value: str) -> int | None:
@@ -218,8 +220,7 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
     try:
         cfg = AdaptConfig.model_validate(with_default(fields))
     except ValidationError as e:
-        raise click.BadParameter("; ".join(f"{'.'.join(map(str, err['loc'])) or 'config'}: {err['msg']}"
-                                           for err in e.errors()), param_hint="--config / options") from e
+        raise click.BadParameter("; ".join(error_lines(e)), param_hint="--config / options") from e
     method = cfg.method  # the default's when none was given
     accept = parse_options(candidates, require_gain, winner_rule)
     if holdout is None and (candidates or require_gain):

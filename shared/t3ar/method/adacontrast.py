@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
+from t3ar.method.specs.adacontrast import AdaContrastConfig
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 
@@ -200,6 +201,8 @@ class AdaContrast(MethodStep):
     @classmethod
     def create(cls, model: Classifier, setup: MethodSetup) -> AdaContrast:
         cfg = setup.config
+        if not isinstance(cfg, AdaContrastConfig):
+            raise TypeError(f"{cfg.method}'s config is not AdaContrast's")
         state = AdaContrastState.create(model, setup.target, plain=setup.views.plain, queue_size=cfg.bank_size,
                                         num_neighbors=cfg.refine_neighbors, momentum=cfg.ema,
                                         temperature=cfg.temperature, generator=stream(cfg.seed, 2))

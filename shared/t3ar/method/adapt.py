@@ -43,6 +43,7 @@ from t3ar.method.config import AdaptConfig
 from t3ar.method.probe import NO_PROBE, Probe
 from t3ar.method.safeguards import CollapseWatch, bn_adapt_state, class_entropy, interpolate
 from t3ar.method.schedule import Optimiser, epoch_batches, steps_per_epoch
+from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.views import CHANNELS_LAST, Views
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms
 from t3ar.models.fold import FOLD, folded_frozen_norms
@@ -217,7 +218,12 @@ def adapt(
         return result
     if config.mode == "train" and labels is None:
         raise ValueError("train-time mode needs labels")
-    redraw = config.uses_retrieval and config.redraw_neighbours
+    # the T3AR family's groups the loop runs (BatchNorm, safeguards, second stage, pool data); None = other methods
+    fam = config if isinstance(config, T3ARConfig) else None
+    retrieval = config.retrieval_options
+    k = retrieval.k if retrieval is not None else 0
+    redraw = retrieval is not None and retrieval.redraw_neighbours
+    sources = fam.pool_data.sources if (fam is not None and fam.pool_as_data) else None
     if redraw and candidates is None:
         raise ValueError(f"{config.method} with redraw_neighbours=True needs candidates ([N, r*k] pool indices, "
                          "e.g. Retrieved.candidates)")
@@ -227,19 +233,19 @@ def adapt(
     if n < 2:
         raise ValueError("need at least 2 target images")
     if redraw and candidates is not None and (candidates.dim() != 2 or len(candidates) != n
-                                              or candidates.shape[1] < config.k):
-        raise ValueError(f"candidates must be [N={n}, m >= k={config.k}], got {list(candidates.shape)}")
+                                              or candidates.shape[1] < k):
+        raise ValueError(f"candidates must be [N={n}, m >= k={k}], got {list(candidates.shape)}")
     n_pool = len(pool_images) if (config.uses_retrieval and pool_images is not None) else 0
     if pool_sources is not None and len(pool_sources) != n_pool:
         raise ValueError(f"pool_sources must name the source of each of the {n_pool} pool images")
-    if config.pool_as_data and config.pool_data_sources is not None and pool_sources is None:
+    if sources is not None and pool_sources is None:
         raise ValueError("pool_data_sources needs the pool images' sources (pool_sources)")
     if pool_labels is not None and pool_labels.shape != (n_pool,):
         raise ValueError(f"pool_labels must be [P={n_pool}], got {list(pool_labels.shape)}")
-    probe.check(n, n_pool, config.pool_labels_as_data and pool_labels is not None)
+    probe.check(n, n_pool, fam is not None and fam.pool_labels_as_data and pool_labels is not None)
     allowed = None
-    if config.pool_as_data and config.pool_data_sources is not None and pool_sources is not None:
-        keep = set(config.pool_data_sources)
+    if sources is not None and pool_sources is not None:
+        keep = set(sources)
         allowed = torch.tensor([s in keep for s in pool_sources], dtype=torch.bool)
     budget = _device_budget(device)
     target = place(target, device, budget)
@@ -250,16 +256,19 @@ def adapt(
     diag = probe.diagnostic_labels.to(device) if probe.diagnostic_labels is not None else None
 
     prepare_training(model, device)
-    if config.bn_start:  # the target's BatchNorm statistics first (bn-adapt), from a stream of its own
+    bn_start = fam is not None and fam.batchnorm.start
+    wise_alpha = fam.safeguards.wise_alpha if fam is not None else None
+    collapse_fallback = fam.safeguards.collapse_fallback if fam is not None else None
+    if bn_start:  # the target's BatchNorm statistics first (bn-adapt), from a stream of its own
         bn_adapt(model, target, train_groups=config.train_groups, batch_size=config.batch_size,
                  norm=Normalizer(mean, std, device), generator=stream(config.seed, 9))
     # the start the safeguards return to (t3ar.method.safeguards): its parameters (WiSE-FT) and the bn-adapt state
     # (the collapse fallback; the same statistics bn_start sets)
-    wise_start = ({k: p.detach().clone() for k, p in model.named_parameters()} if config.wise_alpha is not None
+    wise_start = ({k: p.detach().clone() for k, p in model.named_parameters()} if wise_alpha is not None
                   else None)
-    fallback = bn_adapt_state(model, target, done=config.bn_start, train_groups=config.train_groups,
+    fallback = bn_adapt_state(model, target, done=bn_start, train_groups=config.train_groups,
                               batch_size=config.batch_size, norm=Normalizer(mean, std, device),
-                              generator=stream(config.seed, 9)) if config.collapse_fallback is not None else None
+                              generator=stream(config.seed, 9)) if collapse_fallback is not None else None
     params = method.trainable_params(model, config)
     batch_size = min(config.batch_size, n)
     spe = steps_per_epoch(n, batch_size)
@@ -275,11 +284,11 @@ def adapt(
     with torch.autocast(device.type, enabled=use_amp):
         state = method.create(model, setup)
     watch = None
-    if config.collapse_fallback is not None:
+    if collapse_fallback is not None:
         start_labels = state.final_labels()
         if start_labels is None:
             raise ValueError(f"{config.method} keeps no pseudo-labels: collapse_fallback cannot watch them")
-        watch = CollapseWatch(float(class_entropy(start_labels, model.num_classes)), config.collapse_fallback)
+        watch = CollapseWatch(float(class_entropy(start_labels, model.num_classes)), collapse_fallback)
     collapsed = False
 
     def prepare(item: tuple[int, torch.Tensor]) -> object:  # the views of a batch: no model (method.ahead)
@@ -293,7 +302,7 @@ def adapt(
         for (epoch, idx), prepared, seconds_views in ahead:
             model.train()
             freeze_frozen_norms(model)
-            if config.bn_fixed:
+            if fam is not None and fam.batchnorm.fixed:
                 eval_norms(model)
             ids = idx.to(target.device)
             stats = StepStats(epoch, step + 1, total, optim.lr, 0.0)
@@ -327,17 +336,17 @@ def adapt(
                 collapsed = True
                 break
             mark = time.perf_counter()
-        final = state.final_labels() if (config.second_stage_steps and not collapsed) else None
-        if final is not None:
-            result.second_stage_steps = second_stage(model, target, final, config, views, gen, use_amp)
+        final = state.final_labels() if (fam is not None and fam.second_stage.steps and not collapsed) else None
+        if fam is not None and final is not None:
+            result.second_stage_steps = second_stage(model, target, final, fam, views, gen, use_amp)
     if collapsed and fallback is not None:  # the run is over: the bn-adapt state is the job's answer
         model.load_state_dict(fallback)
         result.collapse_step = step
         log.warning("collapse: the pseudo-labels' class entropy fell to %.3f (start %.3f) at step %d of %d; the "
                     "model is back to the bn-adapt state", result.history[-1].pl_class_entropy,
                     watch.reference if watch else math.nan, step, total)
-    elif wise_start is not None and config.wise_alpha is not None:  # WiSE-FT, then the statistics for its weights
-        interpolate(model, wise_start, config.wise_alpha)
+    elif wise_start is not None and wise_alpha is not None:  # WiSE-FT, then the statistics for its weights
+        interpolate(model, wise_start, wise_alpha)
         bn_adapt(model, target, train_groups=config.train_groups, batch_size=config.batch_size,
                  norm=Normalizer(mean, std, device), generator=stream(config.seed, 11))
     model.eval()
@@ -349,9 +358,9 @@ def adapt(
     return result
 
 
-def second_stage(model: Classifier, target: torch.Tensor, labels: torch.Tensor, config: AdaptConfig,
+def second_stage(model: Classifier, target: torch.Tensor, labels: torch.Tensor, config: T3ARConfig,
                  views: Views, gen: torch.Generator, amp: bool) -> int:
-    """SWAT's second stage: ``config.second_stage_steps`` steps that retrain only the bottleneck and head on the
+    """SWAT's second stage: ``config.second_stage.steps`` steps that retrain only the bottleneck and head on the
     target alone, with cross-entropy of weak views against ``labels`` ([N]; -1 = none: such images sit out);
     the backbone frozen and every BatchNorm layer normalising with its running statistics (the target's, as the
     first stage left them). Returns the steps taken (0 when fewer than 2 images have a label)."""
@@ -363,8 +372,8 @@ def second_stage(model: Classifier, target: torch.Tensor, labels: torch.Tensor, 
     params = [p for m in (model.bottleneck, model.head) for p in m.parameters()]
     for p in params:
         p.requires_grad_(True)
-    steps = config.second_stage_steps
-    optim = Optimiser(params, lr=config.second_stage_lr or config.lr, momentum=config.momentum,
+    steps = config.second_stage.steps
+    optim = Optimiser(params, lr=config.second_stage.lr or config.lr, momentum=config.momentum,
                       weight_decay=config.weight_decay, total_steps=steps, warmup_frac=0.0, amp=amp)
     y_all = labels.to(target.device)
     device = next(model.parameters()).device

@@ -50,13 +50,13 @@ from t3ar.method import losses
 from t3ar.method.adacontrast import momentum_update
 from t3ar.method.bank import MemoryBank
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
-from t3ar.method.config import AdaptConfig
 from t3ar.method.pool_data import PoolData, same_class_pool_entries, select_pool_data
 from t3ar.method.pool_labels import LabelDraw, balance_weights
 from t3ar.method.probe import NO_PROBE
 from t3ar.method.retrieval import dedup_sample
 from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights
 from t3ar.method.segments import bucket, segmented_batch_stats
+from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.views import Views
 from t3ar.method.vote import vote
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
@@ -76,7 +76,7 @@ class ContrastiveState:
     bank: MemoryBank
     id_pl: torch.Tensor  # [N_T] filtered pseudo-label per target id (-1 = none yet)
     labels: torch.Tensor | None  # [N_T] true labels (train-time mode) on the device
-    config: AdaptConfig
+    config: T3ARConfig
     shape_bucket: int  # pad the no-grad pass to a multiple of this many rows (CUDA: few distinct shapes)
     joint: bool = False  # the query pass joins the no-grad pass (joint_enabled)
     pool_pl: torch.Tensor | None = None  # [P] filtered pseudo-label per pool image (-1 = none yet)
@@ -89,7 +89,7 @@ class ContrastiveState:
 
     @classmethod
     @torch.no_grad()
-    def create(cls, model: Classifier, target: torch.Tensor, config: AdaptConfig, labels: torch.Tensor | None,
+    def create(cls, model: Classifier, target: torch.Tensor, config: T3ARConfig, labels: torch.Tensor | None,
                views: Views, gen: torch.Generator, device: torch.device, shape_bucket: int = 1,
                setup: MethodSetup | None = None) -> ContrastiveState:
         """Initialise the bank from min(m_b, N_T) random target samples: strong views, the current model in
@@ -339,24 +339,25 @@ class T3AR(MethodStep):
     :meth:`ContrastiveState.step`."""
 
     def __init__(self, state: ContrastiveState, setup: MethodSetup) -> None:
+        cfg = family_config(setup)
         self.state, self.views, self.device = state, setup.views, setup.device
         self.pool_images, self.neighbours, self.candidates = setup.pool_images, setup.neighbours, setup.candidates
-        self.k, self.diagnostics = setup.config.k, setup.probe.diagnostics
-        self.draws = stream(setup.config.seed, 3)
-        self.pool_weak = stream(setup.config.seed, 6) if setup.config.pool_as_data else None
+        self.k, self.diagnostics = cfg.retrieval.k, setup.probe.diagnostics
+        self.draws = stream(cfg.seed, 3)
+        self.pool_weak = stream(cfg.seed, 6) if cfg.pool_as_data else None
         n_pool = len(self.pool_images) if self.pool_images is not None else 0
         self.used = torch.zeros(n_pool, dtype=torch.bool)
         self.label_draw = None
-        if setup.config.pool_labels_as_data and setup.pool_known is not None:
-            self.label_draw = LabelDraw(setup.probe.pool_label_draw, setup.pool_known, setup.config.pool_label_cap,
-                                        stream(setup.config.seed, 7))
-            self.label_views = stream(setup.config.seed, 8)
+        if cfg.pool_labels_as_data and setup.pool_known is not None:
+            self.label_draw = LabelDraw(setup.probe.pool_label_draw, setup.pool_known, cfg.pool_labels.cap,
+                                        stream(cfg.seed, 7))
+            self.label_views = stream(cfg.seed, 8)
         self.served = torch.zeros(n_pool, dtype=torch.long)
 
     @classmethod
     def create(cls, model: Classifier, setup: MethodSetup) -> T3AR:
         shape_bucket = CUDA_SHAPE_BUCKET if setup.device.type == "cuda" else 1
-        cfg = setup.config
+        cfg = family_config(setup)
         state = ContrastiveState.create(model, setup.target, cfg, setup.labels, setup.views,
                                         stream(cfg.seed, 2), setup.device, shape_bucket, setup)
         if cfg.anchor is not None:  # theta_0: the weights now, after bn_start (t3ar.method.safeguards)
@@ -406,14 +407,21 @@ class T3AR(MethodStep):
         return (st.labels if st.labels is not None else st.id_pl).detach().clone()
 
 
-def joint_enabled(config: AdaptConfig, device: torch.device) -> bool:
+def family_config(setup: MethodSetup) -> T3ARConfig:
+    """The job's config, a T3AR-family one (the registry gives this step to the family's methods alone)."""
+    if not isinstance(setup.config, T3ARConfig):
+        raise TypeError(f"{setup.config.method} is not a method of the T3AR family: its config has no family options")
+    return setup.config
+
+
+def joint_enabled(config: T3ARConfig, device: torch.device) -> bool:
     """``config.joint_pass`` as given; None (auto): on CUDA only. There a step at these sizes waits on the
     interpreter launching kernels, and a forward less is a third fewer launches; on a CPU the backward over the
     extra rows costs more arithmetic than the forward saves."""
     return device.type == "cuda" if config.joint_pass is None else config.joint_pass
 
 
-def nograd_precision(config: AdaptConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
+def nograd_precision(config: T3ARConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
     """bfloat16 autocast for the no-gradient passes where ``config.cpu_bf16_nograd`` asks for it (CPU only; on
     CUDA the loop's own mixed precision applies), else nothing."""
     if config.cpu_bf16_nograd and device.type == "cpu":

@@ -9,21 +9,26 @@ A method is one :class:`MethodSpec`, registered where the method is declared (li
   class or :func:`register` on a spec, and names that module in the entry-point group ``t3ar.methods`` (or
   imports it before it validates a config).
 
-Everything that used to switch on a method's name reads the spec instead: the config's validation and
-properties (:class:`t3ar.method.config.AdaptConfig`), the presets (the T3AR family), the CLI's ``--method``
-choices, the API's schema, job sizing (:mod:`t3ar.jobsize`), the loop (:func:`t3ar.method.adapt.adapt`) and the
-pipeline (:mod:`t3ar.pipeline`). No torch here.
+A spec names its method's config class (``MethodSpec.config``, a subclass of
+:class:`t3ar.method.config.AdaptConfig`); the registry builds the union of every registered class
+(:func:`config_adapter`), which is what validating an ``AdaptConfig`` means. Everything that used to switch on a
+method's name reads the spec or the config instead: the config's validation, the presets (the T3AR family), the
+CLI's ``--method`` choices and option defaults, the API's schema, job sizing (:mod:`t3ar.jobsize`), the loop
+(:func:`t3ar.method.adapt.adapt`) and the pipeline (:mod:`t3ar.pipeline`). No torch here.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args
+
+from pydantic import ConfigDict, Field, TypeAdapter
 
 if TYPE_CHECKING:
     from t3ar.method.base import MethodStep
@@ -36,32 +41,6 @@ Retrieval = Literal["nearest", "random"]
 ENTRY_POINT_GROUP = "t3ar.methods"
 
 
-def _no_steps(config: AdaptConfig) -> int:
-    return 0
-
-
-def _no_check(config: AdaptConfig) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class OptionGroup:
-    """A group of a method's options: a few config fields that act together (the T3AR family's BatchNorm,
-    refinement, second stage, ...). ``check`` raises ValueError on a bad combination of them (the config calls it
-    when it validates a config of a method with the group); ``added_steps``: optimiser steps the group runs after
-    the first stage's (counted against the API's step cap); ``added_passes``: passes over the target with gradient
-    (a forward and a backward per batch, no optimiser step: the Fisher anchor's estimate) the group runs, each
-    counted against the step cap as an epoch of steps; ``own``: the fields only methods with this group
-    accept set (off by default: the config refuses them set, true or non-zero, for any other method)."""
-
-    name: str
-    fields: tuple[str, ...]
-    own: tuple[str, ...] = ()
-    check: Callable[[AdaptConfig], None] = field(default=_no_check, compare=False)
-    added_steps: Callable[[AdaptConfig], int] = field(default=_no_steps, compare=False)
-    added_passes: Callable[[AdaptConfig], int] = field(default=_no_steps, compare=False)
-
-
 @dataclass(frozen=True)
 class MethodSpec:
     """One adaptation method: its name and its static properties.
@@ -69,13 +48,12 @@ class MethodSpec:
     ``step``: the :class:`~t3ar.method.base.MethodStep` that computes a step's loss, or ``"module:Class"`` naming
     it (imported when first needed: the declaration stays free of torch), or None for a method without an
     optimiser (``source``: the model as it is; ``bn_statistics``: one no-gradient pass that sets the target's
-    BatchNorm statistics). ``retrieval``: how the method finds pool neighbours (None = it reads no pool).
-    ``train_mode``: it also runs at train time, with the target's labels. ``family``: the T3AR family (memory
-    bank, filtered pseudo-labels, InfoNCE): its presets and options apply. ``bank``: it holds a memory bank or
-    queue of ``config.bank_size`` entries (job memory). ``diversity_weight``: the diversity term's weight when
-    the config gives none. ``groups``: the method's own groups of options (:class:`OptionGroup`): their checks run
-    when a config of the method validates, and the steps and passes they add count in
-    :func:`t3ar.jobsize.planned_steps`.
+    BatchNorm statistics). ``retrieval``: how the method finds pool neighbours (None = it reads no pool; a
+    retrieval method's config has a ``retrieval`` group). ``train_mode``: it also runs at train time, with the
+    target's labels. ``family``: the T3AR family (memory bank, filtered pseudo-labels, InfoNCE): its presets apply.
+    ``diversity_weight``: the diversity term's weight when the config gives none. ``config``: the method's config
+    class (a subclass of :class:`~t3ar.method.config.AdaptConfig` whose ``method`` is a ``Literal`` naming it,
+    holding the method's own options and groups of options); None = the common fields alone.
     """
 
     name: str
@@ -85,27 +63,13 @@ class MethodSpec:
     retrieval: Retrieval | None = None
     train_mode: bool = True
     family: bool = False
-    bank: bool = False
     diversity_weight: float = 0.0
-    groups: tuple[OptionGroup, ...] = ()
+    config: type[AdaptConfig] | None = field(default=None, compare=False)
 
     @property
     def optimises(self) -> bool:
         """The method runs optimiser steps (a step class); ``source`` and ``bn-adapt`` do not."""
         return self.step is not None
-
-    def added_steps(self, config: AdaptConfig) -> int:
-        """Optimiser steps ``config`` runs after the first stage's (its groups' ``added_steps``)."""
-        return sum(group.added_steps(config) for group in self.groups)
-
-    def added_passes(self, config: AdaptConfig) -> int:
-        """Passes over the target with gradient but no optimiser step that ``config`` runs (its groups')."""
-        return sum(group.added_passes(config) for group in self.groups)
-
-    def check(self, config: AdaptConfig) -> None:
-        """Each of the method's groups checks its options' interactions in ``config`` (ValueError)."""
-        for group in self.groups:
-            group.check(config)
 
     def step_class(self) -> type[MethodStep] | None:
         """The method's step class, imported on first use when the spec names it as ``"module:Class"``."""
@@ -118,6 +82,10 @@ class MethodSpec:
 
 _REGISTRY: dict[str, MethodSpec] = {}
 _LOADED = False
+#: the config classes made for methods without one, and the union's adapter (key :data:`_UNION`): cleared when
+#: the registry changes
+_CONFIGS: dict[str, Any] = {}
+_UNION = ""
 _LOCK = threading.RLock()
 
 S = TypeVar("S", bound="type[MethodStep]")
@@ -125,14 +93,17 @@ S = TypeVar("S", bound="type[MethodStep]")
 
 def register(spec: MethodSpec) -> MethodSpec:
     """Add ``spec`` to the registry (again with an equal spec is a no-op: a module imported twice); a second,
-    different method of the same name is an error."""
+    different method of the same name is an error, and so is a config class whose ``method`` does not name it."""
     if not spec.name or spec.name != spec.name.strip():
         raise ValueError(f"a method's name must be a non-empty word, got {spec.name!r}")
+    if spec.config is not None and spec.name not in get_args(spec.config.model_fields["method"].annotation):
+        raise ValueError(f"{spec.config.__name__}.method must be a Literal naming {spec.name!r}")
     with _LOCK:
         old = _REGISTRY.get(spec.name)
         if old is not None and old != spec:
             raise ValueError(f"method {spec.name!r} is already registered (as {old.step!r})")
         _REGISTRY[spec.name] = spec
+        _CONFIGS.clear()
     return spec
 
 
@@ -151,6 +122,7 @@ def unregister(name: str) -> None:
     """Remove method ``name`` (tests that register a method of their own)."""
     with _LOCK:
         _REGISTRY.pop(name, None)
+        _CONFIGS.clear()
 
 
 def _load() -> None:
@@ -190,12 +162,50 @@ def family() -> tuple[str, ...]:
     return tuple(n for n in names() if _REGISTRY[n].family)
 
 
-def owned_options() -> dict[str, tuple[str, ...]]:
-    """Each field that some methods' groups own -> the names of those methods (in registration order)."""
+def config_class(name: str) -> type[AdaptConfig]:
+    """The config class of method ``name``: its spec's, or the common fields' with ``method`` naming it."""
+    spec = get(name)
+    if spec.config is not None:
+        return spec.config
+    with _LOCK:
+        made = _CONFIGS.get(name)
+        if made is None:
+            from pydantic import create_model
+
+            from t3ar.method.config import AdaptConfig
+
+            tag: Any = Literal[name]
+            title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", name)) + "Config"
+            made = _CONFIGS[name] = create_model(title, __base__=AdaptConfig,
+                                                 __module__=AdaptConfig.__module__, method=(tag, name))
+        return made
+
+
+def config_classes() -> tuple[type[AdaptConfig], ...]:
+    """Every registered method's config class, once each (a class may serve several methods), in registration
+    order."""
+    return tuple(dict.fromkeys(config_class(n) for n in names()))
+
+
+def config_adapter() -> TypeAdapter[AdaptConfig]:
+    """The pydantic adapter of the union of every registered method's config, discriminated on ``method`` (built
+    on first use and again after a registration)."""
+    with _LOCK:
+        adapter = _CONFIGS.get(_UNION)
+        if adapter is None:
+            classes = config_classes()
+            union: Any = classes[0] if len(classes) == 1 else Annotated[Union[classes], Field(discriminator="method")]  # noqa: UP007
+            adapter = _CONFIGS[_UNION] = TypeAdapter(union, config=ConfigDict(title="AdaptConfig"))
+        return adapter
+
+
+def option_owners() -> dict[str, tuple[str, ...]]:
+    """Each option some method's config accepts (a field, a group, or a group's option by its flat name:
+    :meth:`~t3ar.method.config.AdaptConfig.flat_fields`) -> the names of the methods that accept it (in registration
+    order)."""
     owners: dict[str, list[str]] = {}
     for name in names():
-        for group in _REGISTRY[name].groups:
-            for option in group.own:
-                if name not in owners.setdefault(option, []):
-                    owners[option].append(name)
+        cls = config_class(name)
+        for option in dict.fromkeys([*cls.model_fields, *cls.flat_fields()]):
+            owners.setdefault(option, []).append(name)
     return {option: tuple(methods) for option, methods in owners.items()}

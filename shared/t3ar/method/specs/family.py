@@ -2,40 +2,29 @@
 pool negatives. ``t3ar`` retrieves each target image's nearest pool neighbours, ``t3ar-random`` draws them at
 random (the control), ``t3ar-noretrieval`` reads no pool.
 
-The family's options come in groups (:class:`~t3ar.method.registry.OptionGroup`), each checking its own
-interactions: the config calls the checks when it validates a family config, refuses a group's own options set in
-any other method's config, and job sizing adds the second stage's steps and the Fisher anchor's pass to the job's
-budget. The safeguards (reliable samples, anchor, collapse fallback, interpolation: :mod:`t3ar.method.safeguards`)
-are SAR's, EATA's and WiSE-FT's mechanisms, each off by default.
+Their config (:class:`T3ARConfig`) nests the family's options in groups (sub-models), each checking its own
+interactions: retrieval, pool data, pool labels, BatchNorm, teacher, refinement, second stage and safeguards (SAR's,
+EATA's and WiSE-FT's mechanisms: :mod:`t3ar.method.safeguards`), every one off by default. The config checks the
+interactions across groups, and job sizing adds the second stage's steps and the Fisher anchor's pass to the job's
+budget (:meth:`Options.added_steps`, :meth:`Options.added_passes`). A config may name a preset
+(:mod:`t3ar.method.presets`) and may give its options flat, as earlier versions did (:attr:`T3ARConfig.FLAT`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from t3ar.method.registry import MethodSpec, OptionGroup, register
+from pydantic import Field, model_validator
 
-if TYPE_CHECKING:
-    from t3ar.method.config import AdaptConfig
+from t3ar.method.config import MAX_STEPS, ContrastiveConfig, FalseNegatives, Options, RetrievalOptions, nest
+from t3ar.method.presets import Preset, expand
+from t3ar.method.registry import MethodSpec, register
 
 STEP = "t3ar.method.contrastive:T3AR"
-
-
-def _teacher(config: AdaptConfig) -> None:
-    if config.joint_pass and config.teacher_ema:
-        raise ValueError("joint_pass and teacher_ema cannot be combined: the keys come from the EMA teacher, a "
-                         "forward of its own (leave joint_pass unset: it is then off)")
-
-
-def _refinement(config: AdaptConfig) -> None:
-    if config.knn_refine_labelled and not config.knn_refine:
-        raise ValueError("knn_refine_labelled lets labelled pool entries vote in the soft k-NN refinement: it "
-                         "needs knn_refine")
-
-
-def _second_stage(config: AdaptConfig) -> int:
-    """The second stage's steps (bottleneck and head on the target alone), run after the first stage's."""
-    return config.second_stage_steps
+#: the anchor's weight when the config gives none: L2-SP's alpha / 2 (alpha = 0.1; its penalty is alpha/2 x the
+#: squared distance), EATA's fisher_alpha
+ANCHOR_WEIGHTS = {"l2": 0.05, "fisher": 2000.0}
 
 
 def _test_time_only(option: str, what: str) -> None:
@@ -43,51 +32,261 @@ def _test_time_only(option: str, what: str) -> None:
                      "there is nothing to filter or to watch")
 
 
-def _reliable(config: AdaptConfig) -> None:
-    if config.reliable_reweight and config.reliable_entropy is None:
-        raise ValueError("reliable_reweight weights the reliable samples: it needs reliable_entropy (SAR and EATA: "
-                         "0.4)")
-    if config.reliable_entropy is not None and config.mode == "train":
-        _test_time_only("reliable_entropy", "filters the pseudo-labelled samples by their prediction's entropy")
+class PoolDataOptions(Options):
+    """Retrieved neighbours as pseudo-labelled data (off when ``weight`` is 0)."""
+
+    weight: float = Field(
+        default=0.0, ge=0, le=100, description="weight of the cross-entropy of confident, agreeing retrieved "
+                                               "neighbours (weak view) against their own filtered pseudo-labels; "
+                                               "0 = off (the paper)")
+    threshold: float = Field(default=0.5, ge=0, le=1,
+                             description="least max-softmax of a neighbour's filtered prediction")
+    norm: Literal["running", "batch"] = Field(
+        default="running", description="BatchNorm normalises them with the running (target) statistics, or with "
+                                       "their own batch's (a few images of other domains); neither moves the "
+                                       "running statistics")
+    cap: int = Field(default=64, ge=1, le=1024, description="at most this many neighbours per step (most confident)")
+    sources: tuple[str, ...] | None = Field(
+        default=None, max_length=64, description="pool sources (the part of a pool id before its first '/') whose "
+                                                 "items may serve as data; None = every source")
 
 
-def _anchor(config: AdaptConfig) -> None:
-    if config.anchor_weight is not None and config.anchor is None:
-        raise ValueError("anchor_weight is the anchor's weight: it needs anchor ('l2' or 'fisher')")
+class PoolLabelOptions(Options):
+    """Retrieved pool items that carry a label which is one of the model's classes train with that label (off when
+    ``weight`` is 0); the rest stay contrastive negatives."""
+
+    weight: float = Field(
+        default=0.0, ge=0, le=100, description="weight of the cross-entropy of the retrieved neighbours that carry "
+                                               "a pool label of one of the model's classes (weak views) against "
+                                               "that label; 0 = off")
+    cap: int = Field(default=64, ge=1, le=1024, description="at most this many per step (drawn at random among the "
+                                                            "step's labelled neighbours when there are more)")
+    balance: bool = Field(default=False, description="weight each class equally within a step (a retrieved set is "
+                                                     "imbalanced); False = every labelled neighbour counts once")
 
 
-def _fisher_pass(config: AdaptConfig) -> int:
-    """The Fisher anchor's estimate: one pass over the target with gradient before the first step."""
-    return 1 if config.anchor == "fisher" else 0
+class BatchNormOptions(Options):
+    start: bool = Field(default=False, description="set the target's BatchNorm statistics first (what bn-adapt does, "
+                                                   "same layers as train_groups), then train")
+    fixed: bool = Field(default=False, description="every BatchNorm layer normalises with its running statistics "
+                                                   "during the steps and never updates them (with start: bn-adapt's, "
+                                                   "kept)")
 
 
-def _collapse(config: AdaptConfig) -> None:
-    if config.collapse_fallback is not None and config.mode == "train":
-        _test_time_only("collapse_fallback", "watches the pseudo-labels' class histogram")
+class TeacherOptions(Options):
+    ema: float = Field(default=0.0, ge=0, lt=1,
+                       description="keys, pool features and the logits behind the filtered pseudo-labels come from an "
+                                   "EMA teacher of the model with this momentum (AdaContrast's 0.999); 0 = the "
+                                   "current model (the paper's m = 0)")
 
 
-GROUPS = (
-    OptionGroup("retrieval", ("k", "r", "redraw_neighbours", "pool_negatives", "dedup_threshold", "false_negatives")),
-    OptionGroup("pool data", ("pool_data_weight", "pool_data_threshold", "pool_data_norm", "pool_data_cap",
-                              "pool_data_sources")),
-    OptionGroup("pool labels", ("pool_label_weight", "pool_label_cap", "pool_label_balance")),
-    OptionGroup("BatchNorm", ("bn_start", "bn_fixed"), own=("bn_start", "bn_fixed")),
-    OptionGroup("teacher", ("teacher_ema",), own=("teacher_ema",), check=_teacher),
-    OptionGroup("refinement", ("knn_refine", "knn_refine_labelled", "refine_neighbors"),
-                own=("knn_refine", "knn_refine_labelled"), check=_refinement),
-    OptionGroup("second stage", ("second_stage_steps", "second_stage_lr"), own=("second_stage_steps",),
-                added_steps=_second_stage),
-    OptionGroup("reliable samples", ("reliable_entropy", "reliable_reweight"),
-                own=("reliable_entropy", "reliable_reweight"), check=_reliable),
-    OptionGroup("anchor", ("anchor", "anchor_weight"), own=("anchor", "anchor_weight"), check=_anchor,
-                added_passes=_fisher_pass),
-    OptionGroup("collapse fallback", ("collapse_fallback",), own=("collapse_fallback",), check=_collapse),
-    OptionGroup("interpolation", ("wise_alpha",), own=("wise_alpha",)),
-)
+class RefinementOptions(Options):
+    """AdaContrast's pseudo-label refinement, at test time."""
 
-register(MethodSpec("t3ar-noretrieval", "the T3AR family without a pool", step=STEP, family=True, bank=True,
-                    groups=GROUPS))
+    knn: bool = Field(default=False, description="each query's pseudo-label by soft k-NN voting: the mean class "
+                                                 "probabilities of the `neighbors` bank entries nearest its "
+                                                 "weak-view feature; False = the argmax of the mean logits stored "
+                                                 "for its own id (the paper's filtered pseudo-label)")
+    labelled: bool = Field(default=False, description="with knn: the bank's pool entries that carry a pool label of "
+                                                      "one of the model's classes vote too, with that label "
+                                                      "(one-hot); unlabelled pool entries never vote")
+    neighbors: int = Field(default=10, ge=1, le=1024, description="soft-voting neighbours")
+
+    @model_validator(mode="after")
+    def _check(self) -> RefinementOptions:
+        if self.labelled and not self.knn:
+            raise ValueError("knn_refine_labelled lets labelled pool entries vote in the soft k-NN refinement: it "
+                             "needs knn_refine")
+        return self
+
+
+class SecondStageOptions(Options):
+    """A second, short stage: the bottleneck and head retrained on the target alone (SWAT)."""
+
+    steps: int = Field(default=0, ge=0, le=MAX_STEPS,
+                       description="steps of a second stage that retrains only the bottleneck and head on the target "
+                                   "alone (true labels in train time, the filtered pseudo-labels in test time); "
+                                   "0 = none")
+    lr: float | None = Field(default=None, gt=0, le=10, description="the second stage's lr; None = the config's lr")
+
+    def added_steps(self) -> int:
+        return self.steps
+
+
+class SafeguardOptions(Options):
+    """Against self-training on wrong pseudo-labels: reliable samples (SAR, EATA), an anchor (L2-SP, EATA's
+    Fisher), a collapse fallback, and WiSE-FT's interpolation; each off by default."""
+
+    reliable_entropy: float | None = Field(
+        default=None, gt=0, le=1, description="test time: the cross-entropy counts only the samples whose prediction "
+                                              "entropy (weak view) is under this x ln C (SAR and EATA: 0.4); None = "
+                                              "every sample")
+    reliable_reweight: bool = Field(
+        default=False, description="with reliable_entropy: weight each reliable sample by 1 / exp(H - E0), "
+                                   "E0 = reliable_entropy x ln C (EATA)")
+    anchor: Literal["l2", "fisher"] | None = Field(
+        default=None, description="a penalty anchor_weight x sum F (theta - theta_0)^2 over the trainable "
+                                  "parameters, theta_0 their values at the start (after the BatchNorm start); F = 1 "
+                                  "('l2': L2-SP) or the Fisher diagonal of the model's own pseudo-labels on the "
+                                  "target at the start ('fisher': EATA's, one more pass with gradient); None = none")
+    anchor_weight: float | None = Field(
+        default=None, gt=0, le=1e6, description="the anchor's weight; None = the paper's: 0.05 for 'l2' (L2-SP's "
+                                                "alpha/2, alpha = 0.1), 2000 for 'fisher' (EATA's)")
+    collapse_fallback: float | None = Field(
+        default=None, gt=0, lt=1, description="test time: when the entropy of the class histogram of the job's "
+                                              "pseudo-labels falls under this fraction of its start value, restore "
+                                              "the bn-adapt state and end the job (the report says at which step); "
+                                              "None = off")
+    wise_alpha: float | None = Field(
+        default=None, gt=0, le=1, description="after the run, each parameter becomes alpha x adapted + (1 - alpha) x "
+                                              "start (WiSE-FT; start = the bn-adapt state's parameters, the job's "
+                                              "start), then the target's BatchNorm statistics are re-estimated for "
+                                              "them; None = off (1.0: the adapted)")
+
+    @model_validator(mode="after")
+    def _check(self) -> SafeguardOptions:
+        if self.reliable_reweight and self.reliable_entropy is None:
+            raise ValueError("reliable_reweight weights the reliable samples: it needs reliable_entropy (SAR and "
+                             "EATA: 0.4)")
+        if self.anchor_weight is not None and self.anchor is None:
+            raise ValueError("anchor_weight is the anchor's weight: it needs anchor ('l2' or 'fisher')")
+        return self
+
+    def added_passes(self) -> int:
+        """The Fisher anchor's estimate: one pass over the target with gradient before the first step."""
+        return 1 if self.anchor == "fisher" else 0
+
+    @property
+    def resolved_anchor_weight(self) -> float:
+        """The anchor's weight (0 without an anchor): ``anchor_weight``, or the paper's for ``anchor``."""
+        if self.anchor is None:
+            return 0.0
+        return self.anchor_weight if self.anchor_weight is not None else ANCHOR_WEIGHTS[self.anchor]
+
+
+def _flat(group: str, names: dict[str, str]) -> dict[str, tuple[str, str]]:
+    return {flat: (group, name) for flat, name in names.items()}
+
+
+class T3ARConfig(ContrastiveConfig):
+    """The T3AR family's config (see the module). Defaults follow the paper, scaled to a CPU budget."""
+
+    FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
+        **_flat("retrieval", {n: n for n in RetrievalOptions.model_fields}),
+        **_flat("pool_data", {"pool_data_weight": "weight", "pool_data_threshold": "threshold",
+                              "pool_data_norm": "norm", "pool_data_cap": "cap", "pool_data_sources": "sources"}),
+        **_flat("pool_labels", {"pool_label_weight": "weight", "pool_label_cap": "cap",
+                                "pool_label_balance": "balance"}),
+        **_flat("batchnorm", {"bn_start": "start", "bn_fixed": "fixed"}),
+        **_flat("teacher", {"teacher_ema": "ema"}),
+        **_flat("refinement", {"knn_refine": "knn", "knn_refine_labelled": "labelled",
+                               "refine_neighbors": "neighbors"}),
+        **_flat("second_stage", {"second_stage_steps": "steps", "second_stage_lr": "lr"}),
+        **_flat("safeguards", {n: n for n in SafeguardOptions.model_fields}),
+    }
+
+    method: Literal["t3ar", "t3ar-random", "t3ar-noretrieval"] = "t3ar"
+    preset: Preset | None = Field(
+        default=None, description="a named configuration of the family (t3ar.method.presets): 'paper' (these "
+                                  "defaults) or 'validated' (what the method benchmark froze on validation); its "
+                                  "options go under the ones given; None = none")
+    retrieval: RetrievalOptions = RetrievalOptions()
+    pool_data: PoolDataOptions = PoolDataOptions()
+    pool_labels: PoolLabelOptions = PoolLabelOptions()
+    batchnorm: BatchNormOptions = BatchNormOptions()
+    teacher: TeacherOptions = TeacherOptions()
+    refinement: RefinementOptions = RefinementOptions()
+    second_stage: SecondStageOptions = SecondStageOptions()
+    safeguards: SafeguardOptions = SafeguardOptions()
+    cpu_bf16_nograd: bool = Field(
+        default=False, description="an approximation, CPU only: the no-gradient passes (keys, pool features, bank "
+                                   "initialisation) under bfloat16 autocast. Fast where the CPU has native bf16 "
+                                   "(AMX / AVX512-BF16), slow elsewhere; off by default")
+    joint_pass: bool | None = Field(
+        default=None, description="forward the weak views (with gradient) together with the strong views and "
+                                  "neighbours (without) as one batch, each part with its own BatchNorm statistics: "
+                                  "the same results with one forward less per step, at the price of a backward over "
+                                  "every row; None = on CUDA only (where a step waits on kernel launches, not "
+                                  "arithmetic) and never with the EMA teacher")
+
+    if TYPE_CHECKING:  # the flat names the method code reads (FLAT; new code reads the groups), read-only:
+        # ClassVar keeps them out of the constructor mypy derives
+        k: ClassVar[int]
+        r: ClassVar[int]
+        redraw_neighbours: ClassVar[bool]
+        pool_negatives: ClassVar[Literal["own", "all"]]
+        dedup_threshold: ClassVar[float | None]
+        false_negatives: ClassVar[FalseNegatives]
+        pool_data_weight: ClassVar[float]
+        pool_data_threshold: ClassVar[float]
+        pool_data_norm: ClassVar[Literal["running", "batch"]]
+        pool_data_cap: ClassVar[int]
+        pool_data_sources: ClassVar[tuple[str, ...] | None]
+        pool_label_weight: ClassVar[float]
+        pool_label_cap: ClassVar[int]
+        pool_label_balance: ClassVar[bool]
+        bn_start: ClassVar[bool]
+        bn_fixed: ClassVar[bool]
+        teacher_ema: ClassVar[float]
+        knn_refine: ClassVar[bool]
+        knn_refine_labelled: ClassVar[bool]
+        refine_neighbors: ClassVar[int]
+        second_stage_steps: ClassVar[int]
+        second_stage_lr: ClassVar[float | None]
+        reliable_entropy: ClassVar[float | None]
+        reliable_reweight: ClassVar[bool]
+        anchor: ClassVar[Literal["l2", "fisher"] | None]
+        anchor_weight: ClassVar[float | None]
+        collapse_fallback: ClassVar[float | None]
+        wise_alpha: ClassVar[float | None]
+    else:
+        def __getattr__(self, name: str) -> Any:
+            where = type(self).FLAT.get(name)
+            if where is None:
+                return super().__getattr__(name)
+            return getattr(getattr(self, where[0]), where[1])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return nest(cls, expand(data)) if isinstance(data, Mapping) else data
+
+    @model_validator(mode="after")
+    def _across_groups(self) -> T3ARConfig:
+        if self.joint_pass and self.cpu_bf16_nograd:
+            raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
+                             "no-gradient passes apart, in bfloat16")
+        if self.joint_pass and self.teacher.ema:
+            raise ValueError("joint_pass and teacher_ema cannot be combined: the keys come from the EMA teacher, a "
+                             "forward of its own (leave joint_pass unset: it is then off)")
+        if self.mode == "train" and self.safeguards.reliable_entropy is not None:
+            _test_time_only("reliable_entropy", "filters the pseudo-labelled samples by their prediction's entropy")
+        if self.mode == "train" and self.safeguards.collapse_fallback is not None:
+            _test_time_only("collapse_fallback", "watches the pseudo-labels' class histogram")
+        return self
+
+    @property
+    def retrieval_options(self) -> RetrievalOptions | None:
+        return self.retrieval if self.uses_retrieval else None
+
+    @property
+    def pool_as_data(self) -> bool:
+        """Retrieved neighbours serve as pseudo-labelled training data (a retrieval method with a data weight)."""
+        return self.uses_retrieval and self.pool_data.weight > 0
+
+    @property
+    def pool_labels_as_data(self) -> bool:
+        """Retrieved neighbours that carry a pool label serve as labelled training data."""
+        return self.uses_retrieval and self.pool_labels.weight > 0
+
+    @property
+    def resolved_anchor_weight(self) -> float:
+        return self.safeguards.resolved_anchor_weight
+
+
+register(MethodSpec("t3ar-noretrieval", "the T3AR family without a pool", step=STEP, family=True,
+                    config=T3ARConfig))
 register(MethodSpec("t3ar-random", "the T3AR family, random pool neighbours (the control)", step=STEP,
-                    retrieval="random", family=True, bank=True, groups=GROUPS))
+                    retrieval="random", family=True, config=T3ARConfig))
 register(MethodSpec("t3ar", "T3AR: retrieved pool neighbours as InfoNCE negatives", step=STEP, retrieval="nearest",
-                    family=True, bank=True, groups=GROUPS))
+                    family=True, config=T3ARConfig))
