@@ -200,8 +200,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         client = RetrieverClient(settings.retriever_url, token, timeout=settings.retriever_timeout,
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
-        retrieval = config.retrieval_options
-        progress.phase("retrieving", **({"k": retrieval.k, "r": retrieval.r} if retrieval is not None else {}))
+        progress.phase("retrieving")
     acceptance: dict[str, Any] | None = None
     try:
         if spec.acceptance is not None:
