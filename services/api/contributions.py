@@ -6,7 +6,7 @@ metadata, through the retriever's ordinary add (``POST /pool``, near-duplicate p
 duplicate (same sha256) of what the pool holds is skipped as ``exists`` and R's near-duplicate (cosine >= the
 pool's ``T3AR_RETRIEVER_DUPLICATE_THRESHOLD``, default 0.98) as ``duplicate``; both are counted.
 
-Labels (issue 33): a **train-time** job's target images join the pool with their class as the pool label (the
+Labels: a **train-time** job's target images join the pool with their class as the pool label (the
 target's class folders or labels.csv, which the job trained on); a test-time job's images join unlabelled, its
 pseudo-labels never become labels. An image the pool already holds keeps the label it has.
 

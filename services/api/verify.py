@@ -1,4 +1,4 @@
-"""What a worker uploads is checked completely before anything is written (issue 29, F3).
+"""What a worker uploads is checked completely before anything is written.
 
 - :func:`check_checkpoint`: the uploaded file loads as a t3ar checkpoint (``weights_only``; the weights fit the
   architecture it declares), that architecture and class list are the base model's, and its lineage is this

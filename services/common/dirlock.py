@@ -1,4 +1,4 @@
-"""One serving process per data directory (issue 29, F10).
+"""One serving process per data directory.
 
 Two retrievers on one pool directory both answer: a delete through one is never seen by the other's in-memory
 index, so a withdrawn image comes back. Each service takes an exclusive ``flock`` on ``<data_dir>/.t3ar.lock``

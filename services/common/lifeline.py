@@ -1,7 +1,7 @@
 """Children that die with their parent (Linux ``prctl(PR_SET_PDEATHSIG)``, through ctypes).
 
 A child started by `t3ar up`, or an rq work horse forked by its worker, must not outlive the process that
-supervises it: an orphan keeps serving a data directory (two writers on one pool: issue 29, F10) or keeps
+supervises it: an orphan keeps serving a data directory (two writers on one pool) or keeps
 running a job that was already failed (F6). The kernel sends ``sig`` to the child when the thread that created
 it ends (a supervisor's main thread, here). A parent that died before the call is caught by comparing the
 parent pid afterwards. Elsewhere than Linux this is a no-op (the supervisors' own clean-up still runs).

@@ -1,5 +1,5 @@
 """The labels of a pool's labelled items in memory, so that a search answer carries its results' labels
-(issue 33) without a database read per answer.
+without a database read per answer.
 
 Reading them from SQLite per answer cost 30 ms for 256 x 50 results against a 20k-item pool with 10k labelled
 items (the 2-core development machine, median of 20), 20 times the encoding of the whole answer; the vectorised

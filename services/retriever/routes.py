@@ -49,7 +49,7 @@ def _check_source(source: str) -> str:
     return source
 
 
-# What check_label accepts (a class name; issue 33: the rule is the library's, t3ar.data.pool_labels)
+# What check_label accepts (a class name: the rule is the library's, t3ar.data.pool_labels)
 # (empty, or no control character, no invisible or formatting character of the Basic Multilingual Plane, and no
 # whitespace at either end)
 _CTRL = "\\x00-\\x1f\\x7f-\\x9f" + hidden_ranges()
@@ -64,7 +64,7 @@ def _parse_metadata(raw: str) -> dict[str, Any]:
 
 
 def _item_out(pool: PoolDep, row: Any) -> s.ItemOut:
-    # readable(): a row stored before the door refused lone surrogates is still answered (issue 29, F2)
+    # readable(): a row stored before the door refused lone surrogates is still answered
     return s.ItemOut(id=pool.format_id(row.seq), sha256=row.sha256, source=readable(row.source),
                      metadata=readable(row.metadata), filename=readable(row.filename), media_type=row.media_type,
                      label=readable(row.label),

@@ -12,7 +12,7 @@ deletion is committed. :meth:`Store.move_vectors_to_file` migrates a ``sqlite`` 
 WAL journal with ``synchronous=FULL``: a committed transaction survives power loss. ``secure_delete`` zeroes
 deleted rows' bytes, and :meth:`Store.checkpoint` (after deletes) moves them out of the WAL file too.
 ``seq`` (INTEGER PRIMARY KEY AUTOINCREMENT) is the faiss id and is never reused after a delete.
-``label`` (a class name, NULL = unlabelled; issue 33) came after the first data dirs: a database without the
+``label`` (a class name, NULL = unlabelled) came after the first data dirs: a database without the
 column gets it on open (``ALTER TABLE ... ADD COLUMN``, every old item unlabelled), no migration step needed.
 Writes go through one connection guarded by the caller's writer lock; reads use one connection per thread.
 """

@@ -331,7 +331,7 @@ def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str,
                       for s in history[::max(1, -(-len(history) // _MAX_STEP_POINTS))]],
         # what retrieval did: a sample of target images and the pool neighbours drawn for them, with scores
         neighbour_sample=[NeighbourRow.model_validate(n) for n in outcome.neighbour_sample],
-        # the neighbours that served as labelled training data (issue 33), the most used first
+        # the neighbours that served as labelled training data, the most used first
         labelled_neighbours=[LabelledNeighbour(pool_id=u.pool_id, label=u.label, uses=u.uses) for u in sorted(
             outcome.labelled_neighbours, key=lambda u: (-u.uses, u.pool_id))[:MAX_LABELLED_LISTED]],
         labelled_neighbours_total=len(outcome.labelled_neighbours),

@@ -1,4 +1,4 @@
-"""The worker's memory pre-check (issue 29, F5): before a job adapts, the memory its bank, target and pool images
+"""The worker's memory pre-check: before a job adapts, the memory its bank, target and pool images
 will hold (:func:`t3ar.jobsize.memory_bytes`, with the model's real feature width) must fit what the job's
 device has free; otherwise the job fails at once with a message saying what to lower, instead of failing
 hours later in an allocation (or driving the machine into swap)."""

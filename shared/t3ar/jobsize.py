@@ -2,7 +2,7 @@
 
 The API refuses a job over the operator's caps at submission (``T3AR_API_MAX_JOB_STEPS``,
 ``T3AR_API_MAX_JOB_MEMORY_BYTES``); the worker checks the memory against what its device has free before it
-starts (issue 29, F5). The memory counted is what a job holds for its whole run and grows with its config: the
+starts. The memory counted is what a job holds for its whole run and grows with its config: the
 memory bank (features, logits, ids, labels, flags), the target images and the retrieved pool images (uint8, on
 the device), not the model or a batch's activations. No torch here: the API imports it.
 """

@@ -94,7 +94,7 @@ def arm_config(plan: ContinualPlan, sel: Mapping[str, Any], arm: str, seed: int,
     epochs = plan.epochs if plan.max_steps is None else max(1, min(plan.epochs, plan.max_steps // per_epoch))
     out: dict[str, Any] = {"method": method, "mode": "test", "seed": seed, "epochs": epochs, "batch_size": batch,
                            "k": plan.k}
-    if "validated" in sel:  # the grid protocol (issue 26): the family's lr and term, T3AR's validated options
+    if "validated" in sel:  # the grid protocol: the family's lr and term, T3AR's validated options
         out["lr"] = sel["lr"]["t3ar-noretrieval"]
         out.update(sel.get("term", {}) if method == "t3ar-noretrieval" else sel["validated"].get("options", {}))
         if method == "t3ar":

@@ -1,1 +1,1 @@
-"""``t3ar bench job``: what a job costs through the stack compared with the adaptation in-process (issue 35)."""
+"""``t3ar bench job``: what a job costs through the stack compared with the adaptation in-process."""

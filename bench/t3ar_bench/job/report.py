@@ -21,7 +21,7 @@ from typing import Any
 
 from t3ar_bench.speed.report import _commit
 
-GOAL_RATIO = 1.15  # issue 35: a job may cost at most 15 % more than its adaptation
+GOAL_RATIO = 1.15  # a job may cost at most 15 % more than its adaptation
 
 
 @dataclass(frozen=True)

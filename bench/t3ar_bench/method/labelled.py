@@ -1,4 +1,4 @@
-"""The method benchmark's labelled-pool protocol (issue 33): the 'no harm' options of the T3AR family, labelled
+"""The method benchmark's labelled-pool protocol: the 'no harm' options of the T3AR family, labelled
 neighbours as data with their controls (the goals are :mod:`t3ar_bench.method.goals`').
 
 On the validation shift only (after :func:`t3ar_bench.method.grid.select_design`):

@@ -1,4 +1,4 @@
-"""The GPU grid's pack (issue 33, item 5): what the method benchmark's frozen arms need on a machine that has torch,
+"""The GPU grid's pack: what the method benchmark's frozen arms need on a machine that has torch,
 timm, numpy and pillow but no faiss, no retriever model, no data kits and no network.
 
 :mod:`t3ar_bench.method.gpu_pack` writes a pack here (on CPU, from the kits, the cached embeddings and faiss);

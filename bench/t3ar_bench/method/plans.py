@@ -59,7 +59,7 @@ RETRIEVAL_OPTIONS: tuple[tuple[str, Setting], ...] = (
     ("false negatives masked", (("false_negatives", "mask"),)),
     ("false negatives as positives", (("false_negatives", "positive"),)),
 )
-#: the T3AR family's 'no harm' options (issue 33), tried greedily on validation on top of the validated T3AR, in this
+#: the T3AR family's 'no harm' options, tried greedily on validation on top of the validated T3AR, in this
 #: order: BatchNorm statistics from the target first (bn-adapt) and then moving or fixed, an EMA teacher, a lower lr,
 #: SWAT's second stage (bottleneck and head on the target's filtered pseudo-labels), AdaContrast's soft k-NN voting,
 #: then the safeguards (t3ar.method.safeguards, the papers' values): SAR's / EATA's reliable samples, an anchor to
@@ -143,7 +143,7 @@ class BenchPlan:
     #: the validated T3AR's retrieval options, tried greedily in this order on validation (name, AdaptConfig pairs)
     retrieval_options: tuple[tuple[str, Setting], ...] = RETRIEVAL_OPTIONS
     pool_cap: int | None = None
-    #: the labelled-pool protocol (issue 33, :mod:`t3ar_bench.method.labelled`): the family's no-harm options and
+    #: the labelled-pool protocol (:mod:`t3ar_bench.method.labelled`): the family's no-harm options and
     #: labelled neighbours chosen on validation, the labelled arms and their controls in the grid, the goals
     labelled: bool = False
     no_harm_options: tuple[tuple[str, Setting], ...] = NO_HARM_OPTIONS

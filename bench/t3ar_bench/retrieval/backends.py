@@ -1,4 +1,4 @@
-"""The ``backends`` section of ``t3ar bench retrieval``: the retriever's pool backends side by side (issues 12, 29).
+"""The ``backends`` section of ``t3ar bench retrieval``: the retriever's pool backends side by side.
 
 Real retriever processes on 127.0.0.1, one with ``T3AR_RETRIEVER_BACKEND=faiss`` (the in-process index, IVF:
 ``T3AR_RETRIEVER_INDEX_TYPE=ivf``, trained in the background once the pool is loaded; the run waits for it), one

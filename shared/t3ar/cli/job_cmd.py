@@ -57,7 +57,7 @@ def _summary(job: JobOut) -> str:
     if job.acceptance:  # a job with a holdout: its candidates on it, and the winner
         line += "\n    " + "\n    ".join(acceptance_table(job.acceptance))
     res = job.result or {}
-    if res.get("labelled_neighbours"):  # issue 33: which neighbours served as labelled data, with their labels
+    if res.get("labelled_neighbours"):  # which neighbours served as labelled data, with their labels
         line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
                                           per_label=res.get("labelled_per_label"))
     return line

@@ -85,7 +85,7 @@ class Transfer(_Part):
 
 
 class LabelledNeighbour(_Part):
-    """A pool neighbour that served as labelled training data (issue 33): its pool label (a class of the model)
+    """A pool neighbour that served as labelled training data: its pool label (a class of the model)
     and how many optimiser steps it served in."""
 
     pool_id: str
@@ -170,7 +170,7 @@ class JobReport(_Part):
     phases: dict[str, float] | None = Field(
         default=None, description="seconds per phase (queue_wait, then the worker's phases, which add up to "
                                   "seconds_total with 'other' the rest; t3ar_services.worker.phases); None in a "
-                                  "report from before issue 35")
+                                  "report from before phases were recorded")
 
     @field_validator("version")
     @classmethod

@@ -1,4 +1,4 @@
-"""Pool labels (issue 33): which class name, if any, each pool image carries, and the rule a label obeys.
+"""Pool labels: which class name, if any, each pool image carries, and the rule a label obeys.
 
 A pool item may carry a class label (a class name, not an index: the pool serves many models, and
 :func:`t3ar.pipeline.pool_classes` maps a label to a model's class, a label that is not one of its classes being

@@ -24,7 +24,7 @@ PRESET_NAMES: tuple[Preset, ...] = get_args(Preset)
 
 PRESETS: dict[Preset, dict[str, Any]] = {
     "paper": {},
-    # the cpu plan's labelled protocol on 2026-11-26 (issue 33; docs/benchmarks/adaptation-cpu.json): on validation
+    # the cpu plan's labelled protocol on 2026-11-26 (docs/benchmarks/adaptation-cpu.json): on validation
     # the family's term took tau 0.2, no retrieval option beat the paper-faithful T3AR, of the no-harm options only
     # the second stage was kept (50.08 against 50.04 %: within noise, but the protocol's rule is "kept if it
     # beats"), and labelled neighbours as data were kept at weight 2, class-balanced (50.96 %); they act only where

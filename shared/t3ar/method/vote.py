@@ -1,4 +1,4 @@
-"""Soft k-NN voting for the T3AR family's pseudo-labels (``AdaptConfig.knn_refine``; issue 33).
+"""Soft k-NN voting for the T3AR family's pseudo-labels (``AdaptConfig.knn_refine``).
 
 AdaContrast refines a pseudo-label by the neighbours of the sample's feature: the mean class probabilities of the
 ``refine_neighbors`` nearest memory-bank entries (cosine), argmax. The T3AR family's own filtered pseudo-label is
