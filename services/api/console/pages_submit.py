@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
 from t3ar.method import registry
-from t3ar.method.presets import PRESET_NAMES
+from t3ar.method.presets import DEFAULT_METHOD, PRESET_NAMES
 from t3ar_services.api.console import web
 from t3ar_services.api.console.session import Session
 from t3ar_services.api.domain import access, jobs, models
@@ -46,7 +46,7 @@ def _file(form: FormData, name: str) -> UploadFile | None:
 
 def config_of(form: FormData) -> str:
     """The job's ``config`` field from the form: the method, and the preset, fraction and epochs when given."""
-    config: dict[str, Any] = {"method": _text(form, "method") or "t3ar"}
+    config: dict[str, Any] = {"method": _text(form, "method") or DEFAULT_METHOD["test"]}
     if preset := _text(form, "preset"):
         config["preset"] = preset
     for name, kind in (("fraction", float), ("epochs", int)):
@@ -73,7 +73,7 @@ def _page(request: Request, session: Session, *, status: int = 200, error: str |
 @router.get("/submit")
 def submit_page(request: Request, session: web.SessionDep) -> Response:
     web.require_submit(session)
-    return _page(request, session, values={"method": "t3ar"})
+    return _page(request, session, values={"method": DEFAULT_METHOD["test"]})
 
 
 @router.post("/submit", dependencies=[body_size("archive")])
