@@ -52,7 +52,7 @@ def revoke_key(state: StateDep, who: PrincipalDep, client: ClientDep, key_id: st
 
 @router.get("/audit", response_model=AuditList)
 def audit(state: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-          before: Annotated[int | None, Query(ge=1)] = None,
+          before: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
           team: Annotated[str | None, Query(max_length=63)] = None,
           action: Annotated[str | None, Query(description=f"one of {', '.join(ACTIONS)}", max_length=40)] = None,
           key_id: Annotated[str | None, Query(max_length=80)] = None) -> AuditList:
