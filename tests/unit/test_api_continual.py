@@ -114,7 +114,7 @@ def _finish(redis: Any, state: Any, job_id: str) -> None:
     """What a worker leaves behind when a job finishes."""
     out = state.settings.data_dir / "artifacts" / job_id
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "report.json", {"accuracy": None})
+    write_json_atomic(out / "report.json", {"job_id": job_id, "accuracy": None})
     write_json_atomic(out / "lineage.json", {"pool_ids": [], "created_at": "now"})
     Job.fetch(job_id, connection=redis, serializer=SERIALIZER).set_status("finished")
 
