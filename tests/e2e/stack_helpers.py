@@ -29,6 +29,14 @@ FAST_JOB = {"method": "t3ar", "k": 2, "r": 2, "epochs": 1, "batch_size": 4, "ban
 LONG_JOB = {**FAST_JOB, "epochs": 1000}
 
 
+def fast_job(method: str, **extra: Any) -> dict[str, Any]:
+    """:data:`FAST_JOB` for ``method``: only the options its config takes (another method's option is a 422)."""
+    from t3ar.method import registry
+
+    accepted = registry.config_class(method).flat_fields()
+    return {**{k: v for k, v in FAST_JOB.items() if k in accepted}, "method": method, **extra}
+
+
 @dataclass
 class Stack:
     data_dir: Path

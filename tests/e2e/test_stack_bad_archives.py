@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from stack_helpers import FAST_JOB, Stack, png, target_zip
+from stack_helpers import FAST_JOB, Stack, fast_job, png, target_zip
 
 from t3ar.clients.api import ApiError
 
@@ -153,7 +153,7 @@ def test_unknown_model_is_404(stack: Stack, tmp_path: Path) -> None:
 def test_skip_bad_images_drops_them(stack: Stack, model_id: str, pool_ids: list[str], tmp_path: Path) -> None:
     archive = _zip(tmp_path / "t.zip", {**_images(), "img/readme.txt": b"not an image"})
     with stack.api() as api:
-        accepted = api.adapt(archive, model_id, {**FAST_JOB, "method": "tent"}, skip_bad_images=True)
+        accepted = api.adapt(archive, model_id, fast_job("tent"), skip_bad_images=True)
         assert accepted.target.skipped == 1 and accepted.target.images == 6
         assert any("readme.txt" in w for w in accepted.warnings)
         assert api.wait(accepted.id, poll=0.2, timeout=180).status == "finished"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from stack_helpers import CLASSES, FAST_JOB, Stack, png
+from stack_helpers import CLASSES, FAST_JOB, Stack, fast_job, png
 
 from t3ar.models.checkpoint import read_info
 
@@ -29,7 +29,7 @@ def test_a_job_with_a_holdout_returns_the_winner(stack: Stack, model_id: str, po
     holdout = _holdout_zip(tmp_path / "holdout.zip")
     with stack.api() as api:
         # the job's method does not retrieve, a candidate does: the worker still reaches the pool for it
-        accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "method": "tent", "mode": "test"}, holdout=holdout,
+        accepted = api.adapt(labelled_zip, model_id, fast_job("tent", mode="test"), holdout=holdout,
                              candidates=["t3ar", "tent", "bn-adapt", "source"], winner_rule="argmax")
         job = api.wait(accepted.id, poll=0.2, timeout=240)
         assert job.status == "finished", job

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stack_helpers import FAST_JOB, LONG_JOB, Stack, tiny_checkpoint, wait_for
+from stack_helpers import FAST_JOB, LONG_JOB, Stack, fast_job, tiny_checkpoint, wait_for
 
 from t3ar.clients.api import ApiInputError
 from t3ar.models.checkpoint import load_checkpoint, read_info
@@ -125,7 +125,7 @@ def test_upload_model_is_idempotent_and_validated(stack: Stack, tmp_path: Path) 
 def test_adacontrast_on_a_labelled_target_runs_test_time(stack: Stack, model_id: str, pool_ids: list[str],
                                                           labelled_zip: Path) -> None:
     with stack.api() as api:
-        accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "method": "adacontrast"})
+        accepted = api.adapt(labelled_zip, model_id, fast_job("adacontrast"))
         assert accepted.config["mode"] == "test"  # labels score the result, never train it
         job = api.wait(accepted.id, poll=0.2, timeout=180)
         assert job.status == "finished", job
