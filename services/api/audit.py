@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from t3ar_services.api.sqlite_db import open_db
+from t3ar_services.api.sqlite_db import SqliteStore
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +55,13 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-class AuditLog:
+class AuditLog(SqliteStore):
+    schema = _SCHEMA
+
     def __init__(self, path: Path, *, max_rows: int, max_age_days: float) -> None:
-        self._db = open_db(path)
-        self._db.executescript(_SCHEMA)
-        self._lock = threading.Lock()
+        super().__init__(path)
         self.max_rows = max_rows
         self.max_age = dt.timedelta(days=max_age_days)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
     def record(self, *, key_id: str, team: str, action: str, target: str = "", client: str = "",
                outcome: str = "ok", detail: str = "") -> None:
