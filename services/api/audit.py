@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from t3ar_services.api.sqlite_db import open_db
+from t3ar.clients.api_models import AuditOut
+from t3ar_services.api.sqlite_db import SqliteStore
 
 log = logging.getLogger(__name__)
 
@@ -36,37 +35,20 @@ BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 """
 
 
-@dataclass(frozen=True)
-class AuditEntry:
-    seq: int
-    at: str
-    key_id: str
-    team: str
-    action: str
-    target: str
-    client: str
-    outcome: str
-    detail: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+_COLUMNS = tuple(AuditOut.model_fields)
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-class AuditLog:
+class AuditLog(SqliteStore):
+    schema = _SCHEMA
+
     def __init__(self, path: Path, *, max_rows: int, max_age_days: float) -> None:
-        self._db = open_db(path)
-        self._db.executescript(_SCHEMA)
-        self._lock = threading.Lock()
+        super().__init__(path)
         self.max_rows = max_rows
         self.max_age = dt.timedelta(days=max_age_days)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
     def record(self, *, key_id: str, team: str, action: str, target: str = "", client: str = "",
                outcome: str = "ok", detail: str = "") -> None:
@@ -93,9 +75,10 @@ class AuditLog:
             log.exception("audit: could not record %s %s by %s (%s)", action, target, key_id, team)
 
     def page(self, *, limit: int = 100, before: int | None = None, team: str | None = None,
-             action: str | None = None, key_id: str | None = None) -> list[AuditEntry]:
-        """Newest first; ``before``: only entries with a smaller ``seq`` (the previous page's last)."""
-        sql, args = "SELECT * FROM audit WHERE 1=1", list[Any]()
+             action: str | None = None, key_id: str | None = None) -> list[AuditOut]:
+        """Newest first; ``before``: only entries with a smaller ``seq`` (the previous page's last). A row is an
+        entry as the API answers it (its columns are the answer's fields)."""
+        sql, args = f"SELECT {', '.join(_COLUMNS)} FROM audit WHERE 1=1", list[Any]()
         for column, value in (("team", team), ("action", action), ("key_id", key_id)):
             if value is not None:
                 sql += f" AND {column} = ?"
@@ -105,7 +88,7 @@ class AuditLog:
             args.append(before)
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
-        return [AuditEntry(*r) for r in rows]
+        return [AuditOut(**dict(zip(_COLUMNS, r, strict=True))) for r in rows]
 
     def count(self) -> int:
         with self._lock:

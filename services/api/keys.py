@@ -24,13 +24,11 @@ import datetime as dt
 import hashlib
 import re
 import secrets
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 from t3ar.errors import InvalidInputError
-from t3ar_services.api.sqlite_db import open_db
+from t3ar_services.api.sqlite_db import SqliteStore
 from t3ar_services.common.errors import NotFoundError
 
 Role = Literal["read", "submit", "admin"]
@@ -129,17 +127,10 @@ CREATE TABLE IF NOT EXISTS api_keys (
 """
 
 
-class KeyStore:
+class KeyStore(SqliteStore):
     """The named API keys, in the API's SQLite file (its own connection; SQLite serialises the writers)."""
 
-    def __init__(self, path: Path) -> None:
-        self._db = open_db(path)
-        self._db.executescript(_SCHEMA)
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+    schema = _SCHEMA
 
     def create(self, team: str, role: str, *, name: str = "", created_by: str) -> tuple[KeyRow, str]:
         """A new key of ``team`` with ``role``: its record and the key itself (shown once, never stored)."""

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from t3ar_services.api.sqlite_db import open_db
+from t3ar_services.api.sqlite_db import SqliteStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -91,17 +90,11 @@ class ExportRow:
     parity: dict[str, Any]  # t3ar.export.Parity.as_dict(): max_abs_diff, top1_agreement, images, images_source
 
 
-class Store:
-    """One connection guarded by a lock (the API's traffic is small; SQLite serialises writers anyway)."""
+class Store(SqliteStore):
+    """The models, jobs and exports, in the API's SQLite file (the API's traffic is small; SQLite serialises writers
+    anyway)."""
 
-    def __init__(self, path: Path) -> None:
-        self._db = open_db(path)
-        self._db.executescript(_SCHEMA)
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+    schema = _SCHEMA
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

@@ -1,4 +1,5 @@
-"""A vectors-only retriever app in-process (TestClient), ready to serve: what several retriever unit tests start."""
+"""A vectors-only retriever app in-process (TestClient), ready to serve: what several retriever unit tests start;
+and a pool's restart (:func:`restarted`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from t3ar_services.retriever.main import create_app
+from t3ar_services.retriever.pool import Pool
 from t3ar_services.retriever.settings import RetrieverSettings
+from t3ar_services.retriever.startup import load_index, open_pool, save_index
 
 ADMIN = {"Authorization": "Bearer admin-t"}
 
@@ -27,3 +30,13 @@ def vector_retriever(data_dir: Path, dim: int, **settings: Any) -> Iterator[Test
             assert time.monotonic() < deadline
             time.sleep(0.05)
         yield client
+
+
+def restarted(pool: Pool, settings: RetrieverSettings) -> Pool:
+    """What a clean restart does to ``pool``: its index saved and its store closed, then the pool opened again from
+    ``settings`` with its index loaded (the saved one where it matches the database, else rebuilt)."""
+    save_index(pool)
+    pool.store.close()
+    pool, _ = open_pool(settings, None, None)
+    load_index(pool)
+    return pool

@@ -3,7 +3,6 @@ winner's weights end in the model, and the record is what the report's typed mod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from provider_kit import SixItemPool
 
 from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.candidates import SharedProvider, run_candidates
@@ -23,42 +23,6 @@ from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier
 
 CPU = torch.device("cpu")
-
-
-class CountingProvider:
-    """A pool of 6 items; counts every question it is asked."""
-
-    def __init__(self) -> None:
-        self.calls = {"embed": 0, "search": 0, "fetch": 0}
-
-    @property
-    def identity(self) -> str:
-        return "fake"
-
-    def size(self) -> int:
-        return 6
-
-    def embed(self, images: torch.Tensor) -> np.ndarray:
-        self.calls["embed"] += 1
-        return np.ones((len(images), 4), dtype=np.float32) / 2
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        self.calls["search"] += 1
-        ids = list("abcdef")[:k]
-        return np.array([[0.5] * len(ids)] * len(queries), dtype=np.float32), [list(ids) for _ in queries]
-
-    def all_ids(self) -> list[str]:
-        return list("abcdef")
-
-    def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
-        self.calls["fetch"] += len(ids)
-        return [Image.new("RGB", (8, 8), (ord(i), 0, 0)) for i in ids]
-
-    def sources(self, ids: Sequence[str]) -> list[str]:
-        return ["x"] * len(ids)
-
-    def labels(self, ids: Sequence[str]) -> list[str | None]:
-        return [None] * len(ids)
 
 
 def _img(path: Path, seed: int) -> None:
@@ -82,7 +46,7 @@ def test_candidates_share_the_pool_and_the_winner_is_loaded(setup: tuple[Path, P
     model_file, target_dir, holdout_dir = setup
     model, info = load_checkpoint(model_file, device=CPU)
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    provider = CountingProvider()
+    provider = SixItemPool()
     cfg = AdaptConfig(method="t3ar", k=2, r=2, epochs=1, batch_size=4, bank_size=64, preset="paper")
     opts = AcceptanceOptions(candidates=("t3ar", "bn-adapt", "source", "t3ar-random"), rule="argmax")
     done = run_candidates(model, info, read_target(target_dir), cfg, opts, read_holdout(holdout_dir),
@@ -115,7 +79,7 @@ def test_a_holdout_image_of_the_target_stops_the_run(setup: tuple[Path, Path, Pa
 
 
 def test_shared_provider_remembers() -> None:
-    inner = CountingProvider()
+    inner = SixItemPool()
     shared = SharedProvider(inner)
     x = torch.zeros(3, 3, 8, 8, dtype=torch.uint8)
     q = shared.embed(x)

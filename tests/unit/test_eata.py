@@ -2,16 +2,14 @@
 target's pseudo-labels) and a run through the loop that trains only the normalisation layers."""
 
 import math
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import AFFINE_CLASSES, AFFINE_E0, Affine, tiny_problem
+from tiny_models import AFFINE_CLASSES, AFFINE_E0, Affine, confident_run, tiny_problem
 from torch import nn
 
 from t3ar.method import eata as eata_module
-from t3ar.method.adapt import adapt
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.eata import D_MARGIN, EATA, FISHER_ALPHA, PROBS_EMA, stable_fisher
@@ -127,22 +125,8 @@ def test_fisher_uses_the_targets_pseudo_labels_only_and_touches_nothing() -> Non
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-12) for a, b in zip(fisher, expected, strict=True))
 
 
-def _tiny_run(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[nn.Module, dict[str, torch.Tensor], EATA]:
-    made: list[EATA] = []
-    create = EATA.create.__func__  # type: ignore[attr-defined]
-
-    def capture(cls: type[EATA], *a: Any) -> EATA:
-        made.append(create(cls, *a))
-        return made[-1]
-
-    monkeypatch.setattr(EATA, "create", classmethod(capture))
-    model, target, _, _ = tiny_problem(seed=5)
-    with torch.no_grad():  # the random tiny model is near uniform: a confident head makes some images reliable
-        model.head.parametrizations.weight.original0.mul_(6)
-    start = {k: v.clone() for k, v in model.state_dict().items()}
-    adapt(model, target, AdaptConfig(method="eata", epochs=2, batch_size=4, lr=0.05, **kw), mean=(0.5,) * 3,
-          std=(0.5,) * 3, device=torch.device("cpu"))
-    return model, start, made[0]
+def _tiny_run(monkeypatch: pytest.MonkeyPatch) -> tuple[nn.Module, dict[str, torch.Tensor], EATA]:
+    return confident_run(monkeypatch, EATA, "eata")
 
 
 def test_adapt_trains_only_the_norm_layers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,13 +2,11 @@
 pool share of the InfoNCE denominator, pseudo-label accuracy and gradient-norm proxies."""
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
+from provider_kit import SixItemPool
 from tiny_models import TinyBackbone, tiny_config
 
 from t3ar.device import seed_everything
@@ -201,37 +199,8 @@ def test_diagnostics_fill_finite_grad_norms_and_change_no_parameter() -> None:
 
 # --- retrieve(): near-duplicate dropping and candidates -----------------------------------------------------
 
-class FakeProvider:
-    """A NeighbourProvider over 6 pool items 'a'..'f' with fixed search results for every query:
-    ids a, b, c, d with scores 0.99, 0.6, 0.5, 0.4 ('a' is a near-duplicate of every query)."""
-
-    def __init__(self) -> None:
-        self.fetched: list[str] = []
-
-    @property
-    def identity(self) -> str:
-        return "fake"
-
-    def size(self) -> int:
-        return 6
-
-    def embed(self, images: torch.Tensor) -> np.ndarray:
-        return np.ones((len(images), 4), dtype=np.float32) / 2
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        ids, scores = ["a", "b", "c", "d"][:k], [0.99, 0.6, 0.5, 0.4][:k]
-        return np.array([scores] * len(queries), dtype=np.float32), [list(ids) for _ in queries]
-
-    def all_ids(self) -> list[str]:
-        return list("abcdef")
-
-    def fetch(self, ids: Sequence[str]) -> list[Image.Image]:
-        self.fetched += list(ids)
-        return [Image.new("RGB", (8, 8), (ord(i), 0, 0)) for i in ids]
-
-
-def _retrieve(method: str = "t3ar", **cfg_kw: Any) -> tuple[Any, FakeProvider]:
-    provider = FakeProvider()
+def _retrieve(method: str = "t3ar", **cfg_kw: Any) -> tuple[Any, SixItemPool]:
+    provider = SixItemPool()
     target = torch.zeros(20, 3, 8, 8, dtype=torch.uint8)
     got = retrieve(provider, target, AdaptConfig(method=method, k=2, r=2, **cfg_kw), 8,
                    torch.Generator().manual_seed(0))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from retriever_kit import restarted
 
 from t3ar_services.retriever.index import IndexConfig, VectorIndex
 from t3ar_services.retriever.pool import Candidate
@@ -122,10 +123,7 @@ def test_background_training_then_a_saved_index_loads_without_retraining(tmp_pat
         assert [r[0][0] for r in pool.search(vecs[1500:1503], 1)] == ids[1500:1503]
     finally:
         trainer.stop()
-    save_index(pool)
-    pool.store.close()
-    pool, _ = open_pool(settings, None, None)
-    load_index(pool)
+    pool = restarted(pool, settings)
     assert pool.index is not None and pool.index.kind == "ivfpq" and pool.info.repairs == []  # loaded, not rebuilt
     assert pool.index.trained_on == 1200 and pool.index.count == 1997
     hits = pool.search(vecs[:6], 10)

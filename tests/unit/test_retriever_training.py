@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from retriever_kit import restarted
 
 from t3ar.errors import DeviceUnavailableError
 from t3ar.torch_search import TorchFlat
 from t3ar_services.retriever.index import IndexConfig, VectorIndex
 from t3ar_services.retriever.settings import RetrieverSettings
-from t3ar_services.retriever.startup import load_index, open_pool, save_index
+from t3ar_services.retriever.startup import load_index, open_pool
 from t3ar_services.retriever.training import IndexTrainer, nlist_to_train, rebuild_ivf
 
 D = 16
@@ -125,10 +126,7 @@ def test_trainer_thread_trains_once_large_enough_and_a_restart_loads_the_trained
         assert [r[0][0] for r in pool.search(vecs[3:6], 1)] == ids[3:6]
     finally:
         trainer.stop()
-    save_index(pool)
-    pool.store.close()
-    pool, _ = open_pool(settings, None, None)
-    load_index(pool)
+    pool = restarted(pool, settings)
     assert pool.index is not None and pool.index.kind == "ivf" and pool.info.repairs == []
     assert pool.index.trained_on == 1500 and pool.index.count == 1497
     hits = pool.search(vecs[:6], 10)

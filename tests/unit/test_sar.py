@@ -2,15 +2,13 @@
 and a run through the loop that trains only the normalisation layers below the top group."""
 
 import math
-from typing import Any
 
 import pytest
 import torch
-from tiny_models import AFFINE_CLASSES, AFFINE_E0, Affine, tiny_problem
+from tiny_models import AFFINE_CLASSES, AFFINE_E0, Affine, confident_run, tiny_problem
 from torch import nn
 
 from t3ar.method import sar as sar_module
-from t3ar.method.adapt import adapt
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.reliable import entropy_margin, masked_mean, sample_entropy
@@ -132,23 +130,7 @@ def test_recovery_resets_the_start_weights_on_collapse() -> None:
 
 
 def _tiny_run(monkeypatch: pytest.MonkeyPatch) -> tuple[nn.Module, dict[str, torch.Tensor], SAR]:
-    """SAR through the loop on the tiny problem, its head made confident (the random tiny model is near uniform:
-    no image would be reliable); returns the model, its start state and the method's state."""
-    made: list[SAR] = []
-    create = SAR.create.__func__  # type: ignore[attr-defined]
-
-    def capture(cls: type[SAR], *a: Any) -> SAR:
-        made.append(create(cls, *a))
-        return made[-1]
-
-    monkeypatch.setattr(SAR, "create", classmethod(capture))
-    model, target, _, _ = tiny_problem(seed=5)
-    with torch.no_grad():
-        model.head.parametrizations.weight.original0.mul_(6)
-    start = {k: v.clone() for k, v in model.state_dict().items()}
-    adapt(model, target, AdaptConfig(method="sar", epochs=2, batch_size=4, lr=0.05), mean=(0.5,) * 3,
-          std=(0.5,) * 3, device=torch.device("cpu"))
-    return model, start, made[0]
+    return confident_run(monkeypatch, SAR, "sar")
 
 
 def test_adapt_trains_only_the_norm_layers_below_the_top_group(monkeypatch: pytest.MonkeyPatch) -> None:

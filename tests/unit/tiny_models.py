@@ -1,13 +1,17 @@
-"""A tiny CPU backbone for tests of the adaptation loop (BatchNorm in every stage, 8-d features), and the tiny
-seeded adaptation problem the loop's tests share (:func:`tiny_problem`)."""
+"""A tiny CPU backbone for tests of the adaptation loop (BatchNorm in every stage, 8-d features), the tiny
+seeded adaptation problem the loop's tests share (:func:`tiny_problem`) and a run of a method through the loop on
+it that keeps the method's instance (:func:`confident_run`)."""
 
 import math
+from typing import Any, TypeVar
 
+import pytest
 import torch
 from torch import nn
 
 from t3ar.device import seed_everything
 from t3ar.method import registry
+from t3ar.method.adapt import adapt
 from t3ar.method.config import AdaptConfig
 from t3ar.models.classifier import Classifier
 
@@ -38,6 +42,31 @@ def tiny_problem(n_target: int = 12, n_pool: int = 9, k: int = 3, *, seed: int =
     pool = torch.randint(0, 256, (n_pool, 3, 16, 16), dtype=torch.uint8, generator=g)
     nbr = torch.randint(0, n_pool, (n_target, k), generator=g)
     return model, target, pool, nbr
+
+
+M = TypeVar("M")
+
+
+def confident_run(monkeypatch: pytest.MonkeyPatch, cls: type[M], method: str, **fields: Any
+                  ) -> tuple[Classifier, dict[str, torch.Tensor], M]:
+    """``method`` (its class ``cls``) through the loop on the tiny problem, 2 epochs of batch 4 at lr 0.05 with the
+    other ``fields`` of its config, its head made confident (the random tiny model is near uniform: no image would
+    be reliable); returns the model, its start state and the method's instance the loop made."""
+    made: list[M] = []
+    create = cls.create.__func__  # type: ignore[attr-defined]
+
+    def capture(c: type[M], *a: Any) -> M:
+        made.append(create(c, *a))
+        return made[-1]
+
+    monkeypatch.setattr(cls, "create", classmethod(capture))
+    model, target, _, _ = tiny_problem(seed=5)
+    with torch.no_grad():
+        model.head.parametrizations.weight.original0.mul_(6)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    adapt(model, target, AdaptConfig(method=method, epochs=2, batch_size=4, lr=0.05, **fields), mean=(0.5,) * 3,
+          std=(0.5,) * 3, device=torch.device("cpu"))
+    return model, start, made[0]
 
 
 def tiny_config(method: str, **fields: object) -> AdaptConfig:

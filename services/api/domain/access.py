@@ -9,8 +9,8 @@ its reader may see. The JSON routes and the console both call these, before the 
 
 from __future__ import annotations
 
+from t3ar.clients.api_models import AuditOut
 from t3ar_services.api import schemas as s
-from t3ar_services.api.audit import AuditEntry
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.jobs import require_job
@@ -71,7 +71,7 @@ def revoke_key(state: ApiState, who: Principal, key_id: str, client: str) -> Key
 
 
 def audit_page(state: ApiState, *, limit: int, before: int | None = None, team: str | None = None,
-               action: str | None = None, key_id: str | None = None) -> tuple[list[AuditEntry], int | None]:
+               action: str | None = None, key_id: str | None = None) -> tuple[list[AuditOut], int | None]:
     """A page of the audit log, newest first, and the ``before`` of the next page (None: this is the last)."""
     rows = state.audit.page(limit=limit, before=before, team=team, action=action, key_id=key_id)
     return rows, rows[-1].seq if len(rows) == limit else None

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from t3ar.clients.api_models import AuditList, AuditOut, KeyCreated, KeyList, KeyOut
+from t3ar.clients.api_models import AuditList, KeyCreated, KeyList, KeyOut
 from t3ar_services.api import schemas as s
 from t3ar_services.api.audit import ACTIONS
 from t3ar_services.api.deps import ADMIN, ClientDep, PrincipalDep, StateDep
@@ -59,4 +59,4 @@ def audit(state: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     """The audit log, newest first: who (key id and team), when, what, to what, from where. Page with ``before``
     = the previous page's ``next_before``."""
     rows, nxt = access.audit_page(state, limit=limit, before=before, team=team, action=action, key_id=key_id)
-    return AuditList(entries=[AuditOut(**r.as_dict()) for r in rows], next_before=nxt)
+    return AuditList(entries=rows, next_before=nxt)

@@ -7,12 +7,14 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from pydantic import BaseModel
 from tqdm import tqdm
 
+from t3ar.acceptance import RULES
 from t3ar.errors import T3arError
 
 if TYPE_CHECKING:  # the HTTP commands import this module and must not pull in torch
@@ -101,6 +103,32 @@ class MethodChoice(click.Choice[str]):
 def device_option(func: F) -> F:
     return click.option("--device", default="auto", show_default=True,
                         help="auto (CUDA when present), cpu, cuda or cuda:N.")(func)
+
+
+def holdout_options(*, scored: str, method: str, no_gain: str, rule_default: str | None,
+                    rule_help: str) -> Callable[[F], F]:
+    """The acceptance options of a run, local (``t3ar adapt``) or a job (``t3ar submit``): ``--holdout``,
+    ``--candidates``, ``--require-gain``, ``--winner-rule``. The help says where they differ: what is done with the
+    holdout (``scored``), the run's own method among the default candidates (``method``), what happens when no
+    candidate beats the base model (``no_gain``), the rule's default and its help."""
+    options = (
+        click.option("--holdout", type=click.Path(exists=True, path_type=Path), default=None,
+                     help="An acceptance holdout: labelled images of the target (class folders, a CSV of path,label, "
+                          f"or an archive), never trained on{scored}"),
+        click.option("--candidates", default="", help="With --holdout: methods to score, comma-separated [default: "
+                                                      f"source, bn-adapt and {method}]."),
+        click.option("--require-gain", is_flag=True, help=f"With --holdout: {no_gain} when no candidate beats the "
+                                                          "base model."),
+        click.option("--winner-rule", type=click.Choice(RULES), default=rule_default,
+                     show_default=rule_default is not None, help=f"With --holdout: {rule_help}"),
+    )
+
+    def decorate(func: F) -> F:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
 
 
 def echo_result(as_json: bool, data: Any, text: str) -> None:

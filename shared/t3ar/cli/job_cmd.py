@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import click
 
-from t3ar.acceptance import DEFAULT_RULE, RULES
-from t3ar.cli.common import MethodChoice, echo_result, pct, service_options
+from t3ar.acceptance import DEFAULT_RULE
+from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
 from t3ar.clients.api_models import JobOut, ModelOut, Progress
@@ -139,16 +139,10 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--contribute", is_flag=True,
               help="Once the job finished, add the target images to the pool (source target:<job id>; exact and "
                    "near-duplicates of pool items are skipped). Undo with `t3ar withdraw --contribution JOB_ID`.")
-@click.option("--holdout", type=click.Path(exists=True, path_type=Path), default=None,
-              help="An acceptance holdout: labelled images of the target (class folders, a CSV of path,label, or an "
-                   "archive), never trained on; the job scores its candidates on it and returns the winner.")
-@click.option("--candidates", default="", help="With --holdout: methods to score, comma-separated [default: source, "
-                                              "bn-adapt and the job's method].")
-@click.option("--require-gain", is_flag=True, help="With --holdout: the job fails when no candidate beats the base "
-                                                   "model.")
-@click.option("--winner-rule", type=click.Choice(RULES), default=None,
-              help=f"With --holdout: paired (the simpler candidate unless a paired 95 % CI favours another) or argmax "
-                   f"[default: the server's, {DEFAULT_RULE}].")
+@holdout_options(scored="; the job scores its candidates on it and returns the winner.", method="the job's method",
+                 no_gain="the job fails", rule_default=None,
+                 rule_help="paired (the simpler candidate unless a paired 95 % CI favours another) or argmax "
+                           f"[default: the server's, {DEFAULT_RULE}].")
 @click.option("--follow/--no-follow", default=True, show_default=True, help="Wait for the job with a progress bar.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Download the adapted checkpoint here when the job finishes (implies --follow).")

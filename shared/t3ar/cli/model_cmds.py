@@ -11,9 +11,18 @@ import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
-from t3ar.acceptance import DEFAULT_RULE, RULES
+from t3ar.acceptance import DEFAULT_RULE
 from t3ar.acceptance_options import candidate_config, candidate_names, parse_options
-from t3ar.cli.common import MethodChoice, StepBar, device_option, domain_errors, emit, json_option, pct
+from t3ar.cli.common import (
+    MethodChoice,
+    StepBar,
+    device_option,
+    domain_errors,
+    emit,
+    holdout_options,
+    json_option,
+    pct,
+)
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, labelled_summary
 from t3ar.data.pool_labels import resolve_pool_labels
@@ -174,16 +183,10 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--run-id", default=None, help="Id of this run's contribution (default: the checkpoint's sha256[:16]).")
 @click.option("--contribute-threshold", default=0.98, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="Cosine (R) at or above which a target image is a near-duplicate of a pool image.")
-@click.option("--holdout", type=click.Path(exists=True, path_type=Path), default=None,
-              help="An acceptance holdout: labelled images of the target (class folders, a CSV of path,label, or an "
-                   "archive), never trained on. The candidates are scored on it and the winner is written.")
-@click.option("--candidates", default="", help="With --holdout: methods to score, comma-separated [default: source, "
-                                              "bn-adapt and --method].")
-@click.option("--require-gain", is_flag=True, help="With --holdout: fail (write nothing) when no candidate beats the "
-                                                   "base model.")
-@click.option("--winner-rule", type=click.Choice(RULES), default=DEFAULT_RULE, show_default=True,
-              help="With --holdout: paired = the simpler candidate unless a paired 95 % CI favours another; argmax = "
-                   "the highest top-1 (ties to the simpler).")
+@holdout_options(scored=". The candidates are scored on it and the winner is written.", method="--method",
+                 no_gain="fail (write nothing)", rule_default=DEFAULT_RULE,
+                 rule_help="paired = the simpler candidate unless a paired 95 % CI favours another; argmax = the "
+                           "highest top-1 (ties to the simpler).")
 @device_option
 @json_option
 @domain_errors
