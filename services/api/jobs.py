@@ -25,6 +25,7 @@ from t3ar.errors import without_paths
 from t3ar.logs import REQUEST_ID
 from t3ar.method.config import AdaptConfig
 from t3ar_services.api.errors import ConflictError, NotFoundError
+from t3ar_services.api.leftovers import Submissions
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import JobRow, Store
 from t3ar_services.api.transfer import TargetTar
@@ -87,10 +88,13 @@ class JobState:
 
 
 class JobService:
-    def __init__(self, settings: ApiSettings, store: Store, connection: Redis) -> None:
+    def __init__(self, settings: ApiSettings, store: Store, connection: Redis,
+                 submissions: Submissions | None = None) -> None:
         self.settings = settings
         self.store = store
         self.connection = connection
+        #: jobs whose submission is in flight: their record exists a moment before their queue record does
+        self.submissions = submissions if submissions is not None else Submissions()
         self.queue = Queue(settings.queue, connection=connection, serializer=SERIALIZER)
         self._unreadable: set[str] = set()  # jobs whose lineage.json could not be indexed (logged once)
 
@@ -130,6 +134,8 @@ class JobService:
         if job is None:
             if finished_on_disk:
                 return JobState("finished")
+            if row.id in self.submissions:  # recorded, not enqueued yet: a sweep must not call it failed
+                return JobState("queued")
             return JobState("failed", error="the job's queue record is gone (expired or Redis was reset) and it "
                                             "left no checkpoint: POST /jobs/{id}/readapt to run it again")
         rq_status = job.get_status(refresh=False)

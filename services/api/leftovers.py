@@ -49,6 +49,10 @@ class Submissions:
         with self._lock:
             return frozenset(self._ids)
 
+    def __contains__(self, job_id: object) -> bool:
+        with self._lock:
+            return job_id in self._ids
+
 
 def sweep_leftovers(data_dir: Path, store: Store, submissions: Submissions, *, min_age: float = MIN_AGE,
                     now: float | None = None) -> list[str]:

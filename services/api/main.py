@@ -33,7 +33,7 @@ from t3ar_services.api.deps import ApiState
 from t3ar_services.api.errors import install_error_handlers
 from t3ar_services.api.jobs import JobService
 from t3ar_services.api.keys import KeyStore
-from t3ar_services.api.leftovers import sweep_leftovers
+from t3ar_services.api.leftovers import Submissions, sweep_leftovers
 from t3ar_services.api.metrics import ApiMetrics
 from t3ar_services.api.routes import ROUTERS
 from t3ar_services.api.routes.jobs import ADAPT_CONFIG_FORMAT
@@ -65,7 +65,8 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
                                 timeout=settings.retriever_timeout, retries=1)
     admin = RetrieverClient(settings.retriever_url, _secret(settings.retriever_admin_token),
                             timeout=settings.retriever_timeout, retries=2)
-    jobs = JobService(settings, store, conn)
+    submissions = Submissions()
+    jobs = JobService(settings, store, conn, submissions)
     metrics = ApiMetrics()
     withdrawer = Withdrawer(ContributionStore(store), lambda: state.retriever_admin, conn, metrics,
                             sync_lineage=jobs.sync_lineage)
@@ -75,7 +76,7 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
                      retriever=retriever, retriever_admin=admin, metrics=metrics,
                      artifacts=Artifacts(data, settings.max_model_bytes), contributor=contributor,
                      compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer,
-                     keys=KeyStore(data / "api.sqlite3"),
+                     keys=KeyStore(data / "api.sqlite3"), submissions=submissions,
                      audit=AuditLog(data / "api.sqlite3", max_rows=settings.audit_max_rows,
                                     max_age_days=settings.audit_max_age_days))
     return state

@@ -149,6 +149,29 @@ def test_contribution_life_retry_and_withdrawal(env: Any, tmp_path: Path) -> Non
     assert client.get(f"/jobs/{job_id}", headers=USER).json()["contribution"]["status"] == "withdrawn"
 
 
+def test_a_sweep_during_the_submission_keeps_the_request(env: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's record and its contribution request exist a moment before its queue record: a background sweep
+    in that window must not take the job for failed and end the request with "nothing was contributed" (CI saw
+    this once: the job then finished and never contributed)."""
+    client, redis, pool, state = env
+    seen: list[str] = []
+    enqueue = state.jobs.enqueue
+
+    def sweep_first(row: Any, *args: Any, **kwargs: Any) -> None:
+        state.contributor.run_pending()  # the sweep thread, between the request and the enqueue
+        seen.append(client.get(f"/jobs/{row.id}", headers=USER).json()["status"])
+        enqueue(row, *args, **kwargs)
+
+    monkeypatch.setattr(state.jobs, "enqueue", sweep_first)
+    job_id = _submit(client, tmp_path, contribute="true")
+    assert seen == ["queued"]
+    assert client.get(f"/jobs/{job_id}", headers=USER).json()["contribution"]["status"] == "waiting"
+    _finish(redis, state, job_id)
+    assert state.contributor.run_pending() == 1
+    assert client.get(f"/jobs/{job_id}", headers=USER).json()["contribution"]["status"] == "done"
+
+
 def test_failed_job_contributes_nothing_and_bad_requests_are_4xx(env: Any, tmp_path: Path) -> None:
     client, redis, pool, state = env
     job_id = _submit(client, tmp_path, contribute="true")
