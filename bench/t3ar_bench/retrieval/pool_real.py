@@ -147,4 +147,4 @@ def bench_real(x: np.ndarray, work: Path, *, n_queries: int, nprobe: int, pq_m: 
             "build_s": build_s, "recall_at_50": recall_ties(found_scores, truth_s[:, -1]),
             "recall_at_50_ids": recall([f.tolist() for f in found], truth_i),
             "single": percentiles(t_ann), "exact_single": percentiles(t_exact),
-            "timing": "in-process, one thread, one query per search (no HTTP)"}
+            "timing": "in-process, one thread, one query per search, no HTTP"}
