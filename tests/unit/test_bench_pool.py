@@ -79,6 +79,18 @@ def test_embeddings_load_from_files_and_folders_with_exact_repeats_dropped(tmp_p
     assert np.allclose(x, np.unique(np.concatenate([a, b]), axis=0), atol=1e-6)
 
 
+def test_a_quoted_glob_pattern_picks_one_models_files(tmp_path: Path) -> None:
+    from t3ar_bench.retrieval.pool_real import RealEmbeddingsError, embedding_files
+
+    for name in ("m1-a.npy", "m1-b.npy", "m2-a.npy"):
+        np.save(tmp_path / name, _unit(2, 4, 0))
+    assert embedding_files([tmp_path / "m1-*.npy"]) == [tmp_path / "m1-a.npy", tmp_path / "m1-b.npy"]
+    with pytest.raises(RealEmbeddingsError, match="no file matches this pattern"):
+        embedding_files([tmp_path / "m3-*.npy"])
+    with pytest.raises(RealEmbeddingsError, match="no such file or directory"):
+        embedding_files([tmp_path / "nothing.npy"])
+
+
 @pytest.mark.parametrize(("arrays", "message"), [
     ({"a.npy": _unit(800, 16, 0), "b.npy": _unit(800, 8, 1)}, "mix dimensions [8, 16]"),
     ({"a.npy": _unit(1500, 16, 0) * 2}, "1500 of 1500 rows are not L2-normalised"),

@@ -122,12 +122,11 @@ def real_section(real: dict[str, Any]) -> list[str]:
               help="Candidates re-scored exactly per result.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-pool"),
               show_default=True, help="The pool's data directory goes here (~3.1 KiB per vector); emptied first.")
-@click.option("--real-embeddings", "real_paths", multiple=True,
-              type=click.Path(exists=True, path_type=Path),
-              help="Real embeddings for the sanity set: a .npy file of one model's L2-normalised rows, or a folder of "
-                   "them (every *.npy in it); repeat for more. The same index is built over them in-process and "
-                   "measured against exact search, --queries of the rows held out as queries (section "
-                   "`real_embeddings` of the report).")
+@click.option("--real-embeddings", "real_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Real embeddings for the sanity set: a .npy file of one model's L2-normalised rows, a folder of "
+                   "them (every *.npy in it) or a quoted glob pattern of files; repeat for more. The same index "
+                   "is built over them in-process and measured against exact search, --queries of the rows held "
+                   "out as queries (section `real_embeddings` of the report).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("docs/benchmarks"),
               show_default=True, help="Where pool-10m.md/.json are written.")
 def pool(vectors: int, queries: int, deletes: int, nlist: int | None, nprobe: int, pq_m: int, rerank: int,
@@ -139,7 +138,8 @@ def pool(vectors: int, queries: int, deletes: int, nlist: int | None, nprobe: in
     The 10 M run needs ~32 GB of free disk and a few hours on 2 cores. A small smoke run (a few minutes):
       t3ar bench pool --vectors 200000 --out /tmp/pool-small
     With the real-embedding sanity set (the adaptation benchmark's cached embeddings of one model, say):
-      t3ar bench pool --vectors 10000 --real-embeddings .cache/bench-adapt/embeddings --out /tmp/pool-real
+      t3ar bench pool --vectors 10000 --out /tmp/pool-real \\
+        --real-embeddings '.cache/bench-adapt/embeddings/258fd6a670a1-*.npy'   # EfficientNet-Lite0's
     """
     import platform
     import subprocess

@@ -12,6 +12,7 @@ measurement at the pool's size.
 
 from __future__ import annotations
 
+import glob
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,10 +35,16 @@ class RealEmbeddingsError(ValueError):
 
 
 def embedding_files(paths: Sequence[Path]) -> list[Path]:
-    """The ``.npy`` files named by ``paths``: files as given, directories' ``*.npy`` files (sorted)."""
+    """The ``.npy`` files named by ``paths``: files as given, directories' ``*.npy`` files, the files a glob pattern
+    (``*``, ``?``, ``[``: one model's files of a cache, say, quoted for the shell) matches, each sorted."""
     out: list[Path] = []
     for p in paths:
-        if p.is_dir():
+        if any(c in str(p) for c in "*?["):
+            matched = sorted(Path(f) for f in glob.glob(str(p)) if Path(f).is_file())
+            if not matched:
+                raise RealEmbeddingsError(f"{p}: no file matches this pattern")
+            out += embedding_files(matched)
+        elif p.is_dir():
             found = sorted(f for f in p.glob("*.npy") if f.is_file())
             if not found:
                 raise RealEmbeddingsError(f"{p}: no .npy files in this directory")
