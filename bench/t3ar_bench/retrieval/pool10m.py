@@ -15,8 +15,8 @@ What one run measures, at ``--vectors`` N (the goal: 10 M on one 24 GiB machine)
   restart): how many come back;
 - **cold start**: SIGTERM (the index is saved), then the time from a new process's start to ready, which must
   load the saved index (no repair) rather than retrain;
-- **real embeddings** (a sanity set): when a folder of real embeddings (``.npy``, e.g. the adaptation
-  benchmark's cache) exists, a second small pool of them with the same index, recall@50 against exact search.
+- **real embeddings** (a sanity set, :mod:`~t3ar_bench.retrieval.pool_real`): with ``--real-embeddings``, the same
+  index built in-process over real embeddings, recall@50 against exact search.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from t3ar_bench.retrieval.ann import REAL_EMBEDDINGS, K, mixture_vectors
+from t3ar_bench.retrieval.ann import K, mixture_vectors
 from t3ar_bench.retrieval.service import percentiles, retriever_service, rss_bytes
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ def _searches(client: Any, queries: np.ndarray) -> tuple[list[list[int]], list[f
 
 
 def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200, nlist: int | None = None,
-               nprobe: int = 32, pq_m: int = 64, rerank: int = 4, real: Path = REAL_EMBEDDINGS) -> dict[str, Any]:
+               nprobe: int = 32, pq_m: int = 64, rerank: int = 4) -> dict[str, Any]:
     nlist = nlist or default_nlist(n)
     train_min = min(max(n // 4, 1000), 500_000)
     env = _env(DIM, "synthetic-mixture", nlist, nprobe, pq_m, rerank, train_min)
@@ -187,33 +187,5 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
         if mem["rss_anon_bytes"] is not None and out["memory_empty"]["rss_anon_bytes"] is not None:
             out["anon_bytes_per_vector"] = (mem["rss_anon_bytes"] - out["memory_empty"]["rss_anon_bytes"]) / n
     out["deleted_still_returned"] = out["deleted_returned_after_2xx"] + out["deleted_returned_after_restart"]
-    out["real_embeddings"] = bench_real(work, real, nprobe=nprobe, rerank=rerank)
     return out
-
-
-def bench_real(work: Path, folder: Path, *, nprobe: int, rerank: int, n_queries: int = 200) -> dict[str, Any]:
-    """Recall@50 of the same index on real embeddings (``folder/*.npy``), if there are any."""
-    files = sorted(f for f in folder.glob("*.npy") if "-queries-" not in f.name) if folder.is_dir() else []
-    arrays = [a for a in (np.load(f) for f in files) if a.ndim == 2 and len(a)]
-    if not arrays or len({a.shape[1] for a in arrays}) != 1:
-        return {"measured": False, "why": f"no real embeddings (.npy) in {folder}: run `t3ar bench adaptation` "
-                                          "first, or pass --real-embeddings DIR"}
-    real = np.unique(np.concatenate(arrays).astype(np.float32), axis=0)
-    real /= np.linalg.norm(real, axis=1, keepdims=True)
-    rng = np.random.default_rng(5)
-    pick = rng.permutation(len(real))
-    queries, base = real[pick[:n_queries]], real[pick[n_queries:]]
-    dim = base.shape[1]
-    pq_m = next(m for m in (64, 32, 16, 8, 4, 2, 1) if dim % m == 0)
-    nlist = default_nlist(len(base))
-    env = _env(dim, f"real-{dim}", nlist, nprobe, pq_m, rerank, train_min=1000)
-    truth = TopK(queries, K)
-    truth.add(1, base)
-    with retriever_service(work / "real", env) as (client, _):
-        for start in range(0, len(base), CHUNK):
-            client.add_vectors(base[start:start + CHUNK], identity=f"real-{dim}")
-        _wait_trained(client, timeout=600)
-        found, seconds = _searches(client, queries)
-    return {"measured": True, "source": str(folder), "vectors": len(base), "dim": dim, "nlist": nlist,
-            "pq_m": pq_m, "recall_at_50": recall(found, truth.ids), "single": percentiles(seconds)}
 

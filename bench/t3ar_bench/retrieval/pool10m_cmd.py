@@ -82,14 +82,31 @@ def write_report(r: dict[str, Any], out_dir: Path) -> None:
               f"Cold start: {r['cold_start_s']:.1f} s to ready, repairs {r['cold_start_repairs'] or 'none'} "
               f"(none = the saved index was loaded, not retrained); single-query p50 after it "
               f"{r['single_after_restart']['p50_ms']:.2f} ms.", ""]
-    real = r["real_embeddings"]
-    if real.get("measured"):
-        lines.append(f"Real embeddings (sanity set): {real['vectors']:,} x {real['dim']}-d from {real['source']}, "
-                     f"nlist {real['nlist']}, m {real['pq_m']}: recall@50 {real['recall_at_50']:.3f}, single-query "
-                     f"p50 {real['single']['p50_ms']:.2f} ms.")
-    else:
-        lines.append(f"Real embeddings (sanity set): not measured in this run: {real['why']}.")
+    lines += real_section(r["real_embeddings"])
     (out_dir / "pool-10m.md").write_text("\n".join(lines) + "\n")
+
+
+def real_section(real: dict[str, Any]) -> list[str]:
+    """The report's section on the real-embedding sanity set (``real_embeddings`` of the JSON)."""
+    lines = ["## Real embeddings: a sanity check at small scale", ""]
+    if not real.get("measured"):
+        return lines + [f"Not measured in this run: {real['why']}."]
+    idx, folders = real["index"], ", ".join(f"`{f}`" for f in real["folders"])
+    return lines + [
+        f"The same compressed index (`{idx['type']}`: nlist {idx['nlist']} by the same rule, nprobe {idx['nprobe']}, "
+        f"m {idx['pq_m']} bytes/vector, re-rank factor {idx['rerank_factor']}, float16 rows) built in this process "
+        f"over **{real['vectors']:,} real {real['dim']}-d embeddings** ({real['vectors_loaded']:,} rows from "
+        f"{real['files']} .npy file(s) in {folders}, {real['exact_duplicates_dropped']:,} exact repeats dropped), "
+        f"against exact search on the same vectors, with {real['queries']} held-out queries drawn from the same set. "
+        "A sanity check that the synthetic figures carry over to real neighbourhoods, at small scale (not the "
+        "pool's size).", "",
+        "| figure | IVF-PQ + re-rank | exact (flat) |", "|---|---|---|",
+        f"| `recall_at_50` (ties at the 50th score count) | {real['recall_at_50']:.3f} | 1 |",
+        f"| recall@50 by ids | {real['recall_at_50_ids']:.3f} | 1 |",
+        f"| single-query p50 ({real['timing']}) | {real['single']['p50_ms']:.2f} ms | "
+        f"{real['exact_single']['p50_ms']:.2f} ms |", "",
+        f"Index built in {real['build_s']:.1f} s. Recall by ids counts only the exact search's own 50 ids; real "
+        "pools hold near-copies (one picture in two sets) that tie at the 50th place, where either copy is right."]
 
 
 @click.command("pool")
@@ -105,33 +122,48 @@ def write_report(r: dict[str, Any], out_dir: Path) -> None:
               help="Candidates re-scored exactly per result.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-pool"),
               show_default=True, help="The pool's data directory goes here (~3.1 KiB per vector); emptied first.")
-@click.option("--real-embeddings", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="A folder of real embeddings (.npy) for the sanity set (default: .cache/bench-adapt/embeddings).")
+@click.option("--real-embeddings", "real_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Real embeddings for the sanity set: a .npy file of one model's L2-normalised rows, a folder of "
+                   "them (every *.npy in it) or a quoted glob pattern of files; repeat for more. The same index "
+                   "is built over them in-process and measured against exact search, --queries of the rows held "
+                   "out as queries (section `real_embeddings` of the report).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("docs/benchmarks"),
               show_default=True, help="Where pool-10m.md/.json are written.")
 def pool(vectors: int, queries: int, deletes: int, nlist: int | None, nprobe: int, pq_m: int, rerank: int,
-         work_dir: Path, real_embeddings: Path | None, out_dir: Path) -> None:
+         work_dir: Path, real_paths: tuple[Path, ...], out_dir: Path) -> None:
     """The pool at scale: ingest, single-query p50, recall@50, memory, disk, cold start and deletes of the
     compressed index (``T3AR_RETRIEVER_INDEX_TYPE=ivfpq``) in a real retriever over HTTP.
 
     \b
     The 10 M run needs ~32 GB of free disk and a few hours on 2 cores. A small smoke run (a few minutes):
       t3ar bench pool --vectors 200000 --out /tmp/pool-small
+    With the real-embedding sanity set (the adaptation benchmark's cached embeddings of one model, say):
+      t3ar bench pool --vectors 10000 --out /tmp/pool-real \\
+        --real-embeddings '.cache/bench-adapt/embeddings/258fd6a670a1-*.npy'   # EfficientNet-Lite0's
     """
     import platform
     import subprocess
 
     from t3ar.logs import configure_logging
-    from t3ar_bench.retrieval.ann import REAL_EMBEDDINGS
     from t3ar_bench.retrieval.pool10m import bench_pool
+    from t3ar_bench.retrieval.pool_real import RealEmbeddingsError, bench_real, load_embeddings
 
+    real: tuple[Any, dict[str, Any]] | None = None
+    if real_paths:  # read and checked before the long run, not after it
+        try:
+            real = load_embeddings(real_paths)
+        except RealEmbeddingsError as e:
+            raise click.BadParameter(str(e), param_hint="--real-embeddings") from e
     configure_logging("INFO")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     shutil.rmtree(work_dir, ignore_errors=True)
     work_dir.mkdir(parents=True)
     started, t0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.perf_counter()
     res = bench_pool(work_dir, vectors, n_queries=queries, n_deletes=deletes, nlist=nlist, nprobe=nprobe, pq_m=pq_m,
-                     rerank=rerank, real=real_embeddings or REAL_EMBEDDINGS)
+                     rerank=rerank)
+    res["real_embeddings"] = {"measured": False, "why": "no --real-embeddings given"} if real is None else \
+        bench_real(real[0], work_dir / "real", n_queries=queries, nprobe=nprobe, pq_m=pq_m, rerank=rerank,
+                   source=real[1])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=False).stdout.strip() or "unknown"
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
