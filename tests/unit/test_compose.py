@@ -40,8 +40,10 @@ def interpolate(value: str, env: dict[str, str]) -> str:
 SECRETS = {"REDIS_PASSWORD": "x", "T3AR_RETRIEVER_TOKEN": "c", "T3AR_RETRIEVER_ADMIN_TOKEN": "d"}
 
 
-def start_retriever(tmp_path: Path, *, milvus_on_network: bool, host_env: dict[str, str]) -> str:
-    """Run the retriever service's command as its container would; -> the backend ``t3ar serve`` gets."""
+def start_retriever(tmp_path: Path, *, milvus_on_network: bool, host_env: dict[str, str],
+                    expect_exit: int = 0) -> str:
+    """Run the retriever service's command as its container would (its volume: ``tmp_path/volume``); -> the
+    backend ``t3ar serve`` gets, or with ``expect_exit`` the command's stderr."""
     svc = compose()["services"]["retriever"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -53,13 +55,19 @@ def start_retriever(tmp_path: Path, *, milvus_on_network: bool, host_env: dict[s
     for f in (getent, t3ar):
         f.chmod(0o755)
     env = {k: interpolate(str(v), {**SECRETS, **host_env}) for k, v in svc["environment"].items()}
+    assert env["T3AR_RETRIEVER_DATA_DIR"] == "/data/retriever"
+    env["T3AR_RETRIEVER_DATA_DIR"] = str(tmp_path / "volume")  # the volume's mount, here
     command = [interpolate(part, {**SECRETS, **host_env}) for part in svc["command"]]
     sh = shutil.which("sh")
     assert sh is not None and command[0] == "sh"
     run = subprocess.run([sh, *command[1:]], env={**env, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-                         capture_output=True, text=True, check=True, timeout=30)
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == expect_exit, (run.returncode, run.stdout, run.stderr)
+    if expect_exit:
+        assert "args=" not in run.stdout  # the retriever never started
+        return run.stderr
     last = run.stdout.strip().splitlines()[-1]
-    assert last.endswith("args=serve retriever --host 0.0.0.0 --port 8701 --data-dir /data/retriever"), last
+    assert last.endswith(f"args=serve retriever --host 0.0.0.0 --port 8701 --data-dir {tmp_path / 'volume'}"), last
     return last
 
 
@@ -82,6 +90,20 @@ def test_a_backend_set_on_the_host_wins(tmp_path: Path, forced: str) -> None:
     for on_network in (True, False):
         out = start_retriever(tmp_path, milvus_on_network=on_network, host_env={"T3AR_RETRIEVER_BACKEND": forced})
         assert out.startswith(f"backend={forced} ")
+
+
+def test_a_pool_once_on_milvus_never_falls_back_to_faiss(tmp_path: Path) -> None:
+    """After a host reboot Docker restarts containers in its own order: a retriever that starts before Milvus is on
+    the network must not serve the pool from faiss; it exits (its restart policy tries again) until Milvus is up,
+    or until the host says faiss."""
+    assert start_retriever(tmp_path, milvus_on_network=True, host_env={}).startswith("backend=milvus ")
+    err = start_retriever(tmp_path, milvus_on_network=False, host_env={}, expect_exit=1)
+    assert "milvus profile's server, which is not up" in err and "T3AR_RETRIEVER_BACKEND=faiss" in err
+    assert start_retriever(tmp_path, milvus_on_network=True, host_env={}).startswith("backend=milvus ")
+    forced = start_retriever(tmp_path, milvus_on_network=False, host_env={"T3AR_RETRIEVER_BACKEND": "faiss"})
+    assert forced.startswith("backend=faiss ")  # leaving Milvus on purpose, once
+    assert start_retriever(tmp_path, milvus_on_network=False, host_env={}).startswith("backend=faiss ")
+    assert compose()["services"]["retriever"]["restart"] == "unless-stopped"
 
 
 def test_interpolation_as_compose_does_it() -> None:
