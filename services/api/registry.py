@@ -53,7 +53,8 @@ def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str
         model_id = info.sha256[:16]
         row = ModelRow(id=model_id, name=name or model_id, sha256=info.sha256, size=size,
                        arch=info.spec.arch_signature(), image_size=info.spec.image_size,
-                       classes=list(info.spec.classes), feature_dim=model.feature_dim,
+                       num_classes=len(info.spec.classes), classes=list(info.spec.classes),
+                       feature_dim=model.feature_dim,
                        uploaded_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
         final = model_path(settings.data_dir, model_id)
         if not final.exists():

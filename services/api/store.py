@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict
+
+from t3ar.clients.api_models import ModelOut
 from t3ar_services.api.sqlite_db import SqliteStore
 
 _SCHEMA = """
@@ -51,17 +54,12 @@ CREATE INDEX IF NOT EXISTS owners_team ON owners (kind, team, id);
 """
 
 
-@dataclass(frozen=True)
-class ModelRow:
-    id: str
-    name: str
-    sha256: str
-    size: int
-    arch: str
-    image_size: int
-    classes: list[str]
-    uploaded_at: str
-    feature_dim: int  # the model's feature width (its bank's)
+class ModelRow(ModelOut):
+    """A base model as the store keeps it: what the API answers about it, and its feature width (its bank's)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    feature_dim: int
 
 
 @dataclass(frozen=True)
@@ -229,7 +227,9 @@ _OWNED = " AND EXISTS (SELECT 1 FROM owners o WHERE o.kind = '{kind}' AND o.id =
 
 
 def _model(r: tuple[Any, ...]) -> ModelRow:
-    return ModelRow(r[0], r[1], r[2], int(r[3]), r[4], int(r[5]), list(json.loads(r[6])), r[7], int(r[8]))
+    classes = list(json.loads(r[6]))
+    return ModelRow(id=r[0], name=r[1], sha256=r[2], size=int(r[3]), arch=r[4], image_size=int(r[5]),
+                    num_classes=len(classes), classes=classes, uploaded_at=r[7], feature_dim=int(r[8]))
 
 
 def _job(r: tuple[Any, ...]) -> JobRow:

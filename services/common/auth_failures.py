@@ -22,7 +22,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from t3ar_services.common.status_watch import StatusWatch
 
 
 class FailureWindow:
@@ -93,18 +95,11 @@ class AuthFailuresMiddleware:
         if wait is not None:
             await _too_many(send, wait)
             return
-        status = 0
-
-        async def watching(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        watch = StatusWatch(send, 0)
         try:
-            await self.app(scope, receive, watching)
+            await self.app(scope, receive, watch)
         finally:
-            if status == 401:
+            if watch.status == 401:
                 self.failures.failed(client)
 
 

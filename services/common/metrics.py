@@ -7,7 +7,9 @@ import time
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from t3ar_services.common.status_watch import StatusWatch
 
 
 class ServiceMetrics:
@@ -33,19 +35,12 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
+        watch = StatusWatch(send, 500)
         t0 = time.perf_counter()
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, watch)
         finally:
             route = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_seconds.labels(scope["method"], label, str(status)).observe(
+            self.metrics.request_seconds.labels(scope["method"], label, str(watch.status)).observe(
                 time.perf_counter() - t0)

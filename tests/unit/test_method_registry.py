@@ -135,6 +135,37 @@ def test_a_method_registers_its_config_class_with_a_group() -> None:
         AdaptConfig(method="grouped")
 
 
+def test_a_config_is_validated_once() -> None:
+    """``AdaptConfig(**fields)`` builds the method's class through the union; Python's ``__init__`` that follows
+    does not validate the same fields a second time (nor does any other way of building a config)."""
+    from typing import Literal
+
+    from pydantic import model_validator
+
+    runs: list[int] = []
+
+    class CountedConfig(AdaptConfig):
+        method: Literal["counted"] = "counted"
+
+        @model_validator(mode="after")
+        def _count(self) -> "CountedConfig":
+            runs.append(self.epochs)
+            return self
+
+    registry.register(MethodSpec("counted", "tent, its validations counted", step="t3ar.method.tent:Tent",
+                                 config=CountedConfig))
+    try:
+        built = [AdaptConfig(method="counted", epochs=2), AdaptConfig.model_validate({"method": "counted",
+                                                                                       "epochs": 3}),
+                 CountedConfig(epochs=4), CountedConfig.model_validate({"epochs": 5})]
+        assert [type(c) for c in built] == [CountedConfig] * 4 and [c.epochs for c in built] == [2, 3, 4, 5]
+        assert runs == [2, 3, 4, 5]  # once each
+        with pytest.raises(TypeError):
+            AdaptConfig({"method": "counted"})  # type: ignore[call-arg]  # fields by name only, as before
+    finally:
+        registry.unregister("counted")
+
+
 def test_the_config_layer_does_not_import_torch() -> None:
     """The services and the CLI validate configs, size jobs and list the methods without loading torch."""
     code = ("import sys; from t3ar.method.config import AdaptConfig; from t3ar.method import registry; "

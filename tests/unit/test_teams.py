@@ -116,7 +116,8 @@ def test_lists_filter_by_team(tmp_path: Path) -> None:
     assert (store.count_jobs("vision"), store.count_jobs()) == (1, 3)
     store.delete_job("v1")
     assert store.teams_of("job", "v1") == set() and store.count_jobs("vision") == 0
-    store.add_model(ModelRow("m", "m", "0" * 64, 1, "a", 32, ["a"], "2020", 8))
+    store.add_model(ModelRow(id="m", name="m", sha256="0" * 64, size=1, arch="a", image_size=32, num_classes=1,
+                             classes=["a"], uploaded_at="2020", feature_dim=8))
     store.add_owner("model", "m", "vision", "k1")
     store.add_owner("model", "m", "audio", "k2")  # the same file uploaded by two teams belongs to both
     assert [m.id for m in store.list_models("audio")] == ["m"] and store.list_models("default") == []

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from t3ar_bench.markdown import table
 from t3ar_bench.method.labelled_report import GOAL_ROWS
 
 ACCEPTANCE_GOALS = ("accepted_vs_bn_adapt", "accepted_vs_source", "accepted_vs_hindsight")
@@ -28,18 +29,20 @@ def _ci(d: Mapping[str, Any] | None) -> str:
     return _v(d["mean"]) + ("" if lo is None or math.isnan(lo) else f" [{lo:+.1f}, {d['hi']:+.1f}]")
 
 
+def _share(x: float) -> str:
+    return "–" if math.isnan(x) else f"{100 * x:.0f} %"
+
+
 def per_shift_section(res: Mapping[str, Any]) -> list[str]:
     """Every goal with a per-shift breakdown: a row per (goal, mode, fraction), a column per shift (points)."""
     g, shifts = res.get("goals") or {}, res.get("evaluation_shifts") or res["plan"]["eval_shifts"]
-    rows = [f"| {name} | {mode} | {100 * float(f):g} % | {_ci(d)} | "
-            + " | ".join(_v(d["per_shift"].get(s)) for s in shifts) + " |"
+    rows = [[name, mode, f"{100 * float(f):g} %", _ci(d), *(_v(d["per_shift"].get(s)) for s in shifts)]
             for key, name in GOAL_ROWS for mode, by_f in (g.get(key) or {}).items() for f, d in by_f.items()
             if d.get("per_shift")]
     if not rows:
         return []
     return ["Per shift (points, mean over seeds):", "",
-            "| comparison | mode | fraction | all [95 % CI] | " + " | ".join(shifts) + " |",
-            "|---|---|---|---|" + "---|" * len(shifts), *rows]
+            *table(["comparison", "mode", "fraction", "all [95 % CI]", *shifts], rows)]
 
 
 def acceptance_section(res: Mapping[str, Any]) -> list[str]:
@@ -50,18 +53,15 @@ def acceptance_section(res: Mapping[str, Any]) -> list[str]:
     rule = (res.get("goals") or {}).get("acceptance_rule", "argmax")
     how = ("the best top-1 (a tie goes to the simpler candidate)" if rule == "argmax" else
            "the simpler candidate unless a paired bootstrap CI on the holdout favours another")
-    out = [*winner_rule_lines(res), f"The accepted model of a cell is the candidate (source, bn-adapt, the default "
-           f"T3AR) that the winner rule `{rule}` picks on a labelled holdout of k images per class taken from the "
-           f"adaptation part and never adapted on: {how}; it is scored on the held-out evaluation part like every "
-           "arm.", "",
-           "| images per class | fraction | wins (source / bn-adapt / default) | accepted − bn-adapt | "
-           "accepted − source | accepted − hindsight |", "|---|---|---|---|---|---|"]
-    for k, c in curve.items():
-        for f, wins in c["wins"].items():
-            cells = [_ci(c[g]["test"].get(f)) for g in ACCEPTANCE_GOALS]
-            won = " / ".join(str(wins.get(m, 0)) for m in ("source", "bn-adapt", "t3ar"))
-            out.append(f"| {k} | {100 * float(f):g} % | {won} | " + " | ".join(cells) + " |")
-    return out
+    rows = [[k, f"{100 * float(f):g} %", " / ".join(str(wins.get(m, 0)) for m in ("source", "bn-adapt", "t3ar")),
+             *(_ci(c[g]["test"].get(f)) for g in ACCEPTANCE_GOALS)]
+            for k, c in curve.items() for f, wins in c["wins"].items()]
+    return [*winner_rule_lines(res), f"The accepted model of a cell is the candidate (source, bn-adapt, the default "
+            f"T3AR) that the winner rule `{rule}` picks on a labelled holdout of k images per class taken from the "
+            f"adaptation part and never adapted on: {how}; it is scored on the held-out evaluation part like every "
+            "arm.", "",
+            *table(["images per class", "fraction", "wins (source / bn-adapt / default)", "accepted − bn-adapt",
+                    "accepted − source", "accepted − hindsight"], rows)]
 
 
 def winner_rule_lines(res: Mapping[str, Any]) -> list[str]:
@@ -70,16 +70,13 @@ def winner_rule_lines(res: Mapping[str, Any]) -> list[str]:
     wr = (res.get("selection") or {}).get("winner_rule")
     if not wr:
         return []
-    out = [f"**Winner rule, chosen on the validation shifts ({', '.join(wr['shifts'])}) by the worst shift at "
-           f"{wr['per_class']} image(s) per class: `{wr['chosen']}`** (the product's default: `{wr['default']}`; a "
-           "tie keeps the default). Evaluation top-1 of each rule's winners, mean over the selection seeds:", "",
-           "| rule | images per class | cells | worst shift | per shift | wins |", "|---|---|---|---|---|---|"]
-    for t in wr["table"]:
-        worst = "–" if math.isnan(t["worst"]) else f"{100 * t['worst']:.1f}"
-        per = ", ".join(f"{s} {100 * v:.1f}" for s, v in t["per_shift"].items())
-        wins = ", ".join(f"{m} {n}" for m, n in sorted(t["wins"].items()))
-        out.append(f"| {t['rule']} | {t['per_class']} | {t['cells']} | {worst} | {per} | {wins} |")
-    return [*out, ""]
+    rows = [[t["rule"], t["per_class"], t["cells"], "–" if math.isnan(t["worst"]) else f"{100 * t['worst']:.1f}",
+             ", ".join(f"{s} {100 * v:.1f}" for s, v in t["per_shift"].items()),
+             ", ".join(f"{m} {n}" for m, n in sorted(t["wins"].items()))] for t in wr["table"]]
+    return [f"**Winner rule, chosen on the validation shifts ({', '.join(wr['shifts'])}) by the worst shift at "
+            f"{wr['per_class']} image(s) per class: `{wr['chosen']}`** (the product's default: `{wr['default']}`; a "
+            "tie keeps the default). Evaluation top-1 of each rule's winners, mean over the selection seeds:", "",
+            *table(["rule", "images per class", "cells", "worst shift", "per shift", "wins"], rows), ""]
 
 
 def label_free_section(res: Mapping[str, Any]) -> list[str]:
@@ -88,14 +85,12 @@ def label_free_section(res: Mapping[str, Any]) -> list[str]:
     per, v = res.get("label_free_selection"), res.get("label_free_verdict") or {}
     if not per:
         return []
+    rows = [[CRITERION_NAMES.get(c, c), d["cells"], d["right"], _share(d["share"]), _share(d["share_at_zero"])]
+            for c, d in per.items()]
     out = ["Where bn-adapt and the default T3AR differ by more than a point (a cell: shift, seed, fraction), each "
            "criterion scores both adapted models on their unlabelled target and picks the default when its score "
            "exceeds bn-adapt's by more than a threshold fitted on the other shifts (leave-one-shift-out):", "",
-           "| criterion | cells | right | share | share at threshold 0 |", "|---|---|---|---|---|"]
-    for c, d in per.items():
-        share = "–" if math.isnan(d["share"]) else f"{100 * d['share']:.0f} %"
-        zero = "–" if math.isnan(d["share_at_zero"]) else f"{100 * d['share_at_zero']:.0f} %"
-        out.append(f"| {CRITERION_NAMES.get(c, c)} | {d['cells']} | {d['right']} | {share} | {zero} |")
+           *table(["criterion", "cells", "right", "share", "share at threshold 0"], rows)]
     if v.get("best") is None:
         out += ["", "No cell: bn-adapt and the default never differ by more than a point."]
     elif v["meets"]:

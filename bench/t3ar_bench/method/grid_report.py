@@ -17,7 +17,15 @@ from t3ar_bench.method.acceptance_report import (
 )
 from t3ar_bench.method.grid import ORACLE, TEST_ARMS, TRAIN_ARMS
 from t3ar_bench.method.labelled import ALL_ARM, LABEL_ARMS
-from t3ar_bench.method.labelled_report import COLOURS, NAMES, goals_plot, goals_section, selection_section, use_section
+from t3ar_bench.method.labelled_report import (
+    COLOURS,
+    NAMES,
+    goals_plot,
+    goals_section,
+    option_table,
+    selection_section,
+    use_section,
+)
 from t3ar_bench.method.quality import DEPTHS
 from t3ar_bench.method.report import ci, pct, pyplot, save_fig, write_results
 
@@ -85,9 +93,7 @@ def _selection(res: Mapping[str, Any]) -> list[str]:
             f"Retriever R (same-class share of the top {DEPTHS[0]} on validation): **{sel['retriever']}**. "
             "Retrieval options of the validated T3AR, greedily (each kept only if it beats the best so far; the "
             f"paper-faithful T3AR scores {pct(sel['paper_top1'])} % here):", "",
-            "| option | top-1 with it | best before | kept |", "|---|---|---|---|"]
-    out += [f"| {r['option']} | {pct(r['top1'])} | {pct(r['base_top1'])} | {'yes' if r['kept'] else 'no'} |"
-            for r in sel["options_table"]]
+            *option_table(sel["options_table"])]
     out += ["", f"Frozen: the validated T3AR = {setting(sel['validated']['options'])}"
             + (f", R {sel['validated']['retriever']}" if "retriever" in sel["validated"] else ", R as the paper's")
             + f" ({pct(sel['validated_top1'])} % on validation, "

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from t3ar_bench.markdown import table
 from t3ar_bench.method.labelled import ALL_ARM, LABELS_ARM, RANDOM_ARM
 from t3ar_bench.method.report import pct, pyplot, save_fig
 
@@ -39,13 +40,10 @@ def goals_section(res: Mapping[str, Any]) -> list[str]:
     g = res.get("goals")
     if not g:
         return []
+    rows = [[name, mode, f"{100 * float(f):g} %", _pts(d)]
+            for key, name in GOAL_ROWS for mode, by_f in g.get(key, {}).items() for f, d in by_f.items()]
     out = ["Paired differences in **points** (mean over the evaluation cells, shift x seed [95 % CI over them]):", "",
-           "| comparison | mode | fraction | difference |", "|---|---|---|---|"]
-    for key, name in GOAL_ROWS:
-        for mode, by_f in g.get(key, {}).items():
-            for f, d in by_f.items():
-                out.append(f"| {name} | {mode} | {100 * float(f):g} % | {_pts(d)} |")
-    out += ["", "Goals:", ""]
+           *table(["comparison", "mode", "fraction", "difference"], rows), "", "Goals:", ""]
     for c in g["checks"]:
         met = {True: "met", False: "NOT met", None: "not measured"}[c["met"]]
         val = "–" if c["value"] is None else (f"{c['value']:+.1f} points" + (
@@ -54,10 +52,10 @@ def goals_section(res: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _table(rows: list[Mapping[str, Any]]) -> list[str]:
-    return ["| option | top-1 with it | best before | kept |", "|---|---|---|---|",
-            *(f"| {r['option']} | {pct(r['top1'])} | {pct(r['base_top1'])} | {'yes' if r['kept'] else 'no'} |"
-              for r in rows)]
+def option_table(rows: list[Mapping[str, Any]]) -> list[str]:
+    """The options a greedy selection tried, in order: each one's top-1, the best before it and whether it stayed."""
+    return table(["option", "top-1 with it", "best before", "kept"],
+                 ([r["option"], pct(r["top1"]), pct(r["base_top1"]), "yes" if r["kept"] else "no"] for r in rows))
 
 
 def selection_section(res: Mapping[str, Any]) -> list[str]:
@@ -70,12 +68,13 @@ def selection_section(res: Mapping[str, Any]) -> list[str]:
     return ["", "### No harm: the family's BatchNorm, lr, second-stage and soft k-NN voting options", "",
             "Greedily on top of the validated T3AR (unlabelled pool), each kept only if it beats the best so far; the "
             "kept ones apply to every family arm but the paper-faithful one (T3AR without retrieval stays the "
-            "validated T3AR's retrieval-off twin):", "", *_table(sel["no_harm_table"]), "",
+            "validated T3AR's retrieval-off twin):", "", *option_table(sel["no_harm_table"]), "",
             f"**The product's default job method: `{d['method']}`** ({d['rule']}; on validation: {tops}).", "",
             "### Labelled neighbours as data", "",
             "On the validated T3AR with the pool's labels (retrieved neighbours whose label is one of the model's "
-            "classes train with it), from weight 1; train time takes the same options:", "", *_table(lab["table"]),
-            "", f"Frozen: {', '.join(f'{k} {v}' for k, v in lab['options'].items())} ({pct(lab['top1'])} % on "
+            "classes train with it), from weight 1; train time takes the same options:", "",
+            *option_table(lab["table"]), "",
+            f"Frozen: {', '.join(f'{k} {v}' for k, v in lab['options'].items())} ({pct(lab['top1'])} % on "
             f"validation, {100 * lab['gain_on_validation']:+.1f} points over the validated T3AR without labels)."]
 
 
@@ -83,18 +82,14 @@ def use_section(res: Mapping[str, Any]) -> list[str]:
     use = res.get("label_use")
     if not use:
         return []
-    out = ["What the labelled arms trained on (means over their runs): labelled pool items per step, distinct items "
-           "per run, the share whose label is a retrieving query's class (random and whole-pool draws: a class of "
-           "the adapted subset), and the share of the uses from each pool style:", "",
-           "| mode | fraction | arm | per step | distinct | query's class | styles |", "|---|---|---|---|---|---|---|"]
-    for mode, by_f in use.items():
-        for f, arms in by_f.items():
-            for arm, d in arms.items():
-                styles = ", ".join(f"{s} {100 * v:.0f} %" for s, v in sorted(d["style_share"].items(),
-                                                                              key=lambda kv: -kv[1]))
-                out.append(f"| {mode} | {100 * float(f):g} % | {NAMES[arm]} | {d['per_step']:.1f} | "
-                           f"{d['distinct']:.0f} | {pct(d['query_class_share'])} % | {styles} |")
-    return out
+    rows = [[mode, f"{100 * float(f):g} %", NAMES[arm], f"{d['per_step']:.1f}", f"{d['distinct']:.0f}",
+             f"{pct(d['query_class_share'])} %",
+             ", ".join(f"{s} {100 * v:.0f} %" for s, v in sorted(d["style_share"].items(), key=lambda kv: -kv[1]))]
+            for mode, by_f in use.items() for f, arms in by_f.items() for arm, d in arms.items()]
+    return ["What the labelled arms trained on (means over their runs): labelled pool items per step, distinct items "
+            "per run, the share whose label is a retrieving query's class (random and whole-pool draws: a class of "
+            "the adapted subset), and the share of the uses from each pool style:", "",
+            *table(["mode", "fraction", "arm", "per step", "distinct", "query's class", "styles"], rows)]
 
 
 def goals_plot(res: Mapping[str, Any], out_dir: Path, stem: str) -> None:

@@ -19,8 +19,8 @@ class Uploaded:
 
 
 def model_out(m: ModelRow) -> s.ModelOut:
-    return s.ModelOut(id=m.id, name=m.name, sha256=m.sha256, size=m.size, arch=m.arch, image_size=m.image_size,
-                      num_classes=len(m.classes), classes=m.classes, uploaded_at=m.uploaded_at)
+    """The answer: the stored model without what only the API reads (its feature width)."""
+    return s.ModelOut(**m.model_dump(exclude={"feature_dim"}))
 
 
 def upload(state: ApiState, file: BinaryIO, name: str, sent: str, owner: tuple[str, str] | None = None) -> Uploaded:

@@ -137,11 +137,19 @@ class AdaptConfig(BaseModel):
     # --- the union: AdaptConfig(...) and AdaptConfig.model_validate(...) give the method's own class
 
     def __new__(cls, *args: Any, **data: Any) -> AdaptConfig:
-        # AdaptConfig(**data) is the method's class: Python then runs that class's __init__ on it with the same
-        # data (validated a second time, to the same values)
+        # AdaptConfig(**data) is the method's class, validated here through the union
         if _is_union_root(cls):
             return validate(data)
         return super().__new__(cls)
+
+    def __init__(self, /, **data: Any) -> None:
+        # after AdaptConfig(**data), Python calls __init__ on what __new__ gave with the same data: that config holds
+        # its fields already (a fresh instance has no fields set), so it is not validated a second time
+        if not hasattr(self, "__pydantic_fields_set__"):
+            super().__init__(**data)
+
+    # it validates as the base's does: pydantic's validation need not call it (pydantic's RootModel marks its own so)
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
