@@ -6,9 +6,11 @@ removed at the next start-up), ``index/vectors.f16`` (``ivfpq`` only: the float1
 :mod:`~t3ar_services.retriever.vecfile`; trusted only together with a saved index whose marker matches, and
 checked against the database on a sample), ``tmp/`` (upload spooling; emptied at start-up).
 
-Start-up, in order: identity check (refuse a pool built by another embedder unless re-embedding is
-enabled) -> [resumable re-embed] -> orphan-blob sweep -> load the saved index if its marker and its ids
-agree with the database, else rebuild from the stored vectors (and log why) -> ready.
+Start-up, in order: the store opened (float16 storage: rows of deleted items that a crash left recorded in
+``vectors_to_zero`` are zeroed, see :mod:`~t3ar_services.retriever.store`) -> identity check (refuse a pool built
+by another embedder unless re-embedding is enabled) -> [resumable re-embed] -> orphan-blob sweep -> load the saved
+index if its marker and its ids agree with the database, else rebuild from the stored vectors (and log why) ->
+ready.
 """
 
 from __future__ import annotations
@@ -85,8 +87,10 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
         store.close()
         raise PoolIdentityError(f"the pool in {root} holds {meta['dim']}-d vectors, "
                                 f"T3AR_RETRIEVER_VECTOR_DIM says {dim}")
+    repairs = [f"zeroed the float16 rows of {store.zeroed_at_open} deleted item(s), left recorded by a crash after "
+               "their delete's commit"] if store.zeroed_at_open else []
     try:
-        repairs = _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
+        repairs += _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
     except BaseException:
         store.close()
         raise

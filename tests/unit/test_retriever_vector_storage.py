@@ -74,7 +74,7 @@ def test_a_sqlite_pool_opens_as_it_is_and_moves_to_float16_only_when_asked(tmp_p
     pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # asked: migrated at start-up
     assert pool.store.vector_storage == "float16" and "moved 499 vectors" in pool.info.repairs[0]
     load_index(pool)
-    assert _column_bytes(data) == 0 and (data / "pool.sqlite3").stat().st_size < size_before / 2  # vacuumed
+    assert _column_bytes(data) == 0 and (data / "pool.sqlite3").stat().st_size <= size_before / 2  # vacuumed
     assert [r[0][0] for r in pool.search(vecs[1:21], 1)] == ids[1:21]
     got = dict(zip(*next(iter(pool.store.iter_vectors(D, batch=1000))), strict=True))
     assert pool.require_seq(ids[0]) not in got
@@ -136,3 +136,69 @@ def test_a_migration_that_fails_before_its_commit_leaves_the_sqlite_pool_whole(
     pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # and a retry completes it
     assert pool.store.vector_storage == "float16" and "moved 100 vectors" in pool.info.repairs[0]
     pool.store.close()
+
+
+def _rows(data: Path, n: int) -> np.ndarray:
+    """The first ``n`` rows of the float16 file as raw bytes, one row per line (seq 0 is never used)."""
+    raw = np.frombuffer((data / VECTOR_FILE).read_bytes()[:n * D * 2], dtype=np.uint8)
+    return raw.reshape(n, D * 2).copy()
+
+
+def test_a_crash_between_a_deletes_commit_and_its_zeroing_is_zeroed_when_the_store_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from t3ar_services.retriever.vecfile import VectorFile
+
+    settings = _settings(tmp_path, vector_storage="float16")
+    pool, _ = open_pool(settings, None, None)
+    load_index(pool)
+    ids = pool.add_vectors(_unit(8, 7), source="s", metadata={})
+    seqs = [pool.require_seq(i) for i in ids]
+    before = _rows(settings.data_dir, 10)
+
+    def killed(self: object, seqs: object) -> None:  # the process dies after the commit, before any row is zeroed
+        raise SystemExit("kill -9")
+
+    monkeypatch.setattr(VectorFile, "zero", killed)
+    with pytest.raises(SystemExit):
+        pool.delete(ids[2:4], missing_ok=False)
+    monkeypatch.undo()
+    assert pool.store.count() == 6  # the deletion is committed ...
+    assert _rows(settings.data_dir, 10)[seqs[2]].any()  # ... and its rows are still on disk
+    pool.store.close()
+    with caplog.at_level("WARNING"):
+        pool, _ = open_pool(settings, None, None)  # the next start zeroes them before anything is served
+    after = _rows(settings.data_dir, 10)
+    assert not after[seqs[2]].any() and not after[seqs[3]].any()
+    survivors = [s for s in seqs if s not in seqs[2:4]]
+    assert np.array_equal(after[survivors], before[survivors]) and after[survivors].any(axis=1).all()
+    assert any("zeroed the float16 rows of 2 deleted item(s)" in r for r in pool.info.repairs)
+    assert "zeroed the float16 rows of 2 deleted item(s)" in caplog.text
+    pool.store.close()
+    caplog.clear()
+    pool, _ = open_pool(settings, None, None)  # done once: nothing left to zero at the start after
+    assert pool.info.repairs == [] and "zeroed" not in caplog.text
+    load_index(pool)
+    assert sorted(pool.search(_unit(8, 7), 8)[0][0]) == sorted(ids[:2] + ids[4:])
+    pool.store.close()
+
+
+def test_a_failed_zeroing_is_retried_by_the_next_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from t3ar_services.retriever.vecfile import VectorFile
+
+    store = Store(tmp_path / "pool.sqlite3")
+    store.set_meta({"dim": str(D)})
+    store.use_float16(D)
+    seqs = store.insert_vectors(_unit(4, 8), "s", {})
+    def failing(self: object, seqs: object) -> None:
+        raise OSError("EIO")
+
+    monkeypatch.setattr(VectorFile, "zero", failing)
+    with pytest.raises(OSError, match="EIO"):  # committed, the row not zeroed: the delete answers an error
+        store.delete(seqs[:1])
+    monkeypatch.undo()
+    store.delete(seqs[1:2])  # the next delete zeroes what is still recorded too
+    rows = _rows(tmp_path, 5)
+    assert not rows[seqs[0]].any() and not rows[seqs[1]].any() and rows[seqs[2]].any()
+    store.close()
+    assert Store(tmp_path / "pool.sqlite3").zeroed_at_open == 0  # nothing was left recorded
+
