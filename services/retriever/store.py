@@ -262,11 +262,12 @@ class Store:
 
     def delete(self, seqs: Sequence[int]) -> list[ItemRow]:
         """Delete these rows in one transaction; returns the rows that existed (committed on return, and under
-        float16 storage their vectors zeroed on disk)."""
+        float16 storage their vectors zeroed on disk). A vector staged for a re-embedding goes with its row."""
         with self._txn() as c:
             rows = self._get_many(c, seqs)
             gone = [(r.seq,) for r in rows]
             c.executemany("DELETE FROM items WHERE seq = ?", gone)
+            c.executemany("DELETE FROM reembed WHERE seq = ?", gone)  # a new vector staged for it goes too
             if self.vectors is not None:  # committed with the deletion: zeroed even if a crash comes next
                 c.executemany("INSERT OR IGNORE INTO vectors_to_zero VALUES (?)", gone)
             if rows:
@@ -434,8 +435,8 @@ class Store:
 
     def reembed_finish(self, meta: dict[str, str]) -> None:
         if self.vectors is not None:  # staged rows into the file first (fsynced): repeating it after a crash is a no-op
-            dim = self.vectors.dim
-            cur = self._w.execute("SELECT seq, vector FROM reembed ORDER BY seq")
+            dim = self.vectors.dim  # only items still there: a deleted item's zeroed row is never written again
+            cur = self._w.execute("SELECT r.seq, r.vector FROM reembed r JOIN items i ON i.seq = r.seq ORDER BY r.seq")
             while rows := cur.fetchmany(65536):
                 self.vectors.write(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
                                    np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), dim))

@@ -202,3 +202,20 @@ def test_a_failed_zeroing_is_retried_by_the_next_delete(tmp_path: Path, monkeypa
     store.close()
     assert Store(tmp_path / "pool.sqlite3").zeroed_at_open == 0  # nothing was left recorded
 
+
+def test_reembedding_never_writes_back_the_row_of_an_item_deleted_meanwhile(tmp_path: Path) -> None:
+    store = Store(tmp_path / "pool.sqlite3")
+    store.set_meta({"dim": str(D)})
+    store.use_float16(D)
+    seqs = store.insert_vectors(_unit(3, 9), "s", {})
+    store.reembed_stage(seqs, _unit(3, 10))  # a re-embedding interrupted here; the pool served deletes meanwhile
+    store.delete(seqs[1:2])
+    with sqlite3.connect(tmp_path / "pool.sqlite3") as db:  # its staged vector went with its row
+        assert db.execute("SELECT seq FROM reembed").fetchall() == [(seqs[0],), (seqs[2],)]
+    store.reembed_stage(seqs[1:2], _unit(1, 11))  # as a data dir staged before deletes took it along holds it
+    store.reembed_finish({"identity": "t2"})
+    rows = _rows(tmp_path, 4)
+    assert not rows[seqs[1]].any() and rows[seqs[0]].any() and rows[seqs[2]].any()
+    got = store.vector(seqs[2])
+    assert got is not None and np.abs(got - _unit(3, 10)[2]).max() < 1e-3
+    store.close()
