@@ -12,8 +12,9 @@ import pytest
 
 from t3ar_services.retriever.curation import NearDuplicatesRequest, near_duplicates
 from t3ar_services.retriever.errors import PoolConflictError
+from t3ar_services.retriever.index import marker_path
 from t3ar_services.retriever.settings import RetrieverSettings
-from t3ar_services.retriever.startup import load_index, open_pool
+from t3ar_services.retriever.startup import load_index, open_pool, save_index
 from t3ar_services.retriever.store import VECTOR_FILE, Store
 
 D = 32
@@ -219,3 +220,24 @@ def test_reembedding_never_writes_back_the_row_of_an_item_deleted_meanwhile(tmp_
     got = store.vector(seqs[2])
     assert got is not None and np.abs(got - _unit(3, 10)[2]).max() < 1e-3
     store.close()
+
+
+def test_copies_of_the_vectors_no_delete_would_reach_are_removed_at_start_up(tmp_path: Path) -> None:
+    data = tmp_path / "pool"
+    pool, _ = open_pool(_settings(tmp_path, index_type="ivfpq", pq_m=8, vector_storage="sqlite"), None, None)
+    load_index(pool)  # sqlite storage + ivfpq: the index's own derived copy in index/vectors.f16
+    pool.add_vectors(_unit(20, 11), source="s", metadata={})
+    save_index(pool)
+    pool.store.close()
+    assert (data / "index" / VECTOR_FILE).stat().st_size and pool.index_path.exists()
+    pool, _ = open_pool(_settings(tmp_path, index_type="flat"), None, None)  # a flat index never updates it
+    assert not (data / "index" / VECTOR_FILE).exists() and pool.index_path.exists()
+    pool.store.close()
+    pool, _ = open_pool(_settings(tmp_path, backend="milvus"), None, None)  # nor does the Milvus backend
+    assert not pool.index_path.exists() and not marker_path(pool.index_path).exists()
+    pool.store.close()
+    (data / VECTOR_FILE).write_bytes(b"\x01" * 64)  # a float16 migration interrupted before its commit
+    pool, _ = open_pool(_settings(tmp_path), None, None)  # a sqlite pool: nothing writes or zeroes that file
+    assert pool.store.vector_storage == "sqlite" and not (data / VECTOR_FILE).exists()
+    assert any("interrupted before its commit" in r for r in pool.info.repairs)
+    pool.store.close()
