@@ -322,6 +322,8 @@ class VectorIndex:
             if self._journal is not None:
                 self._journal.removed |= gone
         if self.vectors is not None and self.owns_vectors and gone:  # filtered from here on; the copy goes too
+            # not fsynced: a crash leaves no saved index, so the next start rewrites this copy from the database
+            # (or removes it, under a configuration without one: startup._drop_unused_copies)
             self.vectors.zero(np.fromiter(gone, dtype=np.int64, count=len(gone)))
 
     # the in-process side of PoolIndex (t3ar_services.retriever.backend): what a Milvus collection does differently

@@ -3,10 +3,12 @@ consistent.
 
 Ordering guarantees (what makes every acknowledged write survive ``kill -9``):
 - add: blob files written and fsynced -> row (with its vector) committed -> index updated -> 2xx.
-- delete: saved index file invalidated -> row deletion committed -> id tombstoned in the live index (no
-  search started afterwards returns it) -> blob unlinked -> WAL checkpoint -> 2xx.
-A crash between steps leaves at worst an orphan blob (swept at start-up) or an index that disagrees with the
-database (rebuilt from the stored vectors at start-up; see :mod:`t3ar_services.retriever.startup`).
+- delete: saved index file invalidated -> row deletion committed (float16 storage: with a record of the rows
+  to zero, which are then zeroed and fsynced) -> id tombstoned in the live index (no search started afterwards
+  returns it) -> blob unlinked -> WAL checkpoint -> 2xx.
+A crash between steps leaves at worst an orphan blob (swept at start-up), float16 rows still recorded to zero
+(zeroed when the store opens) or an index that disagrees with the database (rebuilt from the stored vectors at
+start-up; see :mod:`t3ar_services.retriever.startup`).
 
 Public ids are ``<pool tag>-<seq>``: ``seq`` is the SQLite AUTOINCREMENT rowid and the faiss id (never
 reused, so a withdrawn id never names anything again); the tag is random per pool so ids of two pools never

@@ -4,11 +4,14 @@ Data directory layout: ``pool.sqlite3`` (+ WAL), ``blobs/<sha[0]>/<sha256>``, ``
 ``faiss.index.marker.json`` (the DB state the saved index reflects; written at a clean shutdown, read and
 removed at the next start-up), ``index/vectors.f16`` (``ivfpq`` only: the float16 rows it re-ranks with, see
 :mod:`~t3ar_services.retriever.vecfile`; trusted only together with a saved index whose marker matches, and
-checked against the database on a sample), ``tmp/`` (upload spooling; emptied at start-up).
+checked against the database on a sample), ``tmp/`` (upload spooling; emptied at start-up). Copies of the vectors
+that the configuration started does not keep up to date are removed at start-up (:func:`_drop_unused_copies`).
 
-Start-up, in order: identity check (refuse a pool built by another embedder unless re-embedding is
-enabled) -> [resumable re-embed] -> orphan-blob sweep -> load the saved index if its marker and its ids
-agree with the database, else rebuild from the stored vectors (and log why) -> ready.
+Start-up, in order: the store opened (float16 storage: rows of deleted items that a crash left recorded in
+``vectors_to_zero`` are zeroed, see :mod:`~t3ar_services.retriever.store`) -> identity check (refuse a pool built
+by another embedder unless re-embedding is enabled) -> [resumable re-embed] -> orphan-blob sweep -> load the saved
+index if its marker and its ids agree with the database, else rebuild from the stored vectors (and log why) ->
+ready.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import PoolConflictError, PoolIdentityError
-from t3ar_services.retriever.index import IndexConfig, VectorIndex, open_vector_file
+from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path, open_vector_file
 from t3ar_services.retriever.pool import Pool, PoolInfo
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.store import Store, id_checksum
@@ -85,8 +88,10 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
         store.close()
         raise PoolIdentityError(f"the pool in {root} holds {meta['dim']}-d vectors, "
                                 f"T3AR_RETRIEVER_VECTOR_DIM says {dim}")
+    repairs = [f"zeroed the float16 rows of {store.zeroed_at_open} deleted item(s), left recorded by a crash after "
+               "their delete's commit"] if store.zeroed_at_open else []
     try:
-        repairs = _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
+        repairs += _vector_storage(settings, store, int(meta["dim"]), created="identity" not in meta_before)
     except BaseException:
         store.close()
         raise
@@ -108,7 +113,32 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
         store.close()
         raise PoolConflictError(f"T3AR_RETRIEVER_PQ_M={settings.pq_m} must divide the pool's dimension {info.dim} "
                                 "(each sub-quantiser codes dim / pq_m components); e.g. 32 or 64 for 512-d")
+    repairs += _drop_unused_copies(settings, store, info.index_config)
     return Pool(info, store, BlobStore(root / "blobs")), needs_reembed
+
+
+def _drop_unused_copies(settings: RetrieverSettings, store: Store, cfg: IndexConfig) -> list[str]:
+    """Remove the files holding copies of the pool's vectors that this configuration neither reads nor keeps up
+    to date, since no delete would reach them: ``DATA_DIR/vectors.f16`` beside a ``sqlite`` pool (left by a move to
+    float16 storage interrupted before its commit, which a retried move starts afresh), ``index/vectors.f16`` unless
+    an ``ivfpq`` faiss index keeps its own rows there, and the saved faiss index under the Milvus backend (all three
+    are derived: rebuilt from the database if that configuration comes back). Returns the repairs."""
+    repairs: list[str] = []
+    if store.vectors is None and store.vector_path.exists():
+        store.vector_path.unlink()
+        repairs.append(f"removed {store.vector_path.name}, left by a move to float16 storage interrupted before its "
+                       "commit (the pool's vectors are in SQLite)")
+        log.warning("start-up repair: %s", repairs[-1])
+    index_dir = settings.data_dir / "index"
+    unused = [] if settings.backend == "faiss" and cfg.kind == "ivfpq" and not cfg.vectors_shared \
+        else [index_dir / VECTOR_FILE]
+    if settings.backend == "milvus":
+        unused += [index_dir / "faiss.index", marker_path(index_dir / "faiss.index")]
+    for path in unused:
+        if path.exists():
+            path.unlink()
+            log.info("removed %s: this configuration does not keep it up to date", path)
+    return repairs
 
 
 def _vector_storage(settings: RetrieverSettings, store: Store, dim: int, *, created: bool) -> list[str]:

@@ -5,9 +5,14 @@ item: every pool made before the option, and the default) or ``float16``: float1
 the database (a :class:`~t3ar_services.retriever.vecfile.VectorFile` keyed by seq, 1 KiB per 512-d item), the
 ``vector`` column left empty, so that SQLite keeps only metadata (10 M items: ~9.5 GiB of rows instead of ~20 GiB
 of float32 plus SQLite's page overhead). An add writes and fsyncs its rows before its transaction commits (a
-crash before the commit leaves rows no id names, overwritten by the next add); a delete zeroes them once its
-deletion is committed. :meth:`Store.move_vectors_to_file` migrates a ``sqlite`` pool (explicitly, see
-``T3AR_RETRIEVER_VECTOR_STORAGE``).
+crash before the commit leaves rows no id names, overwritten by the next add). A delete's transaction records the
+deleted seqs in ``vectors_to_zero`` together with the deletion; once it has committed their rows are zeroed and
+fsynced, and only then is the record cleared. So a deleted item's float16 bytes leave the file before the delete
+returns, and a crash anywhere between the commit and the fsync (``kill -9``, power loss) leaves them recorded:
+opening the store zeroes every recorded row first (:attr:`Store.zeroed_at_open`, logged), at a cost proportional
+to what was left, never a scan of the pool. A seq in the record names a deleted item and is never handed out
+again (AUTOINCREMENT), so zeroing it late, or twice, can never touch another item's row.
+:meth:`Store.move_vectors_to_file` migrates a ``sqlite`` pool (explicitly, see ``T3AR_RETRIEVER_VECTOR_STORAGE``).
 
 WAL journal with ``synchronous=FULL``: a committed transaction survives power loss. ``secure_delete`` zeroes
 deleted rows' bytes, and :meth:`Store.checkpoint` (after deletes) moves them out of the WAL file too.
@@ -20,6 +25,7 @@ Writes go through one connection guarded by the caller's writer lock; reads use 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -31,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from t3ar_services.retriever.vecfile import VectorFile
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
 VECTOR_FILE = "vectors.f16"  # float16 storage: the vectors, beside the database
@@ -54,6 +62,7 @@ CREATE TABLE IF NOT EXISTS items (
 ) STRICT;
 CREATE INDEX IF NOT EXISTS items_source ON items(source, seq);
 CREATE TABLE IF NOT EXISTS reembed (seq INTEGER PRIMARY KEY, vector BLOB NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS vectors_to_zero (seq INTEGER PRIMARY KEY) STRICT;
 """
 _COLS = "seq, sha256, source, metadata, filename, media_type, size, width, height, added_at, label"
 _LABEL_INDEX = "CREATE INDEX IF NOT EXISTS items_label ON items(label, seq) WHERE label IS NOT NULL"
@@ -120,6 +129,10 @@ class Store:
         meta = self.meta()
         if meta.get("vector_storage") == "float16":
             self.vectors = VectorFile(self.vector_path, int(meta["dim"]))
+        self.zeroed_at_open = self._zero_recorded()  # rows a crash kept from being zeroed after their delete
+        if self.zeroed_at_open:
+            log.warning("zeroed the float16 rows of %d deleted item(s) in %s, left recorded by a crash after their "
+                        "delete's commit", self.zeroed_at_open, self.vector_path)
 
     @property
     def vector_path(self) -> Path:
@@ -248,16 +261,39 @@ class Store:
         return seqs
 
     def delete(self, seqs: Sequence[int]) -> list[ItemRow]:
-        """Delete these rows in one transaction; returns the rows that existed (committed on return)."""
+        """Delete these rows in one transaction; returns the rows that existed (committed on return, and under
+        float16 storage their vectors zeroed on disk). A vector staged for a re-embedding goes with its row."""
         with self._txn() as c:
             rows = self._get_many(c, seqs)
-            c.executemany("DELETE FROM items WHERE seq = ?", [(r.seq,) for r in rows])
+            gone = [(r.seq,) for r in rows]
+            c.executemany("DELETE FROM items WHERE seq = ?", gone)
+            c.executemany("DELETE FROM reembed WHERE seq = ?", gone)  # a new vector staged for it goes too
+            if self.vectors is not None:  # committed with the deletion: zeroed even if a crash comes next
+                c.executemany("INSERT OR IGNORE INTO vectors_to_zero VALUES (?)", gone)
             if rows:
                 self._bump()
-        if self.vectors is not None and rows:  # committed: the rows' vectors leave the disk too
-            self.vectors.zero(np.array([r.seq for r in rows], dtype=np.int64))
-            self.vectors.flush()
+        if rows:
+            self._zero_recorded()
         return rows
+
+    def _zero_recorded(self) -> int:
+        """Zero (and fsync) the float16 rows of every seq in ``vectors_to_zero``, then clear the record; returns
+        how many. Normally the last delete's seqs; more only after a crash or a failed zeroing."""
+        recorded = [r[0] for r in self._w.execute("SELECT seq FROM vectors_to_zero")]
+        if not recorded:
+            return 0
+        if self.vectors is not None:
+            self.vectors.zero(np.array(recorded, dtype=np.int64))
+            self.vectors.flush()
+        # Not fsynced on its own (the delete's checkpoint, or the next commit, makes it durable): if a crash loses
+        # it, the next open zeroes these rows again, which changes nothing.
+        self._w.execute("PRAGMA synchronous=OFF")
+        try:
+            with self._txn() as c:
+                c.executemany("DELETE FROM vectors_to_zero WHERE seq = ?", [(s,) for s in recorded])
+        finally:
+            self._w.execute("PRAGMA synchronous=FULL")
+        return len(recorded)
 
     def checkpoint(self) -> bool:
         """Copy the WAL into the database and truncate it (deleted bytes leave the WAL). False if busy."""
@@ -399,8 +435,8 @@ class Store:
 
     def reembed_finish(self, meta: dict[str, str]) -> None:
         if self.vectors is not None:  # staged rows into the file first (fsynced): repeating it after a crash is a no-op
-            dim = self.vectors.dim
-            cur = self._w.execute("SELECT seq, vector FROM reembed ORDER BY seq")
+            dim = self.vectors.dim  # only items still there: a deleted item's zeroed row is never written again
+            cur = self._w.execute("SELECT r.seq, r.vector FROM reembed r JOIN items i ON i.seq = r.seq ORDER BY r.seq")
             while rows := cur.fetchmany(65536):
                 self.vectors.write(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
                                    np.frombuffer(b"".join(r[1] for r in rows), dtype="<f4").reshape(len(rows), dim))

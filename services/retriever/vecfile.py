@@ -1,13 +1,14 @@
 """Compact copies of the pool's vectors on disk: float16 rows in one file, keyed by the item's seq.
 
 Row ``seq`` lives at byte ``seq * dim * 2`` (seqs are never reused, so a row is written once and zeroed when its
-item is deleted; the file is sparse where ids were never used). The compressed index (``ivfpq``) searches product
-quantised codes held in RAM and re-ranks its candidates exactly against these rows, read with ``pread``: the
-kernel's page cache keeps the rows that are read, the process's resident set none of them, whatever the pool's
-size (10 M x 512-d = 9.5 GiB on disk). A memory mapping was tried first and measured: the kernel maps the cached
-neighbours of every faulted page (fault-around), so after a few thousand re-ranked queries the mapped rows counted
-in the retriever's VmRSS (RssFile) grew to the whole file (0.17 GiB more than the empty process at 200,000
-vectors); ``pread`` of ~200 rows of 1 KiB per query costs well under a millisecond.
+item is deleted, also after a crash: see ``store.py``; the file is sparse where ids were never used). The
+compressed index (``ivfpq``) searches product quantised codes held in RAM and re-ranks its candidates exactly
+against these rows, read with ``pread``: the kernel's page cache keeps the rows that are read, the process's
+resident set none of them, whatever the pool's size (10 M x 512-d = 9.5 GiB on disk). A memory mapping was tried
+first and measured: the kernel maps the cached neighbours of every faulted page (fault-around), so after a few
+thousand re-ranked queries the mapped rows counted in the retriever's VmRSS (RssFile) grew to the whole file
+(0.17 GiB more than the empty process at 200,000 vectors); ``pread`` of ~200 rows of 1 KiB per query costs well
+under a millisecond.
 
 Where the file is the pool's vectors (float16 storage, ``store.py``) the store writes it and the index only reads
 it; otherwise it is derived, like the index: a start-up that cannot trust it (no saved index that vouches for it,

@@ -1,10 +1,11 @@
 """The compressed index (``ivfpq``) in a real retriever process: trained in the background, deletes never come
 back (after kill -9 too), a clean restart loads the saved index without retraining, deleted rows leave the
-float16 file."""
+float16 file (also those a kill between a delete's commit and its zeroing left there)."""
 
 from __future__ import annotations
 
 import signal
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,10 +58,18 @@ def test_ivfpq_pool_deletes_stay_deleted_across_kill9_and_a_clean_restart_loads_
         c.delete_many(ids[:10])
         assert not _found(c, vecs[:10]) & set(ids[:10])
     rp.stop(signal.SIGKILL)  # no saved index: the next start rebuilds from the database
+    # and as if the kill had come between a delete's commit and its zeroing: the row back, recorded to zero
+    seq = int(ids[0].rsplit("-", 1)[1])
+    with open(data / "vectors.f16", "r+b") as f:
+        f.seek(seq * D * 2)
+        f.write(vecs[0].astype(np.float16).tobytes())
+    with sqlite3.connect(data / "pool.sqlite3") as db:
+        db.execute("INSERT INTO vectors_to_zero VALUES (?)", (seq,))
     rp = retriever_factory(data, ENV)
     with rp.client() as c:
         st = c.stats()
         assert st["index"]["type"] == "ivfpq" and st["count"] == 2990 and any("rebuilt" in r for r in st["repairs"])
+        assert any("zeroed the float16 rows of 1 deleted item(s)" in r for r in st["repairs"])
         assert not _found(c, vecs[:10]) & set(ids[:10])
         c.delete_many(ids[10:20])
         assert _self_found(c, vecs[20:70], ids[20:70]) >= 0.95

@@ -12,8 +12,9 @@ import pytest
 
 from t3ar_services.retriever.curation import NearDuplicatesRequest, near_duplicates
 from t3ar_services.retriever.errors import PoolConflictError
+from t3ar_services.retriever.index import marker_path
 from t3ar_services.retriever.settings import RetrieverSettings
-from t3ar_services.retriever.startup import load_index, open_pool
+from t3ar_services.retriever.startup import load_index, open_pool, save_index
 from t3ar_services.retriever.store import VECTOR_FILE, Store
 
 D = 32
@@ -74,7 +75,7 @@ def test_a_sqlite_pool_opens_as_it_is_and_moves_to_float16_only_when_asked(tmp_p
     pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # asked: migrated at start-up
     assert pool.store.vector_storage == "float16" and "moved 499 vectors" in pool.info.repairs[0]
     load_index(pool)
-    assert _column_bytes(data) == 0 and (data / "pool.sqlite3").stat().st_size < size_before / 2  # vacuumed
+    assert _column_bytes(data) == 0 and (data / "pool.sqlite3").stat().st_size <= size_before / 2  # vacuumed
     assert [r[0][0] for r in pool.search(vecs[1:21], 1)] == ids[1:21]
     got = dict(zip(*next(iter(pool.store.iter_vectors(D, batch=1000))), strict=True))
     assert pool.require_seq(ids[0]) not in got
@@ -135,4 +136,108 @@ def test_a_migration_that_fails_before_its_commit_leaves_the_sqlite_pool_whole(
     pool.store.close()
     pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # and a retry completes it
     assert pool.store.vector_storage == "float16" and "moved 100 vectors" in pool.info.repairs[0]
+    pool.store.close()
+
+
+def _rows(data: Path, n: int) -> np.ndarray:
+    """The first ``n`` rows of the float16 file as raw bytes, one row per line (seq 0 is never used)."""
+    raw = np.frombuffer((data / VECTOR_FILE).read_bytes()[:n * D * 2], dtype=np.uint8)
+    return raw.reshape(n, D * 2).copy()
+
+
+def test_a_crash_between_a_deletes_commit_and_its_zeroing_is_zeroed_when_the_store_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from t3ar_services.retriever.vecfile import VectorFile
+
+    settings = _settings(tmp_path, vector_storage="float16")
+    pool, _ = open_pool(settings, None, None)
+    load_index(pool)
+    ids = pool.add_vectors(_unit(8, 7), source="s", metadata={})
+    seqs = [pool.require_seq(i) for i in ids]
+    before = _rows(settings.data_dir, 10)
+
+    def killed(self: object, seqs: object) -> None:  # the process dies after the commit, before any row is zeroed
+        raise SystemExit("kill -9")
+
+    monkeypatch.setattr(VectorFile, "zero", killed)
+    with pytest.raises(SystemExit):
+        pool.delete(ids[2:4], missing_ok=False)
+    monkeypatch.undo()
+    assert pool.store.count() == 6  # the deletion is committed ...
+    assert _rows(settings.data_dir, 10)[seqs[2]].any()  # ... and its rows are still on disk
+    pool.store.close()
+    with caplog.at_level("WARNING"):
+        pool, _ = open_pool(settings, None, None)  # the next start zeroes them before anything is served
+    after = _rows(settings.data_dir, 10)
+    assert not after[seqs[2]].any() and not after[seqs[3]].any()
+    survivors = [s for s in seqs if s not in seqs[2:4]]
+    assert np.array_equal(after[survivors], before[survivors]) and after[survivors].any(axis=1).all()
+    assert any("zeroed the float16 rows of 2 deleted item(s)" in r for r in pool.info.repairs)
+    assert "zeroed the float16 rows of 2 deleted item(s)" in caplog.text
+    pool.store.close()
+    caplog.clear()
+    pool, _ = open_pool(settings, None, None)  # done once: nothing left to zero at the start after
+    assert pool.info.repairs == [] and "zeroed" not in caplog.text
+    load_index(pool)
+    assert sorted(pool.search(_unit(8, 7), 8)[0][0]) == sorted(ids[:2] + ids[4:])
+    pool.store.close()
+
+
+def test_a_failed_zeroing_is_retried_by_the_next_delete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from t3ar_services.retriever.vecfile import VectorFile
+
+    store = Store(tmp_path / "pool.sqlite3")
+    store.set_meta({"dim": str(D)})
+    store.use_float16(D)
+    seqs = store.insert_vectors(_unit(4, 8), "s", {})
+    def failing(self: object, seqs: object) -> None:
+        raise OSError("EIO")
+
+    monkeypatch.setattr(VectorFile, "zero", failing)
+    with pytest.raises(OSError, match="EIO"):  # committed, the row not zeroed: the delete answers an error
+        store.delete(seqs[:1])
+    monkeypatch.undo()
+    store.delete(seqs[1:2])  # the next delete zeroes what is still recorded too
+    rows = _rows(tmp_path, 5)
+    assert not rows[seqs[0]].any() and not rows[seqs[1]].any() and rows[seqs[2]].any()
+    store.close()
+    assert Store(tmp_path / "pool.sqlite3").zeroed_at_open == 0  # nothing was left recorded
+
+
+def test_reembedding_never_writes_back_the_row_of_an_item_deleted_meanwhile(tmp_path: Path) -> None:
+    store = Store(tmp_path / "pool.sqlite3")
+    store.set_meta({"dim": str(D)})
+    store.use_float16(D)
+    seqs = store.insert_vectors(_unit(3, 9), "s", {})
+    store.reembed_stage(seqs, _unit(3, 10))  # a re-embedding interrupted here; the pool served deletes meanwhile
+    store.delete(seqs[1:2])
+    with sqlite3.connect(tmp_path / "pool.sqlite3") as db:  # its staged vector went with its row
+        assert db.execute("SELECT seq FROM reembed").fetchall() == [(seqs[0],), (seqs[2],)]
+    store.reembed_stage(seqs[1:2], _unit(1, 11))  # as a data dir staged before deletes took it along holds it
+    store.reembed_finish({"identity": "t2"})
+    rows = _rows(tmp_path, 4)
+    assert not rows[seqs[1]].any() and rows[seqs[0]].any() and rows[seqs[2]].any()
+    got = store.vector(seqs[2])
+    assert got is not None and np.abs(got - _unit(3, 10)[2]).max() < 1e-3
+    store.close()
+
+
+def test_copies_of_the_vectors_no_delete_would_reach_are_removed_at_start_up(tmp_path: Path) -> None:
+    data = tmp_path / "pool"
+    pool, _ = open_pool(_settings(tmp_path, index_type="ivfpq", pq_m=8, vector_storage="sqlite"), None, None)
+    load_index(pool)  # sqlite storage + ivfpq: the index's own derived copy in index/vectors.f16
+    pool.add_vectors(_unit(20, 11), source="s", metadata={})
+    save_index(pool)
+    pool.store.close()
+    assert (data / "index" / VECTOR_FILE).stat().st_size and pool.index_path.exists()
+    pool, _ = open_pool(_settings(tmp_path, index_type="flat"), None, None)  # a flat index never updates it
+    assert not (data / "index" / VECTOR_FILE).exists() and pool.index_path.exists()
+    pool.store.close()
+    pool, _ = open_pool(_settings(tmp_path, backend="milvus"), None, None)  # nor does the Milvus backend
+    assert not pool.index_path.exists() and not marker_path(pool.index_path).exists()
+    pool.store.close()
+    (data / VECTOR_FILE).write_bytes(b"\x01" * 64)  # a float16 migration interrupted before its commit
+    pool, _ = open_pool(_settings(tmp_path), None, None)  # a sqlite pool: nothing writes or zeroes that file
+    assert pool.store.vector_storage == "sqlite" and not (data / VECTOR_FILE).exists()
+    assert any("interrupted before its commit" in r for r in pool.info.repairs)
     pool.store.close()
