@@ -137,6 +137,20 @@ def test_the_sanity_set_builds_the_ivfpq_index_and_measures_it_against_exact_sea
     assert narrow["recall_at_50_ids"] <= narrow["recall_at_50"] + 1e-9 and narrow["recall_at_50"] < 0.5
 
 
+def test_the_sanity_set_leaves_the_process_thread_count_as_it_found_it(tmp_path: Path) -> None:
+    """Its one-thread timing sets OpenMP's thread count, which torch shares: left at 1, every later torch run in
+    the process summed in another order (the pinned runs of test_safeguards failed after this test)."""
+    import faiss
+    import torch
+
+    from t3ar_bench.retrieval.pool_real import bench_real
+
+    before = (faiss.omp_get_max_threads(), torch.get_num_threads())
+    src = {"files": 1, "folders": ["x"], "vectors_loaded": 3000, "exact_duplicates_dropped": 0, "dim": 32}
+    bench_real(_unit(3000, 32, 2), tmp_path, n_queries=10, nprobe=4, pq_m=8, rerank=2, source=src)
+    assert (faiss.omp_get_max_threads(), torch.get_num_threads()) == before
+
+
 def test_the_report_has_a_section_of_its_own_for_the_real_embeddings(tmp_path: Path) -> None:
     p = {"p50_ms": 1.5, "p99_ms": 3.0}
     real = {"measured": True, "files": 15, "folders": ["/e"], "vectors_loaded": 29_000, "exact_duplicates_dropped": 9,

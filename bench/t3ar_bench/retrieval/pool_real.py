@@ -131,20 +131,24 @@ def bench_real(x: np.ndarray, work: Path, *, n_queries: int, nprobe: int, pq_m: 
     build_s = time.perf_counter() - t
     if index.kind != "ivfpq":
         raise RealEmbeddingsError(f"{n} vectors did not train an IVF-PQ index (got {index.kind})")
+    threads = faiss.omp_get_max_threads()  # the process's OpenMP setting (torch's too): restored after
     faiss.omp_set_num_threads(1)  # one query at a time, as the retriever answers a single query
-    found: list[np.ndarray] = []
-    t_ann, t_exact = [], []
-    exact.search(queries[:1], K)  # warm-up of both
-    index.search(queries[:1], K)
-    truth_s, truth_i = np.empty((n_queries, K), np.float32), np.empty((n_queries, K), np.int64)
-    for j, q in enumerate(queries):
-        t = time.perf_counter()
-        truth_scores, truth_ids = exact.search(q[None], K)
-        t_exact.append(time.perf_counter() - t)
-        truth_s[j], truth_i[j] = truth_scores[0], truth_ids[0] + 1  # seqs are 1-based
-        t = time.perf_counter()
-        found.append(index.search(q[None], K)[1][0])
-        t_ann.append(time.perf_counter() - t)
+    try:
+        found: list[np.ndarray] = []
+        t_ann, t_exact = [], []
+        exact.search(queries[:1], K)  # warm-up of both
+        index.search(queries[:1], K)
+        truth_s, truth_i = np.empty((n_queries, K), np.float32), np.empty((n_queries, K), np.int64)
+        for j, q in enumerate(queries):
+            t = time.perf_counter()
+            truth_scores, truth_ids = exact.search(q[None], K)
+            t_exact.append(time.perf_counter() - t)
+            truth_s[j], truth_i[j] = truth_scores[0], truth_ids[0] + 1  # seqs are 1-based
+            t = time.perf_counter()
+            found.append(index.search(q[None], K)[1][0])
+            t_ann.append(time.perf_counter() - t)
+    finally:
+        faiss.omp_set_num_threads(threads)
     if index.vectors is not None:
         index.vectors.close()
     found_scores = [base[f - 1] @ q for f, q in zip(found, queries, strict=True)]
