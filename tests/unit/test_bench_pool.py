@@ -138,8 +138,8 @@ def test_the_sanity_set_builds_the_ivfpq_index_and_measures_it_against_exact_sea
 
 
 def test_the_sanity_set_leaves_the_process_thread_count_as_it_found_it(tmp_path: Path) -> None:
-    """Its one-thread timing sets OpenMP's thread count, which torch shares: left at 1, every later torch run in
-    the process summed in another order (the pinned runs of test_safeguards failed after this test)."""
+    """Its one-thread timing sets the calling thread's OpenMP thread count: a function other code calls in-process
+    leaves the process as it found it (every later faiss call of the thread ran on one thread)."""
     import faiss
     import torch
 

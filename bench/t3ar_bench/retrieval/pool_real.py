@@ -131,7 +131,7 @@ def bench_real(x: np.ndarray, work: Path, *, n_queries: int, nprobe: int, pq_m: 
     build_s = time.perf_counter() - t
     if index.kind != "ivfpq":
         raise RealEmbeddingsError(f"{n} vectors did not train an IVF-PQ index (got {index.kind})")
-    threads = faiss.omp_get_max_threads()  # the process's OpenMP setting (torch's too): restored after
+    threads = faiss.omp_get_max_threads()  # the calling thread's OpenMP setting: restored after
     faiss.omp_set_num_threads(1)  # one query at a time, as the retriever answers a single query
     try:
         found: list[np.ndarray] = []
