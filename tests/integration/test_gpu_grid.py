@@ -102,8 +102,8 @@ def test_the_pack_runs_without_faiss_and_reports_the_frozen_arms(pack: Path, tmp
     assert manifest["neighbours_per_image"] == 25 and manifest["selection_plan_differences"]
     res = _run(pack, tmp_path / "a", tmp_path / "work-a", "--workers", "2")
     labels = {r["label"] for r in res["records"]}
-    assert labels == {"source", "bn-adapt", "t3ar", "t3ar-labels", "t3ar-labels-random"}  # the cpu plan's arms
-    assert res["runs"] == {"planned": 20, "done": 20, "executed": 16, "cached": 0}  # 2 seeds x 2 fractions x 5
+    assert labels == {"source", "bn-adapt", "sar", "eata", "t3ar", "t3ar-labels", "t3ar-labels-random"}  # cpu plan's
+    assert res["runs"] == {"planned": 28, "done": 28, "executed": 24, "cached": 0}  # 2 seeds x 2 fractions x 7
     assert res["seeds_reported"] == [0, 1] and not res["partial"]
     assert res["selection"]["labelled"]["options"] == json.loads(SELECTION.read_text())["selection"]["labelled"][
         "options"]
@@ -118,7 +118,7 @@ def test_the_pack_runs_without_faiss_and_reports_the_frozen_arms(pack: Path, tmp
     assert "Frozen from the CPU validation" in md and "random-labelled control" in md
     # deterministic for a seed: seed 0 again, from scratch (new work folder: its own source model, no run cache)
     again = _run(pack, tmp_path / "b", tmp_path / "work-b", "--seeds", "0", "--workers", "1")
-    assert again["runs"]["executed"] == 8 and again["seeds_reported"] == [0]
+    assert again["runs"]["executed"] == 12 and again["seeds_reported"] == [0]  # 2 fractions x 6 (source: none)
     assert [m.name.rsplit("-", 1)[1] for m in (tmp_path / "work-b" / "models").glob("*.pt")] == ["seed0.pt"]
 
     def top1(records: list[dict[str, Any]]) -> dict[tuple[str, float], float]:

@@ -294,8 +294,10 @@ def test_the_winner_rule_is_chosen_by_the_worst_validation_shift_and_a_tie_keeps
     assert by["paired"]["per_shift"] == pytest.approx({"strong": 0.6, "weak": 0.3})
     assert by["paired"]["wins"] == {"bn-adapt": 2, "t3ar": 2} and by["argmax"]["cells"] == 4
     assert got["chosen"] == "paired" and got["shifts"] == ["strong", "weak"]
-    # the same evaluation top-1 under both rules: a tie keeps whichever default the product has
+    # the same evaluation top-1 under both rules: a tie keeps the given default, by default the conservative paired
+    # rule (not the product's default, which follows this choice)
     tied = {k: {**v, "bn-adapt": rec(0.2, v["bn-adapt"]["holdout"]["1"]["n"] // 2)} for k, v in cells.items()}
+    assert choose_rule(tied, [1])["chosen"] == "paired" == choose_rule(tied, [1])["default"]
     assert choose_rule(tied, [1], default="argmax")["chosen"] == "argmax"
     assert choose_rule(tied, [1], default="paired")["chosen"] == "paired"
     # a cell missing a candidate is not decided; nothing decided keeps the default

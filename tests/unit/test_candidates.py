@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from provider_kit import SixItemPool
 
+from t3ar.acceptance import DEFAULT_RULE
 from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.candidates import SharedProvider, run_candidates
 from t3ar.clients.job_report import AcceptanceRecord, acceptance_table
@@ -108,7 +109,7 @@ def test_cli_adapt_with_a_holdout(setup: tuple[Path, Path, Path], tmp_path: Path
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     acc = payload["acceptance"]
-    assert [c["name"] for c in acc["candidates"]] == ["source", "bn-adapt", "tent"] and acc["rule"] == "paired"
+    assert [c["name"] for c in acc["candidates"]] == ["source", "bn-adapt", "tent"] and acc["rule"] == DEFAULT_RULE
     info = read_info(out)
     assert info.metrics["acceptance"] == acc and info.lineage.method == acc["winner"] == payload["method"]
     # nothing beats the base model when it is the only candidate: --require-gain writes nothing
@@ -168,8 +169,8 @@ def test_jobs_show_prints_the_acceptance_table() -> None:
     from t3ar.cli.job_cmd import _summary
     from t3ar.clients.api_models import JobOut
 
-    record = {**as_record(decide({"source": [False] * 10, "bn-adapt": [True] * 10, "t3ar": [True] * 9 + [False]})),
-              "require_gain": True}
+    correct = {"source": [False] * 10, "bn-adapt": [True] * 10, "t3ar": [True] * 9 + [False]}
+    record = {**as_record(decide(correct, "paired")), "require_gain": True}
     job = JobOut.model_validate({"id": "j1", "url": "http://api/jobs/j1", "status": "finished", "model_id": "m",
                                  "created_at": "2026", "config": {"method": "t3ar"},
                                  "target": {"images": 9, "labelled": False, "skipped": 0},

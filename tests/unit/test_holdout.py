@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from t3ar.acceptance import DEFAULT_RULE
 from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names, parse_options
 from t3ar.data.datasets import read_unlabelled
 from t3ar.data.holdout import HoldoutError, check_holdout, image_digests, read_holdout
@@ -105,7 +106,7 @@ def test_unlabelled_or_unreadable_is_refused(tmp_path: Path) -> None:
 def test_options_and_candidates() -> None:
     cfg = AdaptConfig(method="tent", epochs=3, lr=0.01, seed=7)
     opts = parse_options("", False, None)
-    assert opts == AcceptanceOptions() and opts.rule == "paired"
+    assert opts == AcceptanceOptions() and opts.rule == DEFAULT_RULE
     assert candidate_names(opts, cfg) == ["source", "bn-adapt", "tent"]
     assert candidate_names(parse_options("t3ar, tent,bn-adapt", True, "argmax"), cfg) == ["bn-adapt", "t3ar", "tent"]
     with pytest.raises(InvalidInputError, match="unknown candidate"):

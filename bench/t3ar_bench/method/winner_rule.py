@@ -6,8 +6,8 @@ The product has two rules (:mod:`t3ar.acceptance`): ``argmax`` (the best holdout
 cell (shift x selection seed, at the selection fraction) the candidates (source, bn-adapt, the validated T3AR) have
 their holdout records; each rule picks a winner per cell, the winner's *evaluation* top-1 is what the rule earns,
 and a rule is scored by its worst validation shift (the mean over seeds on that shift), at the goals' holdout size
-(the plan's first). The better worst-shift score wins; a tie keeps the product's default. Evaluation shifts are
-never looked at.
+(the plan's first). The better worst-shift score wins; a tie keeps :data:`TIE_RULE`, the conservative ``paired``
+(fixed here, not the product's default, which follows this choice). Evaluation shifts are never looked at.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, get_args
 
-from t3ar.acceptance import DEFAULT_RULE, Rule
+from t3ar.acceptance import Rule
 from t3ar_bench.method.goals import CANDIDATES, choose_winner
 
 #: (shift, seed) -> {candidate: its record: ``top1`` (evaluation part) and ``holdout`` ({size: {top1, n, correct}})}
 ValidationCells = Mapping[tuple[str, int], Mapping[str, Mapping[str, Any]]]
+#: the rule a tie (or no decidable cell) keeps: the one that keeps the simpler model unless the holdout shows a gain
+TIE_RULE: Rule = "paired"
 
 
 def rule_scores(cells: ValidationCells, rule: Rule, per_class: int,
@@ -48,7 +50,7 @@ def rule_scores(cells: ValidationCells, rule: Rule, per_class: int,
             "wins": dict(wins)}
 
 
-def choose_rule(cells: ValidationCells, sizes: Sequence[int], default: Rule = DEFAULT_RULE) -> dict[str, Any]:
+def choose_rule(cells: ValidationCells, sizes: Sequence[int], default: Rule = TIE_RULE) -> dict[str, Any]:
     """Every rule's :func:`rule_scores` at every holdout size in ``sizes``, and the rule chosen by the worst-shift
     score at the first size (a tie, or no decidable cell, keeps ``default``)."""
     rules: tuple[Rule, ...] = get_args(Rule)

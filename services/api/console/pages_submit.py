@@ -16,6 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
+from t3ar.acceptance import DEFAULT_RULE, RULES
 from t3ar.method import registry
 from t3ar.method.presets import DEFAULT_METHOD, PRESET_NAMES
 from t3ar_services.api.console import web
@@ -65,7 +66,8 @@ def _page(request: Request, session: Session, *, status: int = 200, error: str |
     found = web.call(models.list_models, state, session.who.team_filter)
     values = values or {}
     return web.render(request, "submit.html", session, status=status, error=error, models=found,
-                      methods=registry.names(), presets=PRESET_NAMES,
+                      methods=registry.names(), presets=PRESET_NAMES, default_rule=DEFAULT_RULE,
+                      other_rules=[r for r in RULES if r != DEFAULT_RULE],
                       values={**dict.fromkeys(TEXT_FIELDS, ""), **values},
                       checked={k for k, v in values.items() if v == "on"})
 

@@ -62,8 +62,9 @@ def adapt(
                                                 "source, bn-adapt and the job's method)")] = "",
     require_gain: Annotated[bool, Form(description="with a holdout: fail the job when no candidate beats the base "
                                                    "model (source)")] = False,
-    winner_rule: Annotated[str, Form(description="with a holdout: 'paired' (the simpler candidate unless a paired "
-                                                 "95 % CI favours another; default) or 'argmax'")] = "",
+    winner_rule: Annotated[str, Form(description="with a holdout: 'argmax' (the best holdout top-1, a tie to the "
+                                                 "simpler; default) or 'paired' (the simpler candidate unless a "
+                                                 "paired 95 % CI favours another)")] = "",
 ) -> JSONResponse:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
     pool large enough) and enqueue an adaptation job. Nothing is enqueued when any check fails (4xx).
