@@ -75,7 +75,8 @@ def winner_rule_lines(res: Mapping[str, Any]) -> list[str]:
              ", ".join(f"{m} {n}" for m, n in sorted(t["wins"].items()))] for t in wr["table"]]
     return [f"**Winner rule, chosen on the validation shifts ({', '.join(wr['shifts'])}) by the worst shift at "
             f"{wr['per_class']} image(s) per class: `{wr['chosen']}`** (a tie would keep `{wr['default']}`; "
-            "the product's default follows this choice). Evaluation top-1 of each rule's winners, mean over the selection seeds:", "",
+            "the product's default follows this choice). Evaluation top-1 of each rule's winners, mean over the "
+            "selection seeds:", "",
             *table(["rule", "images per class", "cells", "worst shift", "per shift", "wins"], rows), ""]
 
 
