@@ -8,7 +8,7 @@ import pytest
 from t3ar.errors import InvalidInputError
 from t3ar.method import registry
 from t3ar.method.config import AdaptConfig
-from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, PRESETS, expand, with_default
+from t3ar.method.presets import ACCEPTANCE_ROUND, DEFAULT_METHOD, DEFAULT_PRESET, PRESETS, expand, with_default
 
 REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "adaptation-cpu.json"
 
@@ -56,10 +56,11 @@ def test_the_product_follows_the_committed_method_benchmark() -> None:
     """The validated preset is what the cpu plan froze on validation, and it is the default only where it beat
     the paper-faithful T3AR there."""
     sel = json.loads(REPORT.read_text())["selection"]
-    # the labelled protocol's frozen options: the validated T3AR's, its no-harm options and labelled neighbours as
-    # data (which act only where the pool carries labels)
-    assert PRESETS["validated"] == sel["labelled"]["options"]
-    assert {k: v for k, v in sel["validated"]["options"].items()}.items() <= PRESETS["validated"].items()
+    # the acceptance round's frozen options are recorded, and not (yet) the preset: a job with them diverged on a
+    # small model (presets.py); the preset stays the labelled-pool round's (in git at 48856dc)
+    assert ACCEPTANCE_ROUND == sel["labelled"]["options"]
+    assert PRESETS["validated"] == {"temperature": 0.2, "second_stage_steps": 10, "pool_label_weight": 2.0,
+                                    "pool_label_balance": True}
     # the validated T3AR with its no-harm options against the paper-faithful one, on validation
     assert DEFAULT_PRESET == ("validated" if sel["validated_top1_no_harm"] > sel["paper_top1"] else "paper")
     assert DEFAULT_METHOD["test"] == sel["default"]["method"]
