@@ -38,6 +38,11 @@ class DeviceUnavailableError(T3arError):
     """The requested device (e.g. cuda) is not available on this machine."""
 
 
+class DivergedError(T3arError):
+    """A model's weights or statistics are not finite (an adaptation or a training run diverged): no checkpoint
+    of it is written."""
+
+
 class ExportError(T3arError):
     """An exported model does not reproduce the checkpoint's (the parity check at export failed), or the export
     could not be made. Nothing is left at the destination."""

@@ -9,7 +9,13 @@ from PIL import Image
 
 from t3ar.device import resolve_device
 from t3ar.embedder import Embedder, EmbedderSpec
-from t3ar.errors import CheckpointError, DeviceUnavailableError, InvalidInputError, WeightsUnavailableError
+from t3ar.errors import (
+    CheckpointError,
+    DeviceUnavailableError,
+    DivergedError,
+    InvalidInputError,
+    WeightsUnavailableError,
+)
 from t3ar.models.backbones import PRESETS, BackboneSpec, build_backbone, parse_backbone
 from t3ar.models.checkpoint import Lineage, load_checkpoint, read_info, save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier, configure_trainable
@@ -44,6 +50,21 @@ def test_checkpoint_mismatch_errors(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "m.pt", expect=_random_spec(classes=("a", "b")))
     with pytest.raises(CheckpointError, match="architecture"):
         load_checkpoint(tmp_path / "m.pt", expect=_random_spec(name="mobilenetv2_100"))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_diverged_model_is_not_written(tmp_path: Path, bad: float) -> None:
+    """What a diverged adaptation left (an infinite BatchNorm variance, as a job with the acceptance round's options
+    produced on a small model) is refused before anything is written, and an earlier file stays as it was."""
+    spec = _random_spec()
+    model = build_classifier(spec)
+    save_checkpoint(tmp_path / "m.pt", model, spec)
+    before = (tmp_path / "m.pt").read_bytes()
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    bn.running_var[0] = bad
+    with pytest.raises(DivergedError, match=r"non-finite values in 1 of its tensors \(.*running_var\)"):
+        save_checkpoint(tmp_path / "m.pt", model, spec)
+    assert (tmp_path / "m.pt").read_bytes() == before and not list(tmp_path.glob(".*tmp"))
 
 
 def test_checkpoint_rejects_foreign_and_corrupt_files(tmp_path: Path) -> None:

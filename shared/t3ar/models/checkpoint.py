@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from t3ar.errors import CheckpointError
+from t3ar.errors import CheckpointError, DivergedError
 from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
 from t3ar.models.safetensors_io import is_safetensors, payload_from_safetensors
 
@@ -70,7 +70,14 @@ def save_checkpoint(
     lineage: Lineage | None = None,
     metrics: dict[str, Any] | None = None,
 ) -> str:
-    """Write the checkpoint atomically (temp file + rename in the same folder); return its sha256."""
+    """Write the checkpoint atomically (temp file + rename in the same folder); return its sha256.
+    :class:`~t3ar.errors.DivergedError`, and nothing written, when a floating tensor of the model is not finite: a
+    diverged run must fail, not hand on a model whose outputs are NaN or whose exports cannot match it."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    broken = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if broken:
+        raise DivergedError(f"the model has non-finite values in {len(broken)} of its tensors ({', '.join(broken[:3])}"
+                            f"{', ...' if len(broken) > 3 else ''}): the run diverged; no checkpoint was written")
     payload = {
         "format": FORMAT,
         "version": VERSION,
@@ -78,7 +85,7 @@ def save_checkpoint(
         "adapt_config": adapt_config,
         "lineage": (lineage or Lineage()).model_dump(mode="json"),
         "metrics": metrics or {},
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "state_dict": state,
     }
     buf = io.BytesIO()
     torch.save(payload, buf)
