@@ -10,10 +10,12 @@ from tiny_models import AFFINE_CLASSES, AFFINE_E0, Affine, confident_run, tiny_p
 from torch import nn
 
 from t3ar.method import eata as eata_module
+from t3ar.method import safeguards
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
-from t3ar.method.eata import D_MARGIN, EATA, FISHER_ALPHA, PROBS_EMA, stable_fisher
+from t3ar.method.eata import D_MARGIN, EATA, FISHER_ALPHA, PROBS_EMA
 from t3ar.method.reliable import fisher_diagonal, fisher_penalty, running_stats_kept, sample_entropy
+from t3ar.method.safeguards import stable_fisher
 from t3ar.method.schedule import epoch_batches
 from t3ar.method.views import Views
 
@@ -153,13 +155,13 @@ def test_the_anchor_holds_the_weights_closer(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_anchor_is_capped_where_sgd_cannot_follow_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny model's Fisher reaches 0.2: at lr 0.05 the uncapped anchor (curvature 2 * 2000 * 0.2 = 800, times
     the lr 40) diverges; capped, every Fisher value is at most 1 / (2 alpha lr) and the weights stay near theta0."""
-    assert stable_fisher(0.05) == pytest.approx(1 / (2 * FISHER_ALPHA * 0.05))
-    assert stable_fisher(0.05, alpha=0.0) == math.inf
+    assert stable_fisher(0.05, FISHER_ALPHA) == pytest.approx(1 / (2 * FISHER_ALPHA * 0.05))
+    assert stable_fisher(0.05, 0.0) == math.inf
     model, start, method = _tiny_run(monkeypatch)
-    assert all((f <= stable_fisher(0.05) + 1e-12).all() for f in method.fisher)
-    assert any((f == stable_fisher(0.05)).any() for f in method.fisher)  # some were capped
+    assert all((f <= stable_fisher(0.05, FISHER_ALPHA) + 1e-12).all() for f in method.fisher)
+    assert any((f == stable_fisher(0.05, FISHER_ALPHA)).any() for f in method.fisher)  # some were capped
     assert all(torch.isfinite(v).all() for v in model.state_dict().values() if v.is_floating_point())
-    monkeypatch.setattr(eata_module, "ANCHOR_STABILITY", math.inf)  # the paper's anchor as it is: it diverges
+    monkeypatch.setattr(safeguards, "ANCHOR_STABILITY", math.inf)  # the paper's anchor as it is: it diverges
     wild, start_wild, _ = _tiny_run(monkeypatch)
     far = max(float((wild.state_dict()[k] - start_wild[k]).abs().max()) for k in ("backbone.stem.1.weight",))
     near = max(float((model.state_dict()[k] - start[k]).abs().max()) for k in ("backbone.stem.1.weight",))

@@ -18,7 +18,7 @@ from tiny_models import tiny_problem
 
 from t3ar.jobsize import planned_steps
 from t3ar.method import adapt as adapt_module
-from t3ar.method import contrastive
+from t3ar.method import contrastive, safeguards
 from t3ar.method.adapt import AdaptResult, adapt, fast_layout
 from t3ar.method.augment import Normalizer
 from t3ar.method.base import stream
@@ -34,6 +34,7 @@ from t3ar.method.safeguards import (
     fisher_diagonal,
     interpolate,
     reliable_weights,
+    stable_fisher,
 )
 from t3ar.models.classifier import Classifier
 from t3ar.pipeline import AdaptOutcome
@@ -215,6 +216,36 @@ def test_the_anchor_is_the_weighted_squared_distance_to_the_start() -> None:
     assert a.grad is not None and a.grad.tolist() == [0.0, 4.0]  # 2 x F x 2 (theta - theta_0)
     with pytest.raises(ValueError, match="one Fisher diagonal per parameter"):
         Anchor.at([a, b], 1.0, [torch.ones(2)])
+
+
+def test_the_anchor_is_capped_where_sgd_cannot_follow_it() -> None:
+    """With the job's lr, each F is at most 1 / (2 weight lr) (the curvature SGD follows); L2-SP (F = 1) lowers its
+    weight to that; below the cap nothing changes."""
+    a = torch.nn.Parameter(torch.zeros(3))
+    assert stable_fisher(0.01, 2000.0) == pytest.approx(1 / (2 * 2000 * 0.01))
+    assert stable_fisher(0.01, 0.0) == math.inf
+    cap = stable_fisher(0.01, 2000.0)  # 0.025
+    fisher = Anchor.at([a], 2000.0, [torch.tensor([0.01, 0.025, 0.64])], lr=0.01)
+    assert fisher.fisher is not None and fisher.fisher[0].tolist() == pytest.approx([0.01, cap, cap])
+    assert fisher.capped == 1 and fisher.weight == 2000.0
+    assert Anchor.at([a], 2000.0, [torch.tensor([0.01, 0.025, 0.64])]).capped == 0  # no lr: as given
+    l2 = Anchor.at([a], 200.0, lr=0.01)  # 2 x 200 x 0.01 = 4 > 1: the weight comes down to 1 / (2 lr)
+    assert l2.weight == pytest.approx(50.0) and l2.capped == 3 and l2.fisher is None
+    assert Anchor.at([a], 0.05, lr=0.01).weight == 0.05  # L2-SP's default weight is far under the cap
+
+
+def test_the_familys_fisher_anchor_at_eatas_weight_does_not_diverge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EATA's weight (2000) on the tiny model's Fisher (up to 0.64) at lr 0.01: uncapped, lr x 2 x 2000 x F reaches
+    26 and each step overshoots theta_0 further (the weights reached ~1e7 in 6 steps; a job on the e2e tests' small
+    model reached ~1e23 and infinite BatchNorm variances); capped, the run stays near its start."""
+    def largest(model: Classifier) -> float:
+        return max(float(v.abs().max()) for v in model.state_dict().values() if v.is_floating_point())
+
+    held, res, _ = _run(lr=0.01, anchor="fisher")
+    assert largest(held) < 10 and all(math.isfinite(s.loss) for s in res.history)
+    monkeypatch.setattr(safeguards, "ANCHOR_STABILITY", math.inf)  # the anchor as it was: no cap
+    wild, _, _ = _run(lr=0.01, anchor="fisher")
+    assert largest(wild) > 1000 * largest(held)
 
 
 def test_the_fisher_diagonal_is_the_mean_squared_gradient_of_the_own_argmax() -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -54,12 +55,14 @@ from t3ar.method.pool_data import PoolData, same_class_pool_entries, select_pool
 from t3ar.method.pool_labels import LabelDraw, balance_weights
 from t3ar.method.probe import NO_PROBE
 from t3ar.method.retrieval import dedup_sample
-from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights
+from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights, stable_fisher
 from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.views import Views
 from t3ar.method.vote import vote
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "joint_enabled",
            "nograd_precision", "step_views"]
@@ -368,7 +371,11 @@ class T3AR(MethodStep):
                     fisher = fisher_diagonal(model, params, setup.target, norm=setup.views.norm,
                                              batch_size=cfg.batch_size, generator=stream(cfg.seed, 10),
                                              bn_fixed=cfg.bn_fixed)
-            state.anchor = Anchor.at(params, cfg.resolved_anchor_weight, fisher)
+            state.anchor = Anchor.at(params, cfg.resolved_anchor_weight, fisher, lr=cfg.lr)
+            if state.anchor.capped:
+                log.info("anchor (%s, weight %g): %d of %d values of F capped at %.3g, the curvature SGD follows at "
+                         "lr %.3g", cfg.anchor, cfg.resolved_anchor_weight, state.anchor.capped,
+                         sum(p.numel() for p in params), stable_fisher(cfg.lr, cfg.resolved_anchor_weight), cfg.lr)
         return cls(state, setup)
 
     def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> StepViews:

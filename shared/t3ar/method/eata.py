@@ -36,7 +36,6 @@ Where this departs from the reference code (mr-eggplant/EATA), and why:
 from __future__ import annotations
 
 import logging
-import math
 from typing import Self
 
 import torch
@@ -46,6 +45,7 @@ from torch import nn
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
 from t3ar.method.config import AdaptConfig
 from t3ar.method.reliable import entropy_margin, fisher_diagonal, fisher_penalty, norm_affine_params, sample_entropy
+from t3ar.method.safeguards import stable_fisher
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, freeze_frozen_norms
 
@@ -57,20 +57,10 @@ D_MARGIN = 0.05
 PROBS_EMA = 0.9
 #: the Fisher anchor's weight (EATA's beta on ImageNet)
 FISHER_ALPHA = 2000.0
-#: the anchor's curvature 2 alpha F times the lr is capped at this, per parameter (gradient descent is stable
-#: below 2, heavy-ball momentum 0.9 below 3.8, Nesterov's below about 1.4): see :func:`stable_fisher`
-ANCHOR_STABILITY = 1.0
 #: how many target images (at most) the Fisher information is estimated on
 FISHER_SAMPLES = 2000
 #: the Fisher sample's random stream (t3ar.method.base.stream)
 FISHER_STREAM = 10
-
-
-def stable_fisher(lr: float, alpha: float | None = None) -> float:
-    """The largest Fisher value whose anchor term, of curvature 2 alpha F, SGD follows stably at ``lr`` (the job's
-    largest: the schedule only lowers it): lr * 2 alpha F <= ``ANCHOR_STABILITY``. Infinite when alpha is 0."""
-    a = FISHER_ALPHA if alpha is None else alpha
-    return ANCHOR_STABILITY / (2 * a * lr) if a > 0 else math.inf
 
 
 class EATA(MethodStep):
@@ -100,7 +90,7 @@ class EATA(MethodStep):
         fisher = fisher_diagonal(model, params, setup.target, setup.views.plain, batch_size=setup.config.batch_size,
                                  samples=FISHER_SAMPLES, generator=stream(setup.config.seed, FISHER_STREAM))
         top = max(float(f.max()) for f in fisher)
-        cap = stable_fisher(setup.config.lr)
+        cap = stable_fisher(setup.config.lr, FISHER_ALPHA)
         capped = sum(int((f > cap).sum()) for f in fisher)
         log.info("EATA: Fisher information on %d target images, largest %.3g; %d of %d values capped at %.3g (the "
                  "anchor's curvature SGD follows at lr %.3g)", min(len(setup.target), FISHER_SAMPLES), top, capped,

@@ -30,7 +30,7 @@ from t3ar.method.schedule import epoch_batches
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, frozen_norm_stats
 
 __all__ = ["Anchor", "CollapseWatch", "bn_adapt_state", "class_entropy", "entropy", "filtered_mean",
-           "fisher_diagonal", "interpolate", "reliable_weights"]
+           "fisher_diagonal", "interpolate", "reliable_weights", "stable_fisher"]
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -56,6 +56,19 @@ def filtered_mean(per_row: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (per_row * weights).sum() / kept
 
 
+#: the anchor's curvature 2 x weight x F times the lr is capped at this, per parameter (gradient descent is stable
+#: below 2, heavy-ball momentum 0.9 below 3.8, Nesterov's below about 1.4): see :func:`stable_fisher`
+ANCHOR_STABILITY = 1.0
+
+
+def stable_fisher(lr: float, weight: float) -> float:
+    """The largest F whose anchor term ``weight`` x F x (theta - theta_0)^2, of curvature 2 weight F, SGD follows
+    stably at ``lr`` (the job's largest: the schedule only lowers it): lr x 2 weight F <= :data:`ANCHOR_STABILITY`.
+    Infinite when the weight is 0. EATA's paper weight (2000) with a Fisher value of 1 at lr 0.001 is at 4: each step
+    overshoots theta_0 further, and the weights grow without bound (seen: ~1e23 and infinite BatchNorm variances)."""
+    return ANCHOR_STABILITY / (2 * weight * lr) if weight > 0 else math.inf
+
+
 @dataclass
 class Anchor:
     """``weight`` x sum_i F_i (theta_i - theta_0,i)^2 over ``params`` (theta_0: their values when made; F: the
@@ -65,13 +78,27 @@ class Anchor:
     start: list[torch.Tensor]
     weight: float
     fisher: list[torch.Tensor] | None = None
+    #: how many values of F were lowered to the stable cap when made (:meth:`at` with an lr)
+    capped: int = 0
 
     @classmethod
-    def at(cls, params: list[nn.Parameter], weight: float, fisher: list[torch.Tensor] | None = None) -> Anchor:
-        """An anchor to the current values of ``params``."""
+    def at(cls, params: list[nn.Parameter], weight: float, fisher: list[torch.Tensor] | None = None, *,
+           lr: float | None = None) -> Anchor:
+        """An anchor to the current values of ``params``. With ``lr`` (the job's largest), each F is capped at
+        :func:`stable_fisher` (L2-SP's F = 1 too: its weight is lowered to the cap), so that the penalty alone can
+        never make SGD diverge; the anchor keeps its full weight wherever it is stable."""
         if fisher is not None and len(fisher) != len(params):
             raise ValueError(f"one Fisher diagonal per parameter: {len(fisher)} for {len(params)}")
-        return cls(params, [p.detach().float().clone() for p in params], weight, fisher)
+        capped = 0
+        if lr is not None:
+            cap = stable_fisher(lr, weight)
+            if fisher is not None:
+                capped = sum(int((f > cap).sum()) for f in fisher)
+                fisher = [f.clamp(max=cap) for f in fisher]
+            elif cap < 1:  # L2-SP: F = 1 everywhere
+                capped = sum(p.numel() for p in params)
+                weight *= cap
+        return cls(params, [p.detach().float().clone() for p in params], weight, fisher, capped)
 
     def __call__(self) -> torch.Tensor:
         terms = []
