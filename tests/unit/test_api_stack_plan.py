@@ -75,6 +75,7 @@ def test_free_port_is_never_one_the_kernel_hands_out_by_itself(tmp_path: Path,
 
     from t3ar import ports
 
+    monkeypatch.delenv(ports.RANGE_ENV, raising=False)  # the test command's lanes set it
     lo, _ = ports.ephemeral_range()
     got = [free_port() for _ in range(20)]
     assert len(set(got)) == 20 and all(1024 <= p < lo for p in got)  # below the bind(0) range, all distinct
@@ -89,6 +90,19 @@ def test_free_port_is_never_one_the_kernel_hands_out_by_itself(tmp_path: Path,
     assert 1100 <= free_port() <= 65535
     ranges.unlink()  # not Linux: the kernel's default range
     assert ports.ephemeral_range() == (32768, 60999)
+
+
+def test_free_ports_come_from_the_configured_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    from t3ar import ports
+
+    monkeypatch.setenv(ports.RANGE_ENV, "21000-21100")
+    assert ports.port_range() == (21000, 21100)
+    got = {free_port() for _ in range(10)}
+    assert len(got) == 10 and all(21000 <= p < 21100 for p in got)
+    for bad in ("21000", "a-b", "21100-21000", "80-2000", "60000-70000", "1-2-3"):
+        monkeypatch.setenv(ports.RANGE_ENV, bad)
+        with pytest.raises(ValueError, match="T3AR_FREE_PORT_RANGE"):
+            free_port()
 
 
 def test_redact_url() -> None:
