@@ -10,7 +10,7 @@ echo "== set up (${SECONDS} s)" >&2
 lanes=2
 if [ $# -gt 0 ] || [ "${T3AR_TEST_LANES:-2}" = 1 ]; then lanes=1; fi
 if [ "$lanes" = 2 ]; then
-  # Two lanes (tests/conftest.py --lane): lane 2 holds the tests that mostly wait on other processes (the embedded
+  # Two lanes (tests/lanes.py, pytest --lane): lane 2 holds the tests that mostly wait on other processes (the embedded
   # stack's jobs, the real Milvus server's starts and kills, the OpenAPI fuzzers' services), lane 1 the rest. In one
   # process the 2 cores sat idle 44 % of the run. Lane 2 starts now, so the checks below use its idle time too; its
   # output is shown once it ends. Each lane takes its own half of the ports free_port picks from.

@@ -1,5 +1,5 @@
-"""The test command's two lanes (tests/conftest.py --lane): each test in exactly one, the waiting ones in lane 2, and
-each lane's children pick ports from their own half of free_port's range."""
+"""The test command's two lanes (tests/lanes.py, pytest --lane): each test in exactly one, the waiting ones in
+lane 2, and each lane's children pick ports from their own half of free_port's range."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import HERE, LANES, lane_of, lane_ports
+from lanes import HERE, LANES, lane_of, lane_ports
 
 from t3ar import ports
 
