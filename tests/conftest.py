@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from lanes import LANES, lane_of, lane_ports
+from lanes import LANES, lane_ports, split
 
 from t3ar import ports
 
@@ -26,9 +26,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     lane = config.getoption("--lane")
     if lane is not None:
-        chosen = [item for item in items if lane_of(item) == lane]
-        config.hook.pytest_deselected(items=[item for item in items if lane_of(item) != lane])
-        items[:] = chosen
+        lanes = split(items)
+        config.hook.pytest_deselected(items=[item for other in LANES if other != lane for item in lanes[other]])
+        items[:] = lanes[lane]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -8,21 +8,29 @@ import pytest
 
 from t3ar import ports
 
-#: the test files of lane 2 besides the end-to-end folder and the tests marked ``milvus_server``
+#: the test files of lane 2 besides the end-to-end folder and the files with a test marked ``milvus_server``
 LANE_2_FILES = ("integration/test_fuzz_openapi.py",)
 LANES = (1, 2)
 HERE = Path(__file__).resolve().parent
 
 
-def lane_of(item: pytest.Item) -> int:
-    """2: the tests that mostly wait on other processes (the embedded stack's jobs, the real Milvus server's
-    starts and kills, the OpenAPI fuzzers' services), about half the suite's time; 1: the rest (mostly the CPU
-    in this process). Whole session fixtures stay in one lane: the stack (e2e), the Milvus server (one per
-    machine: its etcd binds a fixed port), the data kit's package cache (real data, lane 1)."""
-    rel = Path(str(item.path)).resolve().relative_to(HERE).as_posix()
-    if rel.startswith("e2e/") or rel in LANE_2_FILES or item.get_closest_marker("milvus_server") is not None:
-        return 2
-    return 1
+def _rel(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(HERE).as_posix()
+
+
+def split(items: list[pytest.Item]) -> dict[int, list[pytest.Item]]:
+    """The items of each lane, in their order. Lane 2: the tests that mostly wait on other processes: the
+    end-to-end folder (the embedded stack's jobs), every file with a test marked ``milvus_server`` (the real
+    server's starts and kills; whole files, so that their module fixtures start in one lane), the OpenAPI fuzzers
+    (the services they drive): about half the suite's time. Lane 1: the rest, mostly the CPU in this process.
+    Session resources stay in one lane: the stack (lane 2), the Milvus server (lane 2: one per machine, its etcd
+    binds a fixed port), the data kit's package cache (lane 1: the real-data tests)."""
+    server_files = {_rel(item) for item in items if item.get_closest_marker("milvus_server") is not None}
+    lanes: dict[int, list[pytest.Item]] = {lane: [] for lane in LANES}
+    for item in items:
+        rel = _rel(item)
+        lanes[2 if rel.startswith("e2e/") or rel in LANE_2_FILES or rel in server_files else 1].append(item)
+    return lanes
 
 
 def lane_ports(lane: int) -> str:

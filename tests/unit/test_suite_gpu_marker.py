@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ def test_only_gpu_marked_items_are_skipped_without_cuda(monkeypatch: pytest.Monk
     monkeypatch.setattr(conftest.torch.cuda, "is_available", lambda: False)
     in_gpu_folder = _Item({"test_x", "unit", "tests", "gpu"}, marked=False)
     marked = _Item({"test_y", "unit", "tests", "gpu"}, marked=True)
-    conftest.pytest_collection_modifyitems(None, [in_gpu_folder, marked])
+    no_lane = SimpleNamespace(getoption=lambda name: None)  # the whole suite (no --lane)
+    conftest.pytest_collection_modifyitems(no_lane, [in_gpu_folder, marked])
     assert in_gpu_folder.added == []
     assert [m.name for m in marked.added] == ["skip"]
