@@ -18,8 +18,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     lane = config.getoption("--lane")
-    if lane is not None and not os.environ.get(ports.RANGE_ENV):
-        # this process and its children pick ports from the lane's own part: two lanes never pick the same one
+    if lane is not None:
+        # this process and its children pick ports from the lane's own part of the range (the default one, or
+        # the one given): two lanes never pick the same port
         os.environ[ports.RANGE_ENV] = lane_ports(lane)
 
 
