@@ -150,9 +150,12 @@ class IndexConfig:
 
 @dataclass
 class _Journal:
-    """What changed while a new index was being built off to the side."""
+    """What changed while a new index was being built off to the side: the adds' seqs with their vectors, or with
+    None where the index's float16 rows hold them (``ivfpq``: read back at the swap; a copy here would hold every
+    vector added during a long rebuild in float32, 2 KiB each at 512-d: a 10 M ingest outran the first training
+    and the retriever reached 22 GiB), and the seqs removed."""
 
-    adds: list[tuple[np.ndarray, np.ndarray]]
+    adds: list[tuple[np.ndarray, np.ndarray | None]]
     removed: set[int]
 
 
@@ -255,13 +258,11 @@ class VectorIndex:
             for seqs, vecs in journal.adds:  # adds committed after (or while) the snapshot was read
                 fresh = ~_member(held, seqs)
                 if fresh.any():
-                    new._index.add_with_ids(_as_f32(vecs[fresh]), seqs[fresh])
+                    rows = self._journaled_rows(seqs[fresh], None if vecs is None else vecs[fresh])
+                    new._index.add_with_ids(rows, seqs[fresh])
+                    if new._mirror is not None:
+                        new._mirror.add(seqs[fresh], rows)
                     replayed.append(seqs[fresh])
-            if new._mirror is not None:
-                for seqs, vecs in journal.adds:
-                    fresh = ~_member(held, seqs)
-                    if fresh.any():
-                        new._mirror.add(seqs[fresh], vecs[fresh])
             extra = np.unique(np.concatenate(replayed)) if replayed else np.empty(0, np.int64)
             with self._tomb_lock:
                 # ids compacted out of the old index during the build may still be in the snapshot; tombstones
@@ -272,6 +273,15 @@ class VectorIndex:
             self._index, self.kind, self.nprobe, self.trained_on = new._index, new.kind, new.nprobe, new.trained_on
             self._mirror = new._mirror
         return int(sum(len(r) for r in replayed))
+
+    def _journaled_rows(self, seqs: np.ndarray, vecs: np.ndarray | None) -> np.ndarray:
+        """float32 rows of journaled adds: as journaled, or read back from the float16 rows (a row deleted since
+        reads as zeros: its seq is tombstoned, so it is never returned)."""
+        if vecs is not None:
+            return _as_f32(vecs)
+        if self.vectors is None:
+            raise RuntimeError("a journaled add without its vectors and no vector file to read them from")
+        return self.vectors.read(seqs)
 
     # --- state ---------------------------------------------------------------------------------------
     @property
@@ -311,8 +321,8 @@ class VectorIndex:
             self._index.add_with_ids(vecs, ids)
             if self._mirror is not None:
                 self._mirror.add(ids, vecs)
-            if self._journal is not None:
-                self._journal.adds.append((ids.copy(), vecs.copy()))
+            if self._journal is not None:  # seqs only where the float16 rows hold the vectors (_Journal)
+                self._journal.adds.append((ids.copy(), None if self.vectors is not None else vecs.copy()))
 
     def remove(self, seqs: Iterable[int]) -> None:
         """Invisible to every search that starts after this returns; physically removed by :meth:`compact`."""

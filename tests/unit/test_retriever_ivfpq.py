@@ -14,7 +14,7 @@ from t3ar_services.retriever.index import IndexConfig, VectorIndex
 from t3ar_services.retriever.pool import Candidate
 from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import VECTOR_FILE, load_index, open_pool, save_index
-from t3ar_services.retriever.training import IndexTrainer
+from t3ar_services.retriever.training import IndexTrainer, build_ivf_two_pass
 from t3ar_services.retriever.vecfile import VectorFile
 
 D = 32
@@ -92,6 +92,25 @@ def test_ivfpq_deletes_filters_and_compaction(tmp_path: Path) -> None:
         assert set(row.tolist()) <= set(ids[11:15].tolist())
     idx.add(np.array([5000]), base[:1])  # an add lands in the codes and in the file
     assert int(idx.search(base[:1], 1)[1][0][0]) == 5000
+
+
+def test_a_rebuild_journals_seqs_only_and_replays_the_rows_from_the_vector_file(tmp_path: Path) -> None:
+    """Adds during a rebuild are journaled without their vectors (the float16 rows hold them) and read back from
+    the file at the swap: the new index finds them; one deleted meanwhile stays invisible."""
+    base, ids = _unit(3000, 6), np.arange(1, 3001)
+    cfg = _cfg(tmp_path)
+    idx = VectorIndex.build(D, cfg, [(ids[:2000], base[:2000])])
+    assert idx.kind == "ivfpq" and idx.vectors is not None
+    idx.begin_rebuild()
+    snapshot = [(ids[:2000], base[:2000])]
+    new, seqs = build_ivf_two_pass(D, cfg, 16, 2000, lambda: iter(snapshot))
+    idx.add(ids[2000:], base[2000:])  # during the build, after its snapshot
+    idx.remove([3000])
+    assert idx._journal is not None and all(vecs is None for _, vecs in idx._journal.adds)  # no float32 copy
+    assert idx.finish_rebuild(new, seqs) == 1000 and idx.count == 2999
+    found = idx.search(base[2000:2010], 1)[1]
+    assert [int(r[0]) for r in found] == ids[2000:2010].tolist()  # replayed from the file, found first
+    assert all(3000 not in row.tolist() for row in idx.search(base[2990:], 10)[1])
 
 
 def _settings(tmp_path: Path, **kw: object) -> RetrieverSettings:
