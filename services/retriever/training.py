@@ -13,11 +13,11 @@ With ``T3AR_RETRIEVER_INDEX_TYPE=ivf`` a pool starts on an exact flat index; onc
 
 Searches run on the live index throughout; a delete acknowledged during the build is filtered from the new index
 by the shared tombstone set. Peak memory of a rebuild: the live index + the new one + the sample (~0.5 GiB at
-nlist 1024, 512-d) + one database batch + the journal of adds made meanwhile (their vectors with ``flat``/``ivf``;
-only their seqs with ``ivfpq``, whose float16 rows hold the vectors). With ``ivfpq`` both indexes are codes (``pq_m`` + 8 bytes of id per
-vector: 0.7 GiB each at 10 M, m 64), the float16 re-ranking rows are one file on disk shared by both (keyed
-by id, written by every add, not rebuilt by a retrain), so a retrain never holds two copies of the vectors; its
-sample is 64 vectors per list (0.5 GiB at nlist 4096).
+nlist 1024, 512-d) + one database batch + the journal of adds made meanwhile (their vectors with ``flat`` and
+``ivf``; only their seqs with ``ivfpq``, whose float16 rows hold the vectors). With ``ivfpq`` both indexes are
+codes (``pq_m`` + 8 bytes of id per vector: 0.7 GiB each at 10 M, m 64), the float16 re-ranking rows are one file
+on disk shared by both (keyed by id, written by every add, not rebuilt by a retrain), so a retrain never holds
+two copies of the vectors; its sample is 64 vectors per list (0.5 GiB at nlist 4096).
 """
 
 from __future__ import annotations
