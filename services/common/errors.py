@@ -66,9 +66,10 @@ class ErrorMap:
     ``table``: domain error class -> (status, code), most specific class first; then come not found (404), too
     large (413), unsafe archive, bad image and any other invalid input (422); an :class:`AuthError` carries its
     own status. ``service`` names the service in the 500 message; ``retry_after``: seconds a 503 asks a
-    client to wait; ``unavailable_code``: the code of a framework 503; ``bodies``: what a parsable body is (the
-    400 for an unparsable one says so); ``too_large_hint``: ends the message of a framework 413; ``extra``:
-    more fields of an error's body (e.g. per-item results).
+    client to wait (unless the error carries its own ``retry_after``); ``unavailable_code``: the code of a
+    framework 503; ``bodies``: what a parsable body is (the 400 for an unparsable one says so);
+    ``too_large_hint``: ends the message of a framework 413; ``extra``: more fields of an error's body (e.g.
+    per-item results).
     """
 
     service: str
@@ -95,7 +96,8 @@ class ErrorMap:
         if status == 401:
             headers["WWW-Authenticate"] = "Bearer"
         if status == 503:
-            headers["Retry-After"] = self.retry_after
+            own = getattr(exc, "retry_after", None)  # an error that knows how long (e.g. a training to wait for)
+            headers["Retry-After"] = self.retry_after if own is None else str(own)
         if status >= 500:
             log.error("%s %s: %s", request.method, request.url.path, exc)
         return JSONResponse(error_body(code, str(exc), **self.extra(exc)), status_code=status, headers=headers)

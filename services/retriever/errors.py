@@ -24,7 +24,12 @@ class PoolIdentityError(PoolConflictError):
 
 
 class NotReadyError(T3arError):
-    """The index is still loading or being rebuilt; retry shortly."""
+    """The index is still loading or being rebuilt; retry shortly (after ``retry_after`` seconds, where given:
+    the 503's ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ItemsRejectedError(InvalidInputError):

@@ -133,6 +133,8 @@ class IndexConfig:
     device: str | None = None  # a torch device for exact search (TorchFlat mirror of a flat index); None = faiss
     train_min: int = 0  # ivf: below this many vectors the index is flat (exact); see training.py
     retrain_growth: float = 2.0  # ivf: retrain once the pool holds this many times the vectors trained on
+    flat_max: int = 0  # ivf: most vectors on the exact index before the first training swaps in (0: 2 x train_min)
+    flat_wait_s: float = 20.0  # ivf: how long an add over flat_max waits for that swap before its 503
     pq_m: int = 64  # ivfpq: bytes of code per vector (sub-quantisers of 8 bits; must divide the dimension)
     rerank: int = 4  # ivfpq: candidates re-scored exactly per result wanted (k * rerank, at least k + 64)
     vector_file: Path | None = None  # ivfpq: where the float16 rows for re-ranking live (vecfile.VectorFile)

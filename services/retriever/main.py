@@ -48,6 +48,7 @@ def _prepare(state: RetrieverState, needs_reembed: bool, compactor: Compactor, t
         compactor.start()
         if pool.info.index_config.trained and state.backend.trains:
             trainer.start()
+            pool.trainer = trainer  # adds over the flat cap now wait for its first swap (Pool.hold_while_flat)
             trainer.wanted.set()  # a pool that grew past the training threshold since the index was built
         log.info("retriever ready: %d items, %s index, embedder %s", pool.store.count(),
                  pool.index.kind if pool.index else "?", pool.info.identity)

@@ -31,10 +31,10 @@ from t3ar.errors import InvalidInputError
 from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
 from t3ar_services.retriever.errors import NotFoundError, NotReadyError
-from t3ar_services.retriever.index import IndexConfig, marker_path
+from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
 from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import NewItem, Store
-from t3ar_services.retriever.training import build_index
+from t3ar_services.retriever.training import IndexTrainer, build_index, flat_cap
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class Pool:
         self.last_delete = 0.0
         self.compact_wanted = threading.Event()
         self.index_grew = threading.Event()  # wakes the background IVF trainer
+        self.trainer: IndexTrainer | None = None  # set once it runs: adds over flat_cap() wait for its first swap
+        self.held_s = 0.0  # seconds adds waited at the flat cap (GET /stats)
+        self._held_lock = threading.Lock()
 
     # --- ids --------------------------------------------------------------------------------------------
     def format_id(self, seq: int) -> str:
@@ -134,6 +137,33 @@ class Pool:
             self.persisted = False
 
     # --- add --------------------------------------------------------------------------------------------
+    def hold_while_flat(self, index: PoolIndex) -> None:
+        """Backpressure before the first IVF training: while a pool of a trained kind still searches its exact
+        index and holds :func:`~t3ar_services.retriever.training.flat_cap` vectors, an add waits (up to
+        ``flat_wait_s``) for the training to swap in, then answers 503 with a ``Retry-After``. Only while a
+        trainer runs (nothing else would lift it). Called outside the writer lock: deletes go on meanwhile."""
+        config, trainer = self.info.index_config, self.trainer
+        cap = flat_cap(config)
+        if cap is None or trainer is None or not isinstance(index, VectorIndex):
+            return
+        start = time.monotonic()
+        try:
+            while index.kind == "flat" and index.count >= cap and trainer.is_alive():
+                if time.monotonic() >= start + config.flat_wait_s:
+                    why = f" (its last attempt failed: {trainer.last_error})" if trainer.last_error else ""
+                    raise NotReadyError(
+                        f"the pool holds {index.count:,} vectors on its exact index, the most it takes before its "
+                        f"first {config.kind} training is in (T3AR_RETRIEVER_IVF_FLAT_MAX: {cap:,}); that training "
+                        f"runs in the background{why}: retry shortly", retry_after=10)
+                self.index_grew.set()  # the trainer looks again (a no-op while it builds)
+                time.sleep(0.2)
+        finally:
+            if (waited := time.monotonic() - start) > 0.1:
+                log.info("an add waited %.1fs at the flat cap (%d vectors) for the first %s training", waited, cap,
+                         config.kind)
+                with self._held_lock:
+                    self.held_s += waited
+
     def known_shas(self, shas: Sequence[str]) -> dict[str, str]:
         return {sha: self.format_id(seq) for sha, seq in self.store.find_sha(list(shas)).items()}
 
@@ -147,6 +177,8 @@ class Pool:
         ``skip`` they are ``duplicate`` and not stored, with ``keep`` they are ``added``.
         """
         index = self.live_index()
+        if any(isinstance(e, Candidate) for e in entries):
+            self.hold_while_flat(index)
         out: list[AddOutcome | None] = [e if isinstance(e, AddOutcome) else None for e in entries]
         cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
         with self._writer:
@@ -223,6 +255,7 @@ class Pool:
                     label: str | None = None) -> list[str]:
         """Vector-only items (vectors-only pools): normalised, committed, indexed; no duplicate check."""
         index = self.live_index()
+        self.hold_while_flat(index)
         with self._writer:
             self.invalidate_persisted()
             seqs = self.store.insert_vectors(vectors, source, metadata, label)
@@ -359,6 +392,7 @@ class Pool:
                       "tombstones": index.tombstones if index else 0,
                       "nlist": index.nlist if index else None, "device": index.device if index else None,
                       "trained_on": index.trained_on if index else None,
+                      "flat_cap": flat_cap(self.info.index_config), "adds_held_s": round(self.held_s, 3),
                       "nprobe": index.nprobe if index and index.kind in ("ivf", "ivfpq") else None},
             "duplicate_threshold": self.info.duplicate_threshold, "ready": index is not None,
             "repairs": list(self.info.repairs),

@@ -155,6 +155,9 @@ class IndexInfo(BaseModel):
     nprobe: int | None
     device: str | None = Field(default=None, description="torch device of exact search (null: faiss on the CPU)")
     trained_on: int | None = Field(default=None, description="IVF: vectors in the pool when it was last trained")
+    flat_cap: int | None = Field(default=None, description="IVF: the most vectors the exact index takes before the "
+                                 "first training is in; adds beyond wait for it (T3AR_RETRIEVER_IVF_FLAT_MAX)")
+    adds_held_s: float = Field(default=0.0, description="seconds adds have waited at that cap since start")
 
 
 class StatsResponse(BaseModel):

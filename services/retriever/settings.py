@@ -57,6 +57,8 @@ class RetrieverSettings(ServiceSettings):
     rerank_factor: int = Field(default=4, ge=1, le=64)  # ivfpq: candidates re-scored exactly per result
     ivf_train_min: int = Field(default=40_000, ge=1)  # flat (exact) below this; IVF trained in the background
     ivf_retrain_growth: float = Field(default=2.0, gt=1.0)  # retrain once the pool grew this many times
+    ivf_flat_max: int = Field(default=0, ge=0)  # adds wait beyond this many until the first training (0: 2 x min)
+    ivf_flat_wait_s: float = Field(default=20.0, ge=0.0, le=300.0)  # then answer 503 with Retry-After
     index_device: str = "auto"  # auto | faiss | a torch device (cpu, cuda, cuda:N) for exact search
     search_threads: int = Field(default=0, ge=0, le=256)  # for batches of >= 20 queries; 0 = all cores
     vector_storage: Literal["auto", "sqlite", "float16"] = "auto"  # where a pool keeps its vectors (store.py)

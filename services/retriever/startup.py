@@ -104,7 +104,8 @@ def open_pool(settings: RetrieverSettings, identity: str | None, dim: int | None
         dim=dim if needs_reembed and dim else int(meta["dim"]), kind=kind, tag=meta["tag"],  # type: ignore[arg-type]
         index_config=IndexConfig(settings.index_type, settings.ivf_nlist, settings.ivf_nprobe, settings.search_threads,
                                  device=settings.search_device, train_min=settings.ivf_train_min,
-                                 retrain_growth=settings.ivf_retrain_growth, pq_m=settings.pq_m,
+                                 retrain_growth=settings.ivf_retrain_growth, flat_max=settings.ivf_flat_max,
+                                 flat_wait_s=settings.ivf_flat_wait_s, pq_m=settings.pq_m,
                                  rerank=settings.rerank_factor,
                                  vector_file=store.vector_path if store.vectors else root / "index" / VECTOR_FILE,
                                  vectors_shared=store.vectors is not None),

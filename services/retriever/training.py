@@ -11,6 +11,11 @@ With ``T3AR_RETRIEVER_INDEX_TYPE=ivf`` a pool starts on an exact flat index; onc
 4. ``index.finish_rebuild(new, seqs)`` under the write lock: journaled adds missing from the snapshot are
    replayed, ids removed during the build are tombstoned again, the faiss index is swapped.
 
+While the pool is still flat, adds are held back once it holds :func:`flat_cap` vectors (twice
+``train_min`` unless ``T3AR_RETRIEVER_IVF_FLAT_MAX`` says otherwise), until the first training has swapped in:
+the flat index keeps float32 vectors, so an ingest faster than that training would otherwise grow it without
+bound, and the first training's second pass reads at most that many.
+
 Searches run on the live index throughout; a delete acknowledged during the build is filtered from the new index
 by the shared tombstone set. Peak memory of a rebuild: the live index + the new one + the sample (~0.5 GiB at
 nlist 1024, 512-d) + one database batch + the journal of adds made meanwhile (their vectors with ``flat`` and
@@ -55,6 +60,18 @@ def nlist_to_train(index: VectorIndex, config: IndexConfig) -> int | None:
         return nlist
     trained = index.trained_on or n
     return nlist if n >= config.retrain_growth * trained else None
+
+
+def flat_cap(config: IndexConfig) -> int | None:
+    """The most vectors a pool of a trained kind takes on its exact (flat) index, before its first IVF training
+    has been swapped in; None for ``flat`` pools. Adds beyond it are held back (:meth:`Pool.add` waits, then
+    answers 503): the flat index holds float32 (2 KiB per 512-d vector), and a 10 M ingest that outran the first
+    training grew it to 14 GiB. Never under twice the least a training can start from, so the cap cannot hold
+    adds back before the training that lifts it can begin."""
+    if not config.trained:
+        return None
+    least = max(config.train_min, min_to_train(config), MIN_PER_LIST)
+    return max(config.flat_max or 2 * config.train_min, 2 * least)
 
 
 def build_ivf_two_pass(dim: int, config: IndexConfig, nlist: int, total: int, batches: Batches,

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from t3ar.clients.retriever_errors import RetrieverUnavailableError
 from t3ar_bench.retrieval.ann import K, mixture_vectors
 from t3ar_bench.retrieval.service import percentiles, retriever_service, rss_bytes
 
@@ -45,11 +46,14 @@ def default_nlist(n: int) -> int:
 
 
 def proc_memory(pid: int) -> dict[str, int | None]:
-    """VmRSS, RssAnon and RssFile of a process in bytes (Linux /proc)."""
-    out: dict[str, int | None] = {"rss_bytes": rss_bytes(pid), "rss_anon_bytes": None, "rss_file_bytes": None}
+    """VmRSS, RssAnon, RssFile and VmHWM (the peak resident memory since the process started) in bytes (Linux
+    /proc)."""
+    out: dict[str, int | None] = {"rss_bytes": rss_bytes(pid), "rss_anon_bytes": None, "rss_file_bytes": None,
+                                  "peak_rss_bytes": None}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            for key, name in (("RssAnon:", "rss_anon_bytes"), ("RssFile:", "rss_file_bytes")):
+            for key, name in (("RssAnon:", "rss_anon_bytes"), ("RssFile:", "rss_file_bytes"),
+                              ("VmHWM:", "peak_rss_bytes")):
                 if line.startswith(key):
                     out[name] = int(line.split()[1]) * 1024
     except OSError:
@@ -102,6 +106,24 @@ def _wait_trained(client: Any, timeout: float) -> dict[str, Any]:
         time.sleep(1.0)
 
 
+def _add(client: Any, chunk: np.ndarray, timeout: float) -> tuple[list[str], float]:
+    """``POST /pool/vectors`` of one chunk, waiting out the retriever's backpressure: while the pool is still on
+    its exact index and at its cap (``T3AR_RETRIEVER_IVF_FLAT_MAX``), adds answer 503 until the first training
+    is in, and the client's own retries may not cover a long training. The ids and the seconds spent held."""
+    deadline, held = time.monotonic() + timeout, 0.0
+    while True:
+        t = time.perf_counter()
+        try:
+            return client.add_vectors(chunk, identity="synthetic-mixture"), held
+        except RetrieverUnavailableError as e:
+            if time.monotonic() > deadline:
+                raise
+            held += time.perf_counter() - t
+            log.info("adds held back (%s); waiting", str(e)[:160])
+            time.sleep(5.0)
+            held += 5.0
+
+
 def _searches(client: Any, queries: np.ndarray) -> tuple[list[list[int]], list[float]]:
     found, seconds = [], []
     client.search(queries[:1], K)  # warm-up
@@ -130,12 +152,13 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
     victim_vecs: dict[int, np.ndarray] = {}
     with retriever_service(data, env) as (client, proc):
         out["memory_empty"] = proc_memory(proc.pid)  # the process before the pool holds anything
-        t0, t_post = time.perf_counter(), 0.0
+        t0, t_post, held = time.perf_counter(), 0.0, 0.0
         for start in range(0, n, CHUNK):
             chunk = mixture_vectors(min(CHUNK, n - start), seed=BASE_SEED + start // CHUNK)
             t = time.perf_counter()
-            ids = client.add_vectors(chunk, identity="synthetic-mixture")
+            ids, wait = _add(client, chunk, timeout=max(3600.0, n / 500))
             t_post += time.perf_counter() - t
+            held += wait
             seqs = np.array([int(i.rsplit("-", 1)[1]) for i in ids])
             if not (seqs == np.arange(start + 1, start + len(chunk) + 1)).all():
                 raise RuntimeError("the pool was not empty: ids do not follow the load order")
@@ -147,6 +170,9 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
                          (start + len(chunk)) / (time.perf_counter() - t0))
         out["ingest_vectors_per_s"] = n / t_post
         out["ingest_wall_s"] = time.perf_counter() - t0
+        out["ingest_held_s"] = held  # in 503s of the flat cap, after the client's own retries (in t_post)
+        out["adds_held_in_retriever_s"] = client.stats()["index"].get("adds_held_s")  # waits inside the POSTs
+        out["memory_after_ingest"] = proc_memory(proc.pid)
         t = time.perf_counter()
         st = _wait_trained(client, timeout=max(600.0, n / 2000))
         out["train_wait_after_ingest_s"] = time.perf_counter() - t

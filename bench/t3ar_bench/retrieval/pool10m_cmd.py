@@ -64,18 +64,26 @@ def write_report(r: dict[str, Any], out_dir: Path) -> None:
     if load is not None:
         lines += ["", f"The machine's 1-minute load average while the single queries ran: {load:.1f} on "
                   f"{r['machine'].split(', ')[1]} (latency is CPU-bound: above the core count it is inflated)."]
+    peak = r.get("peak_rss_bytes")
     lines += ["", "Memory: `rss_bytes` is VmRSS after the load, "
               f"of which RssAnon (the process's own memory) {_gib(r['rss_anon_bytes'])} and RssFile (mapped files: "
               f"the libraries; the float16 rows are read with pread and stay in the page cache, outside it) "
               f"{_gib(r['rss_file_bytes'])}; after a cold start {_gib(r['memory_after_restart']['rss_bytes'])} "
               f"(RssAnon {_gib(r['memory_after_restart']['rss_anon_bytes'])}; "
               f"{_gib(r['memory_empty']['rss_anon_bytes'])} with the pool empty: "
-              f"{r.get('anon_bytes_per_vector') or 0:.0f} bytes of anonymous memory per vector).",
+              f"{r.get('anon_bytes_per_vector') or 0:.0f} bytes of anonymous memory per vector)."
+              + ("" if peak is None else f" The peak over the whole load (VmHWM: ingest, background trainings, "
+                 f"searches, deletes): {_gib(peak)}."),
               "", f"Disk ({_gib(r['disk_bytes'])} allocated; raw float32 would be {_gib(r['raw_float32_bytes'])}): "
               + ", ".join(f"`{k}` {_gib(v)}" for k, v in r["disk_breakdown"].items()) + ".", "",
               f"Ingest: {r['ingest_vectors_per_s']:,.0f} vectors/s over the POSTs ({r['ingest_wall_s']:.0f} s wall "
               f"with generation and ground truth), then {r['train_wait_after_ingest_s']:.0f} s until the background "
-              "training had caught up.", "",
+              "training had caught up."
+              + ("" if r.get("ingest_held_s") is None else
+                 f" Adds were held back while the pool was still on its exact index at its cap "
+                 f"(`T3AR_RETRIEVER_IVF_FLAT_MAX`, twice the training threshold) and the first training ran: "
+                 f"{r.get('adds_held_in_retriever_s') or 0:.0f} s of waits inside the POSTs (summed over requests), "
+                 f"{r['ingest_held_s']:.0f} s more in 503s after the client's own retries."), "",
               f"Deletes: {r['deletes']} ids deleted one by one (p50 {r['delete']['p50_ms']:.1f} ms); "
               f"{r['deleted_returned_after_2xx']} returned by a search for their own vector after the 2xx, "
               f"{r['deleted_returned_after_restart']} after the restart.", "",
@@ -121,7 +129,7 @@ def real_section(real: dict[str, Any]) -> list[str]:
 @click.option("--rerank", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Candidates re-scored exactly per result.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-pool"),
-              show_default=True, help="The pool's data directory goes here (~3.1 KiB per vector); emptied first.")
+              show_default=True, help="The pool's data directory goes here (~1.2 KB per vector); emptied first.")
 @click.option("--real-embeddings", "real_paths", multiple=True, type=click.Path(path_type=Path),
               help="Real embeddings for the sanity set: a .npy file of one model's L2-normalised rows, a folder of "
                    "them (every *.npy in it) or a quoted glob pattern of files; repeat for more. The same index "
@@ -135,7 +143,7 @@ def pool(vectors: int, queries: int, deletes: int, nlist: int | None, nprobe: in
     compressed index (``T3AR_RETRIEVER_INDEX_TYPE=ivfpq``) in a real retriever over HTTP.
 
     \b
-    The 10 M run needs ~32 GB of free disk and a few hours on 2 cores. A small smoke run (a few minutes):
+    The 10 M run needs ~12 GB of free disk and about an hour on 2 cores. A small smoke run (a few minutes):
       t3ar bench pool --vectors 200000 --out /tmp/pool-small
     With the real-embedding sanity set (the adaptation benchmark's cached embeddings of one model, say):
       t3ar bench pool --vectors 10000 --out /tmp/pool-real \\
