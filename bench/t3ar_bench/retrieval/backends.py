@@ -133,7 +133,8 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
     env = {"T3AR_RETRIEVER_EMBEDDER": "none", "T3AR_RETRIEVER_VECTOR_DIM": str(DIM),
            "T3AR_RETRIEVER_VECTOR_IDENTITY": "synthetic"}
     out: dict[str, Any] = {"vectors": n, "dim": DIM, "k": K, "batch": BATCH, "data": "structured (ann.MIXTURE)",
-                           "milvus_uri": "milvus-lite (a file in the data directory)",
+                           "milvus_uri": "milvus-lite (a file in the data directory)" if lite else
+                           "milvus-lite not run (--no-milvus-lite)",
                            "faiss_index": "IVF (T3AR_RETRIEVER_INDEX_TYPE=ivf, nlist 1024, nprobe 32)",
                            "milvus_index": milvus_index_description(os.environ)}
     envs = {name: {**env, "T3AR_RETRIEVER_BACKEND": name} for name in BACKEND_NAMES}

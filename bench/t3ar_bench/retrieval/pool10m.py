@@ -106,6 +106,17 @@ def _wait_trained(client: Any, timeout: float) -> dict[str, Any]:
         time.sleep(1.0)
 
 
+def read_through(path: Path, block: int = 64 << 20) -> float:
+    """Read a file once from start to end (into the kernel's page cache: the float16 rows each search re-ranks
+    from, as on a host that has served the pool a while; it fits beside the process on the 24 GiB machine);
+    the seconds it took."""
+    t = time.perf_counter()
+    with path.open("rb", buffering=0) as f:
+        while f.read(block):
+            pass
+    return time.perf_counter() - t
+
+
 def _add(client: Any, chunk: np.ndarray, timeout: float) -> tuple[list[str], float]:
     """``POST /pool/vectors`` of one chunk, waiting out the retriever's backpressure: while the pool is still on
     its exact index and at its cap (``T3AR_RETRIEVER_IVF_FLAT_MAX``), adds answer 503 until the first training
@@ -177,8 +188,12 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
         st = _wait_trained(client, timeout=max(600.0, n / 2000))
         out["train_wait_after_ingest_s"] = time.perf_counter() - t
         out["trained_on"] = st["index"]["trained_on"]
+        found, seconds = _searches(client, queries)  # as the ingest left the page cache (rows maybe not in it)
+        out["single_as_ingested"] = percentiles(seconds)
+        out["recall_at_50_as_ingested"] = recall(found, truth.ids)
+        out["row_file_read_s"] = read_through(data / "vectors.f16")
         load_before = os.getloadavg()[0]
-        found, seconds = _searches(client, queries)
+        found, seconds = _searches(client, queries)  # the rows in the page cache: a host serving the pool a while
         out["single"] = percentiles(seconds)
         out["load_average_during_search"] = (load_before + os.getloadavg()[0]) / 2  # latency is CPU-bound
         out["recall_at_50"] = recall(found, truth.ids)
