@@ -1,5 +1,5 @@
 """A vectors-only retriever app in-process (TestClient), ready to serve: what several retriever unit tests start;
-and a pool's restart (:func:`restarted`)."""
+a pool's restart (:func:`restarted`); the settings of a vectors-only pool and random unit vectors for it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi.testclient import TestClient
 
 from t3ar_services.retriever.main import create_app
@@ -17,6 +18,19 @@ from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import load_index, open_pool, save_index
 
 ADMIN = {"Authorization": "Bearer admin-t"}
+
+
+def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
+    """``n`` random unit vectors of ``dim`` numbers (float32), the same for the same seed."""
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def pool_settings(tmp_path: Path, dim: int, **kw: Any) -> RetrieverSettings:
+    """Settings of a vectors-only pool of ``dim``-d vectors (identity ``t``) in ``tmp_path/pool``, auth off."""
+    args: dict[str, Any] = {"data_dir": tmp_path / "pool", "auth_disabled": True, "embedder": "none",
+                            "vector_dim": dim, "vector_identity": "t", **kw}
+    return RetrieverSettings(**args)
 
 
 @contextmanager

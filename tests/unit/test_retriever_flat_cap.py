@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from retriever_kit import pool_settings, unit_vectors
 
 from t3ar_services.retriever.errors import ERRORS, NotReadyError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex
 from t3ar_services.retriever.pool import Pool
-from t3ar_services.retriever.settings import RetrieverSettings
 from t3ar_services.retriever.startup import load_index, open_pool
 from t3ar_services.retriever.training import IndexTrainer, flat_cap
 
@@ -24,16 +24,13 @@ CHUNK = 500
 
 
 def _unit(n: int, seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal((n, D)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
+    return unit_vectors(n, D, seed)
 
 
 def _pool(tmp_path: Path, **kw: object) -> Pool:
-    args: dict[str, object] = {"data_dir": tmp_path / "pool", "auth_disabled": True, "embedder": "none",
-                               "vector_dim": D, "vector_identity": "t", "index_type": "ivfpq", "ivf_nlist": 16,
-                               "ivf_nprobe": 16, "pq_m": 8, "rerank_factor": 8, "ivf_train_min": 1000}
-    args.update(kw)
-    pool, _ = open_pool(RetrieverSettings(**args), None, None)  # type: ignore[arg-type]
+    args: dict[str, object] = {"index_type": "ivfpq", "ivf_nlist": 16, "ivf_nprobe": 16, "pq_m": 8,
+                               "rerank_factor": 8, "ivf_train_min": 1000, **kw}
+    pool, _ = open_pool(pool_settings(tmp_path, D, **args), None, None)
     load_index(pool)
     return pool
 

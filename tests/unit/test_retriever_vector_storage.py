@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from retriever_kit import pool_settings, unit_vectors
 
 from t3ar_services.retriever.curation import NearDuplicatesRequest, near_duplicates
 from t3ar_services.retriever.errors import PoolConflictError
@@ -21,15 +22,11 @@ D = 32
 
 
 def _unit(n: int, seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal((n, D)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
+    return unit_vectors(n, D, seed)
 
 
 def _settings(tmp_path: Path, **kw: object) -> RetrieverSettings:
-    args: dict[str, object] = {"data_dir": tmp_path / "pool", "auth_disabled": True, "embedder": "none",
-                               "vector_dim": D, "vector_identity": "t"}
-    args.update(kw)
-    return RetrieverSettings(**args)  # type: ignore[arg-type]
+    return pool_settings(tmp_path, D, **kw)
 
 
 def _column_bytes(data: Path) -> int:
