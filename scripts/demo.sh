@@ -155,7 +155,7 @@ if acc:
 print(f"accuracy on all {after['n']} Twitter emoji ({'the winner' if acc else 'adapted'}; the holdout's images "
       f"included):  {100 * before['top1']:.1f}% -> {100 * after['top1']:.1f}%")
 print(f"these numbers depend on: device {sys.argv[3]}, {rt['threads']} torch thread(s), CPU {rt['machine']} "
-      f"{rt['cpu_capability']}, torch {libs['torch']}, timm {libs['timm']}, Pillow {libs['pillow']}, "
+      f"{rt['cpu_capability']} ({rt.get('cpu', 'model unknown')}), torch {libs['torch']}, timm {libs['timm']}, Pillow {libs['pillow']}, "
       f"numpy {libs['numpy']}, {pool['package']} {pool['version']}, training inputs {src['digest'][:12]} "
       f"({d / 'source.json'})")
 print(f"checkpoint: {d / 'adapted.pt'}   demo wall time: {time.time() - float(sys.argv[2]):.0f} s")
