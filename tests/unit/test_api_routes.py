@@ -203,6 +203,25 @@ def test_rejections_leave_nothing(env: Any, tmp_path: Path) -> None:
     assert client.get("/jobs", headers=USER).json()["total"] == 0
 
 
+def test_the_config_enqueued_is_the_config_validated_mode_included(env: Any, tmp_path: Path) -> None:
+    """A labelled archive makes a job of a method with a train-time mode a train-time job; an option refused at
+    train time is refused then (422) before anything is stored, not accepted and failed by the worker."""
+    client, redis, _, data = env
+    model_id = _model(client, tmp_path)
+    options = {"method": "t3ar", "retrieval": {"k": 3}, "safeguards": {"reliable_entropy": 0.4}}
+    resp = _adapt(client, model_id, _archive(labels=True), options)
+    assert resp.status_code == 422, resp.text
+    assert "reliable_entropy" in resp.json()["error"]["message"], resp.text
+    assert Queue("t3ar-adapt", connection=redis, serializer=SERIALIZER).count == 0
+    assert list((data / "jobs").iterdir()) == []
+    assert client.get("/jobs", headers=USER).json()["total"] == 0
+    # the same options on an unlabelled archive (test time) are a job, whose config says the mode it runs in
+    ok = _adapt(client, model_id, _archive(), options)
+    assert ok.status_code == 202, ok.text
+    spec = Job.fetch(ok.json()["id"], connection=redis, serializer=SERIALIZER).args[0]
+    assert spec["config"] == ok.json()["config"] and spec["config"]["mode"] == "test"
+
+
 def test_archive_of_many_small_compressed_members_is_a_bomb(env: Any, tmp_path: Path) -> None:
     """Members under 1 MiB escape the per-member ratio check; the whole archive's ratio refuses them before
     anything is extracted, naming the offending member and the setting."""

@@ -134,11 +134,11 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
     try:
         model = require_model(state.store, settings, upload.model_id) if model is None \
             else require_file(settings, model)
-        given, cfg = parse_config(upload.config)
+        draft = parse_config(upload.config)
         archive = job_dir / "upload"
         save_upload(upload.archive, archive, settings.max_upload_bytes, "the target archive",
                     "T3AR_API_MAX_UPLOAD_BYTES")
-        prepared, cfg = prepare_target(archive, job_dir, settings, model.classes, given, cfg,
+        prepared, cfg = prepare_target(archive, job_dir, settings, model.classes, draft,
                                        skip_bad_images=upload.skip_bad_images,
                                        sent=sent_name(upload.filename, "archive"))
         archive.unlink()
