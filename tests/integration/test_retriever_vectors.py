@@ -38,7 +38,7 @@ def test_ivf_vectors_pool_add_search_delete_restart(tmp_path: Path,
             time.sleep(0.1)
         assert st["index"]["type"] == "ivf" and st["index"]["trained_on"] in (2000, 3000)
         assert [row[0] for row in c.search(vecs[:50], k=1).ids] == ids[:50]
-        with pytest.raises(RetrieverInputError, match="out of range"):  # the lean client path falls back
+        with pytest.raises(RetrieverInputError, match="out of range"):
             c.search(vecs[:1], k=100_000)
         with pytest.raises(RetrieverInputError, match="dim 16"):
             c.search(vecs[:1, :8], k=1)

@@ -205,7 +205,7 @@ class RetrieverClient(HttpClient):
         return self._search(body)
 
     def _search(self, body: dict[str, Any]) -> SearchResult:
-        out = self._post_json_fast("/search", body)
+        out = self._post_json("/search", body)
         rows = out["results"]
         return SearchResult([row["ids"] for row in rows], [row["scores"] for row in rows], out["identity"],
                             [row.get("labels") or [None] * len(row["ids"]) for row in rows])
