@@ -21,6 +21,7 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 
+from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.errors import without_paths
 from t3ar.logs import REQUEST_ID
 from t3ar.method.config import AdaptConfig
@@ -101,7 +102,7 @@ class JobService:
     # --- submit ------------------------------------------------------------------------------------------
     def enqueue(self, row: JobRow, config: AdaptConfig, model_sha256: str, target: TargetTar, secret: str,
                 subsample: Subsample, *, holdout: TargetTar | None = None,
-                acceptance: dict[str, Any] | None = None) -> None:
+                acceptance: AcceptanceOptions | None = None) -> None:
         """Queue the job; the worker fetches the base model and ``target`` (and a ``holdout``, with the job's
         ``acceptance`` options) by these digests over HTTP, showing the job's ``secret`` (whose sha256 the row
         keeps), and adapts to the ``subsample`` drawn at submission. ``config``: the row's config, as the API

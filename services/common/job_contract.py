@@ -42,6 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.clients.api_models import Progress
 from t3ar.clients.job_report import (
     MAX_LABELLED_LISTED,
@@ -118,9 +119,9 @@ class JobSpec(BaseModel):
                             description="the job's own secret: its worker routes need it (header X-T3AR-Job-Secret) "
                                         "besides the worker token, so a worker token alone cannot read another "
                                         "job's inputs or replace its result")
-    acceptance: dict[str, Any] | None = Field(
-        default=None, description="the job's acceptance options (t3ar.acceptance_options.AcceptanceOptions, as a "
-                                  "dict): candidates scored on its holdout, the winner returned; None = no holdout")
+    acceptance: AcceptanceOptions | None = Field(
+        default=None, description="the job's acceptance options: candidates scored on its holdout, the winner "
+                                  "returned; None = no holdout")
     holdout_sha256: str | None = Field(default=None, pattern=SHA256_PATTERN,
                                        description="the holdout tar's sha256 (with acceptance)")
     holdout_bytes: int | None = Field(default=None, ge=0, description="the holdout tar's size")

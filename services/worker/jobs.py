@@ -182,10 +182,9 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     kept = len(rows)
     configs = [config]
     if spec.acceptance is not None:  # every candidate runs here, one after the other
-        from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names
+        from t3ar.acceptance_options import candidate_config, candidate_names
 
-        options = AcceptanceOptions.model_validate(spec.acceptance)
-        configs = [candidate_config(config, name) for name in candidate_names(options, config)]
+        configs = [candidate_config(config, name) for name in candidate_names(spec.acceptance, config)]
     for c in configs:
         check_job_memory(c, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
     measured["model_loaded"] = time.perf_counter() - t
@@ -201,7 +200,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
         progress.phase("retrieving")
-    acceptance: dict[str, Any] | None = None
+    acceptance: AcceptanceRecord | None = None
     try:
         if spec.acceptance is not None:
             outcome, config, acceptance, phase_seconds = _candidates(spec, config, model, info, target, provider,
@@ -219,7 +218,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     res = outcome.result
     metrics = outcome.checkpoint_metrics()  # the same keys as a checkpoint made by `t3ar adapt`
     if acceptance is not None:
-        metrics["acceptance"] = acceptance  # in the checkpoint, and so in its ONNX / safetensors metadata
+        # in the checkpoint, and so in its ONNX / safetensors metadata
+        metrics["acceptance"] = acceptance.model_dump(mode="json")
     measured.update(phase_seconds)
     t = time.perf_counter()
     sha = save_checkpoint(work / MODEL_FILE, model, info.spec, adapt_config=config.model_dump(),
@@ -232,8 +232,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     # the worker total ends here: the report cannot hold the time of its own upload (one small PUT)
     total = time.perf_counter() - t0
     report = _report(spec, config, outcome, metrics, sha, str(device), provider, total, transfer)
-    if acceptance is not None:
-        report.acceptance = AcceptanceRecord.model_validate(acceptance)
+    report.acceptance = acceptance
     report.phases = phases.build_phases(measured, total, queue_wait=queue_wait)
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
@@ -246,7 +245,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
         summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
     if acceptance is not None:
-        summary["winner"] = acceptance["winner"]  # the whole record is in the job's meta (GET /jobs/{id})
+        summary["winner"] = acceptance.winner  # the whole record is in the job's meta (GET /jobs/{id})
     if "after" in metrics:
         summary["accuracy_before"] = metrics["before"]["top1"]
         summary["accuracy_after"] = metrics["after"]["top1"]
@@ -259,16 +258,16 @@ class AcceptanceRefusedError(T3arError):
 
 
 def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, target: Any, provider: Any, device: Any,
-                progress: Any, holdout_dir: Path) -> tuple[Any, AdaptConfig, dict[str, Any], dict[str, float]]:
+                progress: Any, holdout_dir: Path) -> tuple[Any, AdaptConfig, AcceptanceRecord, dict[str, float]]:
     """Run the job's candidates on its holdout (t3ar.candidates); ``model`` ends with the winner's weights. Returns
     the winner's outcome and config, the acceptance record (also in the job's meta, where GET /jobs/{id} shows
     it) and the candidates' phases added up. With ``require_gain`` a base-model winner fails the job."""
     from t3ar.acceptance import gain_refusal
-    from t3ar.acceptance_options import AcceptanceOptions
     from t3ar.candidates import run_candidates
     from t3ar.data.holdout import read_holdout
 
-    options = AcceptanceOptions.model_validate(spec.acceptance)
+    options = spec.acceptance
+    assert options is not None
     holdout = read_holdout(holdout_dir)
 
     def started(name: str, i: int, n: int) -> None:
@@ -276,8 +275,8 @@ def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, targe
 
     done = run_candidates(model, info, target, config, options, holdout, provider=provider, device=device,
                           on_step=progress.step, on_candidate=started, rows=spec.subsample_rows)
-    record = {**done.record(), "require_gain": options.require_gain}
-    progress.meta.acceptance = AcceptanceRecord.model_validate(record)
+    record = done.record(require_gain=options.require_gain)
+    progress.meta.acceptance = record
     if options.require_gain and (why := gain_refusal(done.acceptance)) is not None:
         raise AcceptanceRefusedError(why)
     return done.winner.outcome, done.winner.config, record, done.phase_seconds()

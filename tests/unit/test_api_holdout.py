@@ -153,8 +153,8 @@ def test_the_acceptance_record_shows_in_get_job(env: Any) -> None:
     client, redis, _, model_id = env
     job_id = _adapt(client, model_id, HOLDOUT).json()["id"]
     assert client.get(f"/jobs/{job_id}", headers=USER).json()["acceptance"] is None
-    record = {**as_record(decide({"source": [True, False], "bn-adapt": [True, True], "tent": [False, True]},
-                                   "paired")), "require_gain": False}
+    record = as_record(decide({"source": [True, False], "bn-adapt": [True, True], "tent": [False, True]},
+                              "paired")).model_dump(mode="json")
     job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)
     job.meta.update(acceptance=record, phase="candidate", candidate="tent (3/3)")
     job.save_meta()

@@ -92,7 +92,7 @@ def _enqueue(state: ApiState, row: JobRow, config: AdaptConfig, secret: str, mod
     data_dir = state.settings.data_dir
     state.jobs.enqueue(row, config, model.sha256, target_tar(data_dir, row.target_dir), secret, subsample,
                        holdout=target_tar(data_dir, holdout[0]) if holdout else None,
-                       acceptance=holdout[1].model_dump(mode="json") if holdout else None)
+                       acceptance=holdout[1] if holdout else None)
     state.metrics.jobs_submitted.labels(config.method, "readapt" if row.parent_id else "adapt").inc()
 
 
