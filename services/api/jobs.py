@@ -13,7 +13,6 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from redis import Redis
 from rq import Queue
@@ -38,6 +37,7 @@ from t3ar_services.common.job_contract import (
     SERIALIZER,
     AcceptanceRecord,
     JobMeta,
+    JobResult,
     JobSpec,
     Progress,
     artifacts_dir,
@@ -84,7 +84,7 @@ class JobState:
     worker: str | None = None
     progress: Progress | None = None
     error: str | None = None
-    result: dict[str, Any] | None = None
+    result: JobResult | None = None
     acceptance: AcceptanceRecord | None = None  # a job with a holdout, once its candidates were scored
 
 
@@ -156,8 +156,7 @@ class JobService:
                 st.error = explain_failure(result.exc_string if result else None, self.settings.job_timeout)
             st.error = st.error.replace("{id}", row.id)
         elif status == "finished":
-            value = job.return_value()
-            st.result = value if isinstance(value, dict) else None
+            st.result = JobResult.read(job.return_value())
         return st
 
     # --- cancel ------------------------------------------------------------------------------------------

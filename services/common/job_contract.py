@@ -43,7 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from t3ar.acceptance_options import AcceptanceOptions
-from t3ar.clients.api_models import Progress
+from t3ar.clients.api_models import JobResult, Progress
 from t3ar.clients.job_report import (
     MAX_LABELLED_LISTED,
     REPORT_VERSION,
@@ -65,8 +65,8 @@ from t3ar_services.common.files import atomic_file
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
 # in the library, which the CLI reads too (the library never imports the services).
 __all__ = ["REPORT_VERSION", "AcceptanceRecord", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport",
-           "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourRow", "Progress", "StepPoint",
-           "Transfer"]
+           "JobResult", "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourRow", "Progress",
+           "StepPoint", "Transfer"]
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from t3ar_services.common.job_contract import (
     EvalBrief,
     JobCanceledError,
     JobReport,
+    JobResult,
     JobSpec,
     LabelledNeighbour,
     NeighbourRow,
@@ -75,7 +76,8 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
         log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
         progress.phase("starting", epochs=config.epochs or None)
-        return _run(job_spec, config, settings, progress, connection, queue_wait)
+        result = _run(job_spec, config, settings, progress, connection, queue_wait)
+        return result.model_dump(mode="json", exclude_none=True)  # the job's return value: JSON, unset fields out
     except JobCanceledError:
         log.info("job %s canceled", job_id)
         raise
@@ -95,7 +97,7 @@ def _message(e: BaseException) -> str:
 
 
 def _run(spec: JobSpec, config: AdaptConfig, settings: WorkerSettings, progress: Any, connection: Any,
-         queue_wait: float | None = None) -> dict[str, Any]:
+         queue_wait: float | None = None) -> JobResult:
     import torch
 
     import t3ar.pipeline  # noqa: F401  (without a preloading parent: counted as the work horse's imports)
@@ -163,7 +165,7 @@ def _fetch_inputs(spec: JobSpec, settings: WorkerSettings, api: Any, work: Path)
 
 def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device: Any, progress: Any, connection: Any,
            api: Any, model_file: Path, target_dir: Path, work: Path, transfer: dict[str, Any],
-           t0: float, measured: dict[str, float], queue_wait: float | None) -> dict[str, Any]:
+           t0: float, measured: dict[str, float], queue_wait: float | None) -> JobResult:
     from t3ar.clients.retriever import RetrieverClient
     from t3ar.data.target import read_target
     from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
@@ -238,17 +240,16 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
     # readable(): a diverged run's NaN loss is reported as null (the API refuses what JSON answers cannot hold)
     api.put_result(spec.job_id, readable(report.model_dump(mode="json")), lineage)  # finishes the job
-    summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
-               "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
-    if report.labelled_neighbours_total:  # labelled neighbours: the first few (report: more)
-        summary["labelled_neighbours_total"] = report.labelled_neighbours_total
-        summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
-        summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
-    if acceptance is not None:
-        summary["winner"] = acceptance.winner  # the whole record is in the job's meta (GET /jobs/{id})
-    if "after" in metrics:
-        summary["accuracy_before"] = metrics["before"]["top1"]
-        summary["accuracy_after"] = metrics["after"]["top1"]
+    labelled = bool(report.labelled_neighbours_total)  # labelled neighbours: the first few (report: more)
+    summary = JobResult(
+        checkpoint_sha256=sha, pool_ids_used=len(outcome.lineage.pool_ids), steps=res.steps,
+        seconds_adapt=metrics["seconds_adapt"], seconds=round(time.perf_counter() - t0, 3),
+        labelled_neighbours_total=report.labelled_neighbours_total if labelled else None,
+        labelled_neighbours=report.labelled_neighbours[:_SUMMARY_LABELLED] if labelled else None,
+        labelled_per_label=labelled_per_label(outcome.labelled_neighbours) if labelled else None,  # all of them
+        winner=acceptance.winner if acceptance is not None else None,  # the whole record: the job's meta
+        accuracy_before=metrics["before"]["top1"] if "after" in metrics else None,
+        accuracy_after=metrics["after"]["top1"] if "after" in metrics else None)
     progress.done(steps=res.steps, seconds_adapt=metrics["seconds_adapt"])
     return summary
 

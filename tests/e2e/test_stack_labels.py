@@ -48,12 +48,12 @@ def test_labelled_neighbours_are_reported_and_train_time_contributions_carry_lab
         assert served and report.labelled_neighbours_total == len(served)
         for use in served:  # each names a labelled archive item and the label it carries in the pool
             assert archive[use.pool_id] == use.label and use.uses >= 1
-        assert ja.result["labelled_neighbours"] == [u.model_dump() for u in served[:20]]
-        assert ja.result["labelled_neighbours_total"] == len(served)
+        assert ja.result.labelled_neighbours == served[:20]
+        assert ja.result.labelled_neighbours_total == len(served)
         per_label: dict[str, int] = {}
         for use in served:
             per_label[use.label] = per_label.get(use.label, 0) + 1
-        assert ja.result["labelled_per_label"] == per_label  # all of them, not the 20 the result lists
+        assert ja.result.labelled_per_label == per_label  # all of them, not the 20 the result lists
 
         # lineage as today: a labelled neighbour's lineage names the job; a readapt reruns with the same labels
         assert a.id in {j.job_id for j in api.lineage(served[0].pool_id).jobs}

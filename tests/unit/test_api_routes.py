@@ -367,6 +367,43 @@ def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None
     assert readapt.status_code == 202 and readapt.json()["parent_id"] == done
 
 
+def test_a_jobs_config_and_result_are_typed_in_the_answers_and_the_document(env: Any, tmp_path: Path) -> None:
+    """GET /jobs/{id} answers the job's config as its method's AdaptConfig (nested groups) and a finished job's
+    result as JobResult, and the OpenAPI document says both shapes; a config stored by an earlier version that this
+    one no longer reads still answers (its options as stored), as does a result with a field that does not fit."""
+    from rq.results import Result
+
+    from t3ar.method.config import AdaptConfig
+
+    client, redis, _, _ = env
+    model_id = _model(client, tmp_path)
+    accepted = _adapt(client, model_id, _archive(), {"method": "t3ar", "retrieval": {"k": 2}})
+    job_id = accepted.json()["id"]
+    got = client.get(f"/jobs/{job_id}", headers=USER).json()
+    assert got["config"] == accepted.json()["config"] and got["config"]["retrieval"]["k"] == 2
+    assert AdaptConfig.model_validate(got["config"]).model_dump(mode="json") == got["config"]
+    job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=600, return_value={
+        "checkpoint_sha256": "a" * 64, "steps": 7, "winner": "tent", "accuracy_before": 0.5, "accuracy_after": 0.75,
+        "labelled_neighbours": [{"pool_id": "p-1", "label": "a", "uses": 2}], "pool_ids_used": "many"})
+    job.set_status("finished")
+    result = client.get(f"/jobs/{job_id}", headers=USER).json()["result"]
+    assert result["steps"] == 7 and result["winner"] == "tent" and result["pool_ids_used"] is None  # left out
+    assert result["labelled_neighbours"] == [{"pool_id": "p-1", "label": "a", "uses": 2}]
+    store = client.app.state.api.store  # type: ignore[attr-defined]
+    with store._tx() as db:  # a config of an earlier version: an option since removed
+        db.execute("UPDATE jobs SET config = ? WHERE id = ?",
+                   (json.dumps({**got["config"], "gone": {"x": 1}}), job_id))
+    old = client.get(f"/jobs/{job_id}", headers=USER)
+    assert old.status_code == 200 and old.json()["config"]["gone"] == {"x": 1}
+    doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    for model in ("JobOut", "JobAccepted"):
+        shape = json.dumps(schemas[model]["properties"]["config"])
+        assert "T3ARConfig" in shape and "TentConfig" in shape and "StoredConfig" in shape, shape
+    assert schemas["JobOut"]["properties"]["result"]["anyOf"][0] == {"$ref": "#/components/schemas/JobResult"}
+
+
 def _tiny() -> tuple[Any, ModelSpec]:
     spec = ModelSpec(backbone=BackboneSpec(name="mobilenetv2_050", weights="none"), classes=("a", "b"), image_size=32)
     return build_classifier(spec), spec

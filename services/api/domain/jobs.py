@@ -60,9 +60,11 @@ class TargetUpload:
 
 @dataclass(frozen=True)
 class Accepted:
-    """An enqueued job: its record, what was skipped on the way, and whether its target joins the pool."""
+    """An enqueued job: its record, the config it was enqueued with (the one validated), what was skipped on the
+    way, and whether its target joins the pool."""
 
     row: JobRow
+    config: AdaptConfig
     warnings: list[str] = field(default_factory=list)
     contribute: bool = False
 
@@ -175,7 +177,8 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
             state.contributor.records.forget(job_id)
             state.store.delete_job(job_id)
             raise
-        return Accepted(row, [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]], upload.contribute)
+        return Accepted(row, cfg, [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]],
+                        upload.contribute)
     except T3arError as e:
         state.metrics.uploads_rejected.labels(classify(e)[1]).inc()
         discard(job_dir)
@@ -216,7 +219,7 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     except BaseException:
         state.store.delete_job(row.id)
         raise
-    return Accepted(row)
+    return Accepted(row, cfg)
 
 
 def cancel(state: ApiState, job_id: str) -> str:
@@ -230,7 +233,7 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         id=row.id, url=links("get_job", row.id), status=st.status,  # type: ignore[arg-type]
         model_id=row.model_id, parent_id=row.parent_id, created_at=row.created_at,
         enqueued_at=st.enqueued_at, started_at=st.started_at, ended_at=st.ended_at, queue_position=st.position,
-        worker=st.worker, config=row.config,
+        worker=st.worker, config=s.job_config(row.config),
         target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
         progress=st.progress, error=st.error, result=st.result,
         checkpoint_url=links("get_checkpoint", row.id) if finished else None,
