@@ -19,6 +19,7 @@ import pytest
 from error_envelope import expect_error
 from fastapi.testclient import TestClient
 from PIL import Image
+from retriever_answers import stats_json
 from rq import Queue
 from rq.job import Job
 
@@ -39,7 +40,7 @@ def _retriever(pool: dict[str, Any]) -> httpx.MockTransport:
     def handle(req: httpx.Request) -> httpx.Response:
         pool.setdefault("raw_paths", []).append(req.url.raw_path.decode())
         if req.url.path == "/stats":
-            return httpx.Response(200, json={"count": pool["count"], "identity": "fake"})
+            return httpx.Response(200, json=stats_json(pool["count"]))
         if req.url.path == "/ready":
             return httpx.Response(200, json={"ready": True})
         if req.method == "DELETE":

@@ -78,7 +78,7 @@ def _check_pool(state: ApiState, config: AdaptConfig) -> None:
     retrieval = config.retrieval_options
     if retrieval is None:
         return
-    count = int(state.retriever.stats()["count"])
+    count = state.retriever.stats().count
     if count < retrieval.k:
         raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves "
                                 f"k={retrieval.k} per image: ingest more (t3ar pool ingest) or lower k")
