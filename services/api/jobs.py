@@ -13,7 +13,6 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from redis import Redis
 from rq import Queue
@@ -21,6 +20,7 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 
+from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.errors import without_paths
 from t3ar.logs import REQUEST_ID
 from t3ar.method.config import AdaptConfig
@@ -37,6 +37,7 @@ from t3ar_services.common.job_contract import (
     SERIALIZER,
     AcceptanceRecord,
     JobMeta,
+    JobResult,
     JobSpec,
     Progress,
     artifacts_dir,
@@ -83,7 +84,7 @@ class JobState:
     worker: str | None = None
     progress: Progress | None = None
     error: str | None = None
-    result: dict[str, Any] | None = None
+    result: JobResult | None = None
     acceptance: AcceptanceRecord | None = None  # a job with a holdout, once its candidates were scored
 
 
@@ -101,7 +102,7 @@ class JobService:
     # --- submit ------------------------------------------------------------------------------------------
     def enqueue(self, row: JobRow, config: AdaptConfig, model_sha256: str, target: TargetTar, secret: str,
                 subsample: Subsample, *, holdout: TargetTar | None = None,
-                acceptance: dict[str, Any] | None = None) -> None:
+                acceptance: AcceptanceOptions | None = None) -> None:
         """Queue the job; the worker fetches the base model and ``target`` (and a ``holdout``, with the job's
         ``acceptance`` options) by these digests over HTTP, showing the job's ``secret`` (whose sha256 the row
         keeps), and adapts to the ``subsample`` drawn at submission. ``config``: the row's config, as the API
@@ -155,8 +156,7 @@ class JobService:
                 st.error = explain_failure(result.exc_string if result else None, self.settings.job_timeout)
             st.error = st.error.replace("{id}", row.id)
         elif status == "finished":
-            value = job.return_value()
-            st.result = value if isinstance(value, dict) else None
+            st.result = JobResult.read(job.return_value())
         return st
 
     # --- cancel ------------------------------------------------------------------------------------------

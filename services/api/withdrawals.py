@@ -52,7 +52,7 @@ class Withdrawer:
             else:
                 for start in range(0, len(ids), DELETE_CHUNK):
                     chunk = list(ids[start:start + DELETE_CHUNK])
-                    deleted += list(self.admin().delete_many(chunk, missing_ok=missing_ok)["deleted"])
+                    deleted += self.admin().delete_many(chunk, missing_ok=missing_ok).deleted
                     gone += chunk  # all or none per call: with missing_ok what it did not delete was gone already
         finally:
             if gone:

@@ -1,4 +1,5 @@
-"""The acceptance check of a job with a labelled holdout: which candidate model it returns. Pure numpy.
+"""The acceptance check of a job with a labelled holdout: which candidate model it returns. Pure numpy (its record
+is the job contract's :class:`~t3ar.clients.job_report.AcceptanceRecord`).
 
 Each candidate (``source``: the base model as it is, ``bn-adapt``, the requested method, or a list) is scored on
 the same holdout images, as a boolean vector ``correct[i]`` (its top-1 prediction of image i is the label). From
@@ -29,6 +30,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from t3ar.clients.job_report import AcceptanceRecord, CandidateRecord, PairedPoints
+
 Rule = Literal["paired", "argmax"]
 RULES: tuple[Rule, ...] = get_args(Rule)
 #: the rule a job uses when it names none: the one the method benchmark chose on its validation shifts (the cpu plan,
@@ -50,9 +53,6 @@ class PairedDiff:
     lo: float
     hi: float
 
-    def as_dict(self) -> dict[str, float]:
-        return {"points": round(self.points, 3), "lo": round(self.lo, 3), "hi": round(self.hi, 3)}
-
 
 @dataclass(frozen=True)
 class CandidateScore:
@@ -66,11 +66,6 @@ class CandidateScore:
     n: int
     vs_source: PairedDiff | None = None
     vs_bn_adapt: PairedDiff | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "top1": round(self.top1, 6), "ci": [round(self.lo, 6), round(self.hi, 6)],
-                "n": self.n, "vs_source": self.vs_source.as_dict() if self.vs_source else None,
-                "vs_bn_adapt": self.vs_bn_adapt.as_dict() if self.vs_bn_adapt else None}
 
 
 @dataclass(frozen=True)
@@ -202,8 +197,19 @@ def gain_refusal(acc: Acceptance) -> str | None:
             "try other candidates, or keep the base model")
 
 
-def as_record(acc: Acceptance) -> dict[str, object]:
-    """The decision as JSON-able data (what a job report and a checkpoint's metadata carry)."""
-    return {"rule": acc.rule, "winner": acc.winner, "reason": acc.reason, "n": acc.scores[0].n,
-            "ci": "wilson 95 %", "paired_ci": f"paired bootstrap 95 % ({acc.resamples} resamples, seed {acc.seed})",
-            "steps": list(acc.steps), "candidates": [s.as_dict() for s in acc.scores]}
+def as_record(acc: Acceptance, *, require_gain: bool = False, seconds: Mapping[str, float] | None = None,
+              methods: Mapping[str, str] | None = None) -> AcceptanceRecord:
+    """The decision as the job contract's record (what a job report, ``GET /jobs/{id}`` and a checkpoint's metadata
+    carry), with each candidate's wall ``seconds`` and ``methods`` (by candidate name) when given."""
+    def points(d: PairedDiff | None) -> PairedPoints | None:
+        return None if d is None else PairedPoints(points=round(d.points, 3), lo=round(d.lo, 3), hi=round(d.hi, 3))
+
+    return AcceptanceRecord(
+        rule=acc.rule, winner=acc.winner, reason=acc.reason, n=acc.scores[0].n, ci="wilson 95 %",
+        paired_ci=f"paired bootstrap 95 % ({acc.resamples} resamples, seed {acc.seed})", steps=list(acc.steps),
+        require_gain=require_gain,
+        candidates=[CandidateRecord(name=s.name, method=(methods or {}).get(s.name), top1=round(s.top1, 6),
+                                    ci=[round(s.lo, 6), round(s.hi, 6)], n=s.n, vs_source=points(s.vs_source),
+                                    vs_bn_adapt=points(s.vs_bn_adapt),
+                                    seconds=round(seconds[s.name], 3) if seconds and s.name in seconds else None)
+                    for s in acc.scores])

@@ -75,7 +75,7 @@ def pool(console_stack: Stack) -> list[str]:
             images = [(f"{HOSTILE if source == HOSTILE else 'img'}-{i}.png", png(CLASSES[i % 3], rng))
                       for i in range(n)]
             out = rc.add_images(images, source=source, metadata=meta, duplicate_policy="keep")
-            ids += [it["id"] for it in out["items"] if it["status"] == "added"]
+            ids += [it.id for it in out.items if it.status == "added"]
     assert len(ids) == 24
     return ids
 

@@ -153,7 +153,7 @@ def test_record_is_json_able() -> None:
     import json
 
     rec = as_record(decide({"source": _vec(2, 8), "bn-adapt": _vec(6, 8), "t3ar": _vec(7, 8)}, seed=1))
-    again = json.loads(json.dumps(rec))
+    again = json.loads(rec.model_dump_json())
     assert again["winner"] in ("source", "bn-adapt", "t3ar") and again["rule"] == DEFAULT_RULE
     assert [c["name"] for c in again["candidates"]] == ["source", "bn-adapt", "t3ar"]
     assert again["candidates"][1]["vs_source"]["points"] == pytest.approx(50.0)

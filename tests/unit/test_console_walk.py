@@ -140,10 +140,11 @@ def test_the_list_tells_presets_apart_and_a_test_time_targets_labels_only_score_
                                                                                   tmp_path: Path) -> None:
     """Both presets read "t3ar"; a test-time job on a labelled target read "64 images, labelled"."""
     from t3ar_services.api.console.pages_jobs import method_name, target_words
+    from t3ar_services.api.schemas import job_config
 
-    assert method_name({"method": "t3ar", "preset": "paper"}) == "t3ar · paper"
-    assert method_name({"method": "t3ar", "preset": "validated"}) == "t3ar · validated"
-    assert method_name({"method": "bn-adapt", "preset": None}) == "bn-adapt"
+    assert method_name(job_config({"method": "t3ar", "preset": "paper"})) == "t3ar · paper"
+    assert method_name(job_config({"method": "t3ar", "preset": "validated"})) == "t3ar · validated"
+    assert method_name(job_config({"method": "bn-adapt"})) == "bn-adapt"
     test_time = target_words(_job({"method": "t3ar", "mode": "test"}, True))
     assert test_time.startswith("64 images, labelled (only to score it") and "never sees the labels" in test_time
     assert target_words(_job({"method": "t3ar", "mode": "train"}, True)) == "64 images, labelled (trained on)"

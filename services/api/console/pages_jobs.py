@@ -17,7 +17,7 @@ from t3ar_services.api.console.session import Session
 from t3ar_services.api.console.thumbs import png_response, thumbnails
 from t3ar_services.api.deps import links_of
 from t3ar_services.api.domain import access, exports, jobs
-from t3ar_services.api.schemas import JobOut, ReportOut
+from t3ar_services.api.schemas import JobConfig, JobOut, ReportOut
 from t3ar_services.common.files import file_inside
 from t3ar_services.common.job_contract import EpochPoint
 
@@ -48,10 +48,10 @@ def _progress(job: JobOut) -> tuple[int, int]:
     return 0, 1
 
 
-def method_name(config: dict[str, Any]) -> str:
+def method_name(config: JobConfig) -> str:
     """The method as a list shows it: with its preset (``t3ar · validated``), which tells apart jobs of one method
     that ran different configurations."""
-    method, preset = str(config.get("method", "")), config.get("preset")
+    method, preset = config.method, getattr(config, "preset", None)
     return f"{method} · {preset}" if preset else method
 
 
@@ -60,7 +60,7 @@ def target_words(job: JobOut) -> str:
     they only score it; a train-time job trains on them)."""
     words = f"{job.target.images} images"
     if job.target.labelled:
-        train = job.config.get("mode") == "train"
+        train = job.config.mode == "train"
         words += ", labelled (trained on)" if train else \
             ", labelled (only to score it: test-time adaptation never sees the labels)"
     if job.target.skipped:
@@ -140,7 +140,7 @@ def job_page(request: Request, session: web.SessionDep, job_id: str) -> Response
     since = jobs.supersession(state, job_id, finished=job.status == "finished")
     return web.render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
                       accuracy=_accuracy(report), phases=_phases(report),
-                      config=json.dumps(job.config, indent=2, sort_keys=True),
+                      config=json.dumps(job.config.model_dump(mode="json"), indent=2, sort_keys=True),
                       neighbours=report.neighbour_sample if report is not None else [],
                       lineage=jobs.retrieved(state, job_id) if job.status == "finished" else [],
                       refresh=REFRESH_SECONDS if job.status in RUNNING else None, since=since,

@@ -21,6 +21,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar.clients.retriever_models import ItemOut
 from t3ar_services.api.console import web
 from t3ar_services.api.console.session import Session
 from t3ar_services.api.console.thumbs import png_response, thumbnails
@@ -47,11 +48,11 @@ def pool_page(request: Request, session: web.SessionDep, source: str | None = No
     source = source if (source or exact) else None
     label = label or None
     page = web.call(reader.list_items, after=after or None, limit=PAGE, source=source, label=label)
-    sources = sorted(dict(stats.get("sources") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
-    labels = sorted(dict(stats.get("labels") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
-    return web.render(request, "pool.html", session, items=page["items"], next_after=page.get("next_after"),
-                      total=page.get("total", len(page["items"])), count=stats.get("count", 0), sources=sources,
-                      source=source, labels=labels, label=label)
+    sources = sorted(stats.sources.items(), key=lambda kv: (-kv[1], kv[0]))
+    labels = sorted(stats.labels.items(), key=lambda kv: (-kv[1], kv[0]))
+    return web.render(request, "pool.html", session, items=page.items, next_after=page.next_after,
+                      total=page.total, count=stats.count, sources=sources, source=source, labels=labels,
+                      label=label)
 
 
 @router.get("/pool/search")
@@ -80,7 +81,7 @@ async def search(request: Request) -> Response:
     return web.render(request, "search.html", session, results=rows, query=query, filename=upload.filename or "")
 
 
-def _item(reader: RetrieverClient, pool_id: str) -> dict[str, Any] | None:
+def _item(reader: RetrieverClient, pool_id: str) -> ItemOut | None:
     try:
         return web.call(reader.get_item, pool_id)
     except web.PageError as e:
@@ -89,7 +90,7 @@ def _item(reader: RetrieverClient, pool_id: str) -> dict[str, Any] | None:
         raise
 
 
-def _known(state: Any, session: Session, pool_id: str, item: dict[str, Any] | None, links: Any) -> \
+def _known(state: Any, session: Session, pool_id: str, item: ItemOut | None, links: Any) -> \
         LineageResponse:
     """The item's lineage as ``session`` may see it; a 404 page for an id the pool does not hold and never held."""
     found = web.call(pool.lineage, state, links, pool_id)
@@ -102,7 +103,7 @@ def _known(state: Any, session: Session, pool_id: str, item: dict[str, Any] | No
 def _similar(reader: RetrieverClient, pool_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
     """The item's closest pool items, split at the pool's near-duplicate threshold (what its ingest skips as a
     near-duplicate): (near-duplicates, the other nearest neighbours, the threshold)."""
-    threshold = float(web.call(reader.stats).get("duplicate_threshold") or 1.0)
+    threshold = web.call(reader.stats).duplicate_threshold
     image = web.call(reader.get_image, pool_id)
     res = web.call(reader.search_images, [image], NEAR_K, exclude_ids=[pool_id])
     rows: list[dict[str, Any]] = [{"id": i, "score": float(sc), "label": lab}
@@ -120,7 +121,7 @@ def item_page(request: Request, session: web.SessionDep, pool_id: str) -> Respon
     near: list[dict[str, Any]] = []
     nearest: list[dict[str, Any]] = []
     threshold = None
-    if item is not None and item.get("size"):
+    if item is not None and item.size:
         near, nearest, threshold = _similar(reader, pool_id)
     lineage = _known(state, session, pool_id, item, links_of(request))
     after = web.call(pool.aftermath, state, lineage) if item is None else None
@@ -151,7 +152,7 @@ def item_image(request: Request, session: web.SessionDep, pool_id: str) -> Respo
     try:
         if item is None:
             raise web.PageError(404, f"no pool item {pool_id!r}")
-        sha = item.get("sha256")
+        sha = item.sha256
         load = lambda: web.call(reader.get_image, pool_id)  # noqa: E731
         thumbs = thumbnails(request)
         png = thumbs.get(f"sha256:{sha}", load) if sha else thumbs.of(load())

@@ -60,9 +60,11 @@ class TargetUpload:
 
 @dataclass(frozen=True)
 class Accepted:
-    """An enqueued job: its record, what was skipped on the way, and whether its target joins the pool."""
+    """An enqueued job: its record, the config it was enqueued with (the one validated), what was skipped on the
+    way, and whether its target joins the pool."""
 
     row: JobRow
+    config: AdaptConfig
     warnings: list[str] = field(default_factory=list)
     contribute: bool = False
 
@@ -76,7 +78,7 @@ def _check_pool(state: ApiState, config: AdaptConfig) -> None:
     retrieval = config.retrieval_options
     if retrieval is None:
         return
-    count = int(state.retriever.stats()["count"])
+    count = state.retriever.stats().count
     if count < retrieval.k:
         raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves "
                                 f"k={retrieval.k} per image: ingest more (t3ar pool ingest) or lower k")
@@ -92,7 +94,7 @@ def _enqueue(state: ApiState, row: JobRow, config: AdaptConfig, secret: str, mod
     data_dir = state.settings.data_dir
     state.jobs.enqueue(row, config, model.sha256, target_tar(data_dir, row.target_dir), secret, subsample,
                        holdout=target_tar(data_dir, holdout[0]) if holdout else None,
-                       acceptance=holdout[1].model_dump(mode="json") if holdout else None)
+                       acceptance=holdout[1] if holdout else None)
     state.metrics.jobs_submitted.labels(config.method, "readapt" if row.parent_id else "adapt").inc()
 
 
@@ -134,11 +136,11 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
     try:
         model = require_model(state.store, settings, upload.model_id) if model is None \
             else require_file(settings, model)
-        given, cfg = parse_config(upload.config)
+        draft = parse_config(upload.config)
         archive = job_dir / "upload"
         save_upload(upload.archive, archive, settings.max_upload_bytes, "the target archive",
                     "T3AR_API_MAX_UPLOAD_BYTES")
-        prepared, cfg = prepare_target(archive, job_dir, settings, model.classes, given, cfg,
+        prepared, cfg = prepare_target(archive, job_dir, settings, model.classes, draft,
                                        skip_bad_images=upload.skip_bad_images,
                                        sent=sent_name(upload.filename, "archive"))
         archive.unlink()
@@ -175,7 +177,8 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
             state.contributor.records.forget(job_id)
             state.store.delete_job(job_id)
             raise
-        return Accepted(row, [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]], upload.contribute)
+        return Accepted(row, cfg, [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]],
+                        upload.contribute)
     except T3arError as e:
         state.metrics.uploads_rejected.labels(classify(e)[1]).inc()
         discard(job_dir)
@@ -216,7 +219,7 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     except BaseException:
         state.store.delete_job(row.id)
         raise
-    return Accepted(row)
+    return Accepted(row, cfg)
 
 
 def cancel(state: ApiState, job_id: str) -> str:
@@ -230,7 +233,7 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         id=row.id, url=links("get_job", row.id), status=st.status,  # type: ignore[arg-type]
         model_id=row.model_id, parent_id=row.parent_id, created_at=row.created_at,
         enqueued_at=st.enqueued_at, started_at=st.started_at, ended_at=st.ended_at, queue_position=st.position,
-        worker=st.worker, config=row.config,
+        worker=st.worker, config=s.job_config(row.config),
         target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
         progress=st.progress, error=st.error, result=st.result,
         checkpoint_url=links("get_checkpoint", row.id) if finished else None,

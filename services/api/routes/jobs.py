@@ -28,7 +28,7 @@ router = APIRouter(responses=s.error_responses(401, 403, 404, 409, 413, 422, 503
 def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
     row = done.row
     url = links("get_job", row.id)
-    body = s.JobAccepted(id=row.id, url=url, parent_id=row.parent_id, config=row.config,
+    body = s.JobAccepted(id=row.id, url=url, parent_id=row.parent_id, config=done.config,
                          target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
                          contribute=done.contribute, warnings=done.warnings)
     return JSONResponse(body.model_dump(), status_code=202, headers={"Location": url})

@@ -17,7 +17,7 @@ from t3ar.acceptance import DEFAULT_RULE
 from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
-from t3ar.clients.api_models import JobOut, ModelOut, Progress
+from t3ar.clients.api_models import JobOut, JobResult, ModelOut, Progress
 from t3ar.clients.job_report import acceptance_table, labelled_summary
 from t3ar.method.presets import PRESET_NAMES
 
@@ -38,7 +38,7 @@ def console_page(api_url: str, job_id: str) -> str:
 
 def _summary(job: JobOut) -> str:
     p = job.progress or Progress()
-    line = f"{job.id}  {job.status:9s} model {job.model_id}  {job.config.get('method')}"
+    line = f"{job.id}  {job.status:9s} model {job.model_id}  {job.config.method}"
     line += f"  {job.target.images} images"
     if job.status == "started" and p.total_steps:
         line += f"  step {p.step}/{p.total_steps} (epoch {p.epoch})"
@@ -56,10 +56,10 @@ def _summary(job: JobOut) -> str:
         line += f"\n    used {n.items_used} pool image(s) contributed by job {n.job_id}"
     if job.acceptance:  # a job with a holdout: its candidates on it, and the winner
         line += "\n    " + "\n    ".join(acceptance_table(job.acceptance))
-    res = job.result or {}
-    if res.get("labelled_neighbours"):  # which neighbours served as labelled data, with their labels
-        line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
-                                          per_label=res.get("labelled_per_label"))
+    res = job.result or JobResult()
+    if res.labelled_neighbours:  # which neighbours served as labelled data, with their labels
+        line += "\n    " + labelled_summary([u.model_dump() for u in res.labelled_neighbours],
+                                          total=res.labelled_neighbours_total, per_label=res.labelled_per_label)
     return line
 
 
@@ -98,9 +98,9 @@ def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: floa
 
 def _finish(client: ApiClient, job: JobOut, out: Path | None, as_json: bool) -> None:
     text = _summary(job)
-    res = job.result or {}
-    if "accuracy_after" in res:
-        text += f"\naccuracy {pct(res['accuracy_before'])} -> {pct(res['accuracy_after'])} on the target labels"
+    res = job.result or JobResult()
+    if res.accuracy_after is not None:
+        text += f"\naccuracy {pct(res.accuracy_before)} -> {pct(res.accuracy_after)} on the target labels"
     shown: Any = job
     if job.status == "finished" and out is not None:
         client.download_checkpoint(job.id, out)

@@ -7,11 +7,16 @@ They live in the library because the CLI reads them too (the library never impor
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import logging
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from t3ar.clients.job_report import AcceptanceRecord, JobReport
+from t3ar.clients.job_report import AcceptanceRecord, JobReport, LabelledNeighbour
+from t3ar.method.config import AdaptConfig
+
+log = logging.getLogger(__name__)
 
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
 
@@ -124,6 +129,64 @@ class ExportOut(BaseModel):
     parity: ExportParity
 
 
+class StoredConfig(BaseModel):
+    """A job's config as it was stored, where this version's :class:`~t3ar.method.config.AdaptConfig` no longer
+    reads it (an option removed or renamed since the job ran): the options as they were."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str
+    mode: str = "test"
+
+
+#: a job's config in the API's answers: its method's AdaptConfig (one schema per method, keyed by ``method``), or,
+#: for a job stored by an earlier version whose options this one no longer reads, the options as stored
+JobConfig = Annotated[AdaptConfig | StoredConfig, Field(
+    union_mode="left_to_right", description="the job's adaptation config, as validated at submission (its mode "
+                                            "resolved): the options of its method, each group nested")]
+
+
+def job_config(stored: Mapping[str, Any]) -> AdaptConfig | StoredConfig:
+    """A job's stored config (what a job record keeps: its AdaptConfig's dump) as the API answers it."""
+    return TypeAdapter(JobConfig).validate_python(stored)
+
+
+class JobResult(BaseModel):
+    """A finished job's summary, as its worker returned it (the job's report has the whole story)."""
+
+    checkpoint_sha256: str | None = None
+    pool_ids_used: int | None = Field(default=None, description="distinct pool items the job retrieved")
+    steps: int | None = Field(default=None, description="optimiser steps run")
+    seconds_adapt: float | None = Field(default=None, description="seconds of adaptation")
+    seconds: float | None = Field(default=None, description="the worker's seconds for the whole job")
+    labelled_neighbours_total: int | None = Field(default=None, description="pool neighbours that served as "
+                                                                            "labelled training data")
+    labelled_neighbours: list[LabelledNeighbour] | None = Field(
+        default=None, description="the first few of them, the most used first (the report lists more)")
+    labelled_per_label: dict[str, int] | None = Field(default=None, description="how many of them carry each "
+                                                                                "label (all of them)")
+    winner: str | None = Field(default=None, description="a job with a holdout: the candidate whose checkpoint it "
+                                                         "returns")
+    accuracy_before: float | None = Field(default=None, description="top-1 on the target labels before adapting")
+    accuracy_after: float | None = Field(default=None, description="top-1 on the target labels after adapting")
+
+    @classmethod
+    def read(cls, value: Any) -> JobResult | None:
+        """What a worker returned, read leniently: a field that does not fit is left out (a job's answer never
+        fails on what a worker wrote); None when it is not an object."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            return cls.model_validate(value)
+        except ValidationError as e:
+            bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+            log.warning("a job's result does not fit the contract; left out: %s", ", ".join(map(str, sorted(bad))))
+            try:
+                return cls.model_validate({k: v for k, v in value.items() if k not in bad})
+            except ValidationError:
+                return cls()
+
+
 class JobOut(BaseModel):
     id: str
     url: str
@@ -136,11 +199,11 @@ class JobOut(BaseModel):
     ended_at: str | None = None
     queue_position: int | None = None
     worker: str | None = None
-    config: dict[str, Any]
+    config: JobConfig
     target: TargetInfo
     progress: Progress | None = None
     error: str | None = None
-    result: dict[str, Any] | None = None
+    result: JobResult | None = Field(default=None, description="a finished job: its summary")
     checkpoint_url: str | None = None
     report_url: str | None = None
     exports: dict[str, ExportOut] = Field(
@@ -168,7 +231,7 @@ class JobAccepted(BaseModel):
     url: str
     status: JobStatusName = "queued"
     parent_id: str | None = None
-    config: dict[str, Any]
+    config: JobConfig
     target: TargetInfo
     contribute: bool = Field(default=False, description="the target joins the pool once the job finished")
     warnings: list[str] = Field(default_factory=list)
