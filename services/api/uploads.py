@@ -176,7 +176,7 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
         raise DatasetError("mode 'train' (train-time adaptation) needs labels: add labels.csv (path,label) at the "
                            "archive root, or use mode 'test'")
     config = config.model_copy(update={"mode": mode})
-    kept = adapted_rows(images.labels, len(images), config.fraction, config.seed)
+    kept = adapted_rows(images.labels, len(images), config.fraction, config.seed, mode=mode)  # test: as unlabelled
     subsample = Subsample(rows=kept, sha256=imageset_sha256(images.subset(kept)))
     write_json_atomic(job_dir / SUBSAMPLE_FILE, subsample.model_dump())
     prepared = PreparedTarget(target_dir, len(images), images.labelled, mode, list(images.classes or []),
