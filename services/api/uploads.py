@@ -30,10 +30,10 @@ SUBSAMPLE_FILE = "subsample.json"
 
 
 class Subsample(BaseModel):
-    """The target images a job adapts to, drawn once at submission from the validated target (the stratified
-    subsample of its config's ``fraction`` and ``seed``) and recorded beside it: the job spec carries the rows to
-    the worker, and a checkpoint's lineage must name its digest. A readapt shares its parent's target and config,
-    so it shares this record too."""
+    """The target images a job adapts to, drawn once at submission from the validated target (the subsample of its
+    config's ``fraction``, ``seed`` and ``mode``: t3ar.data.sampling.adapted_rows) and recorded beside it: the
+    job spec carries the rows to the worker, and a checkpoint's lineage must name its digest. A readapt shares its
+    parent's target and config, so it shares this record too."""
 
     rows: list[int] = Field(min_length=2, description="indices into the target in read_target's order")
     sha256: str = Field(pattern=SHA256_PATTERN, description="t3ar.pipeline.imageset_sha256 of those images: the "

@@ -112,6 +112,7 @@ class CandidatesOutcome:
     runs: dict[str, CandidateRun]
     holdout_size: int
     seconds_holdout_decoded: float = 0.0
+    holdout_classes: int | None = None  # classes with images in the holdout
 
     @property
     def winner(self) -> CandidateRun:
@@ -124,6 +125,7 @@ class CandidatesOutcome:
         for cand in out["candidates"]:  # type: ignore[attr-defined]
             cand["seconds"] = seconds[cand["name"]]
             cand["method"] = self.runs[cand["name"]].config.method
+        out["classes"] = self.holdout_classes
         return out
 
     def phase_seconds(self) -> dict[str, float]:
@@ -192,4 +194,4 @@ def run_candidates(
     acceptance = decide({n: r.correct for n, r in runs.items()}, options.rule, seed=config.seed)
     model.load_state_dict(runs[acceptance.winner].state)
     log.info("acceptance (%s): %s wins: %s", acceptance.rule, acceptance.winner, acceptance.reason)
-    return CandidatesOutcome(acceptance, runs, len(holdout), decoded)
+    return CandidatesOutcome(acceptance, runs, len(holdout), decoded, len(set(hy.tolist())))
