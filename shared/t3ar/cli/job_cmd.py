@@ -127,11 +127,12 @@ def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: floa
             bar = tqdm(total=int(p.total_steps), desc=f"job {job_id[:8]}", unit="step", file=sys.stderr,
                        mininterval=0.5 if tty else 20.0, dynamic_ncols=tty)
         if bar is not None:
-            bar.set_postfix_str(f"{now} epoch {p.epoch} loss {p.loss} "
-                                f"pl-change {pct(p.pl_change_rate)}", refresh=False)
+            running = f"candidate {p.candidate} " if p.candidate else ""
+            bar.set_postfix_str(f"{running}{now} epoch {p.epoch} loss {p.loss} pl-change {pct(p.pl_change_rate)}",
+                                refresh=False)
             bar.update(max(0, int(p.step or 0) - bar.n))
         elif now != phase:
-            click.echo(f"job {job_id[:8]}: {now}", err=True)
+            click.echo(f"job {job_id[:8]}: {progress_words(job) or now}", err=True)
         phase = now
 
     try:
