@@ -21,7 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 
 from t3ar.clients.retriever import RetrieverClient
-from t3ar_services.api.audit import AuditLog
+from t3ar_services.api.audit import ROUTE_ACTIONS, AuditLog
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.domain import Links
@@ -153,10 +153,23 @@ def require_user(who: PrincipalDep) -> None:
     """Any principal (every role reads its own team's)."""
 
 
+def refused(request: Request, who: Principal, words: str) -> AuthError:
+    """The 403 for ``who`` on this route, recorded first in the audit log (outcome ``refused``) under the route's
+    action (:data:`~t3ar_services.api.audit.ROUTE_ACTIONS`; another route's as ``request``)."""
+    name = getattr(request.scope.get("endpoint"), "__name__", "")
+    params = request.path_params
+    target = str(params.get("pool_id") or params.get("job_id") or params.get("key_id") or "")
+    action = ROUTE_ACTIONS.get(name, "request")
+    detail = f"403: {words}" if name in ROUTE_ACTIONS else f"403 {request.method} {request.url.path}: {words}"
+    get_state(request).audit.record(key_id=who.key_id, team=who.team, action=action, target=target,
+                                    client=client_of(request), outcome="refused", detail=detail)
+    return AuthError(words, status=403)
+
+
 @route_scope("token", _SUBMIT_WORDS)
-def require_submit(who: PrincipalDep) -> Principal:
+def require_submit(request: Request, who: PrincipalDep) -> Principal:
     if not who.can_submit:
-        raise AuthError(_SUBMIT_WORDS, status=403)
+        raise refused(request, who, _SUBMIT_WORDS)
     return who
 
 
@@ -164,9 +177,9 @@ SubmitterDep = Annotated[Principal, Depends(require_submit)]  # a route paramete
 
 
 @route_scope("admin", _ADMIN_WORDS)
-def require_admin(who: PrincipalDep) -> None:
+def require_admin(request: Request, who: PrincipalDep) -> None:
     if not who.admin:
-        raise AuthError(_ADMIN_WORDS, status=403)
+        raise refused(request, who, _ADMIN_WORDS)
 
 
 @route_scope("worker", _WORKER_WORDS)

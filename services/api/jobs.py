@@ -34,6 +34,7 @@ from t3ar_services.common.job_contract import (
     CANCEL_KEY,
     JOB_FUNCTION,
     LINEAGE_FILE,
+    REPORT_FILE,
     SERIALIZER,
     AcceptanceRecord,
     JobMeta,
@@ -133,8 +134,10 @@ class JobService:
         job = job if job is not None else self.fetch(row.id)
         finished_on_disk = (artifacts_dir(self.settings.data_dir, row.id) / LINEAGE_FILE).is_file()
         if job is None:
-            if finished_on_disk:
-                return JobState("finished")
+            if finished_on_disk:  # rq forgot it: what a page shows of its holdout is in its report
+                done = JobState("finished")
+                done.acceptance = self._acceptance_on_disk(row.id)
+                return done
             if row.id in self.submissions:  # recorded, not enqueued yet: a sweep must not call it failed
                 return JobState("queued")
             return JobState("failed", error="the job's queue record is gone (expired or Redis was reset) and it "
@@ -158,6 +161,14 @@ class JobService:
         elif status == "finished":
             st.result = JobResult.read(job.return_value())
         return st
+
+    def _acceptance_on_disk(self, job_id: str) -> AcceptanceRecord | None:
+        """The acceptance record of a finished job's stored report (None: no holdout, or no readable report)."""
+        try:
+            found = json.loads((artifacts_dir(self.settings.data_dir, job_id) / REPORT_FILE).read_text())
+            return AcceptanceRecord.model_validate(found["acceptance"]) if found.get("acceptance") else None
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
 
     # --- cancel ------------------------------------------------------------------------------------------
     def cancel(self, row: JobRow) -> str:

@@ -30,10 +30,10 @@ SUBSAMPLE_FILE = "subsample.json"
 
 
 class Subsample(BaseModel):
-    """The target images a job adapts to, drawn once at submission from the validated target (the stratified
-    subsample of its config's ``fraction`` and ``seed``) and recorded beside it: the job spec carries the rows to
-    the worker, and a checkpoint's lineage must name its digest. A readapt shares its parent's target and config,
-    so it shares this record too."""
+    """The target images a job adapts to, drawn once at submission from the validated target (the subsample of its
+    config's ``fraction``, ``seed`` and ``mode``: t3ar.data.sampling.adapted_rows) and recorded beside it: the
+    job spec carries the rows to the worker, and a checkpoint's lineage must name its digest. A readapt shares its
+    parent's target and config, so it shares this record too."""
 
     rows: list[int] = Field(min_length=2, description="indices into the target in read_target's order")
     sha256: str = Field(pattern=SHA256_PATTERN, description="t3ar.pipeline.imageset_sha256 of those images: the "
@@ -192,7 +192,7 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
     if images.labelled:
         assert images.classes is not None
         class_map_check(list(images.classes), list(model_classes))
-    kept = adapted_rows(images.labels, len(images), config.fraction, config.seed)
+    kept = adapted_rows(images.labels, len(images), config.fraction, config.seed, mode=config.mode)  # test: unlabelled
     subsample = Subsample(rows=kept, sha256=imageset_sha256(images.subset(kept)))
     write_json_atomic(job_dir / SUBSAMPLE_FILE, subsample.model_dump())
     prepared = PreparedTarget(target_dir, len(images), images.labelled, config.mode, list(images.classes or []),

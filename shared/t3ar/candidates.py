@@ -112,6 +112,7 @@ class CandidatesOutcome:
     runs: dict[str, CandidateRun]
     holdout_size: int
     seconds_holdout_decoded: float = 0.0
+    holdout_classes: int | None = None  # classes with images in the holdout
 
     @property
     def winner(self) -> CandidateRun:
@@ -121,7 +122,8 @@ class CandidatesOutcome:
         """The acceptance record (what the report, ``GET /jobs/{id}`` and the checkpoint's metadata carry)."""
         return as_record(self.acceptance, require_gain=require_gain,
                          seconds={name: run.seconds for name, run in self.runs.items()},
-                         methods={name: run.config.method for name, run in self.runs.items()})
+                         methods={name: run.config.method for name, run in self.runs.items()},
+                         classes=self.holdout_classes)
 
     def phase_seconds(self) -> dict[str, float]:
         """The candidates' pipeline phases added up (the worker's phase table), the holdout's decoding and
@@ -189,4 +191,4 @@ def run_candidates(
     acceptance = decide({n: r.correct for n, r in runs.items()}, options.rule, seed=config.seed)
     model.load_state_dict(runs[acceptance.winner].state)
     log.info("acceptance (%s): %s wins: %s", acceptance.rule, acceptance.winner, acceptance.reason)
-    return CandidatesOutcome(acceptance, runs, len(holdout), decoded)
+    return CandidatesOutcome(acceptance, runs, len(holdout), decoded, len(set(hy.tolist())))

@@ -157,3 +157,19 @@ def test_record_is_json_able() -> None:
     assert again["winner"] in ("source", "bn-adapt", "t3ar") and again["rule"] == DEFAULT_RULE
     assert [c["name"] for c in again["candidates"]] == ["source", "bn-adapt", "t3ar"]
     assert again["candidates"][1]["vs_source"]["points"] == pytest.approx(50.0)
+
+
+def test_the_record_keeps_the_winners_paired_difference_to_the_runner_up() -> None:
+    """Issue 50: "within noise" needs the winner against the best other candidate, also when neither is the base
+    model nor bn-adapt (whose differences alone the record kept)."""
+    rng = np.random.default_rng(3)
+    correct = {"source": rng.random(60) < 0.3, "tent": rng.random(60) < 0.5, "t3ar": rng.random(60) < 0.55}
+    acc = decide(correct, "argmax", seed=2)
+    assert acc.runner_up is not None
+    name, d = acc.runner_up
+    others = sorted((s for s in acc.scores if s.name != acc.winner), key=lambda s: -s.top1)
+    assert name == others[0].name and name != "source"
+    assert d == paired_diff(correct[acc.winner], correct[name], seed=2)
+    rec = as_record(acc)
+    assert rec["runner_up"] == {"name": name, **d.as_dict()}
+    assert as_record(decide({"source": _vec(3, 8)}))["runner_up"] is None  # one candidate: nobody to beat

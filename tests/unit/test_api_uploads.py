@@ -58,6 +58,24 @@ def test_labels_csv_switches_to_train_unless_mode_given(tmp_path: Path) -> None:
     assert cfg.mode == "test"  # type: ignore[attr-defined]
 
 
+def test_test_mode_labels_do_not_change_the_subsample(tmp_path: Path) -> None:
+    """Issue 50: in test mode the labels only score the job, so the images adapted on are the ones drawn without
+    them (before, labels.csv made it a per-class draw of other images)."""
+    images = {f"x/{i:02d}.png": _png(i) for i in range(20)}
+    labels = "path,label\n" + "".join(f"x/{i:02d}.png,{CLASSES[0] if i < 17 else CLASSES[1 + i % 2]}\n"
+                                       for i in range(20))
+    config = '{"mode": "test", "fraction": 0.5, "seed": 3}'
+    bare, _ = _prepare(tmp_path / "bare", images, config)
+    scored, cfg = _prepare(tmp_path / "scored", {**images, "labels.csv": labels.encode()}, config)
+    assert scored.labelled and cfg.mode == "test"  # type: ignore[attr-defined]
+    assert scored.subsample.rows == bare.subsample.rows  # type: ignore[attr-defined]
+    assert len(bare.subsample.rows) == 10  # type: ignore[attr-defined]
+    trained, cfg = _prepare(tmp_path / "trained", {**images, "labels.csv": labels.encode()},
+                            config.replace('"test"', '"train"'))
+    assert cfg.mode == "train"  # type: ignore[attr-defined]  # train mode keeps its per-class draw
+    assert {i for i in trained.subsample.rows if i >= 17} != set()  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(("members", "error", "match"), [
     ({"../evil.png": b"x", "a.png": b"y"}, UnsafeArchiveError, "traversal"),
     ({}, DatasetError, "no readable images"),

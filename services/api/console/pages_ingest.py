@@ -43,7 +43,7 @@ def ingest_page(request: Request, session: web.SessionDep) -> Response:
 async def ingest(request: Request) -> Response:
     state = web.api_state(request)
     session, form = await web.checked_form(request, max_files=MAX_FILES)
-    web.require_submit(session)
+    web.require_submit(session, request=request, action="pool.ingest")
     source = form.get("source")
     source = source.strip() if isinstance(source, str) else ""
     label = form.get("label")
@@ -64,6 +64,7 @@ async def ingest(request: Request) -> Response:
     except web.PageError as e:
         if e.status >= 500:
             raise
+        await run_in_threadpool(web.refused, request, session, "pool.ingest", e, source)
         return _page(request, session, status=e.status, error=e.message, source=source, label=label)
     counts = Counter(it.status for it in items)
     await run_in_threadpool(access.record, state, session.who, "pool.ingest", source, web.client_of(request),

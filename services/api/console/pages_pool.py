@@ -125,8 +125,20 @@ def item_page(request: Request, session: web.SessionDep, pool_id: str) -> Respon
         near, nearest, threshold = _similar(reader, pool_id)
     lineage = _known(state, session, pool_id, item, links_of(request))
     after = web.call(pool.aftermath, state, lineage) if item is None else None
+    why = state.contributor.records.withdrawal_reasons([pool_id]).get(pool_id) if item is None else None
     return web.render(request, "item.html", session, pool_id=pool_id, item=item, near=near, nearest=nearest,
-                      threshold=threshold, lineage=lineage, after=after)
+                      threshold=threshold, lineage=lineage, after=after, why=_withdrawal_words(why))
+
+
+def _withdrawal_words(reason: str | None) -> str | None:
+    """How an item left the pool, from its withdrawal record's reason (no other team's job id)."""
+    if reason is None:
+        return None
+    if reason.startswith("contribution:"):
+        return "with the contribution of the job that added it"
+    if reason.startswith("compaction:"):
+        return "by compaction, as a near-duplicate of an item kept"
+    return "by an admin"
 
 
 @lru_cache(maxsize=1)
@@ -180,7 +192,7 @@ def withdraw_page(request: Request, session: web.SessionDep, pool_id: str) -> Re
 @router.post("/pool/{pool_id}/withdraw")
 async def withdraw(request: Request, pool_id: str) -> Response:
     session, _ = await web.checked_form(request)
-    web.require_admin(session)
+    web.require_admin(session, request=request, action="pool.withdraw", target=pool_id)
     done = await run_in_threadpool(web.call, pool.withdraw_item, web.api_state(request), links_of(request), pool_id)
     await run_in_threadpool(access.record, web.api_state(request), session.who, "pool.withdraw", pool_id,
                             web.client_of(request), detail=f"jobs={len(done.jobs)}")
@@ -214,7 +226,7 @@ async def readapt_affected(request: Request, pool_id: str) -> Response:
     the next click goes on with the rest. A job that cannot be re-run (its target gone, a cap) is named, and the
     others still run."""
     session, _ = await web.checked_form(request)
-    web.require_submit(session)
+    web.require_submit(session, request=request, action="job.readapt", target=pool_id)
     state = web.api_state(request)
     lineage = await run_in_threadpool(web.call, pool.lineage, state, links_of(request), pool_id)
     visible = await run_in_threadpool(access.visible_lineage, state, session.who, lineage)

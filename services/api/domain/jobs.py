@@ -234,7 +234,8 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         model_id=row.model_id, parent_id=row.parent_id, created_at=row.created_at,
         enqueued_at=st.enqueued_at, started_at=st.started_at, ended_at=st.ended_at, queue_position=st.position,
         worker=st.worker, config=s.job_config(row.config),
-        target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
+        target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped,
+                            adapted=_adapted(state, row)),
         progress=st.progress, error=st.error, result=st.result,
         checkpoint_url=links("get_checkpoint", row.id) if finished else None,
         report_url=links("get_report", row.id) if finished else None,
@@ -244,6 +245,14 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         if finished else [],
         acceptance=st.acceptance,
     )
+
+
+def _adapted(state: ApiState, row: JobRow) -> int | None:
+    """How many target images the job adapts to (its recorded subsample), None when the record cannot be read."""
+    try:
+        return len(read_subsample(state.settings.data_dir, row.target_dir).rows)
+    except ConflictError:
+        return None
 
 
 def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:
@@ -273,6 +282,7 @@ def describe(state: ApiState, links: Links, job_id: str) -> s.JobOut:
     since = supersession(state, job_id, finished=st.status == "finished")
     return job_view(state, links, row, st).model_copy(update={
         "used_withdrawn": len(since.withdrawn) if st.status == "finished" else None,
+        "withdrawn_pool_ids": since.withdrawn[:100] if st.status == "finished" else None,
         "superseded_by": [r.job_id for r in since.reruns]})
 
 

@@ -77,8 +77,9 @@ def adapt(
                                holdout.file if holdout is not None else None,
                                holdout.filename if holdout is not None else None, candidates, require_gain,
                                winner_rule)
-    model = access.check_model(state, who, model_id)
-    done = jobs.submit(state, upload, access.owner(who), model)
+    with access.refusals_recorded(state, who, "job.submit", client):
+        model = access.check_model(state, who, model_id)
+        done = jobs.submit(state, upload, access.owner(who), model)
     access.record(state, who, "job.submit", done.row.id, client, detail=f"model={model_id}")
     return _accepted(links, done)
 

@@ -70,6 +70,8 @@ class TargetInfo(BaseModel):
     images: int
     labelled: bool
     skipped: int = Field(description="unreadable files dropped (only with skip_bad_images=true)")
+    adapted: int | None = Field(default=None, description="the images the job adapts to: its subsample of the "
+                                                          "config's fraction (None when its record cannot be read)")
 
 
 class Contribution(BaseModel):
@@ -221,6 +223,9 @@ class JobOut(BaseModel):
     used_withdrawn: int | None = Field(
         default=None, description="GET /jobs/{id} of a finished job: how many of the pool items it retrieved were "
                                   "withdrawn since (above 0: its checkpoint is stale, readapt it); None in lists")
+    withdrawn_pool_ids: list[str] | None = Field(
+        default=None, description="GET /jobs/{id} of a finished job: the pool items it retrieved that were withdrawn "
+                                  "since (the first 100; used_withdrawn counts them all); None in lists")
     superseded_by: list[str] | None = Field(
         default=None, description="GET /jobs/{id}: the jobs that re-run this one (readapts), newest first; None in "
                                   "lists")
