@@ -171,5 +171,7 @@ def test_the_record_keeps_the_winners_paired_difference_to_the_runner_up() -> No
     assert name == others[0].name and name != "source"
     assert d == paired_diff(correct[acc.winner], correct[name], seed=2)
     rec = as_record(acc)
-    assert rec["runner_up"] == {"name": name, **d.as_dict()}
-    assert as_record(decide({"source": _vec(3, 8)}))["runner_up"] is None  # one candidate: nobody to beat
+    assert rec.runner_up is not None
+    assert (rec.runner_up.name, rec.runner_up.points, rec.runner_up.lo, rec.runner_up.hi) == (
+        name, round(d.points, 3), round(d.lo, 3), round(d.hi, 3))
+    assert as_record(decide({"source": _vec(3, 8)})).runner_up is None  # one candidate: nobody to beat
