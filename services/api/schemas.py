@@ -27,6 +27,7 @@ from t3ar.clients.api_models import (
     NeighbourSource,
     Progress,
     ReadyResponse,
+    Registration,
     ReportOut,
     TargetInfo,
 )
@@ -37,7 +38,7 @@ from t3ar_services.common.text import Utf8Str
 __all__ = ["CancelResponse", "CompactRemoval", "CompactResponse", "Contribution", "ContributionWithdrawn",
            "DeleteResponse", "ExportOut", "ExportParity", "JobAccepted", "JobList", "JobOut", "JobStatusName",
            "LineageJob", "LineageResponse", "ModelList", "ModelOut", "NeighbourSource", "Progress",
-           "ReadyResponse", "ReportOut", "TargetInfo", "AcceptanceRecord"]
+           "ReadyResponse", "Registration", "ReportOut", "TargetInfo", "AcceptanceRecord"]
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

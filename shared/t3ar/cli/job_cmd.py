@@ -17,7 +17,7 @@ from t3ar.acceptance import DEFAULT_RULE
 from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
-from t3ar.clients.api_models import JobOut, ModelOut, Progress
+from t3ar.clients.api_models import JobOut, ModelOut, Progress, Registration
 from t3ar.clients.job_report import acceptance_table, labelled_summary
 from t3ar.method.presets import PRESET_NAMES
 
@@ -56,11 +56,34 @@ def _summary(job: JobOut) -> str:
         line += f"\n    used {n.items_used} pool image(s) contributed by job {n.job_id}"
     if job.acceptance:  # a job with a holdout: its candidates on it, and the winner
         line += "\n    " + "\n    ".join(acceptance_table(job.acceptance))
+    if job.registration is not None:
+        line += "\n    " + registration_line(job.registration)
     res = job.result or {}
     if res.get("labelled_neighbours"):  # which neighbours served as labelled data, with their labels
         line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
                                           per_label=res.get("labelled_per_label"))
     return line
+
+
+def registration_line(reg: Registration) -> str:
+    """One line (two with links) on the job's MLflow registration: pending, done, failed or skipped."""
+    if reg.state == "done":
+        text = f"MLflow: registered {reg.model_uri}" + (f" (alias {reg.alias})" if reg.alias else "")
+        if reg.stale:
+            text += "; STALE: a pool item it used was withdrawn"
+        if reg.superseded_by:
+            text += f"; superseded by {reg.superseded_by}"
+        if reg.tags_pending:
+            text += f"; {reg.tags_pending} tag(s) not yet in the registry"
+        if reg.version_url or reg.run_url:
+            text += f"\n    version {reg.version_url or '-'}  run {reg.run_url or '-'}"
+        return text
+    if reg.state == "pending":
+        return f"MLflow: registration pending as {reg.name}" + (
+            f" (attempt {reg.attempts} failed: {reg.error}; next at {reg.next_attempt_at})" if reg.attempts else "")
+    if reg.state == "failed":
+        return f"MLflow: registration as {reg.name} FAILED after {reg.attempts} attempt(s): {reg.error}"
+    return f"MLflow: not registered ({reg.error or 'skipped'})"
 
 
 def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: float | None = None) -> JobOut:
@@ -143,6 +166,10 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
                  no_gain="the job fails", rule_default=None,
                  rule_help="paired (the simpler candidate unless a paired 95 % CI favours another) or argmax "
                            f"[default: the server's, {DEFAULT_RULE}].")
+@click.option("--register-as", default=None, help="With an MLflow registry on the API: the registered model's name "
+                                                  "(in your team's namespace; default t3ar-<base model's name>).")
+@click.option("--register-alias", default=None,
+              help="With an MLflow registry: the alias the finished job's version gets (e.g. challenger).")
 @click.option("--follow/--no-follow", default=True, show_default=True, help="Wait for the job with a progress bar.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Download the adapted checkpoint here when the job finishes (implies --follow).")
@@ -151,8 +178,9 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 def submit(target: Path, model: str, method: str | None, preset: str | None, mode: str | None, k: int | None,
            r: int | None, epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None,
            seed: int | None, config: str, skip_bad_images: bool, contribute: bool, holdout: Path | None,
-           candidates: str, require_gain: bool, winner_rule: str | None, follow: bool, out: Path | None,
-           timeout: float | None, url: str, token: str | None, as_json: bool) -> None:
+           candidates: str, require_gain: bool, winner_rule: str | None, register_as: str | None,
+           register_alias: str | None, follow: bool, out: Path | None, timeout: float | None, url: str,
+           token: str | None, as_json: bool) -> None:
     """Adapt a base model to TARGET (a folder, zip or tar of images; labels.csv at its root = labelled).
 
     \b
@@ -170,7 +198,8 @@ def submit(target: Path, model: str, method: str | None, preset: str | None, mod
             raise click.UsageError("--candidates, --require-gain and --winner-rule decide on a holdout: pass --holdout")
         accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images, contribute=contribute,
                                 holdout=holdout, candidates=[c.strip() for c in candidates.split(",") if c.strip()],
-                                require_gain=require_gain, winner_rule=winner_rule)
+                                require_gain=require_gain, winner_rule=winner_rule, register_as=register_as,
+                                register_alias=register_alias)
         for w in accepted.warnings:
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):
