@@ -159,3 +159,26 @@ def test_withdrawal_owes_stale_tags_and_a_rerun_links_back(rig: Any) -> None:
     status["j2"] = "finished"
     registrar.run_pending()
     assert registry.tags[("default.m", "1")]["t3ar.superseded_by"] == "default.m/2"
+
+
+def test_jobs_show_says_where_the_registration_stands() -> None:
+    from t3ar.cli.job_cmd import _summary, registration_line
+    from t3ar.clients.api_models import JobOut, Registration
+
+    base = {"id": "j1", "url": "http://api/jobs/j1", "status": "finished", "model_id": "m", "created_at": "2026",
+            "config": {"method": "t3ar"}, "target": {"images": 9, "labelled": False, "skipped": 0},
+            "contribution": {"requested": False, "status": "not_requested"}}
+    assert "MLflow" not in _summary(JobOut.model_validate(base))  # registration off
+    pending = Registration(state="pending", name="default.cats", attempts=2, error="ConnectionError: refused",
+                           next_attempt_at="2026-12-03T10:00:00+00:00")
+    assert registration_line(pending) == ("MLflow: registration pending as default.cats (attempt 2 failed: "
+                                          "ConnectionError: refused; next at 2026-12-03T10:00:00+00:00)")
+    failed = pending.model_copy(update={"state": "failed", "attempts": 8})
+    assert "FAILED after 8 attempt(s): ConnectionError: refused" in registration_line(failed)
+    done = Registration(state="done", name="default.cats", alias="challenger", version="3",
+                        model_uri="models:/default.cats/3", run_url="http://m/#/experiments/1/runs/r",
+                        version_url="http://m/#/models/default.cats/versions/3", stale=True,
+                        superseded_by="default.cats/4")
+    text = _summary(JobOut.model_validate({**base, "registration": done.model_dump()}))
+    assert "MLflow: registered models:/default.cats/3 (alias challenger); STALE" in text
+    assert "superseded by default.cats/4" in text and "version http://m/#/models/default.cats/versions/3" in text

@@ -248,6 +248,14 @@ def jobs_show(job_id: str, url: str, token: str | None, as_json: bool) -> None:
                                         f"ended {job.ended_at}")
 
 
+@_job_command("register")
+def jobs_register(job_id: str, url: str, token: str | None, as_json: bool) -> None:
+    """Try a job's failed MLflow registration again (POST /jobs/{id}/registration; an API with
+    T3AR_MLFLOW_TRACKING_URI set registers every finished job by itself)."""
+    reg = _ask(url, token, lambda client: client.retry_registration(job_id))
+    echo_result(as_json, reg, registration_line(reg))
+
+
 @jobs.command("follow")
 @click.argument("job_id")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
