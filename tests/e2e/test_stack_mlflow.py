@@ -32,7 +32,7 @@ from stack_helpers import (
 from t3ar.clients.api import ApiClient
 from t3ar.clients.api_models import JobOut, Registration
 
-pytestmark = pytest.mark.mlflow_server
+pytestmark = [pytest.mark.mlflow_server, pytest.mark.slow]  # a stack and an MLflow server of its own: minutes
 
 JOB = {"method": "t3ar", "epochs": 1, "batch_size": 4, "bank_size": 64, "retrieval": {"k": 2, "r": 2}}
 PASSWORD = "pw-never-shown-7f3a"  # MLFLOW_TRACKING_PASSWORD in the API's environment (the server ignores it)
