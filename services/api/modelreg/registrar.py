@@ -69,6 +69,11 @@ class Registrar:
     def start(self, interval: float) -> None:
         if not self.enabled:
             return
+        try:
+            import mlflow  # noqa: F401
+        except ImportError:
+            log.error("T3AR_MLFLOW_TRACKING_URI is set but mlflow is not installed (pip install 't3ar[mlflow]'): "
+                      "every registration will fail, with that reason")
         # MLflow's client retries each HTTP request itself (7 times, minutes in all, by default): this registrar
         # retries whole attempts with its own backoff, so one attempt against a registry that is down ends quickly
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
