@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 
 #: the actions recorded (``outcome`` is ``ok`` or ``refused``); ``request``: another route's refusal (its detail
 #: names the method and path)
-ACTIONS = ("job.submit", "job.readapt", "job.cancel", "job.download", "model.upload", "pool.ingest", "pool.withdraw",
-           "contribution.withdraw", "pool.compact", "key.create", "key.revoke", "sign_in", "sign_out", "request")
+ACTIONS = ("job.submit", "job.readapt", "job.cancel", "job.download", "job.registration", "model.upload",
+           "pool.ingest", "pool.withdraw", "contribution.withdraw", "pool.compact", "key.create", "key.revoke",
+           "sign_in", "sign_out", "request")
 #: the action a JSON route's refusal (403) is recorded as, by the route's endpoint name
 ROUTE_ACTIONS = {"adapt": "job.submit", "readapt": "job.readapt", "cancel_job": "job.cancel",
                  "upload_model": "model.upload", "delete_pool_item": "pool.withdraw",

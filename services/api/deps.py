@@ -31,6 +31,7 @@ from t3ar_services.api.keys import ANONYMOUS, KeyStore, Principal
 from t3ar_services.api.keys import USER as USER_TOKEN
 from t3ar_services.api.leftovers import Submissions
 from t3ar_services.api.metrics import ApiMetrics
+from t3ar_services.api.modelreg.registrar import Registrar
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
@@ -55,6 +56,7 @@ class ApiState:
     withdrawer: Withdrawer  # the one path by which items leave the pool
     keys: KeyStore  # named API keys (digests), each of a team with a role
     audit: AuditLog  # who did what, when, from where
+    registrar: Registrar  # finished jobs -> the MLflow model registry (off unless T3AR_MLFLOW_TRACKING_URI)
 
     def principal_of(self, token: str) -> Principal | None:
         """Who a bearer token is: the admin or user token (team ``default``), a valid named key, else None (the

@@ -29,6 +29,7 @@ from t3ar.clients.api_models import (
     NeighbourSource,
     Progress,
     ReadyResponse,
+    Registration,
     ReportOut,
     StoredConfig,
     TargetInfo,
@@ -41,7 +42,7 @@ from t3ar_services.common.text import Utf8Str
 __all__ = ["CancelResponse", "CompactRemoval", "CompactResponse", "Contribution", "ContributionWithdrawn",
            "DeleteResponse", "ExportOut", "ExportParity", "JobAccepted", "JobConfig", "JobList", "JobOut",
            "JobResult", "JobStatusName", "LineageJob", "LineageResponse", "ModelList", "ModelOut", "NeighbourSource",
-           "Progress", "ReadyResponse", "ReportOut", "StoredConfig", "TargetInfo", "AcceptanceRecord",
+           "Progress", "ReadyResponse", "Registration", "ReportOut", "StoredConfig", "TargetInfo", "AcceptanceRecord",
            "job_config"]
 
 

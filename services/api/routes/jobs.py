@@ -37,7 +37,8 @@ def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
               dependencies=[body_size("archive"),
                             only_fields("archive", "model_id", "config", "skip_bad_images", "contribute", "holdout",
-                                        "candidates", "require_gain", "winner_rule")],
+                                        "candidates", "require_gain", "winner_rule", "register_as",
+                                        "register_alias")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
@@ -65,6 +66,11 @@ def adapt(
     winner_rule: Annotated[str, Form(description="with a holdout: 'argmax' (the best holdout top-1, a tie to the "
                                                  "simpler; default) or 'paired' (the simpler candidate unless a "
                                                  "paired 95 % CI favours another)")] = "",
+    register_as: Annotated[str, Form(max_length=100, description="with an MLflow registry (T3AR_MLFLOW_TRACKING_URI):"
+                                     " the registered model's name, in your team's namespace (<team>.<name>; "
+                                     "default t3ar-<base model's name>)")] = "",
+    register_alias: Annotated[str, Form(max_length=64, description="with an MLflow registry: the alias the finished "
+                                        "job's version gets (e.g. challenger); none unless named here")] = "",
 ) -> JSONResponse:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
     pool large enough) and enqueue an adaptation job. Nothing is enqueued when any check fails (4xx).
@@ -76,7 +82,7 @@ def adapt(
     upload = jobs.TargetUpload(archive.file, archive.filename, model_id, config, skip_bad_images, contribute,
                                holdout.file if holdout is not None else None,
                                holdout.filename if holdout is not None else None, candidates, require_gain,
-                               winner_rule)
+                               winner_rule, register_as, register_alias)
     with access.refusals_recorded(state, who, "job.submit", client):
         model = access.check_model(state, who, model_id)
         done = jobs.submit(state, upload, access.owner(who), model)
@@ -138,6 +144,16 @@ def get_report(state: StateDep, who: PrincipalDep, job_id: str) -> s.ReportOut:
     fields are the report's as stored."""
     access.job_for(state, who, job_id)
     return jobs.report(state, job_id)
+
+
+@router.post("/jobs/{job_id}/registration", response_model=s.Registration, dependencies=SUBMIT)
+def retry_registration(state: StateDep, who: PrincipalDep, client: ClientDep, job_id: str) -> s.Registration:
+    """Try a failed MLflow registration again (its attempts start from zero); 409 unless it failed, 404 when the
+    job has none (the API registers none, or the job predates it)."""
+    access.job_for(state, who, job_id)
+    out = jobs.retry_registration(state, job_id)
+    access.record(state, who, "job.registration", job_id, client, detail="retry")
+    return out
 
 
 @router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted, dependencies=SUBMIT)

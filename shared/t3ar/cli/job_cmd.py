@@ -17,7 +17,7 @@ from t3ar.acceptance import DEFAULT_RULE
 from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient, ApiError
-from t3ar.clients.api_models import JobOut, JobResult, ModelOut, Progress, ReportOut
+from t3ar.clients.api_models import JobOut, JobResult, ModelOut, Progress, Registration, ReportOut
 from t3ar.clients.job_report import acceptance_table, labelled_summary
 from t3ar.clients.job_words import noise_words, progress_words, returned_model
 from t3ar.method.presets import PRESET_NAMES
@@ -63,6 +63,8 @@ def _summary(job: JobOut, report: ReportOut | None = None) -> str:
         line += "\n    " + "\n    ".join(acceptance_table(acc))
         if noise := noise_words(acc):
             line += f"\n    {noise}"
+    if job.registration is not None:
+        line += "\n    " + registration_line(job.registration)
     res = job.result or JobResult()
     gone = set(job.withdrawn_pool_ids or ())
     if res.labelled_neighbours:  # which neighbours served as labelled data, with their labels
@@ -107,6 +109,27 @@ def show_text(job: JobOut, report: ReportOut | None) -> str:
                  + ((" (trained on)" if used else " (only scored: test-time adaptation never saw them)")
                     if job.target.labelled else ""))
     return text + f"\n    created {job.created_at}  started {job.started_at}  ended {job.ended_at}"
+
+
+def registration_line(reg: Registration) -> str:
+    """One line (two with links) on the job's MLflow registration: pending, done, failed or skipped."""
+    if reg.state == "done":
+        text = f"MLflow: registered {reg.model_uri}" + (f" (alias {reg.alias})" if reg.alias else "")
+        if reg.stale:
+            text += "; STALE: a pool item it used was withdrawn"
+        if reg.superseded_by:
+            text += f"; superseded by {reg.superseded_by}"
+        if reg.tags_pending:
+            text += f"; {reg.tags_pending} tag(s) not yet in the registry"
+        if reg.version_url or reg.run_url:
+            text += f"\n    version {reg.version_url or '-'}  run {reg.run_url or '-'}"
+        return text
+    if reg.state == "pending":
+        return f"MLflow: registration pending as {reg.name}" + (
+            f" (attempt {reg.attempts} failed: {reg.error}; next at {reg.next_attempt_at})" if reg.attempts else "")
+    if reg.state == "failed":
+        return f"MLflow: registration as {reg.name} FAILED after {reg.attempts} attempt(s): {reg.error}"
+    return f"MLflow: not registered ({reg.error or 'skipped'})"
 
 
 def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: float | None = None) -> JobOut:
@@ -190,6 +213,10 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
                  no_gain="the job fails", rule_default=None,
                  rule_help="paired (the simpler candidate unless a paired 95 % CI favours another) or argmax "
                            f"[default: the server's, {DEFAULT_RULE}].")
+@click.option("--register-as", default=None, help="With an MLflow registry on the API: the registered model's name "
+                                                  "(in your team's namespace; default t3ar-<base model's name>).")
+@click.option("--register-alias", default=None,
+              help="With an MLflow registry: the alias the finished job's version gets (e.g. challenger).")
 @click.option("--follow/--no-follow", default=True, show_default=True, help="Wait for the job with a progress bar.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Download the adapted checkpoint here when the job finishes (implies --follow).")
@@ -198,8 +225,9 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 def submit(target: Path, model: str, method: str | None, preset: str | None, mode: str | None, k: int | None,
            r: int | None, epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None,
            seed: int | None, config: str, skip_bad_images: bool, contribute: bool, holdout: Path | None,
-           candidates: str, require_gain: bool, winner_rule: str | None, follow: bool, out: Path | None,
-           timeout: float | None, url: str, token: str | None, as_json: bool) -> None:
+           candidates: str, require_gain: bool, winner_rule: str | None, register_as: str | None,
+           register_alias: str | None, follow: bool, out: Path | None, timeout: float | None, url: str,
+           token: str | None, as_json: bool) -> None:
     """Adapt a base model to TARGET (a folder, zip or tar of images; labels.csv at its root = labelled).
 
     \b
@@ -217,7 +245,8 @@ def submit(target: Path, model: str, method: str | None, preset: str | None, mod
             raise click.UsageError("--candidates, --require-gain and --winner-rule decide on a holdout: pass --holdout")
         accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images, contribute=contribute,
                                 holdout=holdout, candidates=[c.strip() for c in candidates.split(",") if c.strip()],
-                                require_gain=require_gain, winner_rule=winner_rule)
+                                require_gain=require_gain, winner_rule=winner_rule, register_as=register_as,
+                                register_alias=register_alias)
         for w in accepted.warnings:
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):
@@ -272,6 +301,14 @@ def jobs_show(job_id: str, url: str, token: str | None, as_json: bool) -> None:
 
     job, report = _ask(url, token, both)
     echo_result(as_json, job, show_text(job, report))
+
+
+@_job_command("register")
+def jobs_register(job_id: str, url: str, token: str | None, as_json: bool) -> None:
+    """Try a job's failed MLflow registration again (POST /jobs/{id}/registration; an API with
+    T3AR_MLFLOW_TRACKING_URI set registers every finished job by itself)."""
+    reg = _ask(url, token, lambda client: client.retry_registration(job_id))
+    echo_result(as_json, reg, registration_line(reg))
 
 
 @jobs.command("follow")

@@ -189,6 +189,29 @@ class JobResult(BaseModel):
                 return cls()
 
 
+class Registration(BaseModel):
+    """A job's model version in the MLflow registry (an API with ``T3AR_MLFLOW_TRACKING_URI`` set)."""
+
+    state: Literal["pending", "done", "failed", "skipped"] = Field(
+        description="pending: registered once the job finished (retried with backoff while the registry does not "
+                    "answer); done: registered; failed: every attempt failed (error says why; POST "
+                    "/jobs/{id}/registration tries again); skipped: the job did not finish")
+    name: str = Field(description="the registered model (in the team's namespace: <team>.<name>)")
+    alias: str | None = Field(default=None, description="the alias the job's request asked for (set with the version)")
+    version: str | None = None
+    model_uri: str | None = Field(default=None, description="models:/<name>/<version>: mlflow.pyfunc.load_model")
+    run_id: str | None = None
+    run_url: str | None = Field(default=None, description="the run in the MLflow UI")
+    version_url: str | None = Field(default=None, description="the version in the MLflow UI")
+    attempts: int = 0
+    next_attempt_at: str | None = Field(default=None, description="pending after a failed attempt: the next one")
+    error: str | None = Field(default=None, description="the last attempt's error (credentials never shown)")
+    stale: bool = Field(default=False, description="a pool item the job used was withdrawn: its version is tagged "
+                                                   "t3ar.stale with the item and the time")
+    superseded_by: str | None = Field(default=None, description="<name>/<version> of the re-run's version")
+    tags_pending: int = Field(default=0, description="version tags (stale marks, links) not yet in the registry")
+
+
 class JobOut(BaseModel):
     id: str
     url: str
@@ -229,6 +252,9 @@ class JobOut(BaseModel):
     superseded_by: list[str] | None = Field(
         default=None, description="GET /jobs/{id}: the jobs that re-run this one (readapts), newest first; None in "
                                   "lists")
+    registration: Registration | None = Field(
+        default=None, description="its model version in the MLflow registry: pending, done (run and version, with "
+                                  "links), failed (with the reason) or skipped; None when the API registers none")
 
 
 class JobAccepted(BaseModel):
