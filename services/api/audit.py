@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 #: the actions recorded (``outcome`` is ``ok`` or ``refused``)
 ACTIONS = ("job.submit", "job.readapt", "job.cancel", "job.download", "model.upload", "pool.withdraw",
-           "contribution.withdraw", "pool.compact", "key.create", "key.revoke", "sign_in", "sign_out")
+           "pool.readmit", "contribution.withdraw", "pool.compact", "key.create", "key.revoke", "sign_in", "sign_out")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (

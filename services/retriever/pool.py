@@ -35,6 +35,7 @@ from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
 from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import NewItem, Store
 from t3ar_services.retriever.training import IndexTrainer, build_index, flat_cap
+from t3ar_services.retriever.withdrawn import REASON_CODE, Withdrawal, WithdrawnContent, refusal
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class Pool:
         self.trainer: IndexTrainer | None = None  # set once it runs: adds over flat_cap() wait for its first swap
         self.held_s = 0.0  # seconds adds waited at the flat cap (GET /stats)
         self._held_lock = threading.Lock()
+        self.withdrawn = WithdrawnContent(info.identity, info.dim, info.duplicate_threshold)
+        self.withdrawn.add([(Withdrawal(pid, sha, at, ident), vec) for sha, pid, at, ident, vec
+                            in store.withdrawn_rows()])
 
     # --- ids --------------------------------------------------------------------------------------------
     def format_id(self, seq: int) -> str:
@@ -164,6 +168,21 @@ class Pool:
                 with self._held_lock:
                     self.held_s += waited
 
+    def refuse_withdrawn(self, entries: Sequence[Candidate | AddOutcome]) -> list[Candidate | AddOutcome]:
+        """Each candidate that repeats withdrawn content (same bytes, or a near-duplicate by the ingest's rule)
+        becomes a ``rejected`` outcome naming the withdrawal (see :mod:`.withdrawn`); order is kept."""
+        cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
+        if not cands or not len(self.withdrawn):
+            return list(entries)
+        with_vecs = all(c.vector is not None for _, c in cands)
+        found = self.withdrawn.match([c.sha256 for _, c in cands],
+                                     np.stack([_vec(c) for _, c in cands]) if with_vecs else None)
+        out = list(entries)
+        for (i, c), hit in zip(cands, found, strict=True):
+            if hit is not None:
+                out[i] = AddOutcome.rejected(c.name, REASON_CODE, refusal(c.name, *hit), c.sha256)
+        return out
+
     def known_shas(self, shas: Sequence[str]) -> dict[str, str]:
         return {sha: self.format_id(seq) for sha, seq in self.store.find_sha(list(shas)).items()}
 
@@ -179,9 +198,10 @@ class Pool:
         index = self.live_index()
         if any(isinstance(e, Candidate) for e in entries):
             self.hold_while_flat(index)
-        out: list[AddOutcome | None] = [e if isinstance(e, AddOutcome) else None for e in entries]
-        cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
         with self._writer:
+            entries = self.refuse_withdrawn(entries)  # again under the lock: a delete may have come meanwhile
+            out: list[AddOutcome | None] = [e if isinstance(e, AddOutcome) else None for e in entries]
+            cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
             known = self.store.find_sha([c.sha256 for _, c in cands], writer=True)
             first_in_batch: dict[str, int] = {}
             fresh: list[tuple[int, Candidate]] = []
@@ -286,9 +306,11 @@ class Pool:
                                      lambda: self.store.iter_vectors(self.info.dim))
 
     # --- delete -----------------------------------------------------------------------------------------
-    def delete(self, ids: Sequence[str], *, missing_ok: bool) -> tuple[list[str], list[str]]:
+    def delete(self, ids: Sequence[str], *, missing_ok: bool, withdraw: bool = True) -> tuple[list[str], list[str]]:
         """Delete all given ids (or none: unknown ids raise NotFoundError unless ``missing_ok``).
-        Returns (deleted, not_found). On return no search started afterwards returns a deleted id."""
+        Returns (deleted, not_found). On return no search started afterwards returns a deleted id.
+        ``withdraw``: the deleted images' content is refused at ingest from now on (:mod:`.withdrawn`); a
+        compaction, which keeps a near-duplicate of what it removes, passes False."""
         index = self.live_index()
         parsed = {pid: self.parse_id(pid) for pid in dict.fromkeys(ids)}
         with self._writer:
@@ -303,8 +325,10 @@ class Pool:
                 return [], not_found
             self.invalidate_persisted()
             self._settle(index)
+            kept = self._withdrawals(sorted(existing)) if withdraw else []
             index.remove_before_commit(sorted(existing))  # Milvus: acknowledged by it before the rows go
-            rows = self.store.delete(sorted(existing))
+            rows = self.store.delete(sorted(existing), withdrawn=kept)
+            self.withdrawn.add([(Withdrawal(pid, sha, at, ident), vec) for sha, pid, at, ident, vec in kept])
             self._writes += 1
             index.remove_after_commit([r.seq for r in rows])  # faiss: tombstoned at once, compacted later
             self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
@@ -314,6 +338,32 @@ class Pool:
             self.compact_wanted.set()
         deleted = {r.seq for r in rows}
         return [pid for pid, s in parsed.items() if s in deleted], not_found
+
+    def _withdrawals(self, seqs: Sequence[int]) -> list[tuple[str, str, float, str, np.ndarray]]:
+        """What a withdrawal of these (existing) items keeps: their image rows' (sha256, id, now, identity,
+        vector); vectors-only items have no content to refuse."""
+        now = time.time()
+        out = []
+        for row in self.store.get_many(seqs):
+            vec = self.store.vector(row.seq) if row.sha256 else None
+            if row.sha256 and vec is not None:
+                out.append((row.sha256, self.format_id(row.seq), now, self.info.identity, vec))
+        return out
+
+    def withdrawal(self, pid: str) -> Withdrawal | None:
+        """The withdrawal of image item ``pid`` (None: not withdrawn, re-admitted, or not an image)."""
+        return self.withdrawn.by_id(pid)
+
+    def readmit(self, pid: str) -> Withdrawal:
+        """An admin lifts the withdrawal of ``pid``: its content may be added again (as a new item)."""
+        with self._writer:
+            w = self.withdrawn.by_id(pid)
+            if w is None:
+                raise NotFoundError(f"no withdrawn image {pid!r} (never withdrawn, already re-admitted, or not an "
+                                    "image item)")
+            self.store.readmit([w.sha256])
+            self.withdrawn.remove([w.sha256])
+        return w
 
     # --- search -----------------------------------------------------------------------------------------
     def source_seqs(self, source: str) -> np.ndarray:

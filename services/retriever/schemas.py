@@ -90,11 +90,21 @@ class ExistsResponse(BaseModel):
 class DeleteRequest(_Strict):
     ids: list[Utf8Str] = Field(min_length=1, max_length=100_000)
     missing_ok: bool = Field(default=False, description="delete the known ids even if some are unknown")
+    withdraw: bool = Field(default=True, description="refuse the deleted images' content at ingest from now on "
+                           "(false: a compaction, which keeps a near-duplicate of what it removes)")
 
 
 class DeleteResponse(BaseModel):
     deleted: list[str]
     not_found: list[str]
+
+
+class WithdrawnOut(BaseModel):
+    """A withdrawn image whose content the pool refuses at ingest (its bytes are gone; its digest stays)."""
+
+    id: str
+    sha256: str
+    withdrawn_at: str = Field(description="ISO 8601, UTC")
 
 
 class EmbedResponse(BaseModel):
