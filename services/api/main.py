@@ -46,6 +46,7 @@ from t3ar_services.common.auth_failures import FailureWindow
 from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.common.forms import close_form_schemas
+from t3ar_services.common.job_contract import WORKER_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"), limit_for=limits,
         routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX], failures=failures,
-        sign_in_paths=[f"{CONSOLE_PREFIX}/login"], key_scope=state.key_scope)
+        sign_in_paths=[f"{CONSOLE_PREFIX}/login"], own_budget_prefixes=[WORKER_PREFIX], key_scope=state.key_scope)
     limits.attach(app)
     app.state.auth_failures = failures
     app.state.api = state
