@@ -79,6 +79,16 @@ def _zip(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def _tgz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 TARGET = _zip({f"i{i}.png": _png(i) for i in range(4)})
 HOLDOUT = _zip({"a/h1.png": _png(101), "b/h2.png": _png(102)})
 
@@ -128,6 +138,9 @@ def test_a_job_without_holdout_has_none(env: Any) -> None:
     (_zip({"a/h1.png": _png(101), "b/.keep": b""}), {}, 422, "b have no image"),
     (_zip({"a/h1.png": _png(101), "b/copy.png": _png(2)}), {}, 422, "also in the target"),
     (_zip({f"a/h{i}.png": _png(100 + i) for i in range(5)}), {}, 422, "T3AR_API_MAX_HOLDOUT_IMAGES"),
+    # N4 (issue 50): counted from the archive's headers, before one image is decoded (these would not decode)
+    (_zip({f"a/h{i}.png": b"not a png" for i in range(5)}), {}, 422, "5 images, more than the 4 allowed"),
+    (_tgz({f"a/h{i}.png": b"not a png" for i in range(5)}), {}, 422, "5 images, more than the 4 allowed"),
     (_zip({"h1.png": _png(101)}), {}, 422, "holdout"),
     (b"not an archive", {}, 422, "holdout is not a zip"),
     (_zip({"a/h1.png": b"not a png", "b/h2.png": _png(102)}), {}, 422, "h1.png"),
