@@ -307,3 +307,43 @@ def test_a_lineage_names_only_the_jobs_its_reader_may_see(client: TestClient, tm
     item = client.get("/ui/pool/p-1")
     assert item.status_code == 200 and job_id[:12] not in item.text
     assert client.get("/ui/pool").status_code == 200 and client.get(f"/ui/jobs/{job_id}/checkpoint").status_code == 404
+
+
+def test_another_teams_upload_of_the_same_file_is_not_revealed(client: TestClient, tmp_path: Path) -> None:
+    """N6 (issue 50): uploading the exact file another team uploaded answered with that team's name for it and its
+    upload time (and 200, "uploaded before"). Each team sees its own upload: its name, its time, 201 the first
+    time it uploads it."""
+    _, vision = _key(client, "vision", "submit")
+    _, audio = _key(client, "audio", "submit")
+    data = model_file(tmp_path)
+    first = client.post("/models", files={"file": ("m.pt", data)}, data={"name": "vision-secret"},
+                        headers=_auth(vision))
+    assert first.status_code == 201, first.text
+    theirs = client.post("/models", files={"file": ("m.pt", data)}, data={"name": "audio-model"},
+                         headers=_auth(audio))
+    assert theirs.status_code == 201, theirs.text  # not "the same file was uploaded before"
+    assert theirs.json()["id"] == first.json()["id"] and theirs.json()["name"] == "audio-model"
+    assert "vision-secret" not in theirs.text
+    again = client.post("/models", files={"file": ("m.pt", data)}, data={"name": "renamed"}, headers=_auth(audio))
+    assert again.status_code == 200 and again.json()["name"] == "audio-model"  # its own earlier upload
+    assert again.json()["uploaded_at"] == theirs.json()["uploaded_at"]
+    for token, name in ((audio, "audio-model"), (vision, "vision-secret")):
+        assert [m["name"] for m in client.get("/models", headers=_auth(token)).json()["models"]] == [name]
+        assert client.get(f"/models/{first.json()['id']}", headers=_auth(token)).json()["name"] == name
+
+
+def test_a_job_does_not_name_another_teams_contributing_job(client: TestClient, tmp_path: Path) -> None:
+    """N6 (issue 50): ``neighbours_from_contributions`` named another team's job id; now such a contribution is
+    counted without its job (an admin still sees it)."""
+    job_id = finished_job(client, tmp_path, signed_in(client, "user-t"))  # the default team's; it used p-1, p-2
+    state = client.app.state.api  # type: ignore[attr-defined]
+    state.store.add_owner("job", "0123456789abcdef", "vision", "k-x")
+    state.contributor.records.record_items("0123456789abcdef", ["p-1"])
+    state.jobs.sync_lineage()
+    for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/report", "/jobs"):
+        got = client.get(path, headers=_auth("user-t"))
+        assert got.status_code == 200 and "0123456789abcdef" not in got.text, (path, got.text)
+    seen = client.get(f"/jobs/{job_id}", headers=_auth("user-t")).json()["neighbours_from_contributions"]
+    assert seen == [{"job_id": None, "source": "another team's contribution", "items_used": 1}], seen
+    admin = client.get(f"/jobs/{job_id}", headers=_auth("admin-t")).json()["neighbours_from_contributions"]
+    assert [n["job_id"] for n in admin] == ["0123456789abcdef"]
