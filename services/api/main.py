@@ -79,7 +79,8 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
                      compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer,
                      keys=KeyStore(data / "api.sqlite3"), submissions=submissions,
                      audit=AuditLog(data / "api.sqlite3", max_rows=settings.audit_max_rows,
-                                    max_age_days=settings.audit_max_age_days))
+                                    max_age_days=settings.audit_max_age_days,
+                                    max_per_minute=settings.audit_max_per_minute))
     return state
 
 

@@ -78,11 +78,15 @@ def test_audit_is_append_only_bounded_and_filtered(tmp_path: Path) -> None:
     for i in range(130):
         log.record(key_id=f"k{i % 2}", team="vision" if i % 2 else "audio", action="job.submit", target=f"j{i}",
                    client="127.0.0.1")
-    assert log.count() == 100  # the oldest 30 pruned
+    assert log.count() == 130  # nothing an admin has not exported is pruned (issue 50, N9)
+    assert len(log.export(after=0, limit=1000)[0]) == 130
+    log.record(key_id="k0", team="audio", action="job.submit", target="j130", client="127.0.0.1")
+    log.record(key_id="k1", team="vision", action="job.submit", target="j131", client="127.0.0.1")
+    assert log.count() == 100  # exported: the oldest go past the bound
     page = log.page(limit=10, team="vision")
-    assert [e.target for e in page] == [f"j{i}" for i in range(129, 109, -2)]
+    assert [e.target for e in page] == [f"j{i}" for i in range(131, 111, -2)]
     older = log.page(limit=10, team="vision", before=page[-1].seq)
-    assert older[0].target == "j109" and all(e.team == "vision" for e in older)
+    assert older[0].target == "j111" and all(e.team == "vision" for e in older)
     assert log.page(limit=5, action="key.create") == []
     with sqlite3.connect(tmp_path / "api.sqlite3") as db, pytest.raises(sqlite3.DatabaseError, match="append-only"):
         db.execute("UPDATE audit SET team = 'x'")
@@ -91,7 +95,36 @@ def test_audit_is_append_only_bounded_and_filtered(tmp_path: Path) -> None:
         db.execute("INSERT INTO audit (at, key_id, team, action, target, client, outcome, detail) VALUES "
                    "(?, 'k', 't', 'sign_in', '', '', 'ok', '')", (old,))
     log.record(key_id="k", team="t", action="sign_out")
-    assert all(e.at > old for e in log.page(limit=1000)) and log.count() == 99  # 33..132 less the old one
+    assert any(e.at == old for e in log.page(limit=1000))  # old, but not exported: kept
+    log.export(after=0, limit=1000)
+    log.record(key_id="k", team="t", action="sign_out")
+    assert all(e.at > old for e in log.page(limit=1000)) and log.count() == 99  # 35..134 less the old one (exported)
+
+
+def test_audit_rows_are_rate_limited_per_key_and_never_pruned_unexported(tmp_path: Path) -> None:
+    """N9 (issue 50): a submit key wrote ~170 audit rows a second and pushed the history out (rows pruned
+    oldest-first past the bound). Now a key's rows past its budget a minute are not written one by one (one
+    ``audit.rate_limited`` row says so, and how many when it writes again), and nothing an admin has not exported
+    (``export``) is pruned."""
+    clock = [1000.0]
+    log = AuditLog(tmp_path / "api.sqlite3", max_rows=100, max_age_days=1, max_per_minute=20,
+                   clock=lambda: clock[0])
+    log.record(key_id="admin", team="t", action="key.create", target="k-1")
+    first = log.page(limit=1)[0].seq
+    for i in range(500):
+        log.record(key_id="k-spam", team="t", action="job.download", target=f"j{i}")
+    spam = [e for e in log.page(limit=1000) if e.key_id == "k-spam"]
+    assert len(spam) == 21 and spam[0].action == "audit.rate_limited", [e.action for e in spam[:3]]
+    log.record(key_id="admin", team="t", action="key.revoke", target="k-1")  # another key is not limited
+    assert log.page(limit=1)[0].action == "key.revoke"
+    clock[0] += 61
+    log.record(key_id="k-spam", team="t", action="job.download", target="later")
+    newest = log.page(limit=2)
+    assert [e.action for e in newest] == ["job.download", "audit.rate_limited"]
+    assert "480" in newest[1].detail  # how many were not written one by one
+    assert min(e.seq for e in log.page(limit=1000)) == first  # the history is still there
+    rows, nxt = log.export(after=0, limit=10)
+    assert [r.seq for r in rows] == sorted(r.seq for r in rows) and rows[0].seq == first and nxt == rows[-1].seq
 
 
 # --- ownership in the store --------------------------------------------------------------------------------
@@ -347,3 +380,13 @@ def test_a_job_does_not_name_another_teams_contributing_job(client: TestClient, 
     assert seen == [{"job_id": None, "source": "another team's contribution", "items_used": 1}], seen
     admin = client.get(f"/jobs/{job_id}", headers=_auth("admin-t")).json()["neighbours_from_contributions"]
     assert [n["job_id"] for n in admin] == ["0123456789abcdef"]
+
+
+def test_the_audit_export_route(client: TestClient) -> None:
+    _, vision = _key(client, "vision", "submit")
+    assert client.get("/audit/export", headers=_auth(vision)).status_code == 403
+    got = client.get("/audit/export", params={"after": 0, "limit": 1}, headers=_auth("admin-t")).json()
+    assert [e["action"] for e in got["entries"]] == ["key.create"] and got["next_after"] == got["entries"][0]["seq"]
+    rest = client.get("/audit/export", params={"after": got["next_after"]}, headers=_auth("admin-t")).json()
+    assert rest["next_after"] is None and all(e["seq"] > got["next_after"] for e in rest["entries"])
+    assert client.get("/audit", params={"action": "audit.export"}, headers=_auth("admin-t")).json()["entries"]
