@@ -30,11 +30,11 @@ import numpy as np
 from t3ar.errors import InvalidInputError
 from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
-from t3ar_services.retriever.errors import NotFoundError, NotReadyError
+from t3ar_services.retriever.errors import NotFoundError, NotReadyError, PayloadTooLargeError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
 from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import NewItem, Store
-from t3ar_services.retriever.training import IndexTrainer, build_index, flat_cap
+from t3ar_services.retriever.training import IndexTrainer, build_index, flat_cap, least_to_train
 from t3ar_services.retriever.withdrawn import REASON_CODE, Withdrawal, WithdrawnContent, refusal
 
 log = logging.getLogger(__name__)
@@ -141,18 +141,28 @@ class Pool:
             self.persisted = False
 
     # --- add --------------------------------------------------------------------------------------------
-    def hold_while_flat(self, index: PoolIndex) -> None:
+    def hold_while_flat(self, index: PoolIndex, n: int) -> None:
         """Backpressure before the first IVF training: while a pool of a trained kind still searches its exact
-        index and holds :func:`~t3ar_services.retriever.training.flat_cap` vectors, an add waits (up to
-        ``flat_wait_s``) for the training to swap in, then answers 503 with a ``Retry-After``. Only while a
-        trainer runs (nothing else would lift it). Called outside the writer lock: deletes go on meanwhile."""
+        index, an add of ``n`` vectors that would take it past :func:`~t3ar_services.retriever.training.flat_cap`
+        (count plus batch: issue 50, N10) waits (up to ``flat_wait_s``) for the training to swap in, then answers
+        503 with a ``Retry-After``; only while a trainer runs (nothing else would lift it). When the exact index
+        holds too few vectors for a training to start, waiting would not help: 413, nothing added (send fewer at
+        once). Called outside the writer lock: deletes go on meanwhile."""
         config, trainer = self.info.index_config, self.trainer
         cap = flat_cap(config)
-        if cap is None or trainer is None or not isinstance(index, VectorIndex):
+        if cap is None or not isinstance(index, VectorIndex) or index.kind != "flat" or index.count + n <= cap:
+            return
+        if index.count < least_to_train(config):
+            raise PayloadTooLargeError(
+                f"{n:,} vectors would take the pool's exact index from {index.count:,} to {index.count + n:,}, past "
+                f"the {cap:,} it holds before its first {config.kind} training (T3AR_RETRIEVER_IVF_FLAT_MAX), and "
+                f"that training starts from {least_to_train(config):,}: send at most {cap - index.count:,} now, "
+                "then the rest (later adds wait for the training)")
+        if trainer is None:
             return
         start = time.monotonic()
         try:
-            while index.kind == "flat" and index.count >= cap and trainer.is_alive():
+            while index.kind == "flat" and index.count + n > cap and trainer.is_alive():
                 if time.monotonic() >= start + config.flat_wait_s:
                     why = f" (its last attempt failed: {trainer.last_error})" if trainer.last_error else ""
                     raise NotReadyError(
@@ -197,7 +207,7 @@ class Pool:
         """
         index = self.live_index()
         if any(isinstance(e, Candidate) for e in entries):
-            self.hold_while_flat(index)
+            self.hold_while_flat(index, sum(isinstance(e, Candidate) for e in entries))
         with self._writer:
             entries = self.refuse_withdrawn(entries)  # again under the lock: a delete may have come meanwhile
             out: list[AddOutcome | None] = [e if isinstance(e, AddOutcome) else None for e in entries]
@@ -275,7 +285,7 @@ class Pool:
                     label: str | None = None) -> list[str]:
         """Vector-only items (vectors-only pools): normalised, committed, indexed; no duplicate check."""
         index = self.live_index()
-        self.hold_while_flat(index)
+        self.hold_while_flat(index, len(vectors))
         with self._writer:
             self.invalidate_persisted()
             seqs = self.store.insert_vectors(vectors, source, metadata, label)
