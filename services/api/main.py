@@ -47,6 +47,7 @@ from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.common.forms import close_form_schemas
 from t3ar_services.common.job_contract import WORKER_PREFIX
+from t3ar_services.common.private import keep_private
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ def route_limits(settings: ApiSettings) -> RouteLimits:
 
 def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = None) -> FastAPI:
     settings = settings if settings is not None else ApiSettings()
+    keep_private(settings.data_dir)  # before anything is opened: databases, uploads, checkpoints 0600
     state = build_state(settings, redis)
 
     @asynccontextmanager

@@ -42,6 +42,7 @@ from t3ar_services.cli.stack_procs import (
     wait_redis,
     write_private,
 )
+from t3ar_services.common.private import keep_private
 
 
 def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> tuple[list[Child], dict[str, Any]]:
@@ -117,7 +118,7 @@ def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, work
       t3ar up --data-dir data/stack     # prints URLs, tokens and an `export ...` line; in another shell:
       export T3AR_API_URL=... T3AR_API_TOKEN=...; t3ar submit data/target --model runs/source.pt
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
+    keep_private(data_dir)  # before anything is written: Redis' AOF, the logs, every service's files 0600
     lock = open(data_dir / ".lock", "w")  # noqa: SIM115 - held (and released by the OS) for the process' life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -390,3 +390,25 @@ def test_the_audit_export_route(client: TestClient) -> None:
     rest = client.get("/audit/export", params={"after": got["next_after"]}, headers=_auth("admin-t")).json()
     assert rest["next_after"] is None and all(e["seq"] > got["next_after"] for e in rest["entries"])
     assert client.get("/audit", params={"action": "audit.export"}, headers=_auth("admin-t")).json()["entries"]
+
+
+def test_a_read_keys_console_uploads_are_refused_before_their_body_is_read(client: TestClient,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """N11 (issue 50): a read key's console ingest was refused only after its whole body was read (and parsed);
+    the console's ingest, submit and model upload now check the role first, like the JSON API."""
+    from starlette.requests import Request
+
+    _, read = _key(client, "vision", "read")
+    csrf = signed_in(client, read)
+    parsed: list[str] = []
+    original = Request.form
+
+    def form(self: Request, **kw: Any) -> Any:
+        parsed.append(self.url.path)
+        return original(self, **kw)
+
+    monkeypatch.setattr(Request, "form", form)
+    for path in ("/ui/pool/ingest", "/ui/submit", "/ui/models"):
+        resp = client.post(path, data={"csrf": csrf, "source": "x"}, files={"files": ("a.png", b"x" * 1000)})
+        assert resp.status_code == 403 and "may only read" in resp.text, (path, resp.status_code)
+    assert parsed == []

@@ -41,7 +41,7 @@ def ingest_page(request: Request, session: web.SessionDep) -> Response:
 @router.post("/pool/ingest", dependencies=[body_size("ingest")])
 async def ingest(request: Request) -> Response:
     state = web.api_state(request)
-    session, form = await web.checked_form(request, max_files=MAX_FILES)
+    session, form = await web.checked_form(request, max_files=MAX_FILES, needs=web.require_submit)
     web.require_submit(session)
     source = form.get("source")
     source = source.strip() if isinstance(source, str) else ""

@@ -28,7 +28,7 @@ def models_page(request: Request, session: web.SessionDep, uploaded: str | None 
 @router.post("/models", dependencies=[body_size("model")])
 async def upload(request: Request) -> Response:
     state = web.api_state(request)
-    session, form = await web.checked_form(request, max_files=1)
+    session, form = await web.checked_form(request, max_files=1, needs=web.require_submit)
     web.require_submit(session)
     file = form.get("file")
     if file is None or isinstance(file, str):

@@ -81,7 +81,7 @@ def submit_page(request: Request, session: web.SessionDep) -> Response:
 @router.post("/submit", dependencies=[body_size("archive")])
 async def submit(request: Request) -> Response:
     state = web.api_state(request)
-    session, form = await web.checked_form(request, max_files=2)
+    session, form = await web.checked_form(request, max_files=2, needs=web.require_submit)
     web.require_submit(session)
     values = {k: v[:200] for k, v in form.items() if isinstance(v, str) and k in FIELDS and k != "csrf"}
     try:
