@@ -60,7 +60,8 @@ class Compactor:
                                     f"(first: {gone[0]}); nothing was removed, run the dry-run again")
             deleted: list[str] = []
             try:
-                self.contributor.withdrawer.withdraw(remove, f"compaction:{plan_id}", gone=deleted)
+                self.contributor.withdrawer.withdraw(remove, f"compaction:{plan_id}", gone=deleted,
+                                                     refuse_content=False)
             except RetrieverNotFoundError as e:
                 raise ConflictError(f"the pool changed since the dry-run: {e}; {len(deleted)} listed item(s) "
                                     "were removed before it, nothing after; run the dry-run again") from e

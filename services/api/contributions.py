@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar.clients.retriever_errors import RetrieverInputError
 from t3ar.errors import T3arError, without_paths
 from t3ar_services.api.contrib_store import ContributionRow, ContributionStore, now
 from t3ar_services.api.errors import ConflictError, NotFoundError
@@ -166,8 +167,14 @@ class Contributor:
         for label, group in _by_label(files, labels):
             for start in range(0, len(group), BATCH):
                 batch = [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in group[start:start + BATCH]]
-                out = self.clients()[0].add_images(batch, source=source, metadata=meta, duplicate_policy="skip",
-                                                   label=label)
+                try:
+                    out = self.clients()[0].add_images(batch, source=source, metadata=meta,
+                                                       duplicate_policy="skip", label=label)
+                except RetrieverInputError as e:
+                    if not e.items:
+                        raise
+                    rejected += len(e.items)  # none usable (unreadable, or withdrawn content): the rest goes on
+                    continue
                 near += out.duplicates
                 rejected += out.rejected
         ours = [it.id for it in self.clients()[1].iter_items(source=source)]

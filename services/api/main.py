@@ -50,6 +50,8 @@ from t3ar_services.common.auth_failures import FailureWindow
 from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.common.forms import close_form_schemas
+from t3ar_services.common.job_contract import WORKER_PREFIX
+from t3ar_services.common.private import keep_private
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,8 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
                      compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer,
                      keys=KeyStore(data / "api.sqlite3"), submissions=submissions,
                      audit=AuditLog(data / "api.sqlite3", max_rows=settings.audit_max_rows,
-                                    max_age_days=settings.audit_max_age_days),
+                                    max_age_days=settings.audit_max_age_days,
+                                    max_per_minute=settings.audit_max_per_minute),
                      registrar=registrar)
     return state
 
@@ -158,6 +161,7 @@ def route_limits(settings: ApiSettings) -> RouteLimits:
 
 def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = None) -> FastAPI:
     settings = settings if settings is not None else ApiSettings()
+    keep_private(settings.data_dir)  # before anything is opened: databases, uploads, checkpoints 0600
     state = build_state(settings, redis)
 
     @asynccontextmanager
@@ -205,7 +209,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"), limit_for=limits,
         routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX], failures=failures,
-        sign_in_paths=[f"{CONSOLE_PREFIX}/login"], key_scope=state.key_scope)
+        sign_in_paths=[f"{CONSOLE_PREFIX}/login"], own_budget_prefixes=[WORKER_PREFIX], key_scope=state.key_scope)
     limits.attach(app)
     app.state.auth_failures = failures
     app.state.api = state

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from t3ar.errors import CheckpointError, T3arError
+from t3ar.filemode import new_file_mode
 from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import ModelRow, Store
@@ -73,7 +74,7 @@ def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str
                        uploaded_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
         final = model_path(settings.data_dir, model_id)
         if not final.exists():
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, new_file_mode())
             os.replace(tmp, final)
         created = store.add_model(row)
         return (row if created else store.get_model(model_id) or row), created

@@ -63,6 +63,15 @@ class ErrorBody(BaseModel):
     error: ErrorInfo
 
 
+class ReadmitResponse(BaseModel):
+    """A withdrawal lifted: the content of ``pool_id`` may be added to the pool again (as a new item)."""
+
+    pool_id: str
+    sha256: str = Field(description="the digest of the withdrawn image's bytes")
+    withdrawn_at: str = Field(description="when it was withdrawn (ISO 8601, UTC)")
+    readmitted: bool = True
+
+
 class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
 

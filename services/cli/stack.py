@@ -44,6 +44,7 @@ from t3ar_services.cli.stack_procs import (
     wait_redis,
     write_private,
 )
+from t3ar_services.common.private import keep_private
 
 
 def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool,
@@ -133,7 +134,7 @@ def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, work
       export T3AR_API_URL=... T3AR_API_TOKEN=...; t3ar submit data/target --model runs/source.pt
       t3ar up --mlflow                  # and an MLflow tracking server the finished jobs register in
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
+    keep_private(data_dir)  # before anything is written: Redis' AOF, the logs, every service's files 0600
     lock = open(data_dir / ".lock", "w")  # noqa: SIM115 - held (and released by the OS) for the process' life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

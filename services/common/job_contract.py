@@ -77,6 +77,7 @@ SERIALIZER = "rq.serializers.JSONSerializer"  # JSON-able arguments, meta and re
 CANCEL_KEY = "t3ar:cancel:{job_id}"  # set by the API; polled by the job between steps
 # withdrawn pool ids, which workers drop from their image caches: the bounded feed of t3ar_services.common.withdrawn
 
+WORKER_PREFIX = "/internal/"  # every worker route is under it
 TARGET_ROUTE = "/internal/jobs/{job_id}/target"
 BASE_MODEL_ROUTE = "/internal/jobs/{job_id}/base-model"
 HOLDOUT_ROUTE = "/internal/jobs/{job_id}/holdout"

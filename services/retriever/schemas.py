@@ -22,13 +22,14 @@ from t3ar.clients.retriever_models import (
     SearchResponse,
     StatsResponse,
     VectorsAddResponse,
+    WithdrawnOut,
 )
 from t3ar_services.common.text import Utf8Str
 
 # the service's answers are models of the library (t3ar.clients.retriever_models), which its client returns
 __all__ = ["AddItemResult", "AddResponse", "DeleteResponse", "EmbedResponse", "ExistsResponse", "HealthResponse",
            "IndexInfo", "ItemError", "ItemOut", "ItemPage", "QueryResult", "SearchResponse", "StatsResponse",
-           "VectorsAddResponse"]
+           "VectorsAddResponse", "WithdrawnOut"]
 
 #: the largest magnitude of a query vector's number: scores (at most a query's norm, pool vectors being unit
 #: vectors) stay finite in float32 for any dimension up to 65,536
@@ -61,6 +62,8 @@ class ExistsRequest(_Strict):
 class DeleteRequest(_Strict):
     ids: list[Utf8Str] = Field(min_length=1, max_length=100_000)
     missing_ok: bool = Field(default=False, description="delete the known ids even if some are unknown")
+    withdraw: bool = Field(default=True, description="refuse the deleted images' content at ingest from now on "
+                           "(false: a compaction, which keeps a near-duplicate of what it removes)")
 
 
 _QUERY_KINDS = ("vectors", "vectors_b64", "images_b64")

@@ -49,7 +49,15 @@ def _retriever(pool: dict[str, Any]) -> httpx.MockTransport:
                 return httpx.Response(404, json={"error": {"code": "not_found", "message": f"no item {pid}"}})
             pool["ids"].remove(pid)
             assert req.headers["authorization"] == "Bearer r-admin"
+            pool.setdefault("withdrawn", set()).add(pid)
             return httpx.Response(200, json={"deleted": [pid], "not_found": []})
+        if req.method == "POST" and req.url.path.startswith("/pool/withdrawn/") and req.url.path.endswith("/readmit"):
+            pid = req.url.path.split("/")[3]
+            if pid not in pool.get("withdrawn", ()):
+                return httpx.Response(404, json={"error": {"code": "not_found", "message": f"no withdrawn {pid}"}})
+            pool["withdrawn"].remove(pid)
+            return httpx.Response(200, json={"id": pid, "sha256": "ab" * 32,
+                                             "withdrawn_at": "2026-01-01T00:00:00+00:00"})
         return httpx.Response(404, json={"error": {"code": "not_found", "message": "?"}})
 
     return httpx.MockTransport(handle)
@@ -292,7 +300,8 @@ def test_withdrawn_ids_are_forwarded_encoded(env: Any) -> None:
         pool["raw_paths"] = []
         resp = client.delete(f"/pool/{sent}", headers=ADMIN)
         assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.text
-        assert pool["raw_paths"] == [f"/pool/{raw}"]
+        # the delete, then (on its 404) whether the retriever recorded its withdrawal (issue 50, N5): both encoded
+        assert pool["raw_paths"] == [f"/pool/{raw}", f"/pool/withdrawn/{raw}"]
     resp = client.delete("/pool/p-1", headers=ADMIN)
     assert resp.status_code == 200 and resp.json()["deleted"] is True and pool["ids"] == {"p-2"}
 
@@ -363,6 +372,13 @@ def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None
     assert client.app.state.api.withdrawer.records.withdrawal_reasons(["p-1"]) == {"p-1": "delete"}
     gone = client.delete("/pool/p-1", headers=ADMIN)
     assert gone.status_code == 404 and "already withdrawn" in gone.json()["error"]["message"]
+    # N2 (issue 50): an admin re-admits the withdrawn content (the retriever refuses it at ingest until then), audited
+    assert client.post("/pool/p-1/readmit", headers=USER).status_code == 403
+    back = client.post("/pool/p-1/readmit", headers=ADMIN)
+    assert back.status_code == 200 and back.json()["pool_id"] == "p-1" and back.json()["readmitted"]
+    assert client.post("/pool/p-1/readmit", headers=ADMIN).status_code == 404  # once
+    rows = client.get("/audit", headers=ADMIN, params={"action": "pool.readmit"}).json()["entries"]
+    assert [(r["target"], r["outcome"]) for r in rows] == [("p-1", "ok")]
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == done
     readapt = client.post(f"/jobs/{done}/readapt", headers=USER)
     assert readapt.status_code == 202 and readapt.json()["parent_id"] == done

@@ -93,7 +93,9 @@ def _env(dim: int, identity: str, nlist: int, nprobe: int, pq_m: int, rerank: in
             "T3AR_RETRIEVER_VECTOR_IDENTITY": identity, "T3AR_RETRIEVER_INDEX_TYPE": "ivfpq",
             "T3AR_RETRIEVER_IVF_NLIST": str(nlist), "T3AR_RETRIEVER_IVF_NPROBE": str(nprobe),
             "T3AR_RETRIEVER_PQ_M": str(pq_m), "T3AR_RETRIEVER_RERANK_FACTOR": str(rerank),
-            "T3AR_RETRIEVER_IVF_TRAIN_MIN": str(train_min), "T3AR_RETRIEVER_MAX_VECTORS_PER_REQUEST": str(CHUNK)}
+            "T3AR_RETRIEVER_IVF_TRAIN_MIN": str(train_min), "T3AR_RETRIEVER_MAX_VECTORS_PER_REQUEST": str(CHUNK),
+            # the flat cap is checked for count plus batch: it must take at least two chunks
+            "T3AR_RETRIEVER_IVF_FLAT_MAX": str(max(2 * train_min, 2 * CHUNK))}
 
 
 def _wait_trained(client: RetrieverClient, timeout: float) -> StatsResponse:

@@ -42,8 +42,8 @@ def ingest_page(request: Request, session: web.SessionDep) -> Response:
 @router.post("/pool/ingest", dependencies=[body_size("ingest")])
 async def ingest(request: Request) -> Response:
     state = web.api_state(request)
-    session, form = await web.checked_form(request, max_files=MAX_FILES)
-    web.require_submit(session, request=request, action="pool.ingest")
+    session, form = await web.checked_form(  # a read key is refused before its body is read (N11)
+        request, max_files=MAX_FILES, needs=lambda s: web.require_submit(s, request=request, action="pool.ingest"))
     source = form.get("source")
     source = source.strip() if isinstance(source, str) else ""
     label = form.get("label")

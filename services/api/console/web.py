@@ -150,11 +150,15 @@ def same_origin(request: Request) -> bool:
     return urllib.parse.urlsplit(origin).netloc == request.headers.get("host", "") != ""
 
 
-async def checked_form(request: Request, *, max_files: int = 0) -> tuple[Session, FormData]:
-    """A POST's session (checked before the body is read), then its form (fields up to 64 KiB each; files are
-    bounded by the API's body limit and by what reads them), whose ``csrf`` field must be the session's CSRF token
-    (403 otherwise)."""
+async def checked_form(request: Request, *, max_files: int = 0,
+                       needs: Callable[[Session], None] | None = None) -> tuple[Session, FormData]:
+    """A POST's session (checked before the body is read, and with ``needs``, e.g. :func:`require_submit`, its
+    role too: a read key's upload is refused before a byte of it is read), then its form (fields up to 64 KiB
+    each; files are bounded by the API's body limit and by what reads them), whose ``csrf`` field must be the
+    session's CSRF token (403 otherwise)."""
     session = current_session(request)
+    if needs is not None:
+        needs(session)
     if not same_origin(request):
         raise PageError(403, "cross-origin form posts are refused")
     form = await request.form(max_files=max_files, max_fields=32, max_part_size=64 * 1024)

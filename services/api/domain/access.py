@@ -53,6 +53,25 @@ def visible_lineage(state: ApiState, who: Principal, found: s.LineageResponse) -
                                     "in_flight": [j for j in found.in_flight if j in mine]})
 
 
+OTHER_TEAMS = "another team's contribution"
+
+
+def visible_neighbours(state: ApiState, who: Principal, found: list[s.NeighbourSource]) -> list[s.NeighbourSource]:
+    """``neighbours_from_contributions`` as ``who`` may read it: a contribution of a job ``who`` may not see is
+    counted without naming its job (issue 50, N6), all such folded into one entry."""
+    if who.admin or not found:
+        return found
+    mine = [n for n in found if n.job_id is not None and who.sees(state.store.teams_of("job", n.job_id))]
+    hidden = sum(n.items_used for n in found if n not in mine)
+    return mine + ([s.NeighbourSource(job_id=None, source=OTHER_TEAMS, items_used=hidden)] if hidden else [])
+
+
+def visible_job(state: ApiState, who: Principal, job: s.JobOut) -> s.JobOut:
+    """A job's answer with only what ``who`` may read of other teams' work (:func:`visible_neighbours`)."""
+    return job.model_copy(update={"neighbours_from_contributions": visible_neighbours(
+        state, who, job.neighbours_from_contributions)})
+
+
 def record(state: ApiState, who: Principal, action: str, target: str = "", client: str = "", *,
            outcome: str = "ok", detail: str = "") -> None:
     """One audit entry for what ``who`` did (never raises)."""

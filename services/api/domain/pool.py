@@ -138,6 +138,17 @@ def withdraw_item(state: ApiState, links: Links, pool_id: str) -> s.DeleteRespon
     return s.DeleteResponse(pool_id=pool_id, jobs=jobs, in_flight=in_flight, deleted=True, lineage_error=error)
 
 
+def readmit(state: ApiState, pool_id: str) -> s.ReadmitResponse:
+    """Lift the withdrawal of ``pool_id`` at the retriever (an admin's decision: its content, refused at ingest
+    since, may be added again). 404 when it is not a withdrawn image."""
+    try:
+        w = state.retriever_admin.readmit(pool_id)
+    except RetrieverNotFoundError as e:
+        raise NotFoundError(f"no withdrawn image {pool_id!r} (never withdrawn, already re-admitted, or a "
+                            "vectors-only item)") from e
+    return s.ReadmitResponse(pool_id=pool_id, sha256=w.sha256, withdrawn_at=w.withdrawn_at)
+
+
 def withdraw_contribution(state: ApiState, links: Links, job_id: str) -> s.ContributionWithdrawn:
     """Withdraw every pool item job ``job_id`` contributed, as one unit, with the later jobs that retrieved any of
     them. 404: unknown job, or already withdrawn; 409: the job made no contribution."""

@@ -97,7 +97,8 @@ def list_jobs(state: StateDep, links: LinksDep, who: PrincipalDep,
     ``next_before``."""
     if before is not None:
         access.job_for(state, who, before)
-    return jobs.list_jobs(state, links, limit, before, who.team_filter)
+    found = jobs.list_jobs(state, links, limit, before, who.team_filter)
+    return found.model_copy(update={"jobs": [access.visible_job(state, who, j) for j in found.jobs]})
 
 
 @router.get("/jobs/{job_id}", response_model=s.JobOut)
@@ -105,7 +106,7 @@ def get_job(state: StateDep, links: LinksDep, who: PrincipalDep, job_id: str) ->
     """Status, progress (epoch, step, losses, pseudo-label change rate), timings, and the error when failed.
     Another team's job is a 404, as an unknown one."""
     access.job_for(state, who, job_id)
-    return jobs.describe(state, links, job_id)
+    return access.visible_job(state, who, jobs.describe(state, links, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=s.CancelResponse, dependencies=SUBMIT)
@@ -143,7 +144,9 @@ def get_report(state: StateDep, who: PrincipalDep, job_id: str) -> s.ReportOut:
     ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from). The
     fields are the report's as stored."""
     access.job_for(state, who, job_id)
-    return jobs.report(state, job_id)
+    found = jobs.report(state, job_id)
+    return found.model_copy(update={"neighbours_from_contributions": access.visible_neighbours(
+        state, who, found.neighbours_from_contributions)})
 
 
 @router.post("/jobs/{job_id}/registration", response_model=s.Registration, dependencies=SUBMIT)

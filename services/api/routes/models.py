@@ -49,4 +49,4 @@ def list_models(state: StateDep, who: PrincipalDep) -> s.ModelList:
 @router.get("/models/{model_id}", response_model=s.ModelOut)
 def get_model(state: StateDep, who: PrincipalDep, model_id: str) -> s.ModelOut:
     access.check_model(state, who, model_id)
-    return models.describe(state, model_id)
+    return models.describe(state, model_id, who.team_filter)

@@ -57,7 +57,8 @@ def _summary(job: JobOut, report: ReportOut | None = None) -> str:
             line += (f", {c.added} of {c.images} images added, {c.skipped_exact} exact and "
                      f"{c.skipped_near} near-duplicates skipped")
     for n in job.neighbours_from_contributions:
-        line += f"\n    used {n.items_used} pool image(s) contributed by job {n.job_id}"
+        by = f"job {n.job_id}" if n.job_id else n.source
+        line += f"\n    used {n.items_used} pool image(s) contributed by {by}"
     acc = job.acceptance or (report.acceptance if report is not None else None)
     if acc:  # a job with a holdout: its candidates on it, and the winner
         line += "\n    " + "\n    ".join(acceptance_table(acc))

@@ -53,10 +53,11 @@ TERMINAL = ("finished", "failed", "canceled")
 class ApiError(T3arError):
     """An error answered by (or on the way to) the API; ``status`` 0 means no HTTP answer."""
 
-    def __init__(self, message: str, *, status: int = 0, code: str = "") -> None:
+    def __init__(self, message: str, *, status: int = 0, code: str = "", retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.retry_after = retry_after  # the answer's Retry-After header, if any
 
 
 class ApiInputError(ApiError, InvalidInputError):
@@ -91,7 +92,8 @@ def _error(resp: httpx.Response, what: str) -> ApiError:
     elif resp.status_code in (502, 503, 504):
         cls = ApiUnavailableError
     return cls(f"{what}: {message or 'HTTP ' + str(resp.status_code)} (HTTP {resp.status_code}"
-               f"{' ' + code if code else ''})", status=resp.status_code, code=code)
+               f"{' ' + code if code else ''})", status=resp.status_code, code=code,
+               retry_after=resp.headers.get("retry-after"))
 
 
 def zip_folder(folder: Path, dest: Path) -> Path:

@@ -95,7 +95,7 @@ class Contribution(BaseModel):
 
 
 class NeighbourSource(BaseModel):
-    job_id: str = Field(description="the job whose contribution it is")
+    job_id: str | None = Field(description="the job whose contribution it is (null: another team's job, not named)")
     source: str
     items_used: int = Field(description="of its items, how many this job retrieved and used")
 

@@ -42,6 +42,7 @@ class HttpClient:
     start_hint: ClassVar[str]  # ends that message: how to start the service
     prefix: ClassVar[str] = ""  # starts the message of a transport error that is not a connection failure
     default_timeout: ClassVar[float] = 60.0
+    retry_statuses: ClassVar[frozenset[int]] = frozenset({503})  # answers retried for every call (with Retry-After)
     unavailable_error: ClassVar[type[T3arError]]
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float | None = None, retries: int = 4,
@@ -114,7 +115,7 @@ class HttpClient:
                 raise self.unavailable_error(f"{self.prefix}{what}: {type(e).__name__}: {e}") from e
             if resp.status_code == 404 and attempt > 0 and ok_404_on_retry:
                 return resp
-            transient = resp.status_code == 503 or (safe and resp.status_code in (502, 504))
+            transient = resp.status_code in self.retry_statuses or (safe and resp.status_code in (502, 504))
             if transient and not last:
                 self._sleep(attempt, resp.headers.get("retry-after"), what, f"HTTP {resp.status_code}")
                 continue

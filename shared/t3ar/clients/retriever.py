@@ -44,6 +44,7 @@ from t3ar.clients.retriever_models import (
     SearchResponse,
     StatsResponse,
     VectorsAddResponse,
+    WithdrawnOut,
 )
 from t3ar.urls import path_segment
 
@@ -182,9 +183,25 @@ class RetrieverClient(HttpClient):
         """Withdraw one item (admin token). Unknown id -> RetrieverNotFoundError."""
         self._request("DELETE", _item_path(item_id), safe=True, ok_404_on_retry=True)
 
-    def delete_many(self, ids: Sequence[str], *, missing_ok: bool = False) -> DeleteResponse:
-        """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``."""
-        return self._answer(DeleteResponse, "POST", "/pool/delete", json={"ids": list(ids), "missing_ok": missing_ok})
+    def delete_many(self, ids: Sequence[str], *, missing_ok: bool = False, withdraw: bool = True) -> DeleteResponse:
+        """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``. ``withdraw=False`` (a
+        compaction): their content is not refused at ingest afterwards."""
+        body: dict[str, Any] = {"ids": list(ids), "missing_ok": missing_ok}
+        if not withdraw:
+            body["withdraw"] = False
+        return self._answer(DeleteResponse, "POST", "/pool/delete", json=body)
+
+    def withdrawal(self, item_id: str) -> WithdrawnOut | None:
+        """Admin: the withdrawal of image item ``item_id`` (id, sha256, withdrawn_at), None when it was never
+        withdrawn (or was re-admitted)."""
+        try:
+            return self._answer(WithdrawnOut, "GET", f"/pool/withdrawn/{path_segment(item_id)}", safe=True)
+        except RetrieverNotFoundError:
+            return None
+
+    def readmit(self, item_id: str) -> WithdrawnOut:
+        """Admin: lift the withdrawal of ``item_id`` (its content may be added again). Not withdrawn: 404."""
+        return self._answer(WithdrawnOut, "POST", f"/pool/withdrawn/{path_segment(item_id)}/readmit")
 
     def near_duplicates(self, *, threshold: float, sources: Sequence[str], nprobe: int = 2,
                         timeout: float | None = None) -> NearDuplicatesResponse:

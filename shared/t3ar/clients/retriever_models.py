@@ -68,6 +68,14 @@ class DeleteResponse(BaseModel):
     not_found: list[str]
 
 
+class WithdrawnOut(BaseModel):
+    """A withdrawn image whose content the pool refuses at ingest (its bytes are gone; its digest stays)."""
+
+    id: str
+    sha256: str
+    withdrawn_at: str = Field(description="ISO 8601, UTC")
+
+
 class EmbedResponse(BaseModel):
     identity: str
     dim: int
