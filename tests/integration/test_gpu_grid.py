@@ -190,7 +190,7 @@ def test_the_packs_pool_retrieves_and_draws_what_the_benchs_pool_does(built: tup
             b = retrieve(packed, x, cfg, PLAN.image_size, stream(seed, 4))
             assert a.pool_ids == b.pool_ids and torch.equal(a.neighbours, b.neighbours)
             assert torch.equal(a.pool_images, b.pool_images)
-            if cfg.redraw_neighbours:
+            if cfg.retrieval.redraw_neighbours:
                 assert a.candidates is not None and b.candidates is not None
                 assert torch.equal(a.candidates, b.candidates)
     ids_a, x_a = labelled_tensors(bench, bench_key + "|bench", data.side, PLAN.image_size)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from t3ar.jobsize import memory_bytes, planned_steps
+from t3ar.method import config as method_config
 from t3ar.method import registry
 from t3ar.method.base import MethodStep
 from t3ar.method.config import AdaptConfig
@@ -27,7 +28,7 @@ def test_the_built_in_methods_and_their_properties() -> None:
     assert sorted(n for n in registry.names() if not registry.get(n).optimises) == ["bn-adapt", "source"]
     assert [n for n in registry.names() if registry.get(n).bn_statistics] == ["bn-adapt"]
     assert AdaptConfig(method="adacontrast").resolved_diversity_weight == 1.0
-    assert "diversity_weight" not in registry.config_class("tent").flat_fields()  # tent has no diversity term
+    assert "diversity_weight" not in method_config.config_class("tent").flat_fields()  # tent has no diversity term
 
 
 @pytest.mark.parametrize("method", registry.names())
@@ -39,7 +40,7 @@ def test_every_adapting_method_implements_the_interface(method: str) -> None:
     else:  # no step: the model as it is / its BatchNorm statistics
         assert impl is None
     assert AdaptConfig(method=method).spec is spec  # a valid config for it exists
-    assert type(AdaptConfig(method=method)) is registry.config_class(method)
+    assert type(AdaptConfig(method=method)) is method_config.config_class(method)
 
 
 def test_an_unknown_method_is_refused_with_the_known_ones() -> None:
@@ -72,14 +73,16 @@ def test_job_sizing_reads_the_config() -> None:
         assert planned_steps(AdaptConfig(method=name, epochs=2, batch_size=4, second_stage={"steps": 40}), 12) == 46
 
 
-def test_the_family_config_nests_its_groups_and_reads_flat() -> None:
+def test_the_family_config_nests_its_groups_and_parses_flat_input() -> None:
     cfg = AdaptConfig(method="t3ar", k=3, bn_start=True, second_stage={"steps": 4}, teacher_ema=0.5)
     assert list(cfg.groups()) == ["retrieval", "pool_data", "pool_labels", "batchnorm", "teacher", "refinement",
                                   "second_stage", "safeguards"]
     dumped = cfg.model_dump()
     assert dumped["retrieval"]["k"] == 3 and dumped["batchnorm"]["start"] and dumped["second_stage"]["steps"] == 4
     assert "k" not in dumped and "bn_start" not in dumped  # the canonical form is the nested one
-    assert (cfg.k, cfg.bn_start, cfg.second_stage_steps, cfg.teacher_ema) == (3, True, 4, 0.5)  # flat reads
+    assert (cfg.retrieval.k, cfg.batchnorm.start, cfg.second_stage.steps, cfg.teacher.ema) == (3, True, 4, 0.5)
+    for flat in ("k", "bn_start", "second_stage_steps", "teacher_ema"):  # one name per option: no flat attribute
+        assert not hasattr(cfg, flat)
     assert AdaptConfig.model_validate(dumped) == cfg == AdaptConfig(**cfg.flat())  # both forms, the same config
     assert AdaptConfig(method="t3ar", second_stage_steps=9, second_stage={"steps": 4}).second_stage.steps == 4
 

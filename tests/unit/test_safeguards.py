@@ -114,8 +114,9 @@ def test_a_real_change_exceeds_the_tolerance() -> None:
 
 def test_every_safeguard_is_off_by_default() -> None:
     cfg = AdaptConfig()
-    assert (cfg.reliable_entropy, cfg.reliable_reweight, cfg.anchor, cfg.anchor_weight, cfg.collapse_fallback,
-            cfg.wise_alpha) == (None, False, None, None, None, None)
+    g = cfg.safeguards
+    assert (g.reliable_entropy, g.reliable_reweight, g.anchor, g.anchor_weight, g.collapse_fallback,
+            g.wise_alpha) == (None, False, None, None, None, None)
     assert cfg.resolved_anchor_weight == 0.0
 
 

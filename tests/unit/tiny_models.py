@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from t3ar.device import seed_everything
-from t3ar.method import registry
+from t3ar.method import config as method_config
 from t3ar.method.adapt import adapt
 from t3ar.method.config import AdaptConfig
 from t3ar.models.classifier import Classifier
@@ -72,7 +72,7 @@ def confident_run(monkeypatch: pytest.MonkeyPatch, cls: type[M], method: str, **
 def tiny_config(method: str, **fields: object) -> AdaptConfig:
     """``method``'s config with those of ``fields`` its config has (a loop over every method sets k and bank_size,
     which only some have; a config refuses another method's option)."""
-    accepted = registry.config_class(method).flat_fields()
+    accepted = method_config.config_class(method).flat_fields()
     return AdaptConfig(method=method, **{k: v for k, v in fields.items() if k in accepted or k == "mode"})
 
 

@@ -28,7 +28,7 @@ from t3ar.datakit.archive import ARCHIVE_STYLES
 from t3ar.datakit.emoji import DEFAULT_STYLES
 from t3ar.device import seed_everything
 from t3ar.embedder import Embedder, EmbedderSpec
-from t3ar.method import registry
+from t3ar.method import config as method_config
 from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
@@ -511,7 +511,7 @@ def run_all(ctx: Context, arms: Sequence[Mapping[str, Any]], cache: Path,
 
 def plan_k(arm: Mapping[str, Any], plan: BenchPlan) -> dict[str, Any]:
     """The arm's k (or the plan's) for a method whose config has one."""
-    return {"k": arm.get("k", plan.k)} if "k" in registry.config_class(arm["method"]).flat_fields() else {}
+    return {"k": arm.get("k", plan.k)} if "k" in method_config.config_class(arm["method"]).flat_fields() else {}
 
 
 def pool_as_data(cfg: AdaptConfig) -> bool:

@@ -19,18 +19,20 @@ Design:
 * The T3AR family's config (:class:`t3ar.method.specs.family.T3ARConfig`) nests its groups of options as sub-models
   (retrieval, pool data, pool labels, BatchNorm, teacher, refinement, second stage, safeguards), each checking its own
   interactions; the family's config checks those across groups. Its canonical form is the nested one (what
-  ``model_dump`` gives, the API answers and the checkpoint stores); the flat form of earlier versions
-  (``{"k": 3, "second_stage_steps": 10}``) is still accepted and mapped into the groups, and the method code may read
-  an option flat (``config.k``) as well as nested (``config.retrieval.k``: preferred in new code).
+  ``model_dump`` gives, the API answers and the checkpoint stores) and its only attribute names
+  (``config.retrieval.k``). The flat names of earlier versions (``{"k": 3, "second_stage_steps": 10}``) are a
+  compatibility parse at the input edge alone (:func:`nest`, from :attr:`AdaptConfig.FLAT`: configs stored by earlier
+  versions, old clients): mapped into the groups when validated, never an attribute.
 
 This module stays free of torch: the services validate configs with it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -38,7 +40,9 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    TypeAdapter,
     ValidationError,
+    create_model,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
@@ -176,7 +180,7 @@ class AdaptConfig(BaseModel):
                                      handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         if not _is_union_root(cls):
             return super().__get_pydantic_json_schema__(schema, handler)
-        return handler(registry.config_adapter().core_schema)
+        return handler(config_adapter().core_schema)
 
     # --- checks of every method
 
@@ -190,7 +194,7 @@ class AdaptConfig(BaseModel):
         foreign = [f for f in data if f not in mine]
         if not foreign:
             return nest(cls, data)
-        owners = registry.option_owners()
+        owners = option_owners()
         method = data.get("method", "?")
         by_owners: dict[tuple[str, ...], list[str]] = {}
         for f in foreign:
@@ -343,7 +347,7 @@ def validate(data: Any) -> AdaptConfig:
             raise ValidationError.from_exception_data("AdaptConfig", [
                 {"type": "value_error", "loc": ("method",), "input": data.get("method"),
                  "ctx": {"error": e}}]) from None
-    out: AdaptConfig = registry.config_adapter().validate_python(data)
+    out: AdaptConfig = config_adapter().validate_python(data)
     return out
 
 
@@ -351,7 +355,7 @@ def error_lines(error: ValidationError) -> list[str]:
     """``error``'s messages as ``'<option path>: <message>'``, without the union's method tag; a group's option
     also under its flat name (``refinement.neighbors (refine_neighbors): ...``)."""
     methods = set(registry.names())
-    flat = {where: name for cls in registry.config_classes() for name, where in cls.FLAT.items()}
+    flat = {where: name for cls in config_classes() for name, where in cls.FLAT.items()}
     out = []
     for err in error.errors():
         loc = list(err["loc"])
@@ -378,3 +382,55 @@ def field_info(cls: type[AdaptConfig], loc: tuple[Any, ...]) -> Any:
             return None
         model = info.annotation if _is_group(info.annotation) else None
     return info
+
+
+# --- the union of the registered methods' configs (the registry says which; this module builds it)
+
+_UNION = ""  # the union adapter's key in registry.DERIVED (a method name is never empty)
+
+
+def config_class(name: str) -> type[AdaptConfig]:
+    """The config class of method ``name``: its spec's, or the common fields' with ``method`` naming it."""
+    spec = registry.get(name)
+    if spec.config is not None:
+        cls: type[AdaptConfig] = spec.config
+        return cls
+    with registry.lock():
+        made = registry.DERIVED.get(name)
+        if made is None:
+            tag: Any = Literal[name]
+            title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", name)) + "Config"
+            made = registry.DERIVED[name] = create_model(title, __base__=AdaptConfig,
+                                                         __module__=AdaptConfig.__module__, method=(tag, name))
+        out: type[AdaptConfig] = made
+        return out
+
+
+def config_classes() -> tuple[type[AdaptConfig], ...]:
+    """Every registered method's config class, once each (a class may serve several methods), in registration
+    order."""
+    return tuple(dict.fromkeys(config_class(n) for n in registry.names()))
+
+
+def config_adapter() -> TypeAdapter[AdaptConfig]:
+    """The pydantic adapter of the union of every registered method's config, discriminated on ``method`` (built
+    on first use and again after a registration)."""
+    with registry.lock():
+        adapter = registry.DERIVED.get(_UNION)
+        if adapter is None:
+            classes = config_classes()
+            union: Any = classes[0] if len(classes) == 1 else Annotated[Union[classes], Field(discriminator="method")]  # noqa: UP007
+            adapter = registry.DERIVED[_UNION] = TypeAdapter(union, config=ConfigDict(title="AdaptConfig"))
+        out: TypeAdapter[AdaptConfig] = adapter
+        return out
+
+
+def option_owners() -> dict[str, tuple[str, ...]]:
+    """Each option some method's config accepts (a field, a group, or a group's option by its flat name:
+    :meth:`AdaptConfig.flat_fields`) -> the names of the methods that accept it (in registration order)."""
+    owners: dict[str, list[str]] = {}
+    for name in registry.names():
+        cls = config_class(name)
+        for option in dict.fromkeys([*cls.model_fields, *cls.flat_fields()]):
+            owners.setdefault(option, []).append(name)
+    return {option: tuple(methods) for option, methods in owners.items()}
