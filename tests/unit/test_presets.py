@@ -7,7 +7,7 @@ import pytest
 
 from t3ar.errors import InvalidInputError
 from t3ar.method import registry
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, adapt_config
 from t3ar.method.presets import ACCEPTANCE_ROUND, DEFAULT_METHOD, DEFAULT_PRESET, PRESETS, expand, with_default
 
 REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "adaptation-cpu.json"
@@ -16,11 +16,11 @@ REPORT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "adaptati
 def test_a_preset_fills_what_the_config_does_not_give() -> None:
     assert expand({"preset": "paper", "k": 3}) == {"preset": "paper", "k": 3}
     assert expand({"k": 3}) == {"k": 3}
-    cfg = AdaptConfig(preset="validated")
+    cfg = adapt_config(preset="validated")
     for name, value in PRESETS["validated"].items():
         assert cfg.flat()[name] == (tuple(value) if isinstance(value, list) else value)
-    assert AdaptConfig(preset="validated", k=7).retrieval.k == 7  # given wins
-    assert AdaptConfig(preset="paper") == AdaptConfig(preset="paper", **PRESETS["paper"])
+    assert adapt_config(preset="validated", k=7).retrieval.k == 7  # given wins
+    assert adapt_config(preset="paper") == adapt_config(preset="paper", **PRESETS["paper"])
     with pytest.raises(ValueError, match="preset"):
         AdaptConfig.model_validate({"preset": "best"})
 

@@ -31,7 +31,7 @@ from t3ar.embedder import Embedder, EmbedderSpec
 from t3ar.method import config as method_config
 from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, adapt_config
 from t3ar.method.evaluate import evaluate
 from t3ar.method.probe import Probe
 from t3ar.method.retrieval import NeighbourProvider
@@ -297,7 +297,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
         res = train_supervised(model, x, y, tc, mean=b.mean, std=b.std, device=ctx.device,
                                generator=torch.Generator().manual_seed(seed))
     else:
-        cfg = AdaptConfig(**{"method": arm["method"], "mode": arm.get("mode", "test"), **plan_k(arm, plan),
+        cfg = adapt_config(**{"method": arm["method"], "mode": arm.get("mode", "test"), **plan_k(arm, plan),
                              "epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size,
                              "lr": arm["lr"], "warmup_frac": plan.warmup_frac, "train_groups": train_groups,
                              "seed": seed, **options})

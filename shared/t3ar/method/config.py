@@ -12,8 +12,9 @@ Design:
   of its own gives none and the registry makes the base's with its name). The registry builds the union of every
   registered class, entry-point methods included, as a pydantic ``TypeAdapter`` discriminated on ``method``, built
   when first needed and again after a registration.
-* ``AdaptConfig(**fields)``, ``AdaptConfig.model_validate(data)`` and a pydantic field typed ``AdaptConfig`` (the job
-  contract's ``JobSpec.config``) all validate through that union and give the method's own class; its JSON schema is
+* :func:`adapt_config` (``**fields``), ``AdaptConfig.model_validate(data)`` and a pydantic field typed ``AdaptConfig``
+  (the job contract's ``JobSpec.config``) all validate through that union and give the method's own class
+  (``AdaptConfig(...)`` itself is a TypeError: no constructor returns another class); its JSON schema is
   the union's (``oneOf`` with a ``method`` discriminator). A field of another method is refused, naming the field and
   the methods it belongs to (the API answers 422).
 * The T3AR family's config (:class:`t3ar.method.specs.family.T3ARConfig`) nests its groups of options as sub-models
@@ -121,8 +122,8 @@ class AdaptConfig(BaseModel):
     """The fields every method reads (see the module). ``mode='test'``: T is unlabelled; ``mode='train'``: T is
     labelled (train-time adaptation) and methods with a train-time mode use its labels.
 
-    A method's own config subclasses this with ``method: Literal[<its name>]``; constructing or validating
-    ``AdaptConfig`` itself gives the class of the ``method`` named (the registry's union).
+    A method's own config subclasses this with ``method: Literal[<its name>]``; validating ``AdaptConfig`` itself
+    (:func:`adapt_config`, ``model_validate``) gives the class of the ``method`` named (the registry's union).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -150,19 +151,13 @@ class AdaptConfig(BaseModel):
     amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
     views_ahead: ViewsAhead = None
 
-    # --- the union: AdaptConfig(...) and AdaptConfig.model_validate(...) give the method's own class
-
-    def __new__(cls, *args: Any, **data: Any) -> AdaptConfig:
-        # AdaptConfig(**data) is the method's class, validated here through the union
-        if _is_union_root(cls):
-            return validate(data)
-        return super().__new__(cls)
+    # --- the union: AdaptConfig.model_validate(...) and a field typed AdaptConfig give the method's own class
 
     def __init__(self, /, **data: Any) -> None:
-        # after AdaptConfig(**data), Python calls __init__ on what __new__ gave with the same data: that config holds
-        # its fields already (a fresh instance has no fields set), so it is not validated a second time
-        if not hasattr(self, "__pydantic_fields_set__"):
-            super().__init__(**data)
+        if _is_union_root(type(self)):
+            raise TypeError("AdaptConfig is the union of the methods' configs, not a class of its own: "
+                            "adapt_config(**fields) or AdaptConfig.model_validate(data) gives the method's config")
+        super().__init__(**data)
 
     # it validates as the base's does: pydantic's validation need not call it (pydantic's RootModel marks its own so)
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
@@ -333,6 +328,12 @@ def _with_method(data: Mapping[str, Any]) -> dict[str, Any]:
     elif isinstance(out["method"], str):
         registry.get(out["method"])  # ValueError naming the registered methods
     return out
+
+
+def adapt_config(**fields: Any) -> AdaptConfig:
+    """The config of ``fields`` (``method`` names its class; none: the default method), validated through the union
+    (:func:`validate`): ``adapt_config(method="t3ar", retrieval={"k": 3})``."""
+    return validate(fields)
 
 
 def validate(data: Any) -> AdaptConfig:
