@@ -1,7 +1,7 @@
 """The adaptation config's JSON Schema in the API's document.
 
 POST /adapt takes the config as a multipart text field holding a JSON object; its schema is the union of the
-registered methods' configs (:func:`t3ar.method.registry.config_adapter`), discriminated on ``method``. The document
+registered methods' configs (:func:`t3ar.method.config.config_adapter`), discriminated on ``method``. The document
 says so with ``contentMediaType: application/json`` and a ``contentSchema`` referring to the ``AdaptConfig``
 component, whose parts (one schema per method's config, and the T3AR family's groups) join the components.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from t3ar.method import registry
+from t3ar.method import config as method_config
 
 COMPONENT = "AdaptConfig"
 REF = "#/components/schemas/{model}"
@@ -21,7 +21,7 @@ REF = "#/components/schemas/{model}"
 
 def config_schemas() -> dict[str, Any]:
     """The components the config's schema needs: ``AdaptConfig`` (the union) and each schema it refers to."""
-    schema = registry.config_adapter().json_schema(ref_template=REF)
+    schema = method_config.config_adapter().json_schema(ref_template=REF)
     defs = schema.pop("$defs", {})
     return {**defs, COMPONENT: schema}
 

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, Field, ValidationError
 
 from t3ar.errors import DatasetError, InvalidInputError
+from t3ar.method import config as method_config
 from t3ar.method import registry
 from t3ar.method.config import AdaptConfig, error_lines, field_info
 from t3ar_services.api.errors import ConflictError, PayloadTooLargeError
@@ -118,7 +119,7 @@ def validate_config(draft: dict[str, Any]) -> AdaptConfig:
         return AdaptConfig.model_validate(with_default(draft))
     except ValidationError as e:
         method = draft.get("method")
-        cls = registry.config_class(method) if isinstance(method, str) and method in registry.names() else None
+        cls = method_config.config_class(method) if isinstance(method, str) and method in registry.names() else None
         msgs = "; ".join(f"{line}{_bounds(cls, err['loc'][1:])}"
                          for line, err in zip(error_lines(e), e.errors(), strict=True))
         raise InvalidInputError(f"invalid adaptation config: {msgs}") from e

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from t3ar.acceptance import BASE, BN_ADAPT, DEFAULT_RULE, Rule, simplicity_order
 from t3ar.errors import InvalidInputError
+from t3ar.method import config as method_config
 from t3ar.method import registry
 from t3ar.method.config import AdaptConfig
 from t3ar.method.presets import with_default
@@ -73,7 +74,7 @@ def candidate_config(config: AdaptConfig, name: str) -> AdaptConfig:
     time for a method without a train-time mode."""
     if name == config.method:
         return config
-    given, accepted = config.flat(), registry.config_class(name).flat_fields()
+    given, accepted = config.flat(), method_config.config_class(name).flat_fields()
     out: dict[str, Any] = {k: given[k] for k in SHARED_OPTIONS if k in given and k in accepted}
     out["method"] = name
     out["mode"] = config.mode if registry.get(name).train_mode else "test"

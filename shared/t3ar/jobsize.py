@@ -12,20 +12,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from t3ar.method.batches import steps_per_epoch
+
 if TYPE_CHECKING:
     from t3ar.method.config import AdaptConfig
 
+__all__ = ["gib", "kept_images", "memory_bytes", "planned_steps", "steps_per_epoch", "terms"]
+
 #: the bank's feature width when the model has no bottleneck and the backbone's is not known here
 UNKNOWN_FEATURE_DIM = 2048
-
-
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    """As :func:`t3ar.method.schedule.steps_per_epoch` (a last batch under half a batch is folded into the one
-    before it; a unit test keeps the two equal)."""
-    full, rest = divmod(n, batch_size)
-    if full == 0:
-        return 1
-    return full + (1 if 2 * rest >= batch_size and rest >= 2 else 0)
 
 
 def planned_steps(config: AdaptConfig, n: int) -> int:

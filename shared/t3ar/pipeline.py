@@ -39,7 +39,7 @@ class Retrieved:
     """Neighbours of every target image as local indices into ``pool_images`` (fetched once).
 
     ``candidates`` ([N, m] local indices, -1 = missing or dropped as a near-duplicate) is set when
-    ``config.redraw_neighbours``: then ``pool_images`` covers every candidate and ``neighbours`` is the first
+    ``config.retrieval.redraw_neighbours``: then ``pool_images`` covers every candidate and ``neighbours`` is the first
     draw from them (what a fixed-neighbour run would use). None otherwise (only the k drawn are fetched).
     """
 

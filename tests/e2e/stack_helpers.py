@@ -31,9 +31,9 @@ LONG_JOB = {**FAST_JOB, "epochs": 1000}
 
 def fast_job(method: str, **extra: Any) -> dict[str, Any]:
     """:data:`FAST_JOB` for ``method``: only the options its config takes (another method's option is a 422)."""
-    from t3ar.method import registry
+    from t3ar.method import config as method_config
 
-    accepted = registry.config_class(method).flat_fields()
+    accepted = method_config.config_class(method).flat_fields()
     return {**{k: v for k, v in FAST_JOB.items() if k in accepted}, "method": method, **extra}
 
 

@@ -159,7 +159,7 @@ def test_a_missing_or_foreign_pack_is_refused_in_one_line(pack: Path, tmp_path: 
 def test_the_packs_pool_retrieves_and_draws_what_the_benchs_pool_does(built: tuple[Path, Kits, Path],
                                                                        tmp_path: Path) -> None:
     from t3ar.method.adapt import stream
-    from t3ar.method.config import AdaptConfig
+    from t3ar.method.config import adapt_config
     from t3ar.pipeline import retrieve
     from t3ar_bench.method.data import side_table
     from t3ar_bench.method.pack import load_pack, unpack_images
@@ -181,8 +181,8 @@ def test_the_packs_pool_retrieves_and_draws_what_the_benchs_pool_does(built: tup
     assert torch.equal(mine.style.images, tgt.style.images) and torch.equal(mine.style.labels, tgt.style.labels)
     options = manifest["selection"]["labelled"]["options"]
     # the frozen configuration, and with every candidate of the top k·r fetched (redraw)
-    for cfg in (AdaptConfig(method="t3ar", k=PLAN.k, **options),
-                AdaptConfig(method="t3ar", k=PLAN.k, **options, redraw_neighbours=True)):
+    for cfg in (adapt_config(method="t3ar", k=PLAN.k, **options),
+                adapt_config(method="t3ar", k=PLAN.k, **options, redraw_neighbours=True)):
         for seed in (0, 1):
             subset = [tgt.adapt_idx[i] for i in fraction_subset(len(tgt.adapt_idx), 0.5, seed)]
             x = tgt.style.images[subset]
@@ -190,7 +190,7 @@ def test_the_packs_pool_retrieves_and_draws_what_the_benchs_pool_does(built: tup
             b = retrieve(packed, x, cfg, PLAN.image_size, stream(seed, 4))
             assert a.pool_ids == b.pool_ids and torch.equal(a.neighbours, b.neighbours)
             assert torch.equal(a.pool_images, b.pool_images)
-            if cfg.redraw_neighbours:
+            if cfg.retrieval.redraw_neighbours:
                 assert a.candidates is not None and b.candidates is not None
                 assert torch.equal(a.candidates, b.candidates)
     ids_a, x_a = labelled_tensors(bench, bench_key + "|bench", data.side, PLAN.image_size)

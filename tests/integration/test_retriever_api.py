@@ -18,7 +18,7 @@ from PIL import Image
 from t3ar.clients.retriever import RetrieverClient, RetrieverProvider
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
 from t3ar.clients.retriever_models import ItemOut
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.pipeline import retrieve
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def test_provider_serves_the_adaptation_harness(retriever_module: RetrieverProce
     scores, ids = provider.search(vecs, 2)
     assert ids[0][0] == seeded["s1.png"] and ids[1][0] == seeded["s11.png"] and scores.shape == (3, 2)
     assert set(seeded.values()) <= set(provider.all_ids())
-    got = retrieve(provider, target, AdaptConfig(k=2, r=2), 32, torch.Generator().manual_seed(0))
+    got = retrieve(provider, target, adapt_config(k=2, r=2), 32, torch.Generator().manual_seed(0))
     assert got.neighbours.shape == (3, 2) and int(got.neighbours.min()) >= 0
     assert got.pool_images.shape[1:] == (3, 32, 32) and len(got.pool_ids) == got.pool_images.shape[0]
     assert all(img.mode == "RGB" for img in provider.fetch(got.pool_ids[:2]))

@@ -7,7 +7,7 @@ from tiny_models import TinyBackbone, tiny_config, tiny_problem
 from t3ar.device import resolve_device, seed_everything
 from t3ar.method import registry
 from t3ar.method.adapt import StepStats, adapt
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.probe import Probe
 from t3ar.models.classifier import Classifier
 
@@ -67,7 +67,7 @@ def test_joint_pass_keeps_the_gradient_norm_diagnostics() -> None:
         model = Classifier(TinyBackbone(), 8, 3, 16)
         g = torch.Generator().manual_seed(1)
         res = adapt(model, torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=g),
-                    AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, train_groups=None,
+                    adapt_config(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, train_groups=None,
                                 joint_pass=joint),
                     mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 9, (8, 2), generator=g),
                     pool_images=torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g),
@@ -81,22 +81,22 @@ def test_joint_pass_resolution() -> None:
     from t3ar.method.contrastive import joint_enabled
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert not joint_enabled(AdaptConfig(), cpu) and joint_enabled(AdaptConfig(), cuda)
-    assert joint_enabled(AdaptConfig(joint_pass=True), cpu) and not joint_enabled(AdaptConfig(joint_pass=False), cuda)
+    assert not joint_enabled(adapt_config(), cpu) and joint_enabled(adapt_config(), cuda)
+    assert joint_enabled(adapt_config(joint_pass=True), cpu) and not joint_enabled(adapt_config(joint_pass=False), cuda)
     with pytest.raises(ValueError, match="cannot be combined"):
-        AdaptConfig(joint_pass=True, cpu_bf16_nograd=True)
+        adapt_config(joint_pass=True, cpu_bf16_nograd=True)
     # an EMA teacher makes the keys with a model of its own: the one forward cannot serve both (the step turned
     # joint_pass off without a word); asked for together, they are refused, and left to auto it is off
     with pytest.raises(ValueError, match="joint_pass and teacher_ema cannot be combined"):
-        AdaptConfig(joint_pass=True, teacher_ema=0.9)
-    assert AdaptConfig(teacher_ema=0.9).joint_pass is None and AdaptConfig(joint_pass=False, teacher_ema=0.9)
+        adapt_config(joint_pass=True, teacher_ema=0.9)
+    assert adapt_config(teacher_ema=0.9).joint_pass is None and adapt_config(joint_pass=False, teacher_ema=0.9)
 
 
 def test_tent_updates_only_batchnorm_affine() -> None:
     seed_everything(0)
     model = Classifier(TinyBackbone(), 8, 3, 16)
     ref = {k: v.clone() for k, v in model.state_dict().items()}
-    adapt(model, torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8), AdaptConfig(method="tent", epochs=1,
+    adapt(model, torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8), adapt_config(method="tent", epochs=1,
           batch_size=4), mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"))
     after = model.state_dict()
     changed = {k for k in ref if not torch.equal(ref[k], after[k])}
@@ -111,7 +111,7 @@ def test_shot_im_freezes_the_head() -> None:
     model = Classifier(TinyBackbone(), 8, 3, 16)
     head_before = [p.clone() for p in model.head.parameters()]
     adapt(model, torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8),
-          AdaptConfig(method="shot-im", epochs=1, batch_size=4, train_groups=None), mean=(0.5,) * 3,
+          adapt_config(method="shot-im", epochs=1, batch_size=4, train_groups=None), mean=(0.5,) * 3,
           std=(0.5,) * 3, device=torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(head_before, model.head.parameters(), strict=True))
 
@@ -121,11 +121,11 @@ def test_contract_errors() -> None:
     x = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     kw = {"mean": (0.5,) * 3, "std": (0.5,) * 3, "device": torch.device("cpu")}
     with pytest.raises(ValueError, match="needs neighbours"):
-        adapt(model, x, AdaptConfig(method="t3ar"), **kw)  # type: ignore[arg-type]
+        adapt(model, x, adapt_config(method="t3ar"), **kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs labels"):
-        adapt(model, x, AdaptConfig(method="t3ar-noretrieval", mode="train"), **kw)  # type: ignore[arg-type]
+        adapt(model, x, adapt_config(method="t3ar-noretrieval", mode="train"), **kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="k must be"):
-        AdaptConfig(method="t3ar", k=0)
+        adapt_config(method="t3ar", k=0)
 
 
 def test_on_step_reports_progress_and_can_cancel() -> None:
@@ -142,7 +142,7 @@ def test_on_step_reports_progress_and_can_cancel() -> None:
     model = Classifier(TinyBackbone(), 8, 3, 16)
     with pytest.raises(Cancelled):
         adapt(model, torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8),
-              AdaptConfig(method="t3ar-noretrieval", epochs=3, batch_size=4, bank_size=16), mean=(0.5,) * 3,
+              adapt_config(method="t3ar-noretrieval", epochs=3, batch_size=4, bank_size=16), mean=(0.5,) * 3,
               std=(0.5,) * 3, device=torch.device("cpu"), on_step=on_step)
     assert [s.step for s in seen] == [1, 2] and seen[0].total_steps == 9
     assert seen[1].loss_contrastive > 0 and seen[1].seconds_forward_backward > 0
@@ -151,7 +151,7 @@ def test_on_step_reports_progress_and_can_cancel() -> None:
 def test_min_steps_for_tiny_targets() -> None:
     model = Classifier(TinyBackbone(), 8, 3, 16)
     res = adapt(model, torch.randint(0, 256, (3, 3, 16, 16), dtype=torch.uint8),
-                AdaptConfig(method="t3ar-noretrieval", epochs=1, min_steps=5, batch_size=32, bank_size=16),
+                adapt_config(method="t3ar-noretrieval", epochs=1, min_steps=5, batch_size=32, bank_size=16),
                 mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"))
     assert res.steps == 5
 
@@ -166,7 +166,7 @@ def test_t3ar_on_cuda_with_amp(views_ahead: bool | None, joint_pass: bool | None
     model = Classifier(TinyBackbone(), 8, 3, 16).to(dev)
     g = torch.Generator().manual_seed(0)
     res = adapt(model, torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8, generator=g),
-                AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, amp=True,
+                adapt_config(method="t3ar", k=2, epochs=1, batch_size=4, bank_size=32, amp=True,
                             views_ahead=views_ahead, joint_pass=joint_pass),
                 mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=torch.randint(0, 9, (12, 2), generator=g),
                 pool_images=torch.randint(0, 256, (9, 3, 16, 16), dtype=torch.uint8, generator=g), device=dev)

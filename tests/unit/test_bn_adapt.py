@@ -7,7 +7,7 @@ from tiny_models import TinyBackbone
 from t3ar.device import seed_everything
 from t3ar.method.adapt import adapt
 from t3ar.method.augment import Normalizer
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.models.classifier import Classifier
 
 
@@ -23,7 +23,7 @@ def _target(n: int = 22) -> torch.Tensor:
 def test_running_statistics_become_the_targets_and_nothing_else_changes() -> None:
     model, target = _model(), _target()
     params = {k: v.clone() for k, v in model.named_parameters()}
-    res = adapt(model, target, AdaptConfig(method="bn-adapt", batch_size=8, train_groups=None),
+    res = adapt(model, target, adapt_config(method="bn-adapt", batch_size=8, train_groups=None),
                 mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=torch.device("cpu"))
     assert res.steps == 3 and not model.training  # 22 at batch 8: 8 + 14 (a short tail folded in)
     assert all(torch.equal(params[k], v) for k, v in model.named_parameters())
@@ -39,7 +39,7 @@ def test_running_statistics_become_the_targets_and_nothing_else_changes() -> Non
 def test_only_the_groups_that_would_train_adapt() -> None:
     model = _model()
     before = model.backbone.stem[1].running_mean.clone()
-    adapt(model, _target(), AdaptConfig(method="bn-adapt", batch_size=8, train_groups=1),
+    adapt(model, _target(), adapt_config(method="bn-adapt", batch_size=8, train_groups=1),
           mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=torch.device("cpu"))
     assert torch.equal(model.backbone.stem[1].running_mean, before)  # a frozen group keeps the source statistics
     assert not torch.equal(model.backbone.stage[1].running_mean, torch.zeros(8))
@@ -48,7 +48,7 @@ def test_only_the_groups_that_would_train_adapt() -> None:
 
 def test_the_same_target_gives_the_same_statistics_in_any_order() -> None:
     a, b = _model(), _model()
-    cfg = AdaptConfig(method="bn-adapt", batch_size=8, train_groups=None)
+    cfg = adapt_config(method="bn-adapt", batch_size=8, train_groups=None)
     for m, seed in ((a, 1), (b, 2)):  # another batch order: the same whole-pass means
         adapt(m, _target(), cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=torch.device("cpu"),
               generator=torch.Generator().manual_seed(seed))
@@ -60,7 +60,7 @@ def test_on_cuda_the_statistics_match_the_cpus() -> None:
     from t3ar.device import resolve_device
 
     dev = resolve_device("auto")  # CUDA: the gpu mark skips this test without it
-    cfg = AdaptConfig(method="bn-adapt", batch_size=8, train_groups=None)
+    cfg = adapt_config(method="bn-adapt", batch_size=8, train_groups=None)
     cpu, gpu = _model(), _model().to(dev)
     adapt(cpu, _target(), cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=torch.device("cpu"))
     adapt(gpu, _target(), cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), device=dev)

@@ -18,7 +18,7 @@ from t3ar.candidates import SharedProvider, run_candidates
 from t3ar.clients.job_report import AcceptanceRecord, acceptance_table
 from t3ar.data.holdout import HoldoutError, read_holdout
 from t3ar.data.target import read_target
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.models.backbones import BackboneSpec
 from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
 from t3ar.models.classifier import ModelSpec, build_classifier
@@ -48,7 +48,7 @@ def test_candidates_share_the_pool_and_the_winner_is_loaded(setup: tuple[Path, P
     model, info = load_checkpoint(model_file, device=CPU)
     base = {k: v.clone() for k, v in model.state_dict().items()}
     provider = SixItemPool()
-    cfg = AdaptConfig(method="t3ar", k=2, r=2, epochs=1, batch_size=4, bank_size=64, preset="paper")
+    cfg = adapt_config(method="t3ar", k=2, r=2, epochs=1, batch_size=4, bank_size=64, preset="paper")
     opts = AcceptanceOptions(candidates=("t3ar", "bn-adapt", "source", "t3ar-random"), rule="argmax")
     done = run_candidates(model, info, read_target(target_dir), cfg, opts, read_holdout(holdout_dir),
                           provider=provider, device=CPU)
@@ -76,7 +76,7 @@ def test_a_holdout_image_of_the_target_stops_the_run(setup: tuple[Path, Path, Pa
     (holdout_dir / "a" / "copy.png").write_bytes((target_dir / "t3.png").read_bytes())
     model, info = load_checkpoint(model_file, device=CPU)
     with pytest.raises(HoldoutError, match="also in the target"):
-        run_candidates(model, info, read_target(target_dir), AdaptConfig(method="tent", epochs=1), AcceptanceOptions(),
+        run_candidates(model, info, read_target(target_dir), adapt_config(method="tent", epochs=1), AcceptanceOptions(),
                        read_holdout(holdout_dir), provider=None, device=CPU)
 
 
@@ -143,7 +143,7 @@ def test_worker_require_gain_fails_the_job_with_the_record(setup: tuple[Path, Pa
 
     monkeypatch.setattr(sampling, "stratified_subsample", drawn)
     with pytest.raises(jobs.AcceptanceRefusedError, match="no candidate beats the base model"):
-        jobs._candidates(spec, AdaptConfig(method="tent", epochs=1), model, info, read_target(target_dir), None, CPU,
+        jobs._candidates(spec, adapt_config(method="tent", epochs=1), model, info, read_target(target_dir), None, CPU,
                          progress, holdout_dir)
     record = progress.meta.acceptance
     assert isinstance(record, AcceptanceRecord) and record.winner == "source" and record.require_gain is True

@@ -12,7 +12,7 @@ from torch import nn
 from t3ar.method import eata as eata_module
 from t3ar.method import safeguards
 from t3ar.method.augment import Normalizer
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.eata import D_MARGIN, EATA, FISHER_ALPHA, PROBS_EMA
 from t3ar.method.reliable import fisher_diagonal, fisher_penalty, running_stats_kept, sample_entropy
 from t3ar.method.safeguards import stable_fisher
@@ -97,7 +97,7 @@ def test_fisher_penalty_is_zero_at_the_anchor_and_pulls_back() -> None:
 
 def test_fisher_uses_the_targets_pseudo_labels_only_and_touches_nothing() -> None:
     model, target, _, _ = tiny_problem(seed=5)
-    params = EATA.trainable_params(model, AdaptConfig(method="eata"))
+    params = EATA.trainable_params(model, adapt_config(method="eata"))
     model.train()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     sizes: list[int] = []
@@ -170,4 +170,4 @@ def test_the_anchor_is_capped_where_sgd_cannot_follow_it(monkeypatch: pytest.Mon
 
 def test_eata_is_test_time_only() -> None:
     with pytest.raises(ValueError, match="test-time method"):
-        AdaptConfig(method="eata", mode="train")
+        adapt_config(method="eata", mode="train")

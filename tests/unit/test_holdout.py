@@ -13,7 +13,7 @@ from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candida
 from t3ar.data.datasets import read_unlabelled
 from t3ar.data.holdout import HoldoutError, check_holdout, image_digests, read_holdout
 from t3ar.errors import InvalidInputError
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 
 CLASSES = ["cat", "dog", "owl"]
 
@@ -104,7 +104,7 @@ def test_unlabelled_or_unreadable_is_refused(tmp_path: Path) -> None:
 
 
 def test_options_and_candidates() -> None:
-    cfg = AdaptConfig(method="tent", epochs=3, lr=0.01, seed=7)
+    cfg = adapt_config(method="tent", epochs=3, lr=0.01, seed=7)
     opts = parse_options("", False, None)
     assert opts == AcceptanceOptions() and opts.rule == DEFAULT_RULE
     assert candidate_names(opts, cfg) == ["source", "bn-adapt", "tent"]
@@ -116,7 +116,7 @@ def test_options_and_candidates() -> None:
     assert candidate_config(cfg, "tent") is cfg
     bn = candidate_config(cfg, "bn-adapt")
     assert (bn.method, bn.seed, bn.epochs, bn.lr, bn.mode) == ("bn-adapt", 7, 3, 0.01, "test")
-    t3 = candidate_config(AdaptConfig(method="t3ar-noretrieval", mode="train", seed=2), "t3ar")
+    t3 = candidate_config(adapt_config(method="t3ar-noretrieval", mode="train", seed=2), "t3ar")
     assert t3.method == "t3ar" and t3.mode == "train" and t3.preset == "validated" and t3.seed == 2
 
 

@@ -9,7 +9,7 @@ from tiny_models import tiny_problem
 
 from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.bank import MemoryBank
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.vote import vote, voters
 from t3ar.models.classifier import Classifier
 
@@ -62,7 +62,7 @@ def test_a_bank_without_voters_is_refused() -> None:
 
 def _run(**over: object) -> tuple[Classifier, AdaptResult]:
     model, target, pool, nbr = tiny_problem(n_pool=9)
-    cfg = AdaptConfig(**{"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64,
+    cfg = adapt_config(**{"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64,
                          "train_groups": None, **over})
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 device=torch.device("cpu"), pool_labels=torch.tensor([0, 1, 2, -1, -1, 0, 1, -1, 2]),
@@ -88,6 +88,6 @@ def test_the_family_trains_on_the_voted_pseudo_labels_at_test_time_only() -> Non
 
 def test_knn_refine_is_a_family_option_and_labelled_votes_need_it() -> None:
     with pytest.raises(ValueError, match="T3AR family"):
-        AdaptConfig(method="adacontrast", knn_refine=True)
+        adapt_config(method="adacontrast", knn_refine=True)
     with pytest.raises(ValueError, match="needs knn_refine"):
-        AdaptConfig(method="t3ar", knn_refine_labelled=True)
+        adapt_config(method="t3ar", knn_refine_labelled=True)

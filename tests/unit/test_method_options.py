@@ -14,7 +14,7 @@ from t3ar.method import losses
 from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.augment import Normalizer
 from t3ar.method.bank import MemoryBank
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.contrastive import ContrastiveState, StepOut, StepViews, step_views
 from t3ar.method.probe import Probe
 from t3ar.method.views import Views
@@ -202,7 +202,7 @@ def test_diagnostics_fill_finite_grad_norms_and_change_no_parameter() -> None:
 def _retrieve(method: str = "t3ar", **cfg_kw: Any) -> tuple[Any, SixItemPool]:
     provider = SixItemPool()
     target = torch.zeros(20, 3, 8, 8, dtype=torch.uint8)
-    got = retrieve(provider, target, AdaptConfig(method=method, k=2, r=2, **cfg_kw), 8,
+    got = retrieve(provider, target, adapt_config(method=method, k=2, r=2, **cfg_kw), 8,
                    torch.Generator().manual_seed(0))
     return got, provider
 
@@ -273,7 +273,7 @@ def test_bf16_nograd_runs_only_the_no_gradient_passes_in_bf16_and_stays_close() 
     for on in (False, True):
         seed_everything(0)
         model = Classifier(TinyBackbone(), 8, 3, 16)
-        cfg = AdaptConfig(k=2, bank_size=32, cpu_bf16_nograd=on)
+        cfg = adapt_config(k=2, bank_size=32, cpu_bf16_nograd=on)
         views = Views(Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu")), torch.Generator().manual_seed(1))
         state = ContrastiveState.create(model, target, cfg, None, views, torch.Generator().manual_seed(2),
                                         torch.device("cpu"))

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from t3ar.jobsize import memory_bytes, planned_steps
+from t3ar.method import config as method_config
 from t3ar.method import registry
 from t3ar.method.base import MethodStep
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, adapt_config
 from t3ar.method.registry import MethodSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +27,8 @@ def test_the_built_in_methods_and_their_properties() -> None:
                                                                                       "sar"]
     assert sorted(n for n in registry.names() if not registry.get(n).optimises) == ["bn-adapt", "source"]
     assert [n for n in registry.names() if registry.get(n).bn_statistics] == ["bn-adapt"]
-    assert AdaptConfig(method="adacontrast").resolved_diversity_weight == 1.0
-    assert "diversity_weight" not in registry.config_class("tent").flat_fields()  # tent has no diversity term
+    assert adapt_config(method="adacontrast").resolved_diversity_weight == 1.0
+    assert "diversity_weight" not in method_config.config_class("tent").flat_fields()  # tent has no diversity term
 
 
 @pytest.mark.parametrize("method", registry.names())
@@ -38,13 +39,13 @@ def test_every_adapting_method_implements_the_interface(method: str) -> None:
         assert impl is not None and issubclass(impl, MethodStep)
     else:  # no step: the model as it is / its BatchNorm statistics
         assert impl is None
-    assert AdaptConfig(method=method).spec is spec  # a valid config for it exists
-    assert type(AdaptConfig(method=method)) is registry.config_class(method)
+    assert adapt_config(method=method).spec is spec  # a valid config for it exists
+    assert type(adapt_config(method=method)) is method_config.config_class(method)
 
 
 def test_an_unknown_method_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown method 'nope': one of .*t3ar-random"):
-        AdaptConfig(method="nope")
+        adapt_config(method="nope")
     schema = AdaptConfig.model_json_schema()  # the union of the registered configs, discriminated on method
     assert sorted(schema["discriminator"]["mapping"]) == sorted(registry.names())
 
@@ -59,40 +60,42 @@ def test_a_name_is_registered_once() -> None:
 
 def test_job_sizing_reads_the_config() -> None:
     for name in registry.names():
-        cfg = AdaptConfig(method=name, epochs=2, batch_size=4)
+        cfg = adapt_config(method=name, epochs=2, batch_size=4)
         assert planned_steps(cfg, 12) == (6 if cfg.spec.optimises else 0), name
         bank = cfg.bank_entries
         assert (bank > 0) == (name in ("adacontrast", *registry.family())), name
         if bank:
-            smaller = AdaptConfig(**{**cfg.flat(), "bank_size": 8})
+            smaller = adapt_config(**{**cfg.flat(), "bank_size": 8})
             assert memory_bytes(cfg, 12, 8, 16, 3) > memory_bytes(smaller, 12, 8, 16, 3)
     # the family's second stage adds its steps to the budget, given flat or nested
     for name in registry.family():
-        assert planned_steps(AdaptConfig(method=name, k=2, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
-        assert planned_steps(AdaptConfig(method=name, epochs=2, batch_size=4, second_stage={"steps": 40}), 12) == 46
+        assert planned_steps(adapt_config(method=name, k=2, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
+        assert planned_steps(adapt_config(method=name, epochs=2, batch_size=4, second_stage={"steps": 40}), 12) == 46
 
 
-def test_the_family_config_nests_its_groups_and_reads_flat() -> None:
-    cfg = AdaptConfig(method="t3ar", k=3, bn_start=True, second_stage={"steps": 4}, teacher_ema=0.5)
+def test_the_family_config_nests_its_groups_and_parses_flat_input() -> None:
+    cfg = adapt_config(method="t3ar", k=3, bn_start=True, second_stage={"steps": 4}, teacher_ema=0.5)
     assert list(cfg.groups()) == ["retrieval", "pool_data", "pool_labels", "batchnorm", "teacher", "refinement",
                                   "second_stage", "safeguards"]
     dumped = cfg.model_dump()
     assert dumped["retrieval"]["k"] == 3 and dumped["batchnorm"]["start"] and dumped["second_stage"]["steps"] == 4
     assert "k" not in dumped and "bn_start" not in dumped  # the canonical form is the nested one
-    assert (cfg.k, cfg.bn_start, cfg.second_stage_steps, cfg.teacher_ema) == (3, True, 4, 0.5)  # flat reads
-    assert AdaptConfig.model_validate(dumped) == cfg == AdaptConfig(**cfg.flat())  # both forms, the same config
-    assert AdaptConfig(method="t3ar", second_stage_steps=9, second_stage={"steps": 4}).second_stage.steps == 4
+    assert (cfg.retrieval.k, cfg.batchnorm.start, cfg.second_stage.steps, cfg.teacher.ema) == (3, True, 4, 0.5)
+    for flat in ("k", "bn_start", "second_stage_steps", "teacher_ema"):  # one name per option: no flat attribute
+        assert not hasattr(cfg, flat)
+    assert AdaptConfig.model_validate(dumped) == cfg == adapt_config(**cfg.flat())  # both forms, the same config
+    assert adapt_config(method="t3ar", second_stage_steps=9, second_stage={"steps": 4}).second_stage.steps == 4
 
 
 def test_a_field_of_another_method_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="bn_start, teacher_ema are options of the T3AR family .*, not of tent"):
-        AdaptConfig(method="tent", bn_start=True, teacher_ema=0.5)
+        adapt_config(method="tent", bn_start=True, teacher_ema=0.5)
     with pytest.raises(ValueError, match="k is an option of the T3AR family .*, not of tent"):
-        AdaptConfig(method="tent", k=3)  # accepted and ignored before: now refused, even at its default
+        adapt_config(method="tent", k=3)  # accepted and ignored before: now refused, even at its default
     with pytest.raises(ValueError, match="ema is an option of adacontrast, not of t3ar"):
-        AdaptConfig(method="t3ar", ema=0.9)
+        adapt_config(method="t3ar", ema=0.9)
     with pytest.raises(ValueError, match="nope is not an option of tent"):
-        AdaptConfig(method="tent", nope=1)
+        adapt_config(method="tent", nope=1)
 
 
 def test_a_method_registers_its_config_class_with_a_group() -> None:
@@ -123,21 +126,21 @@ def test_a_method_registers_its_config_class_with_a_group() -> None:
         registry.register(MethodSpec("other", "misnamed", step="t3ar.method.tent:Tent", config=GroupedConfig))
     registry.register(MethodSpec("grouped", "tent with a group", step="t3ar.method.tent:Tent", config=GroupedConfig))
     try:
-        cfg = AdaptConfig(method="grouped", epochs=2, batch_size=4, extra={"steps": 7})
+        cfg = adapt_config(method="grouped", epochs=2, batch_size=4, extra={"steps": 7})
         assert type(cfg) is GroupedConfig and planned_steps(cfg, 12) == 6 + 7
         with pytest.raises(ValueError, match="grouped: extra.lr needs extra.steps"):
-            AdaptConfig(method="grouped", extra={"lr": 0.1})
+            adapt_config(method="grouped", extra={"lr": 0.1})
         with pytest.raises(ValueError, match="extra is an option of grouped, not of tent"):
-            AdaptConfig(method="tent", extra={"steps": 1})
+            adapt_config(method="tent", extra={"steps": 1})
     finally:
         registry.unregister("grouped")
     with pytest.raises(ValueError, match="unknown method 'grouped'"):
-        AdaptConfig(method="grouped")
+        adapt_config(method="grouped")
 
 
 def test_a_config_is_validated_once() -> None:
-    """``AdaptConfig(**fields)`` builds the method's class through the union; Python's ``__init__`` that follows
-    does not validate the same fields a second time (nor does any other way of building a config)."""
+    """``adapt_config(**fields)`` builds the method's class through the union, validating once (as does any other
+    way of building a config); ``AdaptConfig(...)`` itself is refused: no constructor returns another class."""
     from typing import Literal
 
     from pydantic import model_validator
@@ -155,22 +158,24 @@ def test_a_config_is_validated_once() -> None:
     registry.register(MethodSpec("counted", "tent, its validations counted", step="t3ar.method.tent:Tent",
                                  config=CountedConfig))
     try:
-        built = [AdaptConfig(method="counted", epochs=2), AdaptConfig.model_validate({"method": "counted",
+        built = [adapt_config(method="counted", epochs=2), AdaptConfig.model_validate({"method": "counted",
                                                                                        "epochs": 3}),
                  CountedConfig(epochs=4), CountedConfig.model_validate({"epochs": 5})]
         assert [type(c) for c in built] == [CountedConfig] * 4 and [c.epochs for c in built] == [2, 3, 4, 5]
         assert runs == [2, 3, 4, 5]  # once each
         with pytest.raises(TypeError):
-            AdaptConfig({"method": "counted"})  # type: ignore[call-arg]  # fields by name only, as before
+            adapt_config({"method": "counted"})  # type: ignore[call-arg]  # fields by name only, as before
+        with pytest.raises(TypeError, match="AdaptConfig is the union"):
+            AdaptConfig(method="counted")
     finally:
         registry.unregister("counted")
 
 
 def test_the_config_layer_does_not_import_torch() -> None:
     """The services and the CLI validate configs, size jobs and list the methods without loading torch."""
-    code = ("import sys; from t3ar.method.config import AdaptConfig; from t3ar.method import registry; "
+    code = ("import sys; from t3ar.method.config import AdaptConfig, adapt_config; from t3ar.method import registry; "
             "from t3ar.jobsize import planned_steps; "
-            "[planned_steps(AdaptConfig(method=n), 10) for n in registry.names()]; "
+            "[planned_steps(adapt_config(method=n), 10) for n in registry.names()]; "
             "AdaptConfig.model_json_schema(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "shared")})

@@ -9,7 +9,7 @@ from tiny_models import tiny_problem
 from t3ar.method import losses
 from t3ar.method.adapt import adapt
 from t3ar.method.bank import MemoryBank
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.pool_data import agreement, same_class_pool_entries, select_pool_data
 from t3ar.method.probe import Probe
 from t3ar.models.classifier import Classifier
@@ -81,7 +81,7 @@ def test_neighbour_entries_are_the_querys_own_pool_entries() -> None:
 def _run(device: torch.device | None = None, **options: object) -> tuple[Classifier, object]:
     device = device or torch.device("cpu")
     model, target, pool, nbr = tiny_problem(device=device)
-    cfg = AdaptConfig(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None, **options)  # type: ignore[arg-type]
+    cfg = adapt_config(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None, **options)  # type: ignore[arg-type]
     res = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
                 device=device, pool_sources=["emoji"] * 5 + ["clipart"] * 4,
                 probe=Probe(pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1])))
@@ -126,7 +126,7 @@ def test_false_negative_control_changes_the_contrastive_term(mode: str) -> None:
 def test_the_oracle_serves_known_neighbours_with_their_true_labels() -> None:
     _, res = _run(pool_data_weight=1.0, pool_data_threshold=0.99)
     model, target, pool, nbr = tiny_problem()
-    cfg = AdaptConfig(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None,
+    cfg = adapt_config(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None,
                       pool_data_weight=1.0, pool_data_threshold=0.99)
     oracle = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
                    device=torch.device("cpu"),
@@ -138,7 +138,7 @@ def test_the_oracle_serves_known_neighbours_with_their_true_labels() -> None:
 
 def test_sources_restrict_data_only_when_known() -> None:
     model, target, pool, nbr = tiny_problem(8, 4, 2)
-    cfg = AdaptConfig(method="t3ar", k=2, epochs=1, batch_size=4, pool_data_weight=1.0, pool_data_sources=("a",))
+    cfg = adapt_config(method="t3ar", k=2, epochs=1, batch_size=4, pool_data_weight=1.0, pool_data_sources=("a",))
     with pytest.raises(ValueError, match="pool_sources"):
         adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
               device=torch.device("cpu"))

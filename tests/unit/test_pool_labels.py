@@ -9,7 +9,7 @@ from tiny_models import tiny_problem
 
 from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.bn_adapt import adapted_norms
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights, labelled_neighbours
 from t3ar.method.probe import Probe
 from t3ar.models.classifier import Classifier, iter_batchnorms
@@ -62,7 +62,7 @@ def _data(n_pool: int = 9) -> tuple[Classifier, torch.Tensor, torch.Tensor, torc
 def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN,
          **over: object) -> tuple[Classifier, AdaptResult]:
     model, target, pool, nbr = _data()
-    cfg = AdaptConfig(**{"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64,
+    cfg = adapt_config(**{"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64,
                          "train_groups": None, **over})
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 device=torch.device("cpu"), pool_labels=known, probe=Probe(pool_label_draw=draw))
@@ -111,10 +111,10 @@ def test_labelled_false_negatives_are_masked_by_their_label() -> None:
 
 def test_bn_start_sets_the_targets_statistics_and_bn_fixed_keeps_them() -> None:
     model, target, _, _ = _data()
-    cfg = AdaptConfig(method="t3ar-noretrieval", epochs=2, batch_size=4, bank_size=64, train_groups=1,
+    cfg = adapt_config(method="t3ar-noretrieval", epochs=2, batch_size=4, bank_size=64, train_groups=1,
                       bn_start=True, bn_fixed=True, lr=1e-3)
     ref, *_ = _data()
-    bn = AdaptConfig(method="bn-adapt", batch_size=4, train_groups=1, seed=0)
+    bn = adapt_config(method="bn-adapt", batch_size=4, train_groups=1, seed=0)
     adapt(ref, target, bn, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"),
           generator=torch.Generator().manual_seed(0 * 1_000_003 + 9))
     adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"))
@@ -122,7 +122,7 @@ def test_bn_start_sets_the_targets_statistics_and_bn_fixed_keeps_them() -> None:
     for a, b in zip(adapted_norms(model, 1), adapted_norms(ref, 1), strict=True):
         assert torch.allclose(a.running_mean, b.running_mean) and torch.allclose(a.running_var, b.running_var)
     moving, *_ = _data()
-    adapt(moving, target, AdaptConfig(**{**cfg.flat(), "bn_fixed": False}), mean=(0.5,) * 3, std=(0.5,) * 3,
+    adapt(moving, target, adapt_config(**{**cfg.flat(), "bn_fixed": False}), mean=(0.5,) * 3, std=(0.5,) * 3,
           device=torch.device("cpu"))
     assert any(not torch.allclose(a.running_mean, b.running_mean)
                for a, b in zip(iter_batchnorms(moving), iter_batchnorms(ref), strict=True))
@@ -146,7 +146,7 @@ def test_the_second_stage_trains_only_the_bottleneck_and_head() -> None:
 def test_family_only_options_are_refused_elsewhere() -> None:
     for opt in ({"bn_start": True}, {"bn_fixed": True}, {"second_stage_steps": 3}):
         with pytest.raises(ValueError, match="T3AR family"):
-            AdaptConfig(method="adacontrast", **opt)
+            adapt_config(method="adacontrast", **opt)
 
 
 def test_an_ema_teacher_computes_the_keys_and_stays_out_of_the_optimiser() -> None:

@@ -12,7 +12,7 @@ from tiny_models import tiny_problem
 
 from t3ar.method.adapt import adapt
 from t3ar.method.base import MethodSetup
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.probe import Probe
 
 
@@ -35,7 +35,7 @@ def test_the_benchmark_controls_are_one_optional_argument() -> None:
 def test_a_probe_that_does_not_fit_the_run_is_refused(probe: Probe, match: str) -> None:
     model, target, pool, nbr = tiny_problem()
     before = [p.detach().clone() for p in model.parameters()]
-    cfg = AdaptConfig(method="t3ar", k=3, epochs=1, batch_size=4, bank_size=64, train_groups=None)
+    cfg = adapt_config(method="t3ar", k=3, epochs=1, batch_size=4, bank_size=64, train_groups=None)
     with pytest.raises(ValueError, match=match):
         adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
               device=torch.device("cpu"), probe=probe)

@@ -17,7 +17,7 @@ from t3ar.method.adapt import AdaptResult, adapt, fast_layout
 from t3ar.method.augment import Normalizer
 from t3ar.method.base import stream
 from t3ar.method.bn_adapt import bn_adapt
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.safeguards import (
     Anchor,
     CollapseWatch,
@@ -38,7 +38,7 @@ NORM = Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu"))
 
 def _run(method: str = "t3ar", **kw: Any) -> tuple[Classifier, AdaptResult, torch.Tensor]:
     model, target, pool, nbr = tiny_problem()
-    cfg = AdaptConfig(**{"method": method, "k": 3, "epochs": 2, "batch_size": 4, "bank_size": 32,
+    cfg = adapt_config(**{"method": method, "k": 3, "epochs": 2, "batch_size": 4, "bank_size": 32,
                          "train_groups": None, "seed": 0, **kw})
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
@@ -113,48 +113,49 @@ def test_a_real_change_exceeds_the_tolerance() -> None:
 # --- the config: each group's checks ------------------------------------------------------------------------
 
 def test_every_safeguard_is_off_by_default() -> None:
-    cfg = AdaptConfig()
-    assert (cfg.reliable_entropy, cfg.reliable_reweight, cfg.anchor, cfg.anchor_weight, cfg.collapse_fallback,
-            cfg.wise_alpha) == (None, False, None, None, None, None)
+    cfg = adapt_config()
+    g = cfg.safeguards
+    assert (g.reliable_entropy, g.reliable_reweight, g.anchor, g.anchor_weight, g.collapse_fallback,
+            g.wise_alpha) == (None, False, None, None, None, None)
     assert cfg.resolved_anchor_weight == 0.0
 
 
 def test_the_groups_check_their_interactions() -> None:
     with pytest.raises(ValueError, match="reliable_reweight .* needs reliable_entropy"):
-        AdaptConfig(reliable_reweight=True)
+        adapt_config(reliable_reweight=True)
     with pytest.raises(ValueError, match="reliable_entropy .* test-time option"):
-        AdaptConfig(mode="train", reliable_entropy=0.4)
+        adapt_config(mode="train", reliable_entropy=0.4)
     with pytest.raises(ValueError, match="anchor_weight .* needs anchor"):
-        AdaptConfig(anchor_weight=1.0)
+        adapt_config(anchor_weight=1.0)
     with pytest.raises(ValueError, match="collapse_fallback .* test-time option"):
-        AdaptConfig(mode="train", collapse_fallback=0.5)
+        adapt_config(mode="train", collapse_fallback=0.5)
     for bad in ({"wise_alpha": 0.0}, {"wise_alpha": 1.5}, {"reliable_entropy": 0.0}, {"collapse_fallback": 1.0},
                 {"anchor": "l1"}):
         with pytest.raises(ValueError):
-            AdaptConfig(**bad)
-    AdaptConfig(wise_alpha=1.0)  # the adapted weights (the same as off)
-    AdaptConfig(mode="train", anchor="fisher", wise_alpha=0.5)  # the anchor and the interpolation need no labels
-    assert AdaptConfig(anchor="l2").resolved_anchor_weight == 0.05
-    assert AdaptConfig(anchor="fisher").resolved_anchor_weight == 2000.0
-    assert AdaptConfig(anchor="fisher", anchor_weight=3.0).resolved_anchor_weight == 3.0
+            adapt_config(**bad)
+    adapt_config(wise_alpha=1.0)  # the adapted weights (the same as off)
+    adapt_config(mode="train", anchor="fisher", wise_alpha=0.5)  # the anchor and the interpolation need no labels
+    assert adapt_config(anchor="l2").resolved_anchor_weight == 0.05
+    assert adapt_config(anchor="fisher").resolved_anchor_weight == 2000.0
+    assert adapt_config(anchor="fisher", anchor_weight=3.0).resolved_anchor_weight == 3.0
 
 
 @pytest.mark.parametrize("option", [{"reliable_entropy": 0.4}, {"reliable_entropy": 0.4, "reliable_reweight": True},
                                     {"anchor": "l2"}, {"collapse_fallback": 0.5}, {"wise_alpha": 0.5}])
 def test_the_safeguards_are_the_familys_own(option: dict[str, Any]) -> None:
     for method in ("t3ar", "t3ar-noretrieval", "t3ar-random"):
-        AdaptConfig(method=method, **option)
+        adapt_config(method=method, **option)
     for method in ("tent", "adacontrast", "bn-adapt"):
         with pytest.raises(ValueError, match="options? of the T3AR family"):
-            AdaptConfig(method=method, **option)
+            adapt_config(method=method, **option)
 
 
 def test_the_fisher_pass_counts_against_the_step_cap() -> None:
-    base = AdaptConfig(k=2, epochs=2, batch_size=4)
+    base = adapt_config(k=2, epochs=2, batch_size=4)
     assert planned_steps(base, 12) == 6
-    assert planned_steps(AdaptConfig(**{**base.flat(), "anchor": "l2"}), 12) == 6  # no pass of its own
-    assert planned_steps(AdaptConfig(k=2, epochs=2, batch_size=4, anchor="fisher"), 12) == 6 + 3  # 3 batches
-    assert planned_steps(AdaptConfig(k=2, epochs=2, batch_size=4, anchor="fisher", second_stage_steps=5), 12) == 14
+    assert planned_steps(adapt_config(**{**base.flat(), "anchor": "l2"}), 12) == 6  # no pass of its own
+    assert planned_steps(adapt_config(k=2, epochs=2, batch_size=4, anchor="fisher"), 12) == 6 + 3  # 3 batches
+    assert planned_steps(adapt_config(k=2, epochs=2, batch_size=4, anchor="fisher", second_stage_steps=5), 12) == 14
 
 
 # --- reliable samples ---------------------------------------------------------------------------------------

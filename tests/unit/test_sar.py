@@ -10,7 +10,7 @@ from torch import nn
 
 from t3ar.method import sar as sar_module
 from t3ar.method.augment import Normalizer
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import adapt_config
 from t3ar.method.reliable import entropy_margin, masked_mean, sample_entropy
 from t3ar.method.sar import RHO, SAR, perturbation
 from t3ar.method.schedule import Optimiser
@@ -151,7 +151,7 @@ def test_second_pass_leaves_the_running_statistics() -> None:
     twin, _, _, _ = tiny_problem(seed=5)
     views = Views(Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu")), torch.Generator())
     x = views.plain(target[:4])
-    method = SAR(views, model, SAR.trainable_params(model, AdaptConfig(method="sar")))
+    method = SAR(views, model, SAR.trainable_params(model, adapt_config(method="sar")))
     model.train()
     method.step(model, torch.arange(4), torch.arange(4), x)
     twin.train()
@@ -187,4 +187,4 @@ def test_forced_collapse_in_the_loop_resets_weights_and_optimiser(monkeypatch: p
 
 def test_sar_is_test_time_only() -> None:
     with pytest.raises(ValueError, match="test-time method"):
-        AdaptConfig(method="sar", mode="train")
+        adapt_config(method="sar", mode="train")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from tiny_models import tiny_problem
 
 from t3ar.jobsize import planned_steps, steps_per_epoch
+from t3ar.method import config as method_config
 from t3ar.method import registry
 from t3ar.method.adapt import adapt
 from t3ar.method.base import MethodSetup, Run, Stage, StatelessMethod, StepOut
@@ -92,7 +93,7 @@ def staged() -> Iterator[type[Staged]]:
 
 def _run(method: str, **options: object) -> list[StepStats]:
     model, target, pool, nbr = tiny_problem()
-    cfg = registry.config_adapter().validate_python({"method": method, "epochs": 2, "batch_size": 4,
+    cfg = method_config.config_adapter().validate_python({"method": method, "epochs": 2, "batch_size": 4,
                                                      "train_groups": None, **options})
     return adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"),
                  neighbours=nbr if cfg.uses_retrieval else None, pool_images=pool if cfg.uses_retrieval else None,
@@ -124,11 +125,11 @@ def test_a_part_the_record_has_no_field_for_is_an_error_not_dropped(staged: type
                                      {"second_stage": {"steps": 7}, "batchnorm": {"start": True},
                                       "safeguards": {"wise_alpha": 0.5, "collapse_fallback": 0.2}}])
 def test_the_family_stages_declare_what_the_job_cap_counts(options: dict[str, object]) -> None:
-    cfg = registry.config_adapter().validate_python({"method": "t3ar", **options})
+    cfg = method_config.config_adapter().validate_python({"method": "t3ar", **options})
     stages = T3AR.stages(cfg)
     assert sum(s.added_steps() for s in stages) == cfg.added_steps()
     n = 40
-    first = planned_steps(registry.config_adapter().validate_python({"method": "t3ar"}), n)
+    first = planned_steps(method_config.config_adapter().validate_python({"method": "t3ar"}), n)
     passes = planned_steps(cfg, n) - first - cfg.added_steps()
     fisher = cfg.safeguards.anchor == "fisher"  # its pass over the target counts as an epoch of steps
     assert passes == (steps_per_epoch(n, cfg.batch_size) if fisher else 0)
@@ -136,7 +137,7 @@ def test_the_family_stages_declare_what_the_job_cap_counts(options: dict[str, ob
 
 def test_the_second_stage_runs_the_steps_it_declares() -> None:
     model, target, _, _ = tiny_problem()
-    cfg = registry.config_adapter().validate_python({"method": "t3ar-noretrieval", "epochs": 1, "batch_size": 4,
+    cfg = method_config.config_adapter().validate_python({"method": "t3ar-noretrieval", "epochs": 1, "batch_size": 4,
                                                      "train_groups": None, "second_stage": {"steps": 5}})
     stage = next(s for s in T3AR.stages(cfg) if isinstance(s, SecondStage))
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"))

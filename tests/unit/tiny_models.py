@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from t3ar.device import seed_everything
-from t3ar.method import registry
+from t3ar.method import config as method_config
 from t3ar.method.adapt import adapt
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, adapt_config
 from t3ar.models.classifier import Classifier
 
 
@@ -64,7 +64,7 @@ def confident_run(monkeypatch: pytest.MonkeyPatch, cls: type[M], method: str, **
     with torch.no_grad():
         model.head.parametrizations.weight.original0.mul_(6)
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    adapt(model, target, AdaptConfig(method=method, epochs=2, batch_size=4, lr=0.05, **fields), mean=(0.5,) * 3,
+    adapt(model, target, adapt_config(method=method, epochs=2, batch_size=4, lr=0.05, **fields), mean=(0.5,) * 3,
           std=(0.5,) * 3, device=torch.device("cpu"))
     return model, start, made[0]
 
@@ -72,8 +72,8 @@ def confident_run(monkeypatch: pytest.MonkeyPatch, cls: type[M], method: str, **
 def tiny_config(method: str, **fields: object) -> AdaptConfig:
     """``method``'s config with those of ``fields`` its config has (a loop over every method sets k and bank_size,
     which only some have; a config refuses another method's option)."""
-    accepted = registry.config_class(method).flat_fields()
-    return AdaptConfig(method=method, **{k: v for k, v in fields.items() if k in accepted or k == "mode"})
+    accepted = method_config.config_class(method).flat_fields()
+    return adapt_config(method=method, **{k: v for k, v in fields.items() if k in accepted or k == "mode"})
 
 
 #: the class count of :class:`Affine` and the reliable-entropy margin SAR and EATA use with it (0.4 ln C)

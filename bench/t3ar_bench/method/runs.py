@@ -28,10 +28,10 @@ from t3ar.datakit.archive import ARCHIVE_STYLES
 from t3ar.datakit.emoji import DEFAULT_STYLES
 from t3ar.device import seed_everything
 from t3ar.embedder import Embedder, EmbedderSpec
-from t3ar.method import registry
+from t3ar.method import config as method_config
 from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, adapt_config
 from t3ar.method.evaluate import evaluate
 from t3ar.method.probe import Probe
 from t3ar.method.retrieval import NeighbourProvider
@@ -297,7 +297,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
         res = train_supervised(model, x, y, tc, mean=b.mean, std=b.std, device=ctx.device,
                                generator=torch.Generator().manual_seed(seed))
     else:
-        cfg = AdaptConfig(**{"method": arm["method"], "mode": arm.get("mode", "test"), **plan_k(arm, plan),
+        cfg = adapt_config(**{"method": arm["method"], "mode": arm.get("mode", "test"), **plan_k(arm, plan),
                              "epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size,
                              "lr": arm["lr"], "warmup_frac": plan.warmup_frac, "train_groups": train_groups,
                              "seed": seed, **options})
@@ -511,7 +511,7 @@ def run_all(ctx: Context, arms: Sequence[Mapping[str, Any]], cache: Path,
 
 def plan_k(arm: Mapping[str, Any], plan: BenchPlan) -> dict[str, Any]:
     """The arm's k (or the plan's) for a method whose config has one."""
-    return {"k": arm.get("k", plan.k)} if "k" in registry.config_class(arm["method"]).flat_fields() else {}
+    return {"k": arm.get("k", plan.k)} if "k" in method_config.config_class(arm["method"]).flat_fields() else {}
 
 
 def pool_as_data(cfg: AdaptConfig) -> bool:

@@ -31,7 +31,7 @@ import torch
 
 from t3ar.cpu_memory import retain_freed_memory
 from t3ar.device import seed_everything
-from t3ar.method import registry
+from t3ar.method import config as method_config
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.config import AdaptConfig, validate
@@ -196,7 +196,7 @@ def _runner(method: str, model: Classifier, spec: ModelSpec, data: SpeedData, de
             tc = TrainConfig(epochs=1, batch_size=batch_size, lr=1e-3, seed=seed, **settings)
             return train_supervised(m, data.target, data.labels, tc, mean=b.mean, std=b.std, device=device,
                                     generator=seed_everything(seed), on_step=on_step)
-        own_k = {"k": k} if "k" in registry.config_class(name).flat_fields() else {}
+        own_k = {"k": k} if "k" in method_config.config_class(name).flat_fields() else {}
         cfg = AdaptConfig.model_validate({"method": name, **own_k, "epochs": 1, "batch_size": batch_size,
                                           "seed": seed, **settings})
         return adapt(m, data.target, cfg, mean=b.mean, std=b.std, neighbours=data.neighbours[:, :k],

@@ -27,7 +27,7 @@ from t3ar.cli.json_arg import json_object
 from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, labelled_summary
 from t3ar.data.pool_labels import resolve_pool_labels
 from t3ar.errors import DatasetError
-from t3ar.method import registry
+from t3ar.method import config as method_config
 from t3ar.method.config import AdaptConfig, error_lines
 from t3ar.method.presets import DEFAULT_METHOD, DEFAULT_PRESET, PRESET_NAMES, with_default
 
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 #: CLI defaults = the configs' defaults (the first registered method's that has the option)
-_D = {name: f.default for cls in reversed(registry.config_classes()) for name, f in cls.flat_fields().items()}
+_D = {name: f.default for cls in reversed(method_config.config_classes()) for name, f in cls.flat_fields().items()}
 
 
 def _groups(value: str) -> int | None:

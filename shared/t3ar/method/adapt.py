@@ -38,7 +38,7 @@ from t3ar.cpu_memory import retain_freed_memory
 from t3ar.method.ahead import Ahead
 from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.augment import Normalizer
-from t3ar.method.base import MethodSetup, Run, Stage, stream
+from t3ar.method.base import MethodSetup, MethodStep, Run, Stage, stream
 from t3ar.method.bn_adapt import bn_adapt
 from t3ar.method.config import AdaptConfig
 from t3ar.method.probe import NO_PROBE, Probe
@@ -108,7 +108,7 @@ def adapt(model: Classifier, target: torch.Tensor, config: AdaptConfig, *, mean:
     gen = generator or torch.Generator().manual_seed(config.seed)
     if config.spec.bn_statistics:  # no optimiser: the target's BatchNorm statistics (bn-adapt)
         return _bn_adapt(model, target, config, Normalizer(mean, std, device), gen, on_step)
-    method = config.spec.step_class()
+    method: type[MethodStep] | None = config.spec.step_class()
     if method is None:  # source: the model as it is
         return AdaptResult()
     stages = method.stages(config)

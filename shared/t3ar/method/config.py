@@ -12,25 +12,28 @@ Design:
   of its own gives none and the registry makes the base's with its name). The registry builds the union of every
   registered class, entry-point methods included, as a pydantic ``TypeAdapter`` discriminated on ``method``, built
   when first needed and again after a registration.
-* ``AdaptConfig(**fields)``, ``AdaptConfig.model_validate(data)`` and a pydantic field typed ``AdaptConfig`` (the job
-  contract's ``JobSpec.config``) all validate through that union and give the method's own class; its JSON schema is
+* :func:`adapt_config` (``**fields``), ``AdaptConfig.model_validate(data)`` and a pydantic field typed ``AdaptConfig``
+  (the job contract's ``JobSpec.config``) all validate through that union and give the method's own class
+  (``AdaptConfig(...)`` itself is a TypeError: no constructor returns another class); its JSON schema is
   the union's (``oneOf`` with a ``method`` discriminator). A field of another method is refused, naming the field and
   the methods it belongs to (the API answers 422).
 * The T3AR family's config (:class:`t3ar.method.specs.family.T3ARConfig`) nests its groups of options as sub-models
   (retrieval, pool data, pool labels, BatchNorm, teacher, refinement, second stage, safeguards), each checking its own
   interactions; the family's config checks those across groups. Its canonical form is the nested one (what
-  ``model_dump`` gives, the API answers and the checkpoint stores); the flat form of earlier versions
-  (``{"k": 3, "second_stage_steps": 10}``) is still accepted and mapped into the groups, and the method code may read
-  an option flat (``config.k``) as well as nested (``config.retrieval.k``: preferred in new code).
+  ``model_dump`` gives, the API answers and the checkpoint stores) and its only attribute names
+  (``config.retrieval.k``). The flat names of earlier versions (``{"k": 3, "second_stage_steps": 10}``) are a
+  compatibility parse at the input edge alone (:func:`nest`, from :attr:`AdaptConfig.FLAT`: configs stored by earlier
+  versions, old clients): mapped into the groups when validated, never an attribute.
 
 This module stays free of torch: the services validate configs with it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -38,7 +41,9 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    TypeAdapter,
     ValidationError,
+    create_model,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
@@ -117,8 +122,8 @@ class AdaptConfig(BaseModel):
     """The fields every method reads (see the module). ``mode='test'``: T is unlabelled; ``mode='train'``: T is
     labelled (train-time adaptation) and methods with a train-time mode use its labels.
 
-    A method's own config subclasses this with ``method: Literal[<its name>]``; constructing or validating
-    ``AdaptConfig`` itself gives the class of the ``method`` named (the registry's union).
+    A method's own config subclasses this with ``method: Literal[<its name>]``; validating ``AdaptConfig`` itself
+    (:func:`adapt_config`, ``model_validate``) gives the class of the ``method`` named (the registry's union).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -146,19 +151,13 @@ class AdaptConfig(BaseModel):
     amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
     views_ahead: ViewsAhead = None
 
-    # --- the union: AdaptConfig(...) and AdaptConfig.model_validate(...) give the method's own class
-
-    def __new__(cls, *args: Any, **data: Any) -> AdaptConfig:
-        # AdaptConfig(**data) is the method's class, validated here through the union
-        if _is_union_root(cls):
-            return validate(data)
-        return super().__new__(cls)
+    # --- the union: AdaptConfig.model_validate(...) and a field typed AdaptConfig give the method's own class
 
     def __init__(self, /, **data: Any) -> None:
-        # after AdaptConfig(**data), Python calls __init__ on what __new__ gave with the same data: that config holds
-        # its fields already (a fresh instance has no fields set), so it is not validated a second time
-        if not hasattr(self, "__pydantic_fields_set__"):
-            super().__init__(**data)
+        if _is_union_root(type(self)):
+            raise TypeError("AdaptConfig is the union of the methods' configs, not a class of its own: "
+                            "adapt_config(**fields) or AdaptConfig.model_validate(data) gives the method's config")
+        super().__init__(**data)
 
     # it validates as the base's does: pydantic's validation need not call it (pydantic's RootModel marks its own so)
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
@@ -176,7 +175,7 @@ class AdaptConfig(BaseModel):
                                      handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         if not _is_union_root(cls):
             return super().__get_pydantic_json_schema__(schema, handler)
-        return handler(registry.config_adapter().core_schema)
+        return handler(config_adapter().core_schema)
 
     # --- checks of every method
 
@@ -190,7 +189,7 @@ class AdaptConfig(BaseModel):
         foreign = [f for f in data if f not in mine]
         if not foreign:
             return nest(cls, data)
-        owners = registry.option_owners()
+        owners = option_owners()
         method = data.get("method", "?")
         by_owners: dict[tuple[str, ...], list[str]] = {}
         for f in foreign:
@@ -331,6 +330,12 @@ def _with_method(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def adapt_config(**fields: Any) -> AdaptConfig:
+    """The config of ``fields`` (``method`` names its class; none: the default method), validated through the union
+    (:func:`validate`): ``adapt_config(method="t3ar", retrieval={"k": 3})``."""
+    return validate(fields)
+
+
 def validate(data: Any) -> AdaptConfig:
     """``data`` (a mapping of options, flat or nested; no ``method``: the default one) as its method's config.
     ValidationError when it is not one (an unknown method included)."""
@@ -343,7 +348,7 @@ def validate(data: Any) -> AdaptConfig:
             raise ValidationError.from_exception_data("AdaptConfig", [
                 {"type": "value_error", "loc": ("method",), "input": data.get("method"),
                  "ctx": {"error": e}}]) from None
-    out: AdaptConfig = registry.config_adapter().validate_python(data)
+    out: AdaptConfig = config_adapter().validate_python(data)
     return out
 
 
@@ -351,7 +356,7 @@ def error_lines(error: ValidationError) -> list[str]:
     """``error``'s messages as ``'<option path>: <message>'``, without the union's method tag; a group's option
     also under its flat name (``refinement.neighbors (refine_neighbors): ...``)."""
     methods = set(registry.names())
-    flat = {where: name for cls in registry.config_classes() for name, where in cls.FLAT.items()}
+    flat = {where: name for cls in config_classes() for name, where in cls.FLAT.items()}
     out = []
     for err in error.errors():
         loc = list(err["loc"])
@@ -378,3 +383,55 @@ def field_info(cls: type[AdaptConfig], loc: tuple[Any, ...]) -> Any:
             return None
         model = info.annotation if _is_group(info.annotation) else None
     return info
+
+
+# --- the union of the registered methods' configs (the registry says which; this module builds it)
+
+_UNION = ""  # the union adapter's key in registry.DERIVED (a method name is never empty)
+
+
+def config_class(name: str) -> type[AdaptConfig]:
+    """The config class of method ``name``: its spec's, or the common fields' with ``method`` naming it."""
+    spec = registry.get(name)
+    if spec.config is not None:
+        cls: type[AdaptConfig] = spec.config
+        return cls
+    with registry.lock():
+        made = registry.DERIVED.get(name)
+        if made is None:
+            tag: Any = Literal[name]
+            title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", name)) + "Config"
+            made = registry.DERIVED[name] = create_model(title, __base__=AdaptConfig,
+                                                         __module__=AdaptConfig.__module__, method=(tag, name))
+        out: type[AdaptConfig] = made
+        return out
+
+
+def config_classes() -> tuple[type[AdaptConfig], ...]:
+    """Every registered method's config class, once each (a class may serve several methods), in registration
+    order."""
+    return tuple(dict.fromkeys(config_class(n) for n in registry.names()))
+
+
+def config_adapter() -> TypeAdapter[AdaptConfig]:
+    """The pydantic adapter of the union of every registered method's config, discriminated on ``method`` (built
+    on first use and again after a registration)."""
+    with registry.lock():
+        adapter = registry.DERIVED.get(_UNION)
+        if adapter is None:
+            classes = config_classes()
+            union: Any = classes[0] if len(classes) == 1 else Annotated[Union[classes], Field(discriminator="method")]  # noqa: UP007
+            adapter = registry.DERIVED[_UNION] = TypeAdapter(union, config=ConfigDict(title="AdaptConfig"))
+        out: TypeAdapter[AdaptConfig] = adapter
+        return out
+
+
+def option_owners() -> dict[str, tuple[str, ...]]:
+    """Each option some method's config accepts (a field, a group, or a group's option by its flat name:
+    :meth:`AdaptConfig.flat_fields`) -> the names of the methods that accept it (in registration order)."""
+    owners: dict[str, list[str]] = {}
+    for name in registry.names():
+        cls = config_class(name)
+        for option in dict.fromkeys([*cls.model_fields, *cls.flat_fields()]):
+            owners.setdefault(option, []).append(name)
+    return {option: tuple(methods) for option, methods in owners.items()}

@@ -127,8 +127,8 @@ class ContrastiveState:
     pool_labels: torch.Tensor | None = None  # [P] true labels (-1 unknown): diagnostics / the oracle arm only
     pool_oracle: bool = False
     pool_known: torch.Tensor | None = None  # [P] pool labels as model classes (-1 = none): data and negatives
-    teacher: Classifier | None = None  # the EMA teacher of config.teacher_ema (None: the current model, m = 0)
-    anchor: Anchor | None = None  # the penalty towards the start weights (config.anchor; None: none)
+    teacher: Classifier | None = None  # the EMA teacher of config.teacher.ema (None: the current model, m = 0)
+    anchor: Anchor | None = None  # the penalty towards the start weights (config.safeguards.anchor; None: none)
 
     @classmethod
     @torch.no_grad()
@@ -145,7 +145,7 @@ class ContrastiveState:
         was_training = model.training
         model.train()
         freeze_frozen_norms(model)
-        if config.bn_fixed:
+        if config.batchnorm.fixed:
             eval_norms(model)
         init = torch.randperm(n, generator=gen)[: min(config.bank_size, n)]
         with frozen_norm_stats(model):
@@ -161,7 +161,7 @@ class ContrastiveState:
         n_pool = len(setup.pool_images) if (setup is not None and setup.pool_images is not None) else 0
         pool_pl = torch.full((n_pool,), -1, dtype=torch.long, device=device) if n_pool else None
         teacher = None
-        if config.teacher_ema > 0:  # AdaContrast's key encoder: an EMA copy, never trained by the optimiser
+        if config.teacher.ema > 0:  # AdaContrast's key encoder: an EMA copy, never trained by the optimiser
             teacher = copy.deepcopy(model)
             for p in teacher.parameters():
                 p.requires_grad_(False)
@@ -221,7 +221,7 @@ class ContrastiveState:
         n_pool = 0 if pool_local is None else len(pool_local)
         key_model = model
         if self.teacher is not None:  # the teacher follows the model (its modes too), then computes the keys
-            momentum_update(self.teacher, model, cfg.teacher_ema)
+            momentum_update(self.teacher, model, cfg.teacher.ema)
             for mt, ms in zip(self.teacher.modules(), model.modules(), strict=True):
                 mt.training = ms.training
             key_model = self.teacher
@@ -237,9 +237,9 @@ class ContrastiveState:
                 bank.enqueue(p, local_dev, logits=p_logits, from_pool=True)
             live = bank.live()  # the slots written so far: the rest are empty and masked anyway
             if lab is None:
-                if cfg.knn_refine:  # AdaContrast's soft k-NN voting over the bank (t3ar.method.vote)
-                    new_pl = vote(q, live, cfg.refine_neighbors,
-                                  self.pool_known if cfg.knn_refine_labelled else None)
+                if cfg.refinement.knn:  # AdaContrast's soft k-NN voting over the bank (t3ar.method.vote)
+                    new_pl = vote(q, live, cfg.refinement.neighbors,
+                                  self.pool_known if cfg.refinement.labelled else None)
                 else:  # the paper's filtered pseudo-label: the mean of the logits stored for the id
                     mean_logits, _ = live.mean_logits(ids)
                     new_pl = mean_logits.argmax(1)
@@ -254,12 +254,12 @@ class ContrastiveState:
                 y = lab
                 bank_labels = live.labels
             nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
-            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, cfg.pool_negatives)
+            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, cfg.retrieval.pool_negatives)
             extra_pos = None
             if self.pool_pl is not None and local_dev is not None and len(local_dev):
                 pool_mean, pool_counts = live.mean_logits(local_dev, from_pool=True)
                 self.pool_pl[local_dev] = torch.where(pool_counts > 0, pool_mean.argmax(1), self.pool_pl[local_dev])
-                if cfg.false_negatives != "keep":
+                if cfg.retrieval.false_negatives != "keep":
                     pool_ids = torch.where(live.from_pool & live.valid, live.ids, 0)
                     # a pool label, where an item has one, says its class better than its pseudo-label
                     pool_cls = (self.pool_pl if self.pool_known is None
@@ -268,14 +268,14 @@ class ContrastiveState:
                     fn = same_class_pool_entries(live.from_pool & live.valid, bank_pool_labels, y)
                     out["false_negatives"] = (neg & fn).sum(1).float().mean()
                     neg = neg & ~fn
-                    if cfg.false_negatives == "positive" and nbr_dev is not None:
+                    if cfg.retrieval.false_negatives == "positive" and nbr_dev is not None:
                         extra_pos = fn & losses.neighbour_entries(live, nbr_dev)
                 if cfg.pool_as_data and nbr_dev is not None:
                     data = self._pool_data(nbr_dev, y, local_dev, pool_mean, pool_counts, out)
-        if cfg.reliable_entropy is None:
+        if cfg.safeguards.reliable_entropy is None:
             loss_ce = F.cross_entropy(q_logits.float(), y)
         else:  # SAR's / EATA's reliable samples only (t3ar.method.safeguards)
-            w = reliable_weights(q_logits, cfg.reliable_entropy, cfg.reliable_reweight)
+            w = reliable_weights(q_logits, cfg.safeguards.reliable_entropy, cfg.safeguards.reliable_reweight)
             loss_ce = filtered_mean(F.cross_entropy(q_logits.float(), y, reduction="none"), w)
             out["reliable_share"] = (w > 0).float().mean()
         cols = neg if extra_pos is None else neg | extra_pos
@@ -293,23 +293,23 @@ class ContrastiveState:
             # the chosen neighbours' weak views, with gradient, never counted into the running statistics
             # (evaluation statistics come from target views only): normalised by the running (target) statistics
             # (``pool_data_norm='running'``) or by their own batch's, a few images of another domain
-            with norms_for_pool_data(model, cfg.pool_data_norm):
+            with norms_for_pool_data(model, cfg.pool_data.norm):
                 logits_pool = model(sv.pool_weak[data.rows.to(sv.pool_weak.device)])
             loss_pool = F.cross_entropy(logits_pool.float(), data.labels)
-            loss = loss + cfg.pool_data_weight * loss_pool
+            loss = loss + cfg.pool_data.weight * loss_pool
             out["loss_pool_data"] = loss_pool.detach()
         if sv.label_rows is not None and self.pool_known is not None:
             out["pool_label_count"] = torch.tensor(float(len(sv.label_rows)), device=dev)
             if len(sv.label_rows) and sv.label_weak is not None:
                 # labelled neighbours as data: their weak views against their pool labels, normalised like the
                 # pseudo-labelled ones (never counted into the running statistics)
-                with norms_for_pool_data(model, cfg.pool_data_norm):
+                with norms_for_pool_data(model, cfg.pool_data.norm):
                     logits_lab = model(sv.label_weak)
                 y_lab = self.pool_known[sv.label_rows.to(dev)]
                 per_row = F.cross_entropy(logits_lab.float(), y_lab, reduction="none")
-                w = balance_weights(y_lab) if cfg.pool_label_balance else torch.ones_like(per_row)
+                w = balance_weights(y_lab) if cfg.pool_labels.balance else torch.ones_like(per_row)
                 loss_lab = (per_row * w).mean()
-                loss = loss + cfg.pool_label_weight * loss_lab
+                loss = loss + cfg.pool_labels.weight * loss_lab
                 out["loss_pool_labels"] = loss_lab.detach()
         if self.anchor is not None:
             loss_anchor = self.anchor()
@@ -331,8 +331,8 @@ class ContrastiveState:
             pool_mean = torch.where(known[:, None], onehot, pool_mean)
             pool_counts = torch.where(known, pool_counts.clamp(min=1), pool_counts)
         allowed = self.pool_allowed[local.cpu()] if self.pool_allowed is not None else None
-        data = select_pool_data(nbr, y, local, pool_mean, pool_counts, threshold=cfg.pool_data_threshold,
-                                cap=cfg.pool_data_cap, allowed=allowed)
+        data = select_pool_data(nbr, y, local, pool_mean, pool_counts, threshold=cfg.pool_data.threshold,
+                                cap=cfg.pool_data.cap, allowed=allowed)
         out["pool_data_count"] = torch.tensor(float(len(data.rows)), device=y.device)
         if truth is not None:
             t = truth[data.rows]
@@ -426,18 +426,18 @@ class T3AR(MethodStep):
         cfg = family_config(setup)
         state = ContrastiveState.create(model, setup.target, cfg, setup.labels, setup.views,
                                         stream(cfg.seed, 2), setup.device, shape_bucket, setup)
-        if cfg.anchor is not None:  # theta_0: the weights now, after bn_start (t3ar.method.safeguards)
+        if cfg.safeguards.anchor is not None:  # theta_0: the weights now, after bn_start (t3ar.method.safeguards)
             params = [p for p in model.parameters() if p.requires_grad]
             fisher = None
-            if cfg.anchor == "fisher":  # full precision: squared gradients underflow in half
+            if cfg.safeguards.anchor == "fisher":  # full precision: squared gradients underflow in half
                 with torch.autocast(setup.device.type, enabled=False):
                     fisher = fisher_diagonal(model, params, setup.target, norm=setup.views.norm,
                                              batch_size=cfg.batch_size, generator=stream(cfg.seed, 10),
-                                             bn_fixed=cfg.bn_fixed)
+                                             bn_fixed=cfg.batchnorm.fixed)
             state.anchor = Anchor.at(params, cfg.resolved_anchor_weight, fisher, lr=cfg.lr)
             if state.anchor.capped:
                 log.info("anchor (%s, weight %g): %d of %d values of F capped at %.3g, the curvature SGD follows at "
-                         "lr %.3g", cfg.anchor, cfg.resolved_anchor_weight, state.anchor.capped,
+                         "lr %.3g", cfg.safeguards.anchor, cfg.resolved_anchor_weight, state.anchor.capped,
                          sum(p.numel() for p in params), stable_fisher(cfg.lr, cfg.resolved_anchor_weight), cfg.lr)
         return cls(state, setup)
 

@@ -4,7 +4,7 @@ A config that names a preset (``"preset": "paper"`` or ``"validated"``) gets the
 gives itself (:class:`~t3ar.method.config.AdaptConfig` expands it when validated), and keeps the name, so a job's
 report and its checkpoint record which preset ran and every option it set. ``paper`` is AdaptConfig's own defaults:
 retrieved images are InfoNCE negatives only, k = 5 drawn from the top 25. ``validated`` is what the cpu plan of ``t3ar
-bench adapt`` froze on its validation shift in the labelled-pool round (in git at 48856dc); the acceptance round's
+bench adapt`` froze on its validation shift in the labelled-pool round (docs/benchmarks.md); the acceptance round's
 selection (:data:`ACCEPTANCE_ROUND`) is recorded, not yet adopted (see the comment there). The services
 and the CLI give a T3AR-family job that names none :data:`DEFAULT_PRESET`: the validated configuration where it beat
 the paper-faithful one on validation, else the paper's. The retriever R the benchmark chose is the pool's, not a job
@@ -25,7 +25,7 @@ PRESET_NAMES: tuple[Preset, ...] = get_args(Preset)
 
 PRESETS: dict[Preset, dict[str, Any]] = {
     "paper": {},
-    # the cpu plan's labelled protocol on 2026-11-26 (in git at 48856dc, docs/benchmarks/adaptation-cpu.json): on
+    # the cpu plan's labelled protocol (the labelled-pool round of docs/benchmarks.md): on
     # validation the family's term took tau 0.2, no retrieval option beat the paper-faithful T3AR, of the no-harm
     # options only the second stage was kept, and labelled neighbours as data at weight 2, class-balanced; they act
     # only where the pool carries labels. NOT the acceptance round's selection (the committed report's

@@ -10,29 +10,26 @@ A method is one :class:`MethodSpec`, registered where the method is declared (li
   imports it before it validates a config).
 
 A spec names its method's config class (``MethodSpec.config``, a subclass of
-:class:`t3ar.method.config.AdaptConfig`); the registry builds the union of every registered class
-(:func:`config_adapter`), which is what validating an ``AdaptConfig`` means. Everything that used to switch on a
-method's name reads the spec or the config instead: the config's validation, the presets (the T3AR family), the
-CLI's ``--method`` choices and option defaults, the API's schema, job sizing (:mod:`t3ar.jobsize`), the loop
-(:func:`t3ar.method.adapt.adapt`) and the pipeline (:mod:`t3ar.pipeline`). No torch here.
+:class:`t3ar.method.config.AdaptConfig`); :mod:`t3ar.method.config` builds the union of every registered class
+(:func:`t3ar.method.config.config_adapter`), which is what validating an ``AdaptConfig`` means. The registry is the
+bottom of the method's imports: it imports no other module of :mod:`t3ar.method` (the declarations and the method
+modules import it and register; their modules are imported by name, at first lookup).
+
+Everything that used to switch on a method's name reads the spec or the config instead: the config's validation, the
+presets (the T3AR family), the CLI's ``--method`` choices and option defaults, the API's schema, job sizing
+(:mod:`t3ar.jobsize`), the loop (:func:`t3ar.method.adapt.adapt`) and the pipeline (:mod:`t3ar.pipeline`).
+No torch here.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args
-
-from pydantic import ConfigDict, Field, TypeAdapter
-
-if TYPE_CHECKING:
-    from t3ar.method.base import MethodStep
-    from t3ar.method.config import AdaptConfig
+from typing import Any, Literal, TypeVar, get_args
 
 #: how a retrieval method finds a target image's neighbours in the pool: its nearest by the retriever's
 #: embedding, or drawn at random (the control arm)
@@ -58,37 +55,38 @@ class MethodSpec:
 
     name: str
     summary: str
-    step: type[MethodStep] | str | None = None
+    step: type[Any] | str | None = None  # a t3ar.method.base.MethodStep subclass
     bn_statistics: bool = False
     retrieval: Retrieval | None = None
     train_mode: bool = True
     family: bool = False
     diversity_weight: float = 0.0
-    config: type[AdaptConfig] | None = field(default=None, compare=False)
+    config: type[Any] | None = field(default=None, compare=False)  # a t3ar.method.config.AdaptConfig subclass
 
     @property
     def optimises(self) -> bool:
         """The method runs optimiser steps (a step class); ``source`` and ``bn-adapt`` do not."""
         return self.step is not None
 
-    def step_class(self) -> type[MethodStep] | None:
-        """The method's step class, imported on first use when the spec names it as ``"module:Class"``."""
+    def step_class(self) -> type[Any] | None:
+        """The method's step class (a :class:`~t3ar.method.base.MethodStep`), imported on first use when the spec
+        names it as ``"module:Class"``."""
         if self.step is None or isinstance(self.step, type):
             return self.step
         module, _, name = self.step.partition(":")
-        impl: type[MethodStep] = getattr(importlib.import_module(module), name)
+        impl: type[Any] = getattr(importlib.import_module(module), name)
         return impl
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
 _LOADED = False
-#: the config classes made for methods without one, and the union's adapter (key :data:`_UNION`): cleared when
-#: the registry changes
-_CONFIGS: dict[str, Any] = {}
-_UNION = ""
+#: what is derived from the registry (t3ar.method.config's made config classes and union): cleared when it changes
+DERIVED: dict[str, Any] = {}
 _LOCK = threading.RLock()
+#: the package of the built-in declarations, imported by name on the first lookup (it imports the registry)
+SPECS = "t3ar.method.specs"
 
-S = TypeVar("S", bound="type[MethodStep]")
+S = TypeVar("S", bound=type)
 
 
 def register(spec: MethodSpec) -> MethodSpec:
@@ -103,7 +101,7 @@ def register(spec: MethodSpec) -> MethodSpec:
         if old is not None and old != spec:
             raise ValueError(f"method {spec.name!r} is already registered (as {old.step!r})")
         _REGISTRY[spec.name] = spec
-        _CONFIGS.clear()
+        DERIVED.clear()
     return spec
 
 
@@ -122,7 +120,7 @@ def unregister(name: str) -> None:
     """Remove method ``name`` (tests that register a method of their own)."""
     with _LOCK:
         _REGISTRY.pop(name, None)
-        _CONFIGS.clear()
+        DERIVED.clear()
 
 
 def _load() -> None:
@@ -133,10 +131,9 @@ def _load() -> None:
     with _LOCK:
         if _LOADED:
             return
-        from t3ar.method import specs
-
+        specs = importlib.import_module(SPECS)
         for info in sorted(pkgutil.iter_modules(specs.__path__), key=lambda m: m.name):
-            importlib.import_module(f"{specs.__name__}.{info.name}")
+            importlib.import_module(f"{SPECS}.{info.name}")
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             importlib.import_module(ep.value.partition(":")[0])
         _LOADED = True
@@ -162,50 +159,6 @@ def family() -> tuple[str, ...]:
     return tuple(n for n in names() if _REGISTRY[n].family)
 
 
-def config_class(name: str) -> type[AdaptConfig]:
-    """The config class of method ``name``: its spec's, or the common fields' with ``method`` naming it."""
-    spec = get(name)
-    if spec.config is not None:
-        return spec.config
-    with _LOCK:
-        made = _CONFIGS.get(name)
-        if made is None:
-            from pydantic import create_model
-
-            from t3ar.method.config import AdaptConfig
-
-            tag: Any = Literal[name]
-            title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", name)) + "Config"
-            made = _CONFIGS[name] = create_model(title, __base__=AdaptConfig,
-                                                 __module__=AdaptConfig.__module__, method=(tag, name))
-        return made
-
-
-def config_classes() -> tuple[type[AdaptConfig], ...]:
-    """Every registered method's config class, once each (a class may serve several methods), in registration
-    order."""
-    return tuple(dict.fromkeys(config_class(n) for n in names()))
-
-
-def config_adapter() -> TypeAdapter[AdaptConfig]:
-    """The pydantic adapter of the union of every registered method's config, discriminated on ``method`` (built
-    on first use and again after a registration)."""
-    with _LOCK:
-        adapter = _CONFIGS.get(_UNION)
-        if adapter is None:
-            classes = config_classes()
-            union: Any = classes[0] if len(classes) == 1 else Annotated[Union[classes], Field(discriminator="method")]  # noqa: UP007
-            adapter = _CONFIGS[_UNION] = TypeAdapter(union, config=ConfigDict(title="AdaptConfig"))
-        return adapter
-
-
-def option_owners() -> dict[str, tuple[str, ...]]:
-    """Each option some method's config accepts (a field, a group, or a group's option by its flat name:
-    :meth:`~t3ar.method.config.AdaptConfig.flat_fields`) -> the names of the methods that accept it (in registration
-    order)."""
-    owners: dict[str, list[str]] = {}
-    for name in names():
-        cls = config_class(name)
-        for option in dict.fromkeys([*cls.model_fields, *cls.flat_fields()]):
-            owners.setdefault(option, []).append(name)
-    return {option: tuple(methods) for option, methods in owners.items()}
+def lock() -> threading.RLock:
+    """The registry's lock (what derives from it builds under it)."""
+    return _LOCK

@@ -8,6 +8,10 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from t3ar.method.batches import steps_per_epoch
+
+__all__ = ["Optimiser", "epoch_batches", "lr_lambda", "scheduled", "steps_per_epoch"]
+
 
 def lr_lambda(total_steps: int, warmup_frac: float) -> Callable[[int], float]:
     """Multiplier for LambdaLR: linear warm-up over ``warmup_frac`` of the steps, then cosine decay to 0."""
@@ -46,14 +50,6 @@ def scheduled(n: int, batch_size: int, total: int, gen: torch.Generator) -> Iter
                 return
             yield epoch, idx
             step += 1
-
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    """How many batches :func:`epoch_batches` makes of ``n`` images."""
-    full, rest = divmod(n, batch_size)
-    if full == 0:
-        return 1
-    return full + (1 if 2 * rest >= batch_size and rest >= 2 else 0)
-
 
 class Optimiser:
     """SGD with Nesterov momentum, the :func:`lr_lambda` schedule over ``total_steps`` and loss scaling when

@@ -13,14 +13,13 @@ budget (:meth:`Options.added_steps`, :meth:`Options.added_passes`). A config may
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from t3ar.method.config import (
     MAX_STEPS,
     ContrastiveConfig,
-    FalseNegatives,
     Options,
     PoolUse,
     RetrievalOptions,
@@ -216,43 +215,6 @@ class T3ARConfig(ContrastiveConfig):
                                   "the same results with one forward less per step, at the price of a backward over "
                                   "every row; None = on CUDA only (where a step waits on kernel launches, not "
                                   "arithmetic) and never with the EMA teacher")
-
-    if TYPE_CHECKING:  # the flat names the method code reads (FLAT; new code reads the groups), read-only:
-        # ClassVar keeps them out of the constructor mypy derives
-        k: ClassVar[int]
-        r: ClassVar[int]
-        redraw_neighbours: ClassVar[bool]
-        pool_negatives: ClassVar[Literal["own", "all"]]
-        dedup_threshold: ClassVar[float | None]
-        false_negatives: ClassVar[FalseNegatives]
-        pool_data_weight: ClassVar[float]
-        pool_data_threshold: ClassVar[float]
-        pool_data_norm: ClassVar[Literal["running", "batch"]]
-        pool_data_cap: ClassVar[int]
-        pool_data_sources: ClassVar[tuple[str, ...] | None]
-        pool_label_weight: ClassVar[float]
-        pool_label_cap: ClassVar[int]
-        pool_label_balance: ClassVar[bool]
-        bn_start: ClassVar[bool]
-        bn_fixed: ClassVar[bool]
-        teacher_ema: ClassVar[float]
-        knn_refine: ClassVar[bool]
-        knn_refine_labelled: ClassVar[bool]
-        refine_neighbors: ClassVar[int]
-        second_stage_steps: ClassVar[int]
-        second_stage_lr: ClassVar[float | None]
-        reliable_entropy: ClassVar[float | None]
-        reliable_reweight: ClassVar[bool]
-        anchor: ClassVar[Literal["l2", "fisher"] | None]
-        anchor_weight: ClassVar[float | None]
-        collapse_fallback: ClassVar[float | None]
-        wise_alpha: ClassVar[float | None]
-    else:
-        def __getattr__(self, name: str) -> Any:
-            where = type(self).FLAT.get(name)
-            if where is None:
-                return super().__getattr__(name)
-            return getattr(getattr(self, where[0]), where[1])
 
     @model_validator(mode="before")
     @classmethod
