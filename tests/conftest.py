@@ -38,3 +38,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # checkout in a folder named gpu skipped every test
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _umask_restored() -> object:
+    """Each test leaves the process's umask as it found it: a service's ``create_app`` sets 077 for its process
+    (t3ar_services.common.private), and in a test that process is pytest's, where a later test that builds files
+    for another tool (a .deb's 0755 control folder, for one) would inherit it."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from t3ar.cli import pool_cmd
+from t3ar.clients.retriever_models import AddResponse
 
 
 class _FakeClient:
@@ -39,7 +40,7 @@ class _FakeClient:
         return set()
 
     def add_images(self, items: list[tuple[str, bytes]], *, source: str, metadata: dict[str, Any],
-                   label: str | None = None) -> dict[str, Any]:
+                   label: str | None = None) -> AddResponse:
         names = [n for n, _ in items]
         with self.lock:
             self.active += 1
@@ -52,8 +53,8 @@ class _FakeClient:
         with self.lock:
             self.commits.append(names)
             self.active -= 1
-        return {"added": len(items), "exists": 0, "duplicates": 0, "rejected": 0,
-                "items": [{"name": n, "status": "added"} for n in names]}
+        return AddResponse.model_validate({"added": len(items), "exists": 0, "duplicates": 0, "rejected": 0,
+                                           "items": [{"name": n, "status": "added"} for n in names]})
 
 
 def _ingest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> _FakeClient:
