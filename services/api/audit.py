@@ -28,10 +28,16 @@ from t3ar_services.api.sqlite_db import SqliteStore
 
 log = logging.getLogger(__name__)
 
-#: the actions recorded (``outcome`` is ``ok`` or ``refused``)
-ACTIONS = ("job.submit", "job.readapt", "job.cancel", "job.download", "model.upload", "pool.withdraw",
-           "pool.readmit", "contribution.withdraw", "pool.compact", "key.create", "key.revoke", "sign_in", "sign_out",
-           "audit.export", "audit.rate_limited")
+#: the actions recorded (``outcome`` is ``ok`` or ``refused``); ``request``: another route's refusal (its detail
+#: names the method and path)
+ACTIONS = ("job.submit", "job.readapt", "job.cancel", "job.download", "job.registration", "model.upload",
+           "pool.ingest", "pool.withdraw", "pool.readmit", "contribution.withdraw", "pool.compact", "key.create",
+           "key.revoke", "sign_in", "sign_out", "request", "audit.export", "audit.rate_limited")
+#: the action a JSON route's refusal (403) is recorded as, by the route's endpoint name
+ROUTE_ACTIONS = {"adapt": "job.submit", "readapt": "job.readapt", "cancel_job": "job.cancel",
+                 "upload_model": "model.upload", "delete_pool_item": "pool.withdraw",
+                 "withdraw_contribution": "contribution.withdraw", "compact": "pool.compact",
+                 "create_key": "key.create", "revoke_key": "key.revoke"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit (

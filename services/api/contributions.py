@@ -175,9 +175,9 @@ class Contributor:
                         raise
                     rejected += len(e.items)  # none usable (unreadable, or withdrawn content): the rest goes on
                     continue
-                near += int(out["duplicates"])
-                rejected += int(out["rejected"])
-        ours = [it["id"] for it in self.clients()[1].iter_items(source=source)]
+                near += out.duplicates
+                rejected += out.rejected
+        ours = [it.id for it in self.clients()[1].iter_items(source=source)]
         self.records.record_items(row.job_id, ours)
         self.records.set_status(row.job_id, "done", only_from=("pending",), images=len(files), added=len(ours),
                                 skipped_near=near, rejected=rejected,
@@ -212,7 +212,7 @@ class Contributor:
     def _finish_withdrawal(self, job_id: str) -> list[str]:
         admin = self.clients()[1]
         ids = list(dict.fromkeys(self.records.items_of(job_id)
-                                 + [it["id"] for it in admin.iter_items(source=source_of(job_id))]))
+                                 + [it.id for it in admin.iter_items(source=source_of(job_id))]))
         deleted = self.withdrawer.withdraw(ids, f"contribution:{job_id}", missing_ok=True)
         self.records.set_status(job_id, "withdrawn", withdrawn_at=now(), withdrawn_ids=len(deleted))
         log.info("withdrew the contribution of job %s: %d pool item(s) deleted (%d listed)", job_id, len(deleted),

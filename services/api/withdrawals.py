@@ -5,7 +5,8 @@ contribution's withdrawal, a compaction.
 admin token (once it returns, no search returns
 the ids and their bytes are gone there), records every deleted id in the ``withdrawals`` table with why, tells
 the workers' image caches (the bounded feed of :mod:`t3ar_services.common.withdrawn`), counts the deletes and
-indexes the lineage of newly finished jobs, so the answer's lineage (who used what was removed) is complete.
+indexes the lineage of newly finished jobs, so the answer's lineage (who used what was removed) is complete, then
+owes a stale mark to the MLflow versions of the jobs that used them (:mod:`.modelreg.registrar`).
 What was deleted before a failure half-way is recorded and announced all the same. A single withdrawal whose
 process was killed after the retriever's delete and before its record is completed by its retry: the retriever
 answers 404, and the intent (or the retriever's own withdrawal record) shows it was this withdrawal's delete.
@@ -33,12 +34,14 @@ DELETE_CHUNK = 10_000  # ids per POST /pool/delete
 
 class Withdrawer:
     def __init__(self, records: ContributionStore, admin: Callable[[], RetrieverClient], redis: Redis,
-                 metrics: ApiMetrics, sync_lineage: Callable[[], object]) -> None:
+                 metrics: ApiMetrics, sync_lineage: Callable[[], object],
+                 on_withdrawn: Callable[[list[str], str], object] | None = None) -> None:
         self.records = records
         self.admin = admin  # the API's admin retriever client, looked up at each use
         self.redis = redis
         self.metrics = metrics
         self.sync_lineage = sync_lineage
+        self.on_withdrawn = on_withdrawn  # after the lineage sync: the MLflow registry's stale marks (never raises)
 
     def withdraw(self, ids: Sequence[str], reason: str, *, missing_ok: bool = False,
                  gone: list[str] | None = None, refuse_content: bool = True) -> list[str]:
@@ -66,8 +69,7 @@ class Withdrawer:
             else:
                 for start in range(0, len(ids), DELETE_CHUNK):
                     chunk = list(ids[start:start + DELETE_CHUNK])
-                    deleted += list(self.admin().delete_many(chunk, missing_ok=missing_ok,
-                                                             withdraw=refuse_content)["deleted"])
+                    deleted += self.admin().delete_many(chunk, missing_ok=missing_ok, withdraw=refuse_content).deleted
                     gone += chunk  # all or none per call: with missing_ok what it did not delete was gone already
         finally:
             if gone:
@@ -101,3 +103,8 @@ class Withdrawer:
             self.sync_lineage()  # skips (and logs once) a record it cannot index
         except Exception as e:
             log.warning("lineage sync after a withdrawal failed: %s", e)
+        if self.on_withdrawn is not None:
+            try:
+                self.on_withdrawn(gone, reason)
+            except Exception:
+                log.exception("marking the registered versions that used %d withdrawn id(s) stale failed", len(gone))

@@ -28,7 +28,6 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
 from t3ar.method.retrieval import NeighbourProvider, dedup_sample, random_neighbours
-from t3ar.method.specs.family import T3ARConfig
 from t3ar.models.checkpoint import CheckpointInfo, Lineage
 from t3ar.models.classifier import Classifier
 
@@ -72,9 +71,7 @@ class LabelledUse:
 def reads_pool_labels(config: AdaptConfig) -> bool:
     """Whether a job reads its neighbours' pool labels: labelled neighbours as data, or false negatives told
     by their label."""
-    retrieval = config.retrieval_options
-    return retrieval is not None and ((isinstance(config, T3ARConfig) and config.pool_labels_as_data)
-                                      or retrieval.false_negatives != "keep")
+    return config.pool_use().labels
 
 
 def pool_classes(pool_labels: Sequence[str | None], model_classes: Sequence[str]) -> torch.Tensor:
@@ -266,7 +263,8 @@ def run_adaptation(
     if config.mode == "train" and not target.labelled:
         raise DatasetError("train-time mode needs a labelled target (class folders or labels.csv)")
     full = target_tensor if target_tensor is not None else load_tensors(target, spec.image_size)
-    keep = list(rows) if rows is not None else adapted_rows(target.labels, len(target), config.fraction, config.seed)
+    keep = list(rows) if rows is not None else adapted_rows(target.labels, len(target), config.fraction,
+                                                            config.seed, mode=config.mode)
     adapt_set, x = target.subset(keep), full[keep]
     labels = labels_for_model(adapt_set, spec.classes) if config.mode == "train" else None
 
@@ -288,8 +286,7 @@ def run_adaptation(
             raise InvalidInputError(f"method {config.method} needs a pool (retriever)")
         retrieved = retrieve(provider, x, config, spec.image_size, gen)
     sources = None
-    if (retrieved is not None and provider is not None and isinstance(config, T3ARConfig) and config.pool_as_data
-            and config.pool_data.sources is not None):
+    if retrieved is not None and provider is not None and config.pool_use().sources is not None:
         sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
     known = pool_classes(retrieved.pool_labels, spec.classes) if (retrieved and retrieved.pool_labels) else None
     t_adapt = time.perf_counter()

@@ -43,8 +43,8 @@ def _refused(c: Any, data: bytes, name: str) -> str:
         c.add_images([(name, data)], source="again")
     assert e.value.status == 422, e.value
     item = e.value.items[0]
-    assert item["status"] == "rejected" and item["error"]["code"] == "withdrawn", item
-    return str(item["error"]["message"])
+    assert item.status == "rejected" and item.error is not None and item.error.code == "withdrawn", item
+    return item.error.message
 
 
 def _round(rp_start: Callable[[], RetrieverProcess], make_png: Callable[..., bytes]) -> None:
@@ -52,32 +52,33 @@ def _round(rp_start: Callable[[], RetrieverProcess], make_png: Callable[..., byt
     rp = rp_start()
     with rp.client() as c:
         out = c.add_images([("a.png", png), ("b.png", other)], source="s")
-        first, second = (it["id"] for it in out["items"])
+        first, second = (str(it.id) for it in out.items)
         c.delete(first)
         message = _refused(c, png, "a-again.png")  # the same bytes
         assert first in message and "withdrawn at" in message and "readmit" in message, message
         near = _refused(c, _reencoded(png), "a-reencoded.png")  # a near-duplicate by the ingest's rule (other bytes)
         assert first in near and "near-duplicate" in near, near
         mixed = c.add_images([("a.png", png), ("c.png", third)], source="s")  # a batch: the rest is added
-        assert [it["status"] for it in mixed["items"]] == ["rejected", "added"], mixed
-        assert c.withdrawal(first)["id"] == first and c.withdrawal(second) is None
-        third_id = mixed["items"][1]["id"]
+        assert [it.status for it in mixed.items] == ["rejected", "added"], mixed
+        assert c.withdrawal(first).id == first and c.withdrawal(second) is None
+        third_id = mixed.items[1].id
+        assert third_id is not None
         c.delete_many([third_id], withdraw=False)  # a compaction's delete refuses nothing afterwards
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     rp = rp_start()  # durable: after a restart too
     with rp.client() as c:
         assert first in _refused(c, png, "a-after-restart.png")
-        assert c.add_images([("c.png", third)], source="s")["added"] == 1
+        assert c.add_images([("c.png", third)], source="s").added == 1
         with pytest.raises(RetrieverInputError):
             c.add_images([("a.png", png)], source="s", atomic=True)
         with rp.client(token=RETRIEVER_TOKEN) as rw, pytest.raises(RetrieverAuthError) as denied:
             rw.readmit(first)  # only an admin re-admits
         assert denied.value.status == 403
-        assert c.readmit(first)["id"] == first
+        assert c.readmit(first).id == first
         with pytest.raises(RetrieverNotFoundError):
             c.readmit(first)  # once
         again = c.add_images([("a.png", png)], source="s")
-        assert again["added"] == 1 and again["items"][0]["id"] != first  # a new id: ids are never reused
+        assert again.added == 1 and again.items[0].id != first  # a new id: ids are never reused
 
 
 def test_withdrawn_content_is_refused_on_faiss_across_a_restart(tmp_path: Path, retriever_factory: Factory,

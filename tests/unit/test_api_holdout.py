@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+from retriever_answers import stats_json
 from rq import Queue
 from rq.job import Job
 
@@ -40,7 +41,7 @@ POOLED: dict[str, str] = {}  # sha256 -> pool id: what the mocked pool holds
 def _stats() -> httpx.MockTransport:
     def handle(req: httpx.Request) -> httpx.Response:
         if req.url.path == "/stats":
-            return httpx.Response(200, json={"count": 50, "identity": "fake"})
+            return httpx.Response(200, json=stats_json(50))
         if req.url.path == "/pool/exists":
             asked = json.loads(req.content)["sha256"]
             return httpx.Response(200, json={"found": {h: POOLED[h] for h in asked if h in POOLED}})
@@ -177,8 +178,8 @@ def test_the_acceptance_record_shows_in_get_job(env: Any) -> None:
     client, redis, _, model_id = env
     job_id = _adapt(client, model_id, HOLDOUT).json()["id"]
     assert client.get(f"/jobs/{job_id}", headers=USER).json()["acceptance"] is None
-    record = {**as_record(decide({"source": [True, False], "bn-adapt": [True, True], "tent": [False, True]},
-                                   "paired")), "require_gain": False}
+    record = as_record(decide({"source": [True, False], "bn-adapt": [True, True], "tent": [False, True]},
+                              "paired")).model_dump(mode="json")
     job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)
     job.meta.update(acceptance=record, phase="candidate", candidate="tent (3/3)")
     job.save_meta()

@@ -10,8 +10,10 @@ from typing import Any
 
 import fakeredis
 import pytest
+from retriever_answers import item_json
 
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar.clients.retriever_models import DeleteResponse, ItemOut, WithdrawnOut
 from t3ar_services.api import withdrawals
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contrib_store import ContributionStore
@@ -46,22 +48,22 @@ class FakeAdmin:
         if self.die_after_delete:
             raise Killed  # the API process dies here: the retriever deleted, the API recorded nothing after
 
-    def withdrawal(self, item_id: str) -> dict[str, Any] | None:
-        return {"id": item_id} if item_id in self.withdrawn else None
+    def withdrawal(self, item_id: str) -> WithdrawnOut | None:
+        return WithdrawnOut(id=item_id, sha256="0" * 64, withdrawn_at="") if item_id in self.withdrawn else None
 
-    def delete_many(self, ids: list[str], *, missing_ok: bool = False, withdraw: bool = True) -> dict[str, Any]:
+    def delete_many(self, ids: list[str], *, missing_ok: bool = False, withdraw: bool = True) -> DeleteResponse:
         self.calls.append(("delete_many", list(ids)))
         missing = [i for i in ids if i not in self.ids]
         if missing and not missing_ok:
             raise RetrieverNotFoundError(f"no item {missing[0]}")
         deleted = [i for i in ids if i in self.ids]
         self.ids -= set(deleted)
-        return {"deleted": deleted}
+        return DeleteResponse(deleted=deleted, not_found=[i for i in ids if i not in deleted])
 
-    def get_item(self, item_id: str) -> dict[str, Any]:
+    def get_item(self, item_id: str) -> ItemOut:
         if item_id not in self.ids:
             raise RetrieverNotFoundError(f"no item {item_id}")
-        return {"id": item_id}
+        return ItemOut.model_validate(item_json(item_id))
 
 
 @pytest.fixture()

@@ -185,7 +185,7 @@ def _submit(client: TestClient, token: str, model_id: str) -> Any:
 
 def test_two_teams_see_only_their_own(client: TestClient, tmp_path: Path) -> None:
     vision_id, vision = _key(client, "vision", "submit")
-    _, vision_read = _key(client, "vision", "read")
+    vision_read_id, vision_read = _key(client, "vision", "read")
     audio_id, audio = _key(client, "audio", "submit")
     model = client.post("/models", files={"file": ("m.pt", model_file(tmp_path))}, headers=_auth(vision))
     assert model.status_code == 201, model.text
@@ -237,9 +237,13 @@ def test_two_teams_see_only_their_own(client: TestClient, tmp_path: Path) -> Non
     assert {k["id"] for k in listed_keys} >= {vision_id, audio_id} and all("key" not in k for k in listed_keys)
 
     audit = client.get("/audit", params={"team": "vision"}, headers=_auth("admin-t")).json()["entries"]
-    seen = [(e["action"], e["key_id"], e["target"]) for e in reversed(audit)]
+    seen = [(e["action"], e["key_id"], e["target"]) for e in reversed(audit) if e["outcome"] == "ok"]
     assert seen == [("model.upload", vision_id, model_id), ("job.submit", vision_id, job_id),
                     ("job.readapt", vision_id, readapt.json()["id"])]
+    refused = [(e["action"], e["key_id"], e["target"], e["detail"][:4]) for e in reversed(audit)
+               if e["outcome"] == "refused"]  # issue 50: refusals are recorded too
+    assert ("pool.withdraw", vision_id, "p-1", "403:") in refused
+    assert ("pool.withdraw", vision_read_id, "p-1", "403:") in refused
     assert all(e["client"] == "testclient" for e in audit)
     keys_audit = client.get("/audit", params={"action": "key.revoke"}, headers=_auth("admin-t")).json()["entries"]
     assert [(e["key_id"], e["target"]) for e in keys_audit] == [("token:admin", audio_id)]

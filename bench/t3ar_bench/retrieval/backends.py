@@ -99,7 +99,7 @@ def wait_server_indexed(uri: str, collection: str, n: int, timeout: float = 3600
 def _wait_ivf(client: Any, timeout: float = 3600) -> float:
     """Wait until the faiss retriever's background training swapped its IVF index in; the seconds it took."""
     t0 = time.perf_counter()
-    while client.stats()["index"]["type"] != "ivf":
+    while client.stats().index.type != "ivf":
         if time.perf_counter() - t0 > timeout:
             raise RuntimeError("the faiss retriever did not train its IVF index in time")
         time.sleep(1)
@@ -165,10 +165,10 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
             for start in range(0, n, chunk):
                 client.add_vectors(chunks[start], identity="synthetic")
             out[name]["ingest_vectors_per_s"] = n / (time.perf_counter() - t0)
-            assert client.stats()["count"] == n
+            assert client.stats().count == n
         out["faiss"]["index_ready_s"] = _wait_ivf(clients["faiss"])
         if "milvus_server" in clients:
-            tag = clients["milvus_server"].stats()["pool_tag"]
+            tag = clients["milvus_server"].stats().pool_tag
             assert milvus_server_uri
             log.info("backends: waiting for the Milvus server to index %d vectors", n)
             out["milvus_server"]["index_ready_s"] = wait_server_indexed(milvus_server_uri, f"t3ar_pool_{tag}", n)
@@ -208,7 +208,7 @@ def bench_backends(work: Path, n: int, *, n_batches: int, n_single: int, n_delet
         vec = {v: chunks[(v - 1) // chunk * chunk][(v - 1) % chunk] for v in victims}
         tag_of = {}
         for name, client in clients.items():
-            tag = tag_of[name] = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
+            tag = tag_of[name] = client.list_items(limit=1).items[0].id.split("-")[0]
             t_del, returned, found_before = [], 0, 0
             for v in victims:
                 pid = f"{tag}-{v}"

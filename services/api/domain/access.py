@@ -9,10 +9,14 @@ its reader may see. The JSON routes and the console both call these, before the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from t3ar.clients.api_models import AuditOut
+from t3ar.errors import T3arError
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import ApiState
-from t3ar_services.api.errors import NotFoundError
+from t3ar_services.api.errors import NotFoundError, classify
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.keys import KeyRow, Principal
 from t3ar_services.api.store import JobRow, ModelRow
@@ -73,6 +77,19 @@ def record(state: ApiState, who: Principal, action: str, target: str = "", clien
     """One audit entry for what ``who`` did (never raises)."""
     state.audit.record(key_id=who.key_id, team=who.team, action=action, target=target, client=client,
                        outcome=outcome, detail=detail)
+
+
+@contextmanager
+def refusals_recorded(state: ApiState, who: Principal, action: str, client: str, target: str = "") -> Iterator[None]:
+    """Record a refused ``action`` (a domain error answered 4xx: a bad archive, an unknown model...) in the audit
+    log with its status and reason, and let the error go on."""
+    try:
+        yield
+    except T3arError as e:
+        status, _ = classify(e)
+        if status < 500:
+            record(state, who, action, target, client, outcome="refused", detail=f"{status}: {str(e)[:400]}")
+        raise
 
 
 def create_key(state: ApiState, who: Principal, team: str, role: str, name: str, client: str) -> tuple[KeyRow, str]:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from t3ar.clients.retriever_errors import RetrieverInputError, RetrieverNotFoundError
+from t3ar.clients.retriever_models import AddItemResult
 from t3ar.errors import InvalidInputError
 from t3ar_services.api import schemas as s
 from t3ar_services.api.contributions import source_of
@@ -145,7 +146,7 @@ def readmit(state: ApiState, pool_id: str) -> s.ReadmitResponse:
     except RetrieverNotFoundError as e:
         raise NotFoundError(f"no withdrawn image {pool_id!r} (never withdrawn, already re-admitted, or a "
                             "vectors-only item)") from e
-    return s.ReadmitResponse(pool_id=pool_id, sha256=w["sha256"], withdrawn_at=w["withdrawn_at"])
+    return s.ReadmitResponse(pool_id=pool_id, sha256=w.sha256, withdrawn_at=w.withdrawn_at)
 
 
 def withdraw_contribution(state: ApiState, links: Links, job_id: str) -> s.ContributionWithdrawn:
@@ -170,9 +171,9 @@ def compact(state: ApiState, links: Links, body: s.CompactRequest) -> s.CompactR
                                     "be removed, e.g. [\"target:*\"])")
         plan_id, found = state.compactor.plan(body.threshold, body.sources, body.nprobe)
         return s.CompactResponse(dry_run=True, plan_id=plan_id, threshold=body.threshold, sources=body.sources,
-                                 remove=[s.CompactRemoval(**r) for r in found["remove"]], bytes_freed=found["bytes"],
-                                 clusters=found["clusters"], scanned=found["scanned"], items=found["items"],
-                                 method=found["method"], seconds=found["seconds"])
+                                 remove=[s.CompactRemoval(**r.model_dump()) for r in found.remove],
+                                 bytes_freed=found.bytes, clusters=found.clusters, scanned=found.scanned,
+                                 items=found.items, method=found.method, seconds=found.seconds)
     if body.plan_id is None:
         raise InvalidInputError("a real run removes exactly what a dry-run listed: run the dry-run (dry_run=true) "
                                 "and send its plan_id with dry_run=false")
@@ -192,7 +193,7 @@ def compact(state: ApiState, links: Links, body: s.CompactRequest) -> s.CompactR
 
 
 def ingest(state: ApiState, files: list[tuple[str, bytes]], source: str, label: str | None,
-           metadata: dict[str, str]) -> tuple[list[dict[str, object]], bool]:
+           metadata: dict[str, str]) -> tuple[list[AddItemResult], bool]:
     """Add images (and zip/tar archives of images) to the pool through the API's read/write retriever client,
     under the retriever's own checks and limits (image size and pixels, archive safety, files per request, source
     and label rules); exact and near-duplicates of pool items are skipped (``skip``). Returns the retriever's
@@ -205,4 +206,4 @@ def ingest(state: ApiState, files: list[tuple[str, bytes]], source: str, label: 
         if e.items:
             return list(e.items), False
         raise
-    return list(out["items"]), True
+    return out.items, True

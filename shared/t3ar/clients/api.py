@@ -40,6 +40,7 @@ from t3ar.clients.api_models import (
     ModelList,
     ModelOut,
     ReadyResponse,
+    Registration,
     ReportOut,
 )
 from t3ar.clients.http import HttpClient
@@ -184,11 +185,14 @@ class ApiClient(HttpClient):
     def adapt(self, target: Path, model_id: str, config: dict[str, Any] | None = None, *,
               skip_bad_images: bool = False, contribute: bool = False, holdout: Path | None = None,
               candidates: list[str] | None = None, require_gain: bool = False,
-              winner_rule: str | None = None) -> JobAccepted:
+              winner_rule: str | None = None, register_as: str | None = None,
+              register_alias: str | None = None) -> JobAccepted:
         """Submit a target (a zip/tar archive, or a folder that is zipped on the fly); returns the accepted job.
         ``contribute``: once the job finished, its target images join the pool (source ``target:<job id>``).
         ``holdout`` (class folders, a CSV of path,label, or an archive): the job scores ``candidates`` on it and
-        returns the winner by ``winner_rule``; with ``require_gain`` it fails when none beats the base model."""
+        returns the winner by ``winner_rule``; with ``require_gain`` it fails when none beats the base model.
+        ``register_as`` / ``register_alias``: the MLflow registered model's name and the alias its version gets
+        (an API with a registry)."""
         target = Path(target)
         with tempfile.TemporaryDirectory(prefix="t3ar-submit-") as tmp, contextlib.ExitStack() as files:
             if target.is_dir():
@@ -196,7 +200,9 @@ class ApiClient(HttpClient):
             parts = [("archive", (target.name, files.enter_context(open(target, "rb")), "application/octet-stream"))]
             data = {"model_id": model_id, "config": json.dumps(config or {}),
                     "skip_bad_images": "true" if skip_bad_images else "false",
-                    **({"contribute": "true"} if contribute else {})}
+                    **({"contribute": "true"} if contribute else {}),
+                    **({"register_as": register_as} if register_as else {}),
+                    **({"register_alias": register_alias} if register_alias else {})}
             if holdout is not None:
                 packed = zip_holdout(Path(holdout), Path(tmp) / "holdout.zip")
                 parts.append(("holdout", (packed.name, files.enter_context(open(packed, "rb")),
@@ -252,6 +258,10 @@ class ApiClient(HttpClient):
 
     def report(self, job_id: str) -> ReportOut:
         return _answer(ReportOut, self._json("GET", f"/jobs/{_seg(job_id)}/report"))
+
+    def retry_registration(self, job_id: str) -> Registration:
+        """Try a job's failed MLflow registration again."""
+        return _answer(Registration, self._json("POST", f"/jobs/{_seg(job_id)}/registration", safe=False))
 
     def readapt(self, job_id: str) -> JobAccepted:
         return _answer(JobAccepted, self._json("POST", f"/jobs/{_seg(job_id)}/readapt", safe=False))

@@ -126,7 +126,7 @@ def read_payload(path: Path) -> tuple[dict[str, Any], str]:
             payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # pickle / zip errors come in many types
             raise CheckpointError(
-                f"{path} is not a t3ar checkpoint (cannot be read safely: {type(exc).__name__}); "
+                f"{path} is not a t3ar checkpoint (it cannot be read as plain tensors without running code); "
                 "create one with `t3ar train-source` or `t3ar adapt`"
             ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
