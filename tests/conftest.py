@@ -1,13 +1,23 @@
 """Suite-wide hooks: `gpu` tests are skipped (not failed) on machines without CUDA; ``--lane`` runs one of the suite's
-two lanes (scripts/test.sh runs them side by side, docs/development.md says why)."""
+two lanes (scripts/test.sh runs them side by side, docs/development.md says why); each test gets back the umask it
+started with (a service's app made in-process sets the process's umask to 077: services/common/private.py)."""
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
 from lanes import LANES, lane_ports, split
 
 from t3ar import ports
+
+
+@pytest.fixture(autouse=True)
+def _umask_kept() -> Iterator[None]:
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

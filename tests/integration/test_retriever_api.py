@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from t3ar.clients.retriever import RetrieverClient, RetrieverProvider
-from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar.clients.retriever_errors import RetrieverInputError, RetrieverNotFoundError
 from t3ar.clients.retriever_models import ItemOut
 from t3ar.method.config import adapt_config
 from t3ar.pipeline import retrieve
@@ -117,6 +117,9 @@ def test_delete_withdraws_everywhere(retriever_module: RetrieverProcess, make_pn
         with pytest.raises(RetrieverNotFoundError):
             c.delete(d0)
         assert c.exists([sha0]) == {}
+        with pytest.raises(RetrieverInputError, match=f"withdrawn.*{d0}"):  # withdrawn content stays out (issue 50)
+            c.add_images([("d0.png", make_png(40))])
+        c.readmit(d0)  # until an admin re-admits it
         readd = c.add_images([("d0.png", make_png(40))])  # re-adding gives a new id, never the withdrawn one
         assert readd.items[0].status == "added" and readd.items[0].id not in (d0, d1, d2)
 

@@ -42,6 +42,7 @@ class FakePool:
         self.items: dict[str, dict[str, Any]] = {"p-1": {"id": "p-1", "source": "clipart", "sha": "x"}}
         self.seq = 1
         self.adds = 0
+        self.withdrawn: set[str] = set()  # shas (file names here) the retriever refuses as withdrawn content
 
     def handle(self, req: httpx.Request) -> httpx.Response:
         path = req.url.path
@@ -52,6 +53,12 @@ class FakePool:
             body = req.content
             source = body.split(b'name="source"\r\n\r\n')[1].split(b"\r\n")[0].decode()
             out, added = [], 0
+            names = [n.decode() for n in re.findall(rb'name="files"; filename="([^"]+)"', body)]
+            if names and all(n in self.withdrawn for n in names):
+                items = [{"name": n, "status": "rejected", "error": {"code": "withdrawn", "message": f"{n}: withdrawn"}}
+                         for n in names]
+                return httpx.Response(422, json={"error": {"code": "items_rejected", "message": "none usable",
+                                                           "items": items}})
             for name in re.findall(rb'name="files"; filename="([^"]+)"', body):
                 key = name.decode()  # the file name stands for its sha256 here
                 hit = next((it for it in self.items.values() if it["sha"] == key), None)
@@ -219,3 +226,15 @@ def test_a_withdrawal_lists_only_what_it_withdrew(env: Any, tmp_path: Path) -> N
     out = client.delete(f"/jobs/{job_id}/contribution", headers=ADMIN).json()
     assert sorted(out["withdrawn"]) == mine[1:], out
     assert set(pool.items) == {"p-1"}
+
+
+def test_a_contribution_whose_images_were_all_withdrawn_is_done_with_them_rejected(env: Any, tmp_path: Path) -> None:
+    """N2 (issue 50): the retriever refuses withdrawn content at ingest (422 items_rejected when nothing in the batch
+    is usable); a contribution counts those images as rejected and finishes instead of failing every attempt."""
+    client, redis, pool, state = env
+    job_id = _submit(client, tmp_path, contribute="true")
+    pool.withdrawn = {f"i{i}.png" for i in range(3)}
+    _finish(redis, state, job_id)
+    assert state.contributor.run_pending() == 1
+    c = client.get(f"/jobs/{job_id}", headers=USER).json()["contribution"]
+    assert c["status"] == "done" and c["added"] == 0 and c["rejected"] == 3, c
