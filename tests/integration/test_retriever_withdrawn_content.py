@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import RETRIEVER_TOKEN
 from PIL import Image
 
 from t3ar.clients.retriever_errors import RetrieverAuthError, RetrieverInputError, RetrieverNotFoundError
@@ -21,6 +20,10 @@ from t3ar.clients.retriever_errors import RetrieverAuthError, RetrieverInputErro
 if TYPE_CHECKING:
     from conftest import RetrieverProcess
     from milvus_server import MilvusServer
+
+#: the read-write token of the fixture's retrievers (tests/integration/conftest.py): a module-level "from conftest
+#: import" takes another folder's conftest in a whole-suite collection
+RETRIEVER_TOKEN = "test-rw-token"
 
 Factory = Callable[..., "RetrieverProcess"]
 
