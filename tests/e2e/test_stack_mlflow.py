@@ -118,6 +118,7 @@ def test_registers_a_version_that_withdrawal_marks_stale_and_the_rerun_supersede
 
         # the registered model serves the checkpoint's top-1 on the job's own target images
         monkeypatch.setenv("MLFLOW_TRACKING_URI", registry.url)
+        mlflow.set_tracking_uri(registry.url)  # this process' URI may be another server's (an earlier test module's)
         images, _ = images_for_parity(32, target, 16)
         model, info = load_checkpoint(api.download_checkpoint(first.id, tmp_path / "first.pt"))
         out = mlflow.pyfunc.load_model(reg.model_uri).predict(images.permute(0, 2, 3, 1).contiguous().numpy())
@@ -127,7 +128,7 @@ def test_registers_a_version_that_withdrawal_marks_stale_and_the_rerun_supersede
         victim = info.lineage.pool_ids[0]
         admin.delete_pool_item(victim)
         wait_for(lambda: c.get_model_version(reg.name, "1").tags.get("t3ar.stale") == "true", 60, "the stale tag")
-        tags = c.get_model_version(reg.name, "1").tags
+        tags = c.get_model_version(reg.name, "1").tags  # the flag is set last: the item's tag is there already
         mark = tags[f"t3ar.stale.item.{victim}"]
         assert mark.startswith("withdrawn ") and mark.endswith("(delete)") and tags["t3ar.stale.count"] == "1"
         assert api.job(first.id).registration.stale  # type: ignore[union-attr]

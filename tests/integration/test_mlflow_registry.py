@@ -64,9 +64,12 @@ def test_pyfunc_top1_agrees_with_the_checkpoint(mlflow_server: MlflowServer, exp
     from t3ar.models.checkpoint import load_checkpoint
     from t3ar_services.api.modelreg.mlflow_ops import register
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
     ckpt, onnx_path = exported
+    mlflow.set_tracking_uri("http://127.0.0.1:9")  # the process' own URI: registering must leave it as it was
     done = register(mlflow_server.url, _submission("job-pyfunc", ckpt, onnx_path, "vision.t3ar-tiny"))  # type: ignore[arg-type]
+    assert mlflow.get_tracking_uri() == "http://127.0.0.1:9"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    mlflow.set_tracking_uri(mlflow_server.url)
     assert done.version == "1"
 
     images = generated_images(64, 32, seed=7)  # not the input example's images

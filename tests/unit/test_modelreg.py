@@ -185,3 +185,19 @@ def test_jobs_show_says_where_the_registration_stands() -> None:
     text = _summary(JobOut.model_validate({**base, "registration": done.model_dump()}))
     assert "MLflow: registered models:/default.cats/3 (alias challenger); STALE" in text
     assert "superseded by default.cats/4" in text and "version http://m/#/models/default.cats/versions/3" in text
+
+
+def test_version_flags_are_tagged_after_their_details(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever reads t3ar.stale=true on a version finds the withdrawn items' tags set already (the e2e test read the
+    flag before the item's tag once, when tags went out in key order)."""
+    order: list[str] = []
+
+    class Client:
+        def set_model_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+            order.append(key)
+
+    monkeypatch.setattr(mlflow_ops, "client", lambda uri: Client())
+    mlflow_ops.set_version_tags("http://x", "m", "1", {"t3ar.stale": "true", "t3ar.stale.at": "t",
+                                                       "t3ar.stale.item.p1": "w", "t3ar.superseded_by": "m/2",
+                                                       "t3ar.superseded_by.job_id": "j2"})
+    assert order[-2:] == ["t3ar.stale", "t3ar.superseded_by"] and len(order) == 5

@@ -16,8 +16,9 @@ calls them (registration is off without ``T3AR_MLFLOW_TRACKING_URI``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 JOB_TAG = "t3ar.job_id"
 MODEL_URI_TAG = "t3ar.model_uri"  # on the run: its model is logged (the step is not made again)
 MODEL_ARTIFACT = "model"  # the logged model's name in the run
+FLAG_TAGS = ("t3ar.stale", "t3ar.superseded_by")  # set after the tags that detail them
 
 
 @dataclass(frozen=True)
@@ -119,11 +121,26 @@ def _log_model(tracking_uri: str, run_id: str, sub: Submission) -> str:
     graph = onnx.load(str(sub.onnx_path))
     logits = onnx_logits(sub.onnx_path.read_bytes(), torch.from_numpy(sub.example).permute(0, 3, 1, 2))
     signature = infer_signature(sub.example, logits)
-    mlflow.set_tracking_uri(tracking_uri)
-    with mlflow.start_run(run_id=run_id):
+    with _tracking_uri(tracking_uri), mlflow.start_run(run_id=run_id):
         info = mlflow.onnx.log_model(graph, name=MODEL_ARTIFACT, input_example=sub.example, signature=signature,
                                      pip_requirements=sub.pip_requirements or None)
     return str(info.model_uri)
+
+
+@contextlib.contextmanager
+def _tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``log_model``) on ``uri`` for the block only: the process' own tracking URI (a global
+    of MLflow's, which ``MLFLOW_TRACKING_URI`` sets when unset) is as it was afterwards."""
+    try:
+        from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+    except ImportError:  # a later MLflow without it: set it for the rest of the process
+        import mlflow
+
+        mlflow.set_tracking_uri(uri)
+        yield
+        return
+    with _use_tracking_uri(uri):
+        yield
 
 
 def register(tracking_uri: str, sub: Submission, *, on_step: Callable[[str], None] | None = None) -> Registered:
@@ -182,7 +199,8 @@ def register(tracking_uri: str, sub: Submission, *, on_step: Callable[[str], Non
 
 
 def set_version_tags(tracking_uri: str, name: str, version: str, tags: dict[str, str]) -> None:
-    """Set ``tags`` on one version (setting a tag again to its value is no change: retries are safe)."""
+    """Set ``tags`` on one version (setting a tag again to its value is no change: retries are safe). The flags
+(:data:`FLAG_TAGS`) go last: whoever sees ``t3ar.stale=true`` finds the withdrawn items' tags already there."""
     c = client(tracking_uri)
-    for key, value in tags.items():
-        c.set_model_version_tag(name, version, key, value)
+    for key in sorted(tags, key=lambda k: (k in FLAG_TAGS, k)):
+        c.set_model_version_tag(name, version, key, tags[key])
