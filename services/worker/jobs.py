@@ -44,6 +44,7 @@ from t3ar_services.common.job_contract import (
     JobReport,
     JobSpec,
     LabelledNeighbour,
+    NeighbourQualityRecord,
     NeighbourRow,
     StepPoint,
     Transfer,
@@ -245,6 +246,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         summary["labelled_neighbours_total"] = report.labelled_neighbours_total
         summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
         summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
+    if report.neighbour_quality is not None:  # GET /jobs/{id} and `t3ar jobs show` read it here
+        summary["neighbour_quality"] = report.neighbour_quality.model_dump(mode="json")
     if acceptance is not None:
         summary["winner"] = acceptance["winner"]  # the whole record is in the job's meta (GET /jobs/{id})
     if "after" in metrics:
@@ -335,6 +338,8 @@ def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str,
         labelled_neighbours=[LabelledNeighbour(pool_id=u.pool_id, label=u.label, uses=u.uses) for u in sorted(
             outcome.labelled_neighbours, key=lambda u: (-u.uses, u.pool_id))[:MAX_LABELLED_LISTED]],
         labelled_neighbours_total=len(outcome.labelled_neighbours),
+        neighbour_quality=(NeighbourQualityRecord.model_validate(outcome.neighbour_quality)
+                           if outcome.neighbour_quality is not None else None),
         image_cache=CacheStats(hits=provider.hits, misses=provider.misses) if provider is not None else None,
         transfer=Transfer.model_validate(transfer),
     )

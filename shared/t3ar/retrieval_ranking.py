@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -23,10 +24,16 @@ from t3ar.data.images import to_tensor_uint8
 from t3ar.errors import InvalidInputError
 from t3ar.method.augment import Normalizer
 from t3ar.method.bn_adapt import bn_adapt
+from t3ar.method.config import AdaptConfig
 from t3ar.method.neighbour_quality import NeighbourQuality, hit_rate, label_agreement, source_mix
-from t3ar.method.ranking import merge_class_conditional, rerank_by_features
+from t3ar.method.ranking import (
+    candidate_count,
+    confident_pseudo_labels,
+    merge_class_conditional,
+    rerank_by_features,
+)
 from t3ar.method.retrieval import NeighbourProvider
-from t3ar.models.classifier import Classifier
+from t3ar.models.classifier import Classifier, ModelSpec
 
 #: the retrieval options' rankings (``RetrievalOptions.ranking``)
 Ranking = Literal["index", "base-rerank", "class-conditional"]
@@ -171,3 +178,105 @@ def neighbour_quality(provider: NeighbourProvider, chosen: Sequence[Sequence[str
         if len(rows):
             prec, hits = label_agreement(rows, truth), hit_rate(rows, truth)
     return NeighbourQuality(ranking, k, len(flat), agree, prec, truth_on if prec is not None else None, hits, mix)
+
+
+#: the most candidates a scaled search asks per query (below the retriever's default T3AR_RETRIEVER_MAX_K of 1000)
+MAX_CANDIDATES = 400
+
+
+@dataclass
+class RankContext:
+    """What the options that use the model need: its view of the target, its classes, the input size and the
+    confidence a class-conditional pseudo-label needs."""
+
+    view: BaseView
+    classes: Sequence[str]
+    image_size: int
+    min_confidence: float = 0.5
+
+    @classmethod
+    def for_job(cls, model: Classifier, target: torch.Tensor, config: AdaptConfig, spec: ModelSpec,
+                device: torch.device, *, always: bool = False) -> RankContext | None:
+        """The context of a job whose retrieval ranking uses the model (None for ``index``, unless ``always``)."""
+        opts = config.retrieval_options
+        if opts is None or (not always and not needs_view(opts.ranking)):
+            return None
+        view = BaseView(model, target, mean=spec.backbone.mean, std=spec.backbone.std, device=device,
+                        train_groups=config.train_groups, batch_size=config.batch_size, seed=config.seed)
+        return cls(view, spec.classes, spec.image_size, opts.min_confidence)
+
+    def pseudo_labels(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pseudo-labels [N], confident [N]) of uint8 images under the view."""
+        return confident_pseudo_labels(self.view.features_logits(images)[1], self.min_confidence)
+
+
+def needs_view(ranking: str) -> bool:
+    return ranking != "index"
+
+
+def ranked_candidates(provider: NeighbourProvider, queries: np.ndarray, images: torch.Tensor, *, k: int, r: int,
+                      ranking: str, candidates: str, context: RankContext | None
+                      ) -> tuple[np.ndarray, list[list[str]]]:
+    """The r·k candidates per query a retrieval job samples its k neighbours from, ranked by ``ranking`` from
+    ``r·k`` (``candidates='fixed'``) or :func:`~t3ar.method.ranking.candidate_count` (``'scaled'``) asked of the
+    provider: (R scores [N, r·k], ids; '' where missing)."""
+    keep = k * r
+    m = keep if candidates == "fixed" else candidate_count(k, r, provider.size(), cap=max(keep, MAX_CANDIDATES))
+    if ranking == "index":
+        scores, ids = provider.search(queries, m)
+    else:
+        if context is None:
+            raise ValueError(f"ranking {ranking} needs the model's view of the target")
+        pseudo = confident = None
+        if ranking == "class-conditional":
+            pseudo, confident = context.pseudo_labels(images)
+        scores, ids = ranked_search(provider, queries, m, ranking, view=context.view, target=images,
+                                    classes=context.classes, pseudo=pseudo, confident=confident,
+                                    image_size=context.image_size)
+    ids = [list(row[:keep]) + [""] * (keep - len(row[:keep])) for row in ids]
+    out = np.full((len(ids), keep), -np.inf, dtype=np.float32)
+    s = np.asarray(scores, dtype=np.float32).reshape(len(ids), -1)[:, :keep]
+    out[:, :s.shape[1]] = s
+    return out, ids
+
+
+def job_quality(provider: NeighbourProvider, chosen: Sequence[Sequence[str]], images: torch.Tensor,
+                context: RankContext, *, ranking: str, candidates: str, k: int, r: int,
+                target_labels: torch.Tensor | None = None,
+                holdout: tuple[torch.Tensor, torch.Tensor] | None = None) -> NeighbourQuality:
+    """A retrieval job's neighbour quality: ``chosen`` the pool ids drawn per target image (``images``), their
+    agreement with the view's pseudo-labels; precision@k against a ``holdout`` (its images searched and ranked
+    the same way, the first k kept) or else the target's own ``target_labels`` (a labelled target)."""
+    pseudo = context.view.features_logits(images)[1].argmax(1) if len(images) else torch.empty(0, dtype=torch.long)
+    if holdout is not None and len(holdout[0]):
+        hx, hy = holdout
+        _, h_ids = ranked_candidates(provider, provider.embed(hx), hx, k=k, r=r, ranking=ranking,
+                                     candidates=candidates, context=context)
+        return neighbour_quality(provider, chosen, context.classes, ranking=ranking, k=k, pseudo=pseudo, truth=hy,
+                                 truth_on="holdout", truth_neighbours=[row[:k] for row in h_ids])
+    return neighbour_quality(provider, chosen, context.classes, ranking=ranking, k=k, pseudo=pseudo,
+                             truth=target_labels, truth_on="target" if target_labels is not None else None)
+
+
+def retrieval_quality(provider: NeighbourProvider, neighbours: torch.Tensor, pool_ids: Sequence[str],
+                      target: torch.Tensor, config: AdaptConfig, spec: ModelSpec, device: torch.device, *,
+                      model_before: Classifier | None, context: RankContext | None,
+                      target_labels: torch.Tensor | None = None,
+                      holdout: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, object]:
+    """A retrieval job's neighbour quality for its report (:meth:`NeighbourQuality.as_dict`): ``neighbours`` [N, k]
+    local indices into ``pool_ids`` (-1 = missing). Pseudo-labels and precision need a view of the base model
+    (``context``'s, or one made from ``model_before``); without either (no drawn neighbour is labelled) only the
+    source mix is measured."""
+    opts = config.retrieval_options
+    if opts is None:
+        raise ValueError(f"method {config.method} reads no pool")
+    chosen = [[pool_ids[int(i)] if i >= 0 else "" for i in row] for row in neighbours.tolist()]
+    ranking = opts.ranking if config.spec.retrieval != "random" else "random"
+    if context is None and model_before is not None:
+        context = RankContext.for_job(model_before, target, config, spec, device, always=True)
+    if context is None:
+        return neighbour_quality(provider, chosen, spec.classes, ranking=ranking, k=opts.k).as_dict()
+    if config.spec.retrieval == "random":  # a random draw: the holdout's 'neighbours' would be random too
+        holdout = None
+    return job_quality(provider, chosen, target, context, ranking=ranking, candidates=opts.candidates, k=opts.k,
+                       r=opts.r, target_labels=target_labels, holdout=holdout).as_dict()

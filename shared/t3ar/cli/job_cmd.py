@@ -18,7 +18,7 @@ from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, ser
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient
 from t3ar.clients.api_models import JobOut, ModelOut, Progress
-from t3ar.clients.job_report import acceptance_table, labelled_summary
+from t3ar.clients.job_report import NeighbourQualityRecord, acceptance_table, labelled_summary, quality_lines
 from t3ar.method.presets import PRESET_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -60,6 +60,9 @@ def _summary(job: JobOut) -> str:
     if res.get("labelled_neighbours"):  # which neighbours served as labelled data, with their labels
         line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
                                           per_label=res.get("labelled_per_label"))
+    if res.get("neighbour_quality"):  # how good the neighbours were (issue 52)
+        quality = NeighbourQualityRecord.model_validate(res["neighbour_quality"])
+        line += "\n    " + "\n    ".join(quality_lines(quality))
     return line
 
 
