@@ -54,11 +54,12 @@ class BaseView:
 
     def __init__(self, model: Classifier, target: torch.Tensor, *, mean: tuple[float, float, float],
                  std: tuple[float, float, float], device: torch.device, train_groups: int | None,
-                 batch_size: int = 64, seed: int = 0) -> None:
+                 batch_size: int = 64, seed: int = 0, reestimate: bool = True) -> None:
         self.model = copy.deepcopy(model).to(device)
         self.norm = Normalizer(mean, std, device)
-        bn_adapt(self.model, target, train_groups=train_groups, batch_size=batch_size, norm=self.norm,
-                 generator=torch.Generator().manual_seed(seed))
+        if reestimate:  # (False: the base model as it is, for a benchmark's comparison)
+            bn_adapt(self.model, target, train_groups=train_groups, batch_size=batch_size, norm=self.norm,
+                     generator=torch.Generator().manual_seed(seed))
         self.model.eval()
         self.batch_size = batch_size
 
