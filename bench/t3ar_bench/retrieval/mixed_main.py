@@ -5,6 +5,8 @@ draws and caching as the grid).
 Arms (one shift, seed and fraction per cell):
 
 - ``source``, ``bn-adapt``, ``t3ar-noretrieval`` (no retrieval);
+- ``t3ar`` and ``t3ar-random``: retrieval against uniform random draws, the pool's labels unused (the paper's
+  claim and control);
 - ``t3ar-labels``: T3AR with retrieval, its labelled neighbours as data (the product);
 - ``t3ar-labels-class-conditional``: the same with class-conditional ranking (``retrieval.ranking``);
 - ``t3ar-random-labels``: ``t3ar-random`` (uniform random draws from the whole pool, the paper's control), the
@@ -46,6 +48,8 @@ MIXED_ARMS: tuple[tuple[str, str, str | None, dict[str, Any]], ...] = (
     ("source", "source", None, {}),
     ("bn-adapt", "bn-adapt", None, {}),
     ("t3ar-noretrieval", "t3ar-noretrieval", None, {}),
+    ("t3ar", "t3ar", None, {}),
+    ("t3ar-random", "t3ar-random", None, {}),
     ("t3ar-labels", "t3ar", "retrieved", LABELS),
     ("t3ar-labels-class-conditional", "t3ar", "retrieved", {**LABELS, "retrieval": {"ranking": "class-conditional"}}),
     ("t3ar-random-labels", "t3ar-random", "retrieved", LABELS),
