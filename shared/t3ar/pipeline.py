@@ -29,7 +29,6 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
 from t3ar.method.retrieval import NeighbourProvider, dedup_sample, random_neighbours
-from t3ar.method.specs.family import T3ARConfig
 from t3ar.models.checkpoint import CheckpointInfo, Lineage
 from t3ar.models.classifier import Classifier
 from t3ar.retrieval_ranking import RankContext, ranked_candidates, retrieval_quality
@@ -74,9 +73,7 @@ class LabelledUse:
 def reads_pool_labels(config: AdaptConfig) -> bool:
     """Whether a job reads its neighbours' pool labels: labelled neighbours as data, or false negatives told
     by their label."""
-    retrieval = config.retrieval_options
-    return retrieval is not None and ((isinstance(config, T3ARConfig) and config.pool_labels_as_data)
-                                      or retrieval.false_negatives != "keep")
+    return config.pool_use().labels
 
 
 def pool_classes(pool_labels: Sequence[str | None], model_classes: Sequence[str]) -> torch.Tensor:
@@ -300,8 +297,7 @@ def run_adaptation(
         context = RankContext.for_job(model, x, config, spec, device)
         retrieved = retrieve(provider, x, config, spec.image_size, gen, context=context)
     sources = None
-    if (retrieved is not None and provider is not None and isinstance(config, T3ARConfig) and config.pool_as_data
-            and config.pool_data.sources is not None):
+    if retrieved is not None and provider is not None and config.pool_use().sources is not None:
         sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
     known = pool_classes(retrieved.pool_labels, spec.classes) if (retrieved and retrieved.pool_labels) else None
     # the base model, kept for the neighbour quality's pseudo-labels when no ranking option already holds its view

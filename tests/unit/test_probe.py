@@ -30,7 +30,7 @@ def test_the_benchmark_controls_are_one_optional_argument() -> None:
     (Probe(diagnostic_labels=torch.zeros(3, dtype=torch.long)), r"diagnostic_labels must be \[N=12\]"),
     (Probe(pool_diagnostic_labels=torch.zeros(2, dtype=torch.long)), r"pool_diagnostic_labels must be \[P=9\]"),
     (Probe(pool_label_oracle=True), "pool_label_oracle needs pool_diagnostic_labels"),
-    (Probe(pool_label_draw="random"), "pool_label_draw='random' needs pool_labels and pool_label_weight > 0"),
+    (Probe(pool_label_draw="random"), "pool_label_draw='random' needs pool_labels and pool_labels.weight > 0"),
 ])
 def test_a_probe_that_does_not_fit_the_run_is_refused(probe: Probe, match: str) -> None:
     model, target, pool, nbr = tiny_problem()

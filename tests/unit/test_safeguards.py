@@ -17,8 +17,7 @@ import torch
 from tiny_models import tiny_problem
 
 from t3ar.jobsize import planned_steps
-from t3ar.method import adapt as adapt_module
-from t3ar.method import contrastive, safeguards
+from t3ar.method import contrastive, family_stages, safeguards
 from t3ar.method.adapt import AdaptResult, adapt, fast_layout
 from t3ar.method.augment import Normalizer
 from t3ar.method.base import stream
@@ -102,8 +101,8 @@ def test_off_the_run_is_bit_identical_to_before(method: str, options: tuple[tupl
         raise AssertionError("a safeguard ran with its option off")
 
     for module, name in ((contrastive, "reliable_weights"), (contrastive, "filtered_mean"),
-                         (contrastive, "fisher_diagonal"), (adapt_module, "bn_adapt_state"),
-                         (adapt_module, "class_entropy"), (adapt_module, "interpolate")):
+                         (contrastive, "fisher_diagonal"), (family_stages, "bn_adapt_state"),
+                         (family_stages, "class_entropy"), (family_stages, "interpolate")):
         monkeypatch.setattr(module, name, never)
     monkeypatch.setattr(contrastive.Anchor, "at", never)
     model, res, _ = _run(method, **dict(options))
@@ -348,13 +347,13 @@ def test_the_watch_reports_its_signal_and_stays_quiet_without_a_collapse() -> No
 @pytest.mark.parametrize("bn_start", [False, True])
 def test_a_collapse_restores_the_bn_adapt_state_and_ends(bn_start: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = adapt_module.class_entropy
+    real = family_stages.class_entropy
 
     def signal(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
         calls.append(1)  # the start's value, then each step's: collapsed from the third step on
         return real(labels, num_classes) if len(calls) < 4 else torch.tensor(0.0)
 
-    monkeypatch.setattr(adapt_module, "class_entropy", signal)
+    monkeypatch.setattr(family_stages, "class_entropy", signal)
     model, res, _ = _run(collapse_fallback=0.5, bn_start=bn_start, second_stage_steps=3)
     assert res.collapse_step == 3 and res.steps == 3 and len(res.history) == 3
     assert res.second_stage_steps == 0  # the run ended: no second stage

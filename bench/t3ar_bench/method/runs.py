@@ -37,7 +37,6 @@ from t3ar.method.probe import Probe
 from t3ar.method.retrieval import NeighbourProvider
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.selection import criteria, soft_neighbourhood_density
-from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.pipeline import retrieve
@@ -69,11 +68,13 @@ CURVE_FIELDS = ("loss", "loss_ce", "loss_contrastive", "loss_diversity", "pl_acc
 
 def pool_data_summary(history: Sequence[StepStats]) -> dict[str, float]:
     """Neighbours as data over a run: the mean number that served per step, the mean number with a known label
-    (other emoji styles), and the share of those whose pseudo-label was right (side labels: reporting only)."""
-    count = [h.pool_data_count for h in history if not math.isnan(h.pool_data_count)]
-    known = [h.pool_data_known for h in history if not math.isnan(h.pool_data_known)]
-    right = sum(h.pool_data_correct * h.pool_data_known for h in history
-                if not math.isnan(h.pool_data_correct) and not math.isnan(h.pool_data_known))
+    (other emoji styles), and the share of those whose pseudo-label was right (side labels: reporting only; the
+    T3AR family's record, :class:`t3ar.method.contrastive.T3ARStepStats`)."""
+    rows = [(getattr(h, "pool_data_count", math.nan), getattr(h, "pool_data_known", math.nan),
+             getattr(h, "pool_data_correct", math.nan)) for h in history]
+    count = [c for c, _, _ in rows if not math.isnan(c)]
+    known = [k for _, k, _ in rows if not math.isnan(k)]
+    right = sum(r * k for _, k, r in rows if not math.isnan(r) and not math.isnan(k))
     return {"per_step": statistics.mean(count) if count else 0.0,
             "known_per_step": statistics.mean(known) if known else 0.0,
             "correct_share": right / sum(known) if sum(known) else math.nan}
@@ -518,4 +519,4 @@ def plan_k(arm: Mapping[str, Any], plan: BenchPlan) -> dict[str, Any]:
 
 def pool_as_data(cfg: AdaptConfig) -> bool:
     """Retrieved neighbours serve as data (a T3AR-family option)."""
-    return isinstance(cfg, T3ARConfig) and cfg.pool_as_data
+    return cfg.pool_use().as_data

@@ -34,9 +34,8 @@ from t3ar.device import seed_everything
 from t3ar.method import registry
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.ahead import enabled as ahead_enabled
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, validate
 from t3ar.method.contrastive import joint_enabled
-from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
@@ -243,7 +242,7 @@ def _nograd_runner(model: Classifier, rows: int, size: int, device: torch.device
     def run(on_step: StepFn) -> object:
         m = copy.deepcopy(model)
         fast_layout(m, device)
-        configure_trainable(m, T3ARConfig().train_groups)
+        configure_trainable(m, validate({"method": "t3ar"}).train_groups)
         m.train()
         freeze_frozen_norms(m)
         x = torch.randn(rows, 3, size, size, device=device)
@@ -368,7 +367,7 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         "approximations": {m: {"step_s": s, "ratio": med["supervised"] / s} for m, s in med.items()
                            if m in APPROXIMATIONS.get(device.type, ())},
         "views_ahead": ahead_enabled(None, device),
-        "joint_pass": joint_enabled(T3ARConfig(), device),
+        "joint_pass": joint_enabled(validate({"method": "t3ar"}), device),
         "folded_frozen_norms": FOLD.get(device.type, False),
         "steps_timed": {m: len(walls[m]) for m in methods},
         "round_ratios": round_ratios,
@@ -399,13 +398,13 @@ def measure_device(data: SpeedData, device: torch.device, *, rounds: int, batch_
         out["ratios"]["t3ar-noretrieval"] / out["ceiling"]["noretrieval_ratio"]
         if "t3ar-noretrieval" in out["ratios"] else None)
     if "t3ar" in step_s:  # the bank: what its fill in these first-epoch steps saves against a full one
-        cfg = T3ARConfig()
+        bank_size = validate({"method": "t3ar"}).bank_entries
         n = len(data.target)
-        filled = min(cfg.bank_size, n + (n // batch_size) * rows)  # initial entries + each step's keys and pool
+        filled = min(bank_size, n + (n // batch_size) * rows)  # initial entries + each step's keys and pool
         args = (model.feature_dim, model.num_classes)
-        at_fill = bank_scan_seconds(*args, filled, device, batch_size=batch_size, k=k, bank_size=cfg.bank_size)
-        full = bank_scan_seconds(*args, cfg.bank_size, device, batch_size=batch_size, k=k, bank_size=cfg.bank_size)
-        out["bank"] = {"size": cfg.bank_size, "filled_at_last_step": filled, "scan_s_at_fill": at_fill,
+        at_fill = bank_scan_seconds(*args, filled, device, batch_size=batch_size, k=k, bank_size=bank_size)
+        full = bank_scan_seconds(*args, bank_size, device, batch_size=batch_size, k=k, bank_size=bank_size)
+        out["bank"] = {"size": bank_size, "filled_at_last_step": filled, "scan_s_at_fill": at_fill,
                        "scan_s_full": full,
                        "t3ar_ratio_full_bank": step_s["supervised"] / (step_s["t3ar"] + max(0.0, full - at_fill))}
     if profile:

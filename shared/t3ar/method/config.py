@@ -29,6 +29,7 @@ This module stays free of torch: the services validate configs with it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -108,6 +109,17 @@ class RetrievalOptions(Options):
     min_confidence: float = Field(
         default=0.5, ge=0, le=1, description="class-conditional: the softmax probability a pseudo-label needs "
                                              "(a fixed prior, not tuned on any evaluation image)")
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    """What a job reads of its retrieved pool items beside their images (:meth:`AdaptConfig.pool_use`): whether
+    they serve as training data (``as_data``), whether it needs their pool labels (``labels``), and the sources whose
+    items may serve as data (``sources``; None = every source, or none needed)."""
+
+    as_data: bool = False
+    labels: bool = False
+    sources: tuple[str, ...] | None = None
 
 
 def _is_union_root(source: Any) -> bool:
@@ -247,6 +259,12 @@ class AdaptConfig(BaseModel):
     def bank_entries(self) -> int:
         """Entries of the memory bank or queue the method holds for the job (its memory estimate); 0 = none."""
         return 0
+
+    def pool_use(self) -> PoolUse:
+        """What the job reads of its pool beside the images (the harness fetches it: :mod:`t3ar.pipeline`): by
+        default the pool labels where false negatives are told by their label."""
+        retrieval = self.retrieval_options
+        return PoolUse(labels=retrieval is not None and retrieval.false_negatives != "keep")
 
     def groups(self) -> dict[str, Options]:
         """The config's groups of options (sub-models), by field name."""

@@ -41,7 +41,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,12 +51,16 @@ import torch.nn.functional as F
 from t3ar.method import losses
 from t3ar.method.adacontrast import momentum_update
 from t3ar.method.bank import MemoryBank
-from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
+from t3ar.method.base import MethodSetup, MethodStep, Stage, StepOut, stream
+from t3ar.method.config import AdaptConfig
+from t3ar.method.family_stages import BatchNormStart, CollapseFallback, PoolInputs, WiseFT
 from t3ar.method.pool_data import PoolData, same_class_pool_entries, select_pool_data
 from t3ar.method.pool_labels import LabelDraw, balance_weights
 from t3ar.method.probe import NO_PROBE
+from t3ar.method.record import StepStats
 from t3ar.method.retrieval import dedup_sample
 from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights, stable_fisher
+from t3ar.method.second_stage import SecondStage
 from t3ar.method.segments import bucket, segmented_batch_stats
 from t3ar.method.specs.family import T3ARConfig
 from t3ar.method.views import Views
@@ -64,12 +69,47 @@ from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "joint_enabled",
-           "nograd_precision", "step_views"]
+__all__ = ["CUDA_SHAPE_BUCKET", "ContrastiveState", "StepOut", "StepViews", "T3AR", "T3ARStepStats",
+           "joint_enabled", "nograd_precision", "step_views"]
 
 # Shapes of the no-gradient pool pass are padded to a multiple of this on CUDA: every new input shape costs a
 # cuDNN plan search (measured on an H100: ~0.7 s per new batch size under AMP, 8 ms per step once cached).
 CUDA_SHAPE_BUCKET = 32
+
+
+@dataclass
+class T3ARStepStats(StepStats):
+    """A T3AR-family step (NaN = not measured in this run).
+
+    ``pool_neg_share`` (always): the batch-mean share of the InfoNCE denominator (positive + negatives,
+    sum exp(logit)) from pool negatives; 0.0 without any. ``false_negatives`` (``retrieval.false_negatives`` other
+    than 'keep'): the mean number of negatives per query taken out as false negatives. ``grad_norm_ce`` /
+    ``grad_norm_contrastive`` (``Probe.diagnostics``): L2 norm of the gradient of each weighted term at the query
+    features (a proxy, not the parameter gradient). ``pool_data_count`` (neighbours as data): how many retrieved
+    neighbours served as data in the step, ``loss_pool_data`` their cross-entropy; with
+    ``Probe.pool_diagnostic_labels`` also ``pool_data_known``, how many of those have a known label, and
+    ``pool_data_correct``, the share of the known ones whose pseudo-label was right (NaN when none was known).
+    ``pool_label_count`` / ``loss_pool_labels`` (labelled neighbours as data): how many labelled pool items trained
+    the step, and their cross-entropy (NaN when none did). ``reliable_share`` (``safeguards.reliable_entropy``): the
+    share of the batch the cross-entropy counted; ``loss_anchor`` (``safeguards.anchor``): the weighted penalty
+    towards the start weights; ``pl_class_entropy`` (``safeguards.collapse_fallback``): the entropy of the class
+    histogram of the job's pseudo-labels after the step, the signal the collapse watch reads
+    (:class:`~t3ar.method.family_stages.CollapseFallback`).
+    """
+
+    pool_neg_share: float = math.nan
+    false_negatives: float = math.nan
+    grad_norm_ce: float = math.nan
+    grad_norm_contrastive: float = math.nan
+    pool_data_count: float = math.nan
+    loss_pool_data: float = math.nan
+    pool_data_known: float = math.nan
+    pool_data_correct: float = math.nan
+    pool_label_count: float = math.nan
+    loss_pool_labels: float = math.nan
+    reliable_share: float = math.nan
+    loss_anchor: float = math.nan
+    pl_class_entropy: float = math.nan
 
 
 @dataclass
@@ -339,7 +379,30 @@ def step_views(x: torch.Tensor, nbr: torch.Tensor | None, pool_images: torch.Ten
 class T3AR(MethodStep):
     """T3AR and its ablations as a :class:`~t3ar.method.base.MethodStep`: each step takes the batch's
     neighbours (fixed, or k of the candidates drawn anew at every visit: the paper's sampling) and runs
-    :meth:`ContrastiveState.step`."""
+    :meth:`ContrastiveState.step`. Its stages (:meth:`stages`) come from its config's groups; its record is
+    :class:`T3ARStepStats`."""
+
+    stats = T3ARStepStats
+
+    @classmethod
+    def stages(cls, config: AdaptConfig) -> Sequence[Stage]:
+        """The pool's inputs, then, where their options are set: the BatchNorm start, WiSE-FT, the collapse
+        fallback (:mod:`t3ar.method.family_stages`) and the second stage (:mod:`t3ar.method.second_stage`)."""
+        cfg = _family(config)
+        guards = cfg.safeguards
+        stages: list[Stage] = [PoolInputs(cfg.pool_data.sources if cfg.pool_as_data else None,
+                                          cfg.pool_labels_as_data)]
+        if cfg.batchnorm.start:
+            stages.append(BatchNormStart())
+        if guards.wise_alpha is not None:
+            stages.append(WiseFT(guards.wise_alpha))
+        if guards.collapse_fallback is not None:
+            stages.append(CollapseFallback(guards.collapse_fallback, bn_started=cfg.batchnorm.start))
+        if cfg.second_stage.added_steps():
+            stages.append(SecondStage(cfg.second_stage.added_steps(), lr=cfg.second_stage.lr or cfg.lr,
+                                      momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                                      batch_size=cfg.batch_size))
+        return stages
 
     def __init__(self, state: ContrastiveState, setup: MethodSetup) -> None:
         cfg = family_config(setup)
@@ -393,6 +456,8 @@ class T3AR(MethodStep):
         return sv
 
     def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: StepViews) -> StepOut:
+        if self.state.config.batchnorm.fixed:  # every BatchNorm layer on its running statistics, never updated
+            eval_norms(model)
         out = self.state.step(model, ids.to(self.device), prepared, diagnostics=self.diagnostics)
         nbr = prepared.nbr
         if nbr is not None:
@@ -416,16 +481,21 @@ class T3AR(MethodStep):
 
 def family_config(setup: MethodSetup) -> T3ARConfig:
     """The job's config, a T3AR-family one (the registry gives this step to the family's methods alone)."""
-    if not isinstance(setup.config, T3ARConfig):
-        raise TypeError(f"{setup.config.method} is not a method of the T3AR family: its config has no family options")
-    return setup.config
+    return _family(setup.config)
 
 
-def joint_enabled(config: T3ARConfig, device: torch.device) -> bool:
-    """``config.joint_pass`` as given; None (auto): on CUDA only. There a step at these sizes waits on the
-    interpreter launching kernels, and a forward less is a third fewer launches; on a CPU the backward over the
-    extra rows costs more arithmetic than the forward saves."""
-    return device.type == "cuda" if config.joint_pass is None else config.joint_pass
+def _family(config: AdaptConfig) -> T3ARConfig:
+    if not isinstance(config, T3ARConfig):
+        raise TypeError(f"{config.method} is not a method of the T3AR family: its config has no family options")
+    return config
+
+
+def joint_enabled(config: AdaptConfig, device: torch.device) -> bool:
+    """A T3AR-family ``config``'s ``joint_pass`` as given; None (auto): on CUDA only. There a step at these sizes
+    waits on the interpreter launching kernels, and a forward less is a third fewer launches; on a CPU the backward
+    over the extra rows costs more arithmetic than the forward saves."""
+    joint = _family(config).joint_pass
+    return device.type == "cuda" if joint is None else joint
 
 
 def nograd_precision(config: T3ARConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:

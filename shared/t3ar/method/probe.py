@@ -36,9 +36,9 @@ class Probe:
     pool_label_oracle: bool = False
     pool_label_draw: LabelDrawMode = "retrieved"
 
-    def check(self, n: int, n_pool: int, pool_labels_as_data: bool) -> None:
-        """Raise ValueError when the probe does not fit a run of ``n`` target and ``n_pool`` pool images;
-        ``pool_labels_as_data``: the run trains with the pool's labels (a config that says so, and pool labels)."""
+    def check(self, n: int, n_pool: int) -> None:
+        """Raise ValueError when the probe does not fit a run of ``n`` target and ``n_pool`` pool images (what
+        the label draw controls need of the method, the T3AR family checks: its pool stage)."""
         if self.diagnostic_labels is not None and self.diagnostic_labels.shape != (n,):
             raise ValueError(f"diagnostic_labels must be [N={n}], got {list(self.diagnostic_labels.shape)}")
         if self.pool_diagnostic_labels is not None and self.pool_diagnostic_labels.shape != (n_pool,):
@@ -46,8 +46,6 @@ class Probe:
                              f"got {list(self.pool_diagnostic_labels.shape)}")
         if self.pool_label_oracle and self.pool_diagnostic_labels is None:
             raise ValueError("pool_label_oracle needs pool_diagnostic_labels")
-        if self.pool_label_draw != "retrieved" and not pool_labels_as_data:
-            raise ValueError(f"pool_label_draw={self.pool_label_draw!r} needs pool_labels and pool_label_weight > 0")
 
 
 #: the product's run: no measurement, no control

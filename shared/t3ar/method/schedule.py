@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -33,6 +33,19 @@ def epoch_batches(n: int, batch_size: int, generator: torch.Generator) -> list[t
         out[-1] = torch.cat([out[-1], tail])
     return out
 
+
+
+def scheduled(n: int, batch_size: int, total: int, gen: torch.Generator) -> Iterator[tuple[int, torch.Tensor]]:
+    """(epoch, batch indices) of ``total`` steps: seeded epochs of ``n`` images (:func:`epoch_batches`), the last
+    one cut short (an epoch is drawn only when its first batch is needed)."""
+    step = epoch = 0
+    while step < total:
+        epoch += 1
+        for idx in epoch_batches(n, batch_size, gen):
+            if step >= total:
+                return
+            yield epoch, idx
+            step += 1
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
     """How many batches :func:`epoch_batches` makes of ``n`` images."""

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from t3ar.method.config import MAX_STEPS, ContrastiveConfig, FalseNegatives, Options, RetrievalOptions, nest
+from t3ar.method.config import (
+    MAX_STEPS,
+    ContrastiveConfig,
+    FalseNegatives,
+    Options,
+    PoolUse,
+    RetrievalOptions,
+    nest,
+)
 from t3ar.method.presets import Preset, expand
 from t3ar.method.registry import MethodSpec, register
 
@@ -278,6 +286,13 @@ class T3ARConfig(ContrastiveConfig):
     def pool_labels_as_data(self) -> bool:
         """Retrieved neighbours that carry a pool label serve as labelled training data."""
         return self.uses_retrieval and self.pool_labels.weight > 0
+
+    def pool_use(self) -> PoolUse:
+        """Neighbours as data (restricted to ``pool_data.sources``), and the pool labels for labelled neighbours
+        as data or for false negatives told by their label."""
+        base = super().pool_use()
+        return PoolUse(as_data=self.pool_as_data, labels=base.labels or self.pool_labels_as_data,
+                       sources=self.pool_data.sources if self.pool_as_data else None)
 
     @property
     def resolved_anchor_weight(self) -> float:
