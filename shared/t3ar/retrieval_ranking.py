@@ -198,9 +198,10 @@ class RankContext:
     @classmethod
     def for_job(cls, model: Classifier, target: torch.Tensor, config: AdaptConfig, spec: ModelSpec,
                 device: torch.device, *, always: bool = False) -> RankContext | None:
-        """The context of a job whose retrieval ranking uses the model (None for ``index``, unless ``always``)."""
+        """The context of a job whose retrieval ranking uses the model (None for ``index`` and for random draws,
+        unless ``always``)."""
         opts = config.retrieval_options
-        if opts is None or (not always and not needs_view(opts.ranking)):
+        if opts is None or (not always and (not needs_view(opts.ranking) or config.spec.retrieval == "random")):
             return None
         view = BaseView(model, target, mean=spec.backbone.mean, std=spec.backbone.std, device=device,
                         train_groups=config.train_groups, batch_size=config.batch_size, seed=config.seed)
