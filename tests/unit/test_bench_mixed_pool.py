@@ -57,3 +57,23 @@ def test_folder_components_read_a_store_and_cap_each_folder(tmp_path: Path) -> N
     comps = folder_components(tmp_path, cap=3, seed=0)
     assert [(c.name, len(c.ids)) for c in comps] == [("mdi", 3), ("ph", 2)]
     assert comps[1].ids == ["ph/i0", "ph/i1"] and comps[1].labels is None
+
+
+def test_the_bench_pool_answers_label_filtered_searches_from_its_components() -> None:
+    import numpy as np
+    from retriever_kit import unit_vectors
+
+    from t3ar_bench.method.data import BenchPool
+
+    class _Embedder:
+        identity = "none"
+        dim = 4
+
+    comps = [_comp("icons", 3, labelled=False), _comp("twitter", 4)]  # twitter labels c0, c1, c2, c0
+    vecs = unit_vectors(7, 4, seed=2)
+    pool = BenchPool(_Embedder(), comps, [vecs[:3], vecs[3:]], {}, {})  # type: ignore[arg-type]
+    _, ids = pool.search_label(vecs[[0]], 3, "c0")
+    assert sorted(p for p in ids[0] if p) == ["twitter/0", "twitter/3"] and ids[0][2] == ""
+    assert pool.labels(["twitter/0"]) == [None]  # the method still reads labels from the side table only
+    assert pool.search_label(vecs[[0]], 2, None)[1] == pool.search(vecs[[0]], 2)[1]
+    assert np.isneginf(pool.search_label(vecs[[0]], 3, "c0")[0][0, 2])

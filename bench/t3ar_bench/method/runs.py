@@ -105,7 +105,7 @@ def code_hash() -> str:
     root = Path(t3ar.__file__).parent
     h = hashlib.sha256()
     for path in sorted([*root.joinpath("method").glob("*.py"), *root.joinpath("models").glob("*.py"),
-                        root / "pipeline.py"]):
+                        root / "pipeline.py", root / "retrieval_ranking.py"]):
         h.update(path.read_bytes())
     return h.hexdigest()
 
