@@ -17,11 +17,21 @@
 # T3AR_DEMO_HOLDOUT (labelled holdout images per class, default 1; 0 = no holdout),
 # OMP_NUM_THREADS (torch threads per process, default 1), T3AR_DEMO_DEVICE (default cpu; auto = CUDA when present).
 #
+# --mlflow: the stack starts MLflow's tracking server too (`t3ar up --mlflow`); the job asks for the alias
+# `challenger`, and the demo waits for its registration and prints the version it registered (docs/serving.md).
+#
 # Reproducibility: the printed accuracies are the same in every run on one machine with the same settings.
 # They change with OMP_NUM_THREADS and with the CPU's instruction set (oneDNN/MKL kernels: AVX2 vs AVX-512
 # give different weight gradients), with the device (CUDA trains with AMP), with the torch/timm/Pillow/numpy
 # versions (unpinned ones come from PyPI at set-up) and with the openclipart-png version apt serves.
 set -euo pipefail
+MLFLOW=0
+for arg in "$@"; do
+  case "$arg" in
+    --mlflow) MLFLOW=1 ;;
+    *) echo "usage: bash scripts/demo.sh [--mlflow]" >&2; exit 2 ;;
+  esac
+done
 # One torch thread per process: on a small CPU shared with other work, two threads that wait for each other
 # at every op were 6x slower (measured here under load: 206 s vs 34 s per adaptation epoch). It also leaves
 # the second core to the retriever and the API.
@@ -106,11 +116,15 @@ EOF
 HOLDOUT_ARGS=()
 if [ "$HOLDOUT" -gt 0 ]; then HOLDOUT_ARGS=(--holdout "$D/holdout"); fi
 
-step "t3ar up (logs: $D/stack/logs, $D/up.log)"
+UP_ARGS=()
+REGISTER_ARGS=()
+if [ "$MLFLOW" = 1 ]; then UP_ARGS=(--mlflow); REGISTER_ARGS=(--register-alias challenger); fi
+
+step "t3ar up ${UP_ARGS[*]} (logs: $D/stack/logs, $D/up.log)"
 # A fresh stack every run: a pool left from an earlier run (another pool kit, another code version) would
 # add its items to this run's neighbours.
 rm -rf "$D/stack"
-"$T" up --data-dir "$D/stack" --api-port 0 --retriever-port 0 --workers 1 >"$D/up.log" 2>&1 &
+"$T" up --data-dir "$D/stack" --api-port 0 --retriever-port 0 --workers 1 "${UP_ARGS[@]}" >"$D/up.log" 2>&1 &
 up_pid=$!
 trap 'kill -TERM "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 1 600); do
@@ -120,7 +134,7 @@ for _ in $(seq 1 600); do
 done
 [ -f "$D/stack/stack.json" ] || { echo "the stack did not come up; see $D/up.log" >&2; exit 1; }
 eval "$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['exports'])" "$D/stack/stack.json")"
-sed -n '1,5p' "$D/up.log" >&2
+sed -n '1,6p' "$D/up.log" >&2
 
 step "ingest the pool into the retriever"
 # One request in flight: batches are committed in file order, so near-duplicate skipping keeps the same images
@@ -129,7 +143,23 @@ step "ingest the pool into the retriever"
 
 step "submit the target (with its holdout: source, bn-adapt and t3ar are scored on it) and follow the job"
 "$T" submit "$D/target" --model "$D/source.pt" --method t3ar --mode test --k 5 --epochs "$EPOCHS" \
-  --batch-size 32 "${HOLDOUT_ARGS[@]}" --out "$D/adapted.pt" --json >"$D/job.json"
+  --batch-size 32 "${HOLDOUT_ARGS[@]}" "${REGISTER_ARGS[@]}" --out "$D/adapted.pt" --json >"$D/job.json"
+
+if [ "$MLFLOW" = 1 ]; then
+  step "MLflow: the job's registration (off the job's path: it finished already)"
+  "$PY" - "$D/job.json" >"$D/registration.json" <<'EOF'
+import json, os, sys, time
+from t3ar.clients.api import ApiClient
+job_id = json.load(open(sys.argv[1]))["id"]
+with ApiClient(os.environ["T3AR_API_URL"], os.environ.get("T3AR_API_TOKEN")) as api:
+    for _ in range(1200):
+        reg = api.job(job_id).registration
+        if reg is not None and reg.state in ("done", "failed", "skipped"):
+            break
+        time.sleep(0.5)
+print(reg.model_dump_json() if reg is not None else "null")
+EOF
+fi
 
 step "accuracy on all Twitter emoji (the submitted subset and the rest)"
 "$T" evaluate --model "$D/source.pt" --data "$D/emoji/twitter" --device "$DEVICE" --json >"$D/before.json"
@@ -155,9 +185,18 @@ if acc:
 print(f"accuracy on all {after['n']} Twitter emoji ({'the winner' if acc else 'adapted'}; the holdout's images "
       f"included):  {100 * before['top1']:.1f}% -> {100 * after['top1']:.1f}%")
 print(f"these numbers depend on: device {sys.argv[3]}, {rt['threads']} torch thread(s), CPU {rt['machine']} "
-      f"{rt['cpu_capability']}, torch {libs['torch']}, timm {libs['timm']}, Pillow {libs['pillow']}, "
+      f"{rt['cpu_capability']} ({rt.get('cpu', 'model unknown')}), torch {libs['torch']}, timm {libs['timm']}, Pillow {libs['pillow']}, "
       f"numpy {libs['numpy']}, {pool['package']} {pool['version']}, training inputs {src['digest'][:12]} "
       f"({d / 'source.json'})")
+reg_file = d / "registration.json"
+if reg_file.is_file() and reg_file.stat().st_mtime >= float(sys.argv[2]):
+    reg = json.loads(reg_file.read_text())
+    if reg and reg["state"] == "done":
+        print(f"MLflow: registered {reg['model_uri']} (alias {reg['alias']}); version {reg['version_url']}")
+        print(f"  serve it: MLFLOW_TRACKING_URI={reg['run_url'].split('/#/')[0]} mlflow models serve "
+              f"-m 'models:/{reg['name']}@{reg['alias']}' -p 5001 --env-manager local")
+    else:
+        print(f"MLflow: registration {reg and reg['state']}: {reg and reg['error']}")
 print(f"checkpoint: {d / 'adapted.pt'}   demo wall time: {time.time() - float(sys.argv[2]):.0f} s")
 EOF
 step "stopping the stack"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Write requirements.lock: the exact version of every package in .venv (t3ar[all,dev,milvus-server] and
+# Write requirements.lock: the exact version of every package in .venv (t3ar[all,dev,milvus-server,mlflow] and
 # everything they pull in), the constraints that scripts/setup.sh and the Dockerfiles install with, so builds are
 # reproducible. After changing dependencies in pyproject.toml: `bash scripts/setup.sh && bash scripts/lock.sh`
 # (tests/unit/test_lock.py fails while the two disagree).

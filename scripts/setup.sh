@@ -22,16 +22,18 @@ fi
 stamp=.venv/.t3ar-installed
 want=$(cat pyproject.toml bench/pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing t3ar[all,dev,milvus-server] and t3ar-bench into .venv (first time: torch is large, a few minutes)" >&2
+  echo "setup: installing t3ar[all,dev,milvus-server,mlflow] and t3ar-bench into .venv (first time: torch is large, a few minutes)" >&2
   log=.venv/pip-install.log
   # versions pinned by requirements.lock (scripts/lock.sh): the same packages on every machine and in CI
   # milvus-server: the real Milvus server that the tests marked milvus_server start (pyproject.toml)
+  # mlflow: the MLflow client the API registers models with, and the tracking server the tests marked
+  # mlflow_server start (pyproject.toml)
   # ./bench: the benchmarks (`t3ar bench`), a distribution of their own that the product's wheel does not ship
   # --no-compile, then compileall on every core: pip byte-compiles the installed modules one at a time (torch's
   # CUDA build alone is thousands of them); a fresh install here took 140 s + 45 s against 225 s on 2 cores. The
   # .pyc files must exist: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) nothing writes them
   # later, and every process would compile torch again on import.
-  if ! .venv/bin/python -m pip install --disable-pip-version-check --no-compile -e ".[all,dev,milvus-server]" -e ./bench -c requirements.lock \
+  if ! .venv/bin/python -m pip install --disable-pip-version-check --no-compile -e ".[all,dev,milvus-server,mlflow]" -e ./bench -c requirements.lock \
       >"$log" 2>&1; then
     grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
     echo "setup: pip install failed (full log: $log)" >&2

@@ -230,7 +230,11 @@ bench.add_command(mixed_bench, "mixed")
               help="torch threads of both arms (the demo's OMP_NUM_THREADS).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("docs/benchmarks"), show_default=True, help="Where job-overhead.md/.json are written.")
-def job(model: Path, target: Path, pool: Path, config_json: str, rounds: int, threads: int, out_dir: Path) -> None:
+@click.option("--registry", is_flag=True,
+              help="Instead: the job on a plain stack and on `t3ar up --mlflow` (every finished job registered in "
+                   "MLflow), side by side; writes job-registry.md/.json (needs the mlflow extra).")
+def job(model: Path, target: Path, pool: Path, config_json: str, rounds: int, threads: int, out_dir: Path,
+        registry: bool) -> None:
     """A job through the embedded stack vs the same adaptation in-process, side by side.
 
     Starts `t3ar up` in a temporary folder, ingests the pool, then per round submits the job and downloads its
@@ -245,6 +249,14 @@ def job(model: Path, target: Path, pool: Path, config_json: str, rounds: int, th
     config = json.loads(config_json)
     if not isinstance(config, dict):
         raise click.BadParameter("--config must be a JSON object")
+    if registry:
+        from t3ar_bench.job.registry import run_registry_benchmark
+
+        done = run_registry_benchmark(model, target, pool, config, out_dir, rounds=rounds, threads=threads)
+        click.echo(json.dumps({k: done[k] for k in ("off_median_s", "on_median_s", "overhead_pct",
+                                                   "paired_overhead_pct_median", "registration_median_s")}, indent=2))
+        click.echo(f"wrote {out_dir / 'job-registry.md'} and {out_dir / 'job-registry.json'}")
+        return
     summary = run_job_benchmark(model, target, pool, config, out_dir, rounds=rounds, threads=threads)
     click.echo(json.dumps({k: summary[k] for k in ("ratio", "ratio_warm", "stack_wall_s", "in_process_wall_s",
                                                    "warm_wall_s", "phases")},

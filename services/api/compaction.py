@@ -16,6 +16,7 @@ from typing import Any
 
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar.clients.retriever_models import NearDuplicatesResponse
 from t3ar_services.api.contrib_store import ContributionStore
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.errors import ConflictError, NotFoundError
@@ -33,13 +34,13 @@ class Compactor:
     def admin(self) -> RetrieverClient:
         return self.contributor.clients()[1]
 
-    def plan(self, threshold: float, sources: list[str], nprobe: int) -> tuple[str, dict[str, Any]]:
+    def plan(self, threshold: float, sources: list[str], nprobe: int) -> tuple[str, NearDuplicatesResponse]:
         """Dry-run: ask the retriever for the near-duplicates, store the list as a plan; nothing changes."""
         params = {"threshold": threshold, "sources": sources, "nprobe": nprobe}
         found = self.admin.near_duplicates(threshold=threshold, sources=sources, nprobe=nprobe,
                                            timeout=self.scan_timeout)
         plan_id = uuid.uuid4().hex
-        self.records.add_plan(plan_id, params, found)
+        self.records.add_plan(plan_id, params, found.model_dump(mode="json"))
         return plan_id, found
 
     def apply(self, plan_id: str) -> dict[str, Any]:
@@ -59,7 +60,8 @@ class Compactor:
                                     f"(first: {gone[0]}); nothing was removed, run the dry-run again")
             deleted: list[str] = []
             try:
-                self.contributor.withdrawer.withdraw(remove, f"compaction:{plan_id}", gone=deleted)
+                self.contributor.withdrawer.withdraw(remove, f"compaction:{plan_id}", gone=deleted,
+                                                     refuse_content=False)
             except RetrieverNotFoundError as e:
                 raise ConflictError(f"the pool changed since the dry-run: {e}; {len(deleted)} listed item(s) "
                                     "were removed before it, nothing after; run the dry-run again") from e

@@ -8,6 +8,8 @@ lineage index of :mod:`t3ar_services.api.store`, through its one connection and 
   job's report still names the contribution its neighbours came from).
 - ``withdrawals``: every pool id withdrawn (a single delete, a contribution withdrawal, a compaction), when and
   why (:mod:`t3ar_services.api.withdrawals`).
+- ``withdrawal_intents``: a withdrawal asked for and not yet recorded, written before the retriever deletes (a
+  kill between the delete and the record leaves it, and a retry of the withdrawal completes the record).
 - ``compaction_plans``: a dry-run's list of removals, applied at most once, exactly as listed.
 """
 
@@ -31,6 +33,9 @@ CREATE TABLE IF NOT EXISTS contribution_items (pool_id TEXT PRIMARY KEY, job_id 
 CREATE INDEX IF NOT EXISTS contribution_items_job ON contribution_items (job_id);
 CREATE TABLE IF NOT EXISTS withdrawals (
     pool_id TEXT PRIMARY KEY, withdrawn_at TEXT NOT NULL, reason TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS withdrawal_intents (
+    pool_id TEXT PRIMARY KEY, asked_at TEXT NOT NULL, reason TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS compaction_plans (
     id TEXT PRIMARY KEY, created_at TEXT NOT NULL, params TEXT NOT NULL, plan TEXT NOT NULL, status TEXT NOT NULL,
@@ -142,6 +147,22 @@ class ContributionStore:
         t = now()
         with self.store._tx() as db:
             db.executemany("INSERT OR IGNORE INTO withdrawals VALUES (?, ?, ?)", [(p, t, reason) for p in pool_ids])
+            db.executemany("DELETE FROM withdrawal_intents WHERE pool_id = ?", [(p,) for p in pool_ids])
+
+    def intend_withdrawals(self, pool_ids: Sequence[str], reason: str) -> None:
+        """Written before the retriever deletes (see the module docstring)."""
+        t = now()
+        with self.store._tx() as db:
+            db.executemany("INSERT OR IGNORE INTO withdrawal_intents VALUES (?, ?, ?)",
+                           [(p, t, reason) for p in pool_ids])
+
+    def drop_intents(self, pool_ids: Sequence[str]) -> None:
+        with self.store._tx() as db:
+            db.executemany("DELETE FROM withdrawal_intents WHERE pool_id = ?", [(p,) for p in pool_ids])
+
+    def intended(self, pool_id: str) -> bool:
+        """Whether a withdrawal of ``pool_id`` was asked for and not recorded (interrupted)."""
+        return bool(self.store._all("SELECT 1 FROM withdrawal_intents WHERE pool_id = ?", (pool_id,)))
 
     def withdrawal_reasons(self, pool_ids: Sequence[str]) -> dict[str, str]:
         """pool id -> why it was withdrawn, for those of ``pool_ids`` that were."""

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar.clients.retriever_errors import RetrieverInputError
 from t3ar.errors import T3arError, without_paths
 from t3ar_services.api.contrib_store import ContributionRow, ContributionStore, now
 from t3ar_services.api.errors import ConflictError, NotFoundError
@@ -166,11 +167,17 @@ class Contributor:
         for label, group in _by_label(files, labels):
             for start in range(0, len(group), BATCH):
                 batch = [(p.relative_to(folder).as_posix(), p.read_bytes()) for p in group[start:start + BATCH]]
-                out = self.clients()[0].add_images(batch, source=source, metadata=meta, duplicate_policy="skip",
-                                                   label=label)
-                near += int(out["duplicates"])
-                rejected += int(out["rejected"])
-        ours = [it["id"] for it in self.clients()[1].iter_items(source=source)]
+                try:
+                    out = self.clients()[0].add_images(batch, source=source, metadata=meta,
+                                                       duplicate_policy="skip", label=label)
+                except RetrieverInputError as e:
+                    if not e.items:
+                        raise
+                    rejected += len(e.items)  # none usable (unreadable, or withdrawn content): the rest goes on
+                    continue
+                near += out.duplicates
+                rejected += out.rejected
+        ours = [it.id for it in self.clients()[1].iter_items(source=source)]
         self.records.record_items(row.job_id, ours)
         self.records.set_status(row.job_id, "done", only_from=("pending",), images=len(files), added=len(ours),
                                 skipped_near=near, rejected=rejected,
@@ -205,7 +212,7 @@ class Contributor:
     def _finish_withdrawal(self, job_id: str) -> list[str]:
         admin = self.clients()[1]
         ids = list(dict.fromkeys(self.records.items_of(job_id)
-                                 + [it["id"] for it in admin.iter_items(source=source_of(job_id))]))
+                                 + [it.id for it in admin.iter_items(source=source_of(job_id))]))
         deleted = self.withdrawer.withdraw(ids, f"contribution:{job_id}", missing_ok=True)
         self.records.set_status(job_id, "withdrawn", withdrawn_at=now(), withdrawn_ids=len(deleted))
         log.info("withdrew the contribution of job %s: %d pool item(s) deleted (%d listed)", job_id, len(deleted),

@@ -21,7 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis import Redis
 
 from t3ar.clients.retriever import RetrieverClient
-from t3ar_services.api.audit import AuditLog
+from t3ar_services.api.audit import ROUTE_ACTIONS, AuditLog
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contributions import Contributor
 from t3ar_services.api.domain import Links
@@ -31,6 +31,7 @@ from t3ar_services.api.keys import ANONYMOUS, KeyStore, Principal
 from t3ar_services.api.keys import USER as USER_TOKEN
 from t3ar_services.api.leftovers import Submissions
 from t3ar_services.api.metrics import ApiMetrics
+from t3ar_services.api.modelreg.registrar import Registrar
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import Store
 from t3ar_services.api.transfer import Artifacts
@@ -55,6 +56,7 @@ class ApiState:
     withdrawer: Withdrawer  # the one path by which items leave the pool
     keys: KeyStore  # named API keys (digests), each of a team with a role
     audit: AuditLog  # who did what, when, from where
+    registrar: Registrar  # finished jobs -> the MLflow model registry (off unless T3AR_MLFLOW_TRACKING_URI)
 
     def principal_of(self, token: str) -> Principal | None:
         """Who a bearer token is: the admin or user token (team ``default``), a valid named key, else None (the
@@ -153,10 +155,23 @@ def require_user(who: PrincipalDep) -> None:
     """Any principal (every role reads its own team's)."""
 
 
+def refused(request: Request, who: Principal, words: str) -> AuthError:
+    """The 403 for ``who`` on this route, recorded first in the audit log (outcome ``refused``) under the route's
+    action (:data:`~t3ar_services.api.audit.ROUTE_ACTIONS`; another route's as ``request``)."""
+    name = getattr(request.scope.get("endpoint"), "__name__", "")
+    params = request.path_params
+    target = str(params.get("pool_id") or params.get("job_id") or params.get("key_id") or "")
+    action = ROUTE_ACTIONS.get(name, "request")
+    detail = f"403: {words}" if name in ROUTE_ACTIONS else f"403 {request.method} {request.url.path}: {words}"
+    get_state(request).audit.record(key_id=who.key_id, team=who.team, action=action, target=target,
+                                    client=client_of(request), outcome="refused", detail=detail)
+    return AuthError(words, status=403)
+
+
 @route_scope("token", _SUBMIT_WORDS)
-def require_submit(who: PrincipalDep) -> Principal:
+def require_submit(request: Request, who: PrincipalDep) -> Principal:
     if not who.can_submit:
-        raise AuthError(_SUBMIT_WORDS, status=403)
+        raise refused(request, who, _SUBMIT_WORDS)
     return who
 
 
@@ -164,9 +179,9 @@ SubmitterDep = Annotated[Principal, Depends(require_submit)]  # a route paramete
 
 
 @route_scope("admin", _ADMIN_WORDS)
-def require_admin(who: PrincipalDep) -> None:
+def require_admin(request: Request, who: PrincipalDep) -> None:
     if not who.admin:
-        raise AuthError(_ADMIN_WORDS, status=403)
+        raise refused(request, who, _ADMIN_WORDS)
 
 
 @route_scope("worker", _WORKER_WORDS)

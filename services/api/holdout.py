@@ -29,11 +29,13 @@ OPTIONS_FILE = "acceptance.json"
 
 def prepare_holdout(upload: BinaryIO, sent: str, job_dir: Path, target_dir: Path, settings: ApiSettings,
                     model_classes: list[str], options: AcceptanceOptions) -> dict[str, str]:
-    """Save, extract, read and check the holdout (labels of the model, no empty class, no image of the target,
+    """Save, count its images from the archive's headers (before extracting or decoding any), extract, read and
+    check the holdout (labels of the model, no empty class, no image of the target,
     at most ``T3AR_API_MAX_HOLDOUT_IMAGES``); write the options beside it. Returns the sha256 of each of its images
     by id. Raises an InvalidInputError (a 4xx) naming what the client sent; the caller removes the job's folder."""
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
-    from t3ar.data.holdout import check_holdout, image_digests, read_holdout
+    from t3ar.data.holdout import check_holdout, count_listed, image_digests, pixel_digests, read_holdout
+    from t3ar.data.images import is_image_name
     from t3ar.digest import file_sha256
     from t3ar.errors import T3arError
 
@@ -47,12 +49,17 @@ def prepare_holdout(upload: BinaryIO, sent: str, job_dir: Path, target_dir: Path
                            max_total_bytes=settings.max_archive_bytes, max_file_bytes=settings.max_image_bytes,
                            max_ratio=settings.max_archive_ratio)
     try:
-        safe_extract(archive, folder, limits, name=sent)
+        safe_extract(archive, folder, limits, name=sent,  # counted from the headers, decoded last
+                     on_listed=lambda files: count_listed(files, settings.max_holdout_images,
+                                                          "T3AR_API_MAX_HOLDOUT_IMAGES"))
         archive.unlink()
         holdout = read_holdout(folder, num_workers=settings.validate_threads)
-        target = [file_sha256(p) for p in sorted(target_dir.rglob("*")) if p.is_file() and not p.is_symlink()]
+        files = [p for p in sorted(target_dir.rglob("*")) if p.is_file() and not p.is_symlink()]
+        target = [file_sha256(p) for p in files]
+        images = [p for p in files if is_image_name(p)]
         check_holdout(holdout, model_classes, target_digests=target,
-                      max_images=settings.max_holdout_images, setting="T3AR_API_MAX_HOLDOUT_IMAGES")
+                      max_images=settings.max_holdout_images, setting="T3AR_API_MAX_HOLDOUT_IMAGES",
+                      target_pixels=pixel_digests(images, num_workers=settings.validate_threads))
         digests = dict(zip(holdout.images.ids, image_digests(holdout.images), strict=True))
     except T3arError as e:
         raise type(e)(as_sent(str(e), folder, sent)) from e

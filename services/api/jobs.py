@@ -13,7 +13,6 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from redis import Redis
 from rq import Queue
@@ -21,6 +20,7 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 
+from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.errors import without_paths
 from t3ar.logs import REQUEST_ID
 from t3ar.method.config import AdaptConfig
@@ -34,9 +34,11 @@ from t3ar_services.common.job_contract import (
     CANCEL_KEY,
     JOB_FUNCTION,
     LINEAGE_FILE,
+    REPORT_FILE,
     SERIALIZER,
     AcceptanceRecord,
     JobMeta,
+    JobResult,
     JobSpec,
     Progress,
     artifacts_dir,
@@ -83,7 +85,7 @@ class JobState:
     worker: str | None = None
     progress: Progress | None = None
     error: str | None = None
-    result: dict[str, Any] | None = None
+    result: JobResult | None = None
     acceptance: AcceptanceRecord | None = None  # a job with a holdout, once its candidates were scored
 
 
@@ -101,7 +103,7 @@ class JobService:
     # --- submit ------------------------------------------------------------------------------------------
     def enqueue(self, row: JobRow, config: AdaptConfig, model_sha256: str, target: TargetTar, secret: str,
                 subsample: Subsample, *, holdout: TargetTar | None = None,
-                acceptance: dict[str, Any] | None = None) -> None:
+                acceptance: AcceptanceOptions | None = None) -> None:
         """Queue the job; the worker fetches the base model and ``target`` (and a ``holdout``, with the job's
         ``acceptance`` options) by these digests over HTTP, showing the job's ``secret`` (whose sha256 the row
         keeps), and adapts to the ``subsample`` drawn at submission. ``config``: the row's config, as the API
@@ -132,8 +134,10 @@ class JobService:
         job = job if job is not None else self.fetch(row.id)
         finished_on_disk = (artifacts_dir(self.settings.data_dir, row.id) / LINEAGE_FILE).is_file()
         if job is None:
-            if finished_on_disk:
-                return JobState("finished")
+            if finished_on_disk:  # rq forgot it: what a page shows of its holdout is in its report
+                done = JobState("finished")
+                done.acceptance = self._acceptance_on_disk(row.id)
+                return done
             if row.id in self.submissions:  # recorded, not enqueued yet: a sweep must not call it failed
                 return JobState("queued")
             return JobState("failed", error="the job's queue record is gone (expired or Redis was reset) and it "
@@ -155,9 +159,16 @@ class JobService:
                 st.error = explain_failure(result.exc_string if result else None, self.settings.job_timeout)
             st.error = st.error.replace("{id}", row.id)
         elif status == "finished":
-            value = job.return_value()
-            st.result = value if isinstance(value, dict) else None
+            st.result = JobResult.read(job.return_value())
         return st
+
+    def _acceptance_on_disk(self, job_id: str) -> AcceptanceRecord | None:
+        """The acceptance record of a finished job's stored report (None: no holdout, or no readable report)."""
+        try:
+            found = json.loads((artifacts_dir(self.settings.data_dir, job_id) / REPORT_FILE).read_text())
+            return AcceptanceRecord.model_validate(found["acceptance"]) if found.get("acceptance") else None
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
 
     # --- cancel ------------------------------------------------------------------------------------------
     def cancel(self, row: JobRow) -> str:

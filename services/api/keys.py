@@ -154,6 +154,14 @@ class KeyStore(SqliteStore):
                                      (digest(key),)).fetchone()
         return Principal(found[0], found[1], found[2]) if found else None
 
+    def revoked_at(self, key: str) -> str | None:
+        """When the key ``key`` was revoked; None for a key that is valid or that we never made."""
+        if not key.startswith(KEY_PREFIX) or len(key) > 200:
+            return None
+        with self._lock:
+            found = self._db.execute("SELECT revoked_at FROM api_keys WHERE digest = ?", (digest(key),)).fetchone()
+        return str(found[0]) if found and found[0] else None
+
     def active(self, key_id: str) -> Principal | None:
         """The principal of key ``key_id`` while it is not revoked (a console session's check)."""
         with self._lock:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from redis import Redis
@@ -35,6 +36,9 @@ from t3ar_services.api.jobs import JobService
 from t3ar_services.api.keys import KeyStore
 from t3ar_services.api.leftovers import Submissions, sweep_leftovers
 from t3ar_services.api.metrics import ApiMetrics
+from t3ar_services.api.modelreg.records import RegistrationStore
+from t3ar_services.api.modelreg.registrar import Hooks, Registrar, pool_items_via
+from t3ar_services.api.modelreg.settings import MlflowSettings
 from t3ar_services.api.routes import ROUTERS
 from t3ar_services.api.routes.jobs import ADAPT_CONFIG_FORMAT
 from t3ar_services.api.settings import ApiSettings, MiB
@@ -46,6 +50,8 @@ from t3ar_services.common.auth_failures import FailureWindow
 from t3ar_services.common.body_limit import RouteLimits
 from t3ar_services.common.dirlock import data_dir_lifespan
 from t3ar_services.common.forms import close_form_schemas
+from t3ar_services.common.job_contract import WORKER_PREFIX
+from t3ar_services.common.private import keep_private
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +74,12 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
     submissions = Submissions()
     jobs = JobService(settings, store, conn, submissions)
     metrics = ApiMetrics()
+    registrar = Registrar(MlflowSettings(), RegistrationStore(data / "api.sqlite3"), store, data, Hooks(
+        job_status=lambda job_id: _job_status(jobs, store, job_id),
+        export_onnx=lambda job_id: _onnx_export(state, job_id),
+        pool_items=pool_items_via(lambda pool_id: state.retriever_admin.get_item(pool_id))))
     withdrawer = Withdrawer(ContributionStore(store), lambda: state.retriever_admin, conn, metrics,
-                            sync_lineage=jobs.sync_lineage)
+                            sync_lineage=jobs.sync_lineage, on_withdrawn=registrar.mark_stale)
     contributor = Contributor(store, data, lambda: (state.retriever, state.retriever_admin), withdrawer,
                               job_status=lambda job_id: _job_status(jobs, store, job_id))
     state = ApiState(settings=settings, store=store, redis=conn, jobs=jobs,
@@ -78,8 +88,19 @@ def build_state(settings: ApiSettings, redis: Redis | None = None) -> ApiState:
                      compactor=Compactor(contributor, settings.compact_timeout), withdrawer=withdrawer,
                      keys=KeyStore(data / "api.sqlite3"), submissions=submissions,
                      audit=AuditLog(data / "api.sqlite3", max_rows=settings.audit_max_rows,
-                                    max_age_days=settings.audit_max_age_days))
+                                    max_age_days=settings.audit_max_age_days,
+                                    max_per_minute=settings.audit_max_per_minute),
+                     registrar=registrar)
     return state
+
+
+def _onnx_export(state: ApiState, job_id: str) -> Path:
+    """The job's checkpoint as ONNX (made once and parity-checked, :mod:`.domain.exports`), for the registry."""
+    from t3ar.export import SUFFIXES
+    from t3ar_services.api.domain.exports import exported
+
+    exported(state, job_id, "onnx")
+    return state.settings.data_dir / "artifacts" / job_id / f"model{SUFFIXES['onnx']}"
 
 
 def _job_status(jobs: JobService, store: Store, job_id: str) -> str:
@@ -140,6 +161,7 @@ def route_limits(settings: ApiSettings) -> RouteLimits:
 
 def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = None) -> FastAPI:
     settings = settings if settings is not None else ApiSettings()
+    keep_private(settings.data_dir)  # before anything is opened: databases, uploads, checkpoints 0600
     state = build_state(settings, redis)
 
     @asynccontextmanager
@@ -152,6 +174,10 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
                  settings.retriever_url)
         sweeper = asyncio.create_task(_sweeper(state), name="t3ar-api-sweeper")
         state.contributor.start(settings.sweep_interval)
+        state.registrar.start(settings.sweep_interval)
+        if state.registrar.enabled:
+            log.info("api: finished jobs register in MLflow at %s", state.registrar.settings.links_base() or "(a "
+                     "non-HTTP tracking URI)")
         try:
             yield
         finally:
@@ -159,6 +185,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             await run_in_threadpool(state.contributor.stop)
+            await run_in_threadpool(state.registrar.stop)
             state.retriever.close()
             state.retriever_admin.close()
             state.redis.close()
@@ -182,7 +209,7 @@ def create_app(settings: ApiSettings | None = None, *, redis: Redis | None = Non
             ": target archives are limited by T3AR_API_MAX_UPLOAD_BYTES, checkpoints by T3AR_API_MAX_MODEL_BYTES "
             "(plus 1 MiB for the form); send a smaller file"), limit_for=limits,
         routers=ROUTERS, session_prefixes=[CONSOLE_PREFIX], failures=failures,
-        sign_in_paths=[f"{CONSOLE_PREFIX}/login"], key_scope=state.key_scope)
+        sign_in_paths=[f"{CONSOLE_PREFIX}/login"], own_budget_prefixes=[WORKER_PREFIX], key_scope=state.key_scope)
     limits.attach(app)
     app.state.auth_failures = failures
     app.state.api = state

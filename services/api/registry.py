@@ -5,17 +5,31 @@ uploading the same file twice yields the same model."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from t3ar.errors import CheckpointError
+from t3ar.errors import CheckpointError, T3arError
+from t3ar.filemode import new_file_mode
 from t3ar_services.api.errors import NotFoundError
 from t3ar_services.api.settings import ApiSettings
 from t3ar_services.api.store import ModelRow, Store
 from t3ar_services.api.uploads import as_sent, save_upload
+
+log = logging.getLogger(__name__)
+
+
+def build_words(e: Exception) -> str:
+    """Why a model cannot be built, in words (never an exception's class name: a KeyError's text alone is a bare
+    quoted key)."""
+    if isinstance(e, T3arError):
+        return str(e)
+    if isinstance(e, KeyError):
+        return f"it names {e.args[0]!r}, which this build of t3ar does not know" if e.args else "a name is unknown"
+    return str(e) or "its backbone could not be constructed"
 
 
 def model_path(data_dir: Path, model_id: str) -> Path:
@@ -48,8 +62,10 @@ def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str
         except CheckpointError as e:
             raise CheckpointError(as_sent(str(e), tmp, sent)) from e
         except Exception as e:  # architecture construction can fail in many ways on a forged spec
-            raise CheckpointError(f"{sent}: the checkpoint's model cannot be built: {type(e).__name__}: "
-                                  f"{as_sent(str(e), tmp, sent)}") from e
+            log.info("model upload %s: cannot build the model: %r", sent, e)
+            raise CheckpointError(f"{sent}: the checkpoint's model cannot be built from its spec: "
+                                  f"{as_sent(build_words(e), tmp, sent)}; make checkpoints with `t3ar "
+                                  "train-source` or `t3ar adapt`") from e
         model_id = info.sha256[:16]
         row = ModelRow(id=model_id, name=name or model_id, sha256=info.sha256, size=size,
                        arch=info.spec.arch_signature(), image_size=info.spec.image_size,
@@ -58,7 +74,7 @@ def register_model(store: Store, settings: ApiSettings, src: BinaryIO, name: str
                        uploaded_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
         final = model_path(settings.data_dir, model_id)
         if not final.exists():
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, new_file_mode())
             os.replace(tmp, final)
         created = store.add_model(row)
         return (row if created else store.get_model(model_id) or row), created

@@ -17,8 +17,10 @@ from t3ar.clients.api_models import (
     ExportOut,
     ExportParity,
     JobAccepted,
+    JobConfig,
     JobList,
     JobOut,
+    JobResult,
     JobStatusName,
     LineageJob,
     LineageResponse,
@@ -27,17 +29,21 @@ from t3ar.clients.api_models import (
     NeighbourSource,
     Progress,
     ReadyResponse,
+    Registration,
     ReportOut,
+    StoredConfig,
     TargetInfo,
+    job_config,
 )
 from t3ar_services.common.job_contract import AcceptanceRecord, JobReport
 from t3ar_services.common.text import Utf8Str
 
 # the API's answers are models of the library (t3ar.clients.api_models), which the CLI's client returns
 __all__ = ["CancelResponse", "CompactRemoval", "CompactResponse", "Contribution", "ContributionWithdrawn",
-           "DeleteResponse", "ExportOut", "ExportParity", "JobAccepted", "JobList", "JobOut", "JobStatusName",
-           "LineageJob", "LineageResponse", "ModelList", "ModelOut", "NeighbourSource", "Progress",
-           "ReadyResponse", "ReportOut", "TargetInfo", "AcceptanceRecord"]
+           "DeleteResponse", "ExportOut", "ExportParity", "JobAccepted", "JobConfig", "JobList", "JobOut",
+           "JobResult", "JobStatusName", "LineageJob", "LineageResponse", "ModelList", "ModelOut", "NeighbourSource",
+           "Progress", "ReadyResponse", "Registration", "ReportOut", "StoredConfig", "TargetInfo", "AcceptanceRecord",
+           "job_config"]
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -55,6 +61,15 @@ class ErrorInfo(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorInfo
+
+
+class ReadmitResponse(BaseModel):
+    """A withdrawal lifted: the content of ``pool_id`` may be added to the pool again (as a new item)."""
+
+    pool_id: str
+    sha256: str = Field(description="the digest of the withdrawn image's bytes")
+    withdrawn_at: str = Field(description="when it was withdrawn (ISO 8601, UTC)")
+    readmitted: bool = True
 
 
 class HealthResponse(BaseModel):

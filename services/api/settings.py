@@ -85,9 +85,12 @@ class ApiSettings(ServiceSettings):
                                                              "auth_failure_window before it is answered 429")
     auth_failure_window: float = Field(default=60.0, gt=0, description="seconds a failed sign-in counts")
 
-    # --- the audit log (an append-only table of api.sqlite3), pruned past either bound ---
-    audit_max_rows: int = Field(default=1_000_000, ge=100, description="audit entries kept (the oldest go first)")
-    audit_max_age_days: float = Field(default=365.0, gt=0, description="days an audit entry is kept")
+    # --- the audit log (an append-only table of api.sqlite3), pruned past either bound once exported ---
+    audit_max_rows: int = Field(default=1_000_000, ge=100, description="audit entries kept (the oldest exported "
+                                                                        "ones go first; never one not exported)")
+    audit_max_age_days: float = Field(default=365.0, gt=0, description="days an exported audit entry is kept")
+    audit_max_per_minute: int = Field(default=600, ge=1, description="audit entries one key writes a minute, one "
+                                      "by one; past it one audit.rate_limited entry says how many were left out")
 
     log_level: str = "INFO"
 

@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS owners (
     kind TEXT NOT NULL, id TEXT NOT NULL, team TEXT NOT NULL, key_id TEXT NOT NULL, PRIMARY KEY (kind, id, team)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS owners_team ON owners (kind, team, id);
+CREATE TABLE IF NOT EXISTS model_uploads (
+    id TEXT NOT NULL, team TEXT NOT NULL, name TEXT NOT NULL, uploaded_at TEXT NOT NULL, PRIMARY KEY (id, team)
+) WITHOUT ROWID;
 """
 
 
@@ -118,6 +121,19 @@ class Store(SqliteStore):
                              (m.id, m.name, m.sha256, m.size, m.arch, m.image_size, json.dumps(m.classes),
                               m.uploaded_at, m.feature_dim))
             return cur.rowcount == 1
+
+    def add_model_upload(self, model_id: str, team: str, name: str, uploaded_at: str) -> bool:
+        """A team's own upload of a model (its name for it, when it uploaded it: the same file uploaded by two teams
+        is one model, and neither sees the other's name or time); False when the team had uploaded it before."""
+        with self._tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO model_uploads VALUES (?,?,?,?)",
+                             (model_id, team, name, uploaded_at))
+            return cur.rowcount == 1
+
+    def model_uploads(self, team: str) -> dict[str, tuple[str, str]]:
+        """model id -> (name, uploaded_at) of ``team``'s own uploads."""
+        return {r[0]: (r[1], r[2]) for r in self._all("SELECT id, name, uploaded_at FROM model_uploads WHERE team = ?",
+                                                      (team,))}
 
     def get_model(self, model_id: str) -> ModelRow | None:
         rows = self._all("SELECT * FROM models WHERE id = ?", (model_id,))

@@ -28,6 +28,7 @@ from typing import Any
 
 from t3ar.digest import file_sha256
 from t3ar.errors import InvalidInputError
+from t3ar.filemode import new_file_mode
 from t3ar_services.api.errors import ConflictError, PayloadTooLargeError
 from t3ar_services.common.files import atomic_file
 from t3ar_services.common.job_contract import (
@@ -156,7 +157,7 @@ class Artifacts:
             with self._lock:
                 if self.refuse_if_finished(job_id, sha256, "checkpoint"):
                     return size
-                os.chmod(tmp, 0o644)
+                os.chmod(tmp, new_file_mode())
                 os.replace(tmp, out / MODEL_FILE)
             return size
         finally:

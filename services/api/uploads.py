@@ -30,10 +30,10 @@ SUBSAMPLE_FILE = "subsample.json"
 
 
 class Subsample(BaseModel):
-    """The target images a job adapts to, drawn once at submission from the validated target (the stratified
-    subsample of its config's ``fraction`` and ``seed``) and recorded beside it: the job spec carries the rows to
-    the worker, and a checkpoint's lineage must name its digest. A readapt shares its parent's target and config,
-    so it shares this record too."""
+    """The target images a job adapts to, drawn once at submission from the validated target (the subsample of its
+    config's ``fraction``, ``seed`` and ``mode``: t3ar.data.sampling.adapted_rows) and recorded beside it: the
+    job spec carries the rows to the worker, and a checkpoint's lineage must name its digest. A readapt shares its
+    parent's target and config, so it shares this record too."""
 
     rows: list[int] = Field(min_length=2, description="indices into the target in read_target's order")
     sha256: str = Field(pattern=SHA256_PATTERN, description="t3ar.pipeline.imageset_sha256 of those images: the "
@@ -95,21 +95,33 @@ def _bounds(cls: type[AdaptConfig] | None, loc: tuple[Any, ...]) -> str:
     return f" (allowed: {loc[-1]} {' and '.join(parts)})" if parts else ""
 
 
-def parse_config(raw: str) -> tuple[dict[str, Any], AdaptConfig]:
-    """The ``config`` form field (a JSON object of AdaptConfig fields) -> (dict as given, AdaptConfig)."""
+def parse_config(raw: str) -> dict[str, Any]:
+    """The ``config`` form field (a JSON object of AdaptConfig fields) with a job's defaults
+    (:func:`t3ar.method.presets.with_default`): the draft that :func:`prepare_target` completes with the mode and
+    validates. Refused here (422), before any upload is read: what is not a JSON object, and a method that is not
+    registered."""
     from t3ar.method.presets import with_default
 
     # strict JSON: Infinity, NaN, 1e999, 5,000-digit integers, lone surrogates and 100,000-deep nesting are 422s
-    given = parse_json_object(raw, "config", '{"method": "t3ar", "k": 5, "epochs": 2}')
-    try:  # a T3AR-family job that names no preset gets the default one (t3ar.method.presets)
-        cfg = AdaptConfig.model_validate(with_default(given))
+    draft = with_default(parse_json_object(raw, "config", '{"method": "t3ar", "retrieval": {"k": 5}, "epochs": 2}'))
+    if not isinstance(draft["method"], str) or draft["method"] not in registry.names():
+        validate_config(draft)  # refused, naming the registered methods
+    return draft
+
+
+def validate_config(draft: dict[str, Any]) -> AdaptConfig:
+    """``draft`` (options as sent, with a job's defaults) as its method's config; InvalidInputError (422) naming
+    each option that does not fit, and its bounds."""
+    from t3ar.method.presets import with_default
+
+    try:
+        return AdaptConfig.model_validate(with_default(draft))
     except ValidationError as e:
-        method = given.get("method")
+        method = draft.get("method")
         cls = registry.config_class(method) if isinstance(method, str) and method in registry.names() else None
         msgs = "; ".join(f"{line}{_bounds(cls, err['loc'][1:])}"
                          for line, err in zip(error_lines(e), e.errors(), strict=True))
         raise InvalidInputError(f"invalid adaptation config: {msgs}") from e
-    return given, cfg
 
 
 @dataclass
@@ -128,17 +140,19 @@ class PreparedTarget:
 
 
 def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_classes: list[str],
-                   config_given: dict[str, Any], config: AdaptConfig, *, skip_bad_images: bool,
+                   draft: dict[str, Any], *, skip_bad_images: bool,
                    sent: str = "the archive") -> tuple[PreparedTarget, AdaptConfig]:
-    """Extract and validate; returns the prepared target and the final AdaptConfig (mode resolved). Errors call
-    the archive ``sent`` (the client's file name) and its members ``<sent>/<member path>``.
+    """Extract and validate; returns the prepared target and the job's config: ``draft`` (:func:`parse_config`)
+    with its mode resolved, validated once, as the job runs it. Errors call the archive ``sent`` (the client's file
+    name) and its members ``<sent>/<member path>``.
 
     Mode: ``train`` when the archive has ``labels.csv`` and the config does not set ``mode`` (``test`` for a
     method without a train-time mode, e.g. ``adacontrast``); an explicit ``mode: test`` keeps the labels for
-    evaluation only (the report then gives accuracy before/after).
+    evaluation only (the report then gives accuracy before/after). The config is validated with that mode as soon
+    as the archive is extracted, before its images are decoded: an option refused in that mode is a 422 then.
     """
     from t3ar.data.archive import ExtractLimits, archive_kind, safe_extract
-    from t3ar.data.datasets import adapted_rows, class_map_check
+    from t3ar.data.datasets import adapted_rows, class_map_check, target_labels_csv
     from t3ar.data.target import read_target
     from t3ar.errors import T3arError, UnsafeArchiveError
     from t3ar.pipeline import imageset_sha256
@@ -156,6 +170,13 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
                                  f"{settings.max_archive_bytes}, T3AR_API_MAX_ARCHIVE_RATIO="
                                  f"{settings.max_archive_ratio}, T3AR_API_MAX_IMAGE_BYTES={settings.max_image_bytes})"
                                  ) from e
+    labelled = target_labels_csv(target_dir) is not None
+    # a test-time-only method with labels.csv adapts unlabelled, and the labels score the result
+    mode = draft.get("mode") or ("train" if labelled and registry.get(draft["method"]).train_mode else "test")
+    config = validate_config({**draft, "mode": mode})  # the one validation: the config the job is enqueued with
+    if config.mode == "train" and not labelled:
+        raise DatasetError("mode 'train' (train-time adaptation) needs labels: add labels.csv (path,label) at the "
+                           "archive root, or use mode 'test'")
     try:
         images = read_target(target_dir, strict=not skip_bad_images, num_workers=settings.validate_threads)
     except T3arError as e:
@@ -167,19 +188,14 @@ def prepare_target(archive: Path, job_dir: Path, settings: ApiSettings, model_cl
             bad.unlink(missing_ok=True)
     if len(images) < 2:
         raise DatasetError(f"the archive has {len(images)} usable image(s); adaptation needs at least 2")
+    assert images.labelled == labelled, "read_target applies the labels.csv that target_labels_csv finds"
     if images.labelled:
         assert images.classes is not None
         class_map_check(list(images.classes), list(model_classes))
-    # a test-time-only method with labels.csv adapts unlabelled, and the labels score the result
-    mode = config_given.get("mode") or ("train" if images.labelled and config.has_train_mode else "test")
-    if mode == "train" and not images.labelled:
-        raise DatasetError("mode 'train' (train-time adaptation) needs labels: add labels.csv (path,label) at the "
-                           "archive root, or use mode 'test'")
-    config = config.model_copy(update={"mode": mode})
-    kept = adapted_rows(images.labels, len(images), config.fraction, config.seed)
+    kept = adapted_rows(images.labels, len(images), config.fraction, config.seed, mode=config.mode)  # test: unlabelled
     subsample = Subsample(rows=kept, sha256=imageset_sha256(images.subset(kept)))
     write_json_atomic(job_dir / SUBSAMPLE_FILE, subsample.model_dump())
-    prepared = PreparedTarget(target_dir, len(images), images.labelled, mode, list(images.classes or []),
+    prepared = PreparedTarget(target_dir, len(images), images.labelled, config.mode, list(images.classes or []),
                               [(rel, as_sent(why, target_dir, sent)) for rel, why in images.skipped], subsample)
     return prepared, config
 

@@ -7,6 +7,8 @@
     <data-dir>/worker/      the workers' caches and scratch (never the API's: they fetch over HTTP, as a
                             worker on another machine does)
     <data-dir>/stack.json   URLs, tokens, pids (0600)   <data-dir>/tokens.json tokens kept across restarts
+    <data-dir>/mlflow/      with --mlflow: MLflow's tracking server (SQLite backend, local artifact store), which
+                            the API registers every finished job's model in (T3AR_MLFLOW_TRACKING_URI)
 
 It waits until everything is healthy, prints URLs and tokens, restarts a worker that dies, and on Ctrl-C or
 SIGTERM stops workers (letting a running job end or abort), then the API, the retriever (which saves its
@@ -42,10 +44,13 @@ from t3ar_services.cli.stack_procs import (
     wait_redis,
     write_private,
 )
+from t3ar_services.common.private import keep_private
 
 
-def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> tuple[list[Child], dict[str, Any]]:
-    """The child processes and the stack description (URLs, tokens) for these ports."""
+def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool,
+         mlflow_port: int | None = None) -> tuple[list[Child], dict[str, Any]]:
+    """The child processes and the stack description (URLs, tokens) for these ports; with ``mlflow_port`` an MLflow
+    tracking server too, started before the API, which registers in it."""
     logs = data_dir / "logs"
     for sub in ("redis", "retriever", "api", "worker", "logs"):
         (data_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -67,6 +72,9 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
                "T3AR_API_RETRIEVER_TOKEN": tokens["retriever_token"],
                "T3AR_API_RETRIEVER_ADMIN_TOKEN": tokens["retriever_admin_token"],
                "T3AR_API_DATA_DIR": str(data_dir / "api")}
+    mlflow_url = f"http://127.0.0.1:{mlflow_port}" if mlflow_port else None
+    if mlflow_url:
+        api_env["T3AR_MLFLOW_TRACKING_URI"] = mlflow_url
     # the workers get only URLs and tokens (and a data dir of their own): the same HTTP path as on another host
     worker_env = {**{k: v for k, v in base.items() if not k.startswith("T3AR_API_")},
                   "T3AR_WORKER_REDIS_URL": redis_url, "T3AR_WORKER_RETRIEVER_URL": retriever_url,
@@ -82,9 +90,13 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
               base, logs / "redis.log"),
         Child("retriever", [PY, "-m", "t3ar.cli.main", "serve", "retriever", "--data-dir", str(data_dir / "retriever"),
                             "--port", str(ports["retriever"])], retriever_env, logs / "retriever.log"),
-        Child("api", [PY, "-m", "t3ar_services.cli.serve", "api", "--port", str(ports["api"])], api_env,
-              logs / "api.log"),
     ]
+    if mlflow_port:
+        from t3ar_services.cli.mlflow_server import server_argv
+
+        children.append(Child("mlflow", server_argv(data_dir / "mlflow", mlflow_port), base, logs / "mlflow.log"))
+    children.append(Child("api", [PY, "-m", "t3ar_services.cli.serve", "api", "--port", str(ports["api"])], api_env,
+                          logs / "api.log"))
     metrics_ports = [free_port() for _ in range(workers)]  # each worker serves its Prometheus /metrics
     children += [Child(f"worker-{i + 1}", [PY, "-m", "t3ar_services.worker"],
                        {**worker_env, "T3AR_WORKER_METRICS_PORT": str(port)}, logs / f"worker-{i + 1}.log",
@@ -92,7 +104,7 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
                  for i, port in enumerate(metrics_ports)]
     info = {"api_url": api_url, "console_url": f"{api_url}/ui", "retriever_url": retriever_url, "redis_url": redis_url,
             "worker_metrics": [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports],
-            "data_dir": str(data_dir.resolve()), "auth": not no_auth,
+            "data_dir": str(data_dir.resolve()), "auth": not no_auth, "mlflow_url": mlflow_url,
             "tokens": {} if no_auth else {k: tokens[k] for k in ("api_token", "api_admin_token", "api_worker_token",
                                                                  "retriever_token",
                                                                  "retriever_admin_token")}}
@@ -108,16 +120,21 @@ def plan(data_dir: Path, ports: dict[str, int], workers: int, no_auth: bool) -> 
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(0, 64))
 @click.option("--no-auth", is_flag=True, help="Disable auth on the API and retriever (this machine only).")
 @click.option("--ready-timeout", default=300.0, show_default=True, type=float, help="Seconds to wait for health.")
+@click.option("--mlflow", "with_mlflow", is_flag=True,
+              help="Also start MLflow's tracking server (SQLite backend, local artifact store, under "
+                   "<data-dir>/mlflow; port T3AR_MLFLOW_PORT or a free one): the API registers every finished job's "
+                   "model there (needs the mlflow extra).")
 def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, workers: int, no_auth: bool,
-       ready_timeout: float) -> None:
+       ready_timeout: float, with_mlflow: bool) -> None:
     """Start Redis, the retriever, the API and worker(s) on 127.0.0.1; stop them all with Ctrl-C.
 
     \b
     Example:
       t3ar up --data-dir data/stack     # prints URLs, tokens and an `export ...` line; in another shell:
       export T3AR_API_URL=... T3AR_API_TOKEN=...; t3ar submit data/target --model runs/source.pt
+      t3ar up --mlflow                  # and an MLflow tracking server the finished jobs register in
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
+    keep_private(data_dir)  # before anything is written: Redis' AOF, the logs, every service's files 0600
     lock = open(data_dir / ".lock", "w")  # noqa: SIM115 - held (and released by the OS) for the process' life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,7 +145,16 @@ def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, work
                                    f"{data_dir}, or pick another --data-dir")
     ports = {"api": api_port or free_port(), "retriever": retriever_port or free_port(),
              "redis": redis_port or free_port()}
-    children, info = plan(data_dir, ports, workers, no_auth)
+    mlflow_port = None
+    if with_mlflow:
+        from t3ar_services.cli.mlflow_server import MlflowMissingError, mlflow_command
+
+        try:
+            mlflow_command()
+        except MlflowMissingError as e:
+            raise click.ClickException(str(e)) from e
+        mlflow_port = int(os.environ.get("T3AR_MLFLOW_PORT") or 0) or free_port()
+    children, info = plan(data_dir, ports, workers, no_auth, mlflow_port)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -142,6 +168,8 @@ def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, work
                 wait_redis(info["redis_url"], child, deadline, stop)
             elif child.name == "retriever":
                 wait_http(f"{info['retriever_url']}/ready", child, deadline, stop)
+            elif child.name == "mlflow":
+                wait_http(f"{info['mlflow_url']}/health", child, deadline, stop)
             elif child.name == "api":
                 wait_http(f"{info['api_url']}/ready", child, deadline, stop)
         time.sleep(0.5)
@@ -153,7 +181,7 @@ def up(data_dir: Path, api_port: int, retriever_port: int, redis_port: int, work
     finally:
         click.echo("stopping the stack...", err=True)
         for child in reversed(started):
-            child.stop(15 if child.name.startswith("worker") else 60 if child.name == "retriever" else 20,
+            child.stop(15 if child.name.startswith("worker") else 60 if child.name in ("retriever", "mlflow") else 20,
                        second_signal=child.name.startswith("worker"))
         (data_dir / "stack.json").unlink(missing_ok=True)
         click.echo("stopped", err=True)
@@ -187,7 +215,8 @@ def _exports(info: dict[str, Any]) -> str:
     t = info["tokens"]
     return (f"export T3AR_API_URL={info['api_url']} T3AR_RETRIEVER_URL={info['retriever_url']}" +
             (f" T3AR_API_TOKEN={t['api_token']} T3AR_API_ADMIN_TOKEN={t['api_admin_token']}"
-             f" T3AR_TOKEN={t['retriever_token']}" if t else ""))
+             f" T3AR_TOKEN={t['retriever_token']}" if t else "") +
+            (f" MLFLOW_TRACKING_URI={info['mlflow_url']}" if info.get("mlflow_url") else ""))
 
 
 def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> None:
@@ -198,6 +227,8 @@ def _announce(data_dir: Path, info: dict[str, Any], children: list[Child]) -> No
              f"  api        {info['api_url']}   (docs: {info['api_url']}/docs)",
              f"  retriever  {info['retriever_url']}",
              f"  redis      {redact_url(info['redis_url'])} (password in stack.json)",
+             *([f"  mlflow     {info['mlflow_url']}   (MLflow tracking server and model registry: every finished "
+                "job registers a version)"] if info.get("mlflow_url") else []),
              f"  workers    {sum(c.name.startswith('worker') for c in children)}"]
     if t:
         lines += [f"  user token       {t['api_token']}   (T3AR_API_TOKEN; console and API: jobs, pool, models)",

@@ -60,13 +60,15 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
                        metrics: ServiceMetrics, body_limit: int, body_hint: str, routers: Sequence[APIRouter],
                        limit_for: LimitFor | None = None,
                        session_prefixes: Sequence[str] = (), failures: FailureWindow | None = None,
-                       sign_in_paths: Sequence[str] = (), key_scope: Callable[[str], str | None] | None = None,
+                       sign_in_paths: Sequence[str] = (), own_budget_prefixes: Sequence[str] = (),
+                       key_scope: Callable[[str], str | None] | None = None,
                        **fastapi: Any) -> FastAPI:
     """``body_hint`` ends the 413's message (which setting bounds what, what to send instead); ``limit_for``: a
     route's tighter (limit, hint) of its own; ``fastapi``: the app's title, description, lifespan, form limits.
     ``session_prefixes``: paths the credentials-first check leaves to the routes (the API's console, which checks
     its own session cookie before reading a body). ``failures``: a budget of failed sign-ins per client address
-    (:mod:`~t3ar_services.common.auth_failures`; bearer tokens and ``sign_in_paths``). ``key_scope(token)``: the
+    (:mod:`~t3ar_services.common.auth_failures`; bearer tokens and ``sign_in_paths``; paths under
+    ``own_budget_prefixes`` count apart). ``key_scope(token)``: the
     scope of a token that is none of the settings' own (the API's named keys), or None."""
     strict_multipart_text()  # process-wide; idempotent
     # /docs and /redoc load Swagger UI and ReDoc from the package (under DOCS_ASSETS), never from a public CDN
@@ -83,7 +85,8 @@ def create_service_app(*, settings: TokenSettings, install_errors: Callable[[Fas
                        options={"enabled": not settings.auth_disabled, "accepts": accepts,
                                 "scope_of": scope_of, "needs": routes.needs})
     if failures is not None and not settings.auth_disabled:  # outside the credentials check: it counts its 401s
-        app.add_middleware(AuthFailuresMiddleware, failures=failures, sign_in_paths=sign_in_paths)
+        app.add_middleware(AuthFailuresMiddleware, failures=failures, sign_in_paths=sign_in_paths,
+                           own_budget_prefixes=own_budget_prefixes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
     for router in routers:

@@ -8,6 +8,11 @@ Guarded: any request with an ``Authorization`` header (the JSON API's bearer tok
 paths (health, readiness, metrics). Behind a proxy every client has the proxy's address: then they share one
 budget (a guesser there locks the others out for at most one window).
 
+Paths under ``own_budget_prefixes`` (the API's worker routes, ``/internal/``) count and check a budget of their own
+(issue 50, N1): wrong tokens sent elsewhere from the workers' address (sign-in guesses, a user's typo on the same
+host) never answer a worker's checkpoint upload or target download with 429, and guesses at the worker token
+are limited all the same.
+
 A sliding window of failure times per address, bounded (``max_clients`` addresses, the least recent dropped
 first), rather than a rate-limiting library such as ``pyrate-limiter``: those limit the rate of all requests,
 while here only failures count and the answer needs the time until the next try is allowed.
@@ -72,9 +77,13 @@ class AuthFailuresMiddleware:
     the 401s of guarded requests."""
 
     def __init__(self, app: ASGIApp, *, failures: FailureWindow, sign_in_paths: Iterable[str] = (),
-                 open_paths: Iterable[str] = ("/health", "/ready", "/metrics")) -> None:
+                 open_paths: Iterable[str] = ("/health", "/ready", "/metrics"),
+                 own_budget_prefixes: Iterable[str] = ()) -> None:
         self.app = app
         self.failures = failures
+        self.own_budget_prefixes = tuple(own_budget_prefixes)
+        self.own_budget = FailureWindow(failures.limit, failures.window, max_clients=failures.max_clients,
+                                        clock=lambda: failures.clock())  # the same clock, also if replaced
         self.sign_in_paths = frozenset(sign_in_paths)
         self.open_paths = frozenset(open_paths)
 
@@ -91,7 +100,9 @@ class AuthFailuresMiddleware:
             await self.app(scope, receive, send)
             return
         client = (scope.get("client") or ("unknown", 0))[0]
-        wait = self.failures.retry_after(client)
+        own = self.own_budget_prefixes and scope.get("path", "").startswith(self.own_budget_prefixes)
+        failures = self.own_budget if own else self.failures
+        wait = failures.retry_after(client)
         if wait is not None:
             await _too_many(send, wait)
             return
@@ -100,7 +111,7 @@ class AuthFailuresMiddleware:
             await self.app(scope, receive, watch)
         finally:
             if watch.status == 401:
-                self.failures.failed(client)
+                failures.failed(client)
 
 
 async def _too_many(send: Send, wait: int) -> None:

@@ -42,7 +42,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from t3ar.clients.api_models import Progress
+from t3ar.acceptance_options import AcceptanceOptions
+from t3ar.clients.api_models import JobResult, Progress
 from t3ar.clients.job_report import (
     MAX_LABELLED_LISTED,
     REPORT_VERSION,
@@ -65,8 +66,8 @@ from t3ar_services.common.files import atomic_file
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
 # in the library, which the CLI reads too (the library never imports the services).
 __all__ = ["REPORT_VERSION", "AcceptanceRecord", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport",
-           "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourQualityRecord", "NeighbourRow",
-           "Progress", "StepPoint", "Transfer"]
+           "JobResult", "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourQualityRecord",
+           "NeighbourRow", "Progress", "StepPoint", "Transfer"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ SERIALIZER = "rq.serializers.JSONSerializer"  # JSON-able arguments, meta and re
 CANCEL_KEY = "t3ar:cancel:{job_id}"  # set by the API; polled by the job between steps
 # withdrawn pool ids, which workers drop from their image caches: the bounded feed of t3ar_services.common.withdrawn
 
+WORKER_PREFIX = "/internal/"  # every worker route is under it
 TARGET_ROUTE = "/internal/jobs/{job_id}/target"
 BASE_MODEL_ROUTE = "/internal/jobs/{job_id}/base-model"
 HOLDOUT_ROUTE = "/internal/jobs/{job_id}/holdout"
@@ -119,9 +121,9 @@ class JobSpec(BaseModel):
                             description="the job's own secret: its worker routes need it (header X-T3AR-Job-Secret) "
                                         "besides the worker token, so a worker token alone cannot read another "
                                         "job's inputs or replace its result")
-    acceptance: dict[str, Any] | None = Field(
-        default=None, description="the job's acceptance options (t3ar.acceptance_options.AcceptanceOptions, as a "
-                                  "dict): candidates scored on its holdout, the winner returned; None = no holdout")
+    acceptance: AcceptanceOptions | None = Field(
+        default=None, description="the job's acceptance options: candidates scored on its holdout, the winner "
+                                  "returned; None = no holdout")
     holdout_sha256: str | None = Field(default=None, pattern=SHA256_PATTERN,
                                        description="the holdout tar's sha256 (with acceptance)")
     holdout_bytes: int | None = Field(default=None, ge=0, description="the holdout tar's size")

@@ -27,6 +27,16 @@ class ServiceSettings(BaseSettings):
     keep_alive_timeout: int = Field(default=5, ge=1, description="seconds an idle kept-alive connection stays open")
     max_connections: int = Field(default=1000, ge=1, description="open connections at most: one over it is "
                                                                   "closed, a request on a full server gets 503")
+    max_connections_per_peer: int = Field(default=250, ge=1, description="open connections one client address holds "
+                                          "at most (a trusted proxy's: not capped); one more is closed as it opens")
+
+    @model_validator(mode="after")
+    def _check_per_peer(self) -> Self:
+        prefix = str(self.model_config.get("env_prefix", ""))
+        if self.max_connections > 1 and self.max_connections_per_peer >= self.max_connections:
+            raise ValueError(f"{prefix}MAX_CONNECTIONS_PER_PEER ({self.max_connections_per_peer}) must be below "
+                             f"{prefix}MAX_CONNECTIONS ({self.max_connections}): one client must not hold them all")
+        return self
 
     @model_validator(mode="after")
     def _check_tokens(self) -> Self:

@@ -114,7 +114,6 @@ class PoolIndex(Protocol):
     def device(self) -> str | None: ...
     @property
     def trained_on(self) -> int | None: ...
-    def scan_cost(self, n_queries: int) -> float: ...
     def live_ids(self) -> np.ndarray: ...
     def add(self, seqs: np.ndarray, vectors: np.ndarray) -> None: ...
     def remove(self, seqs: Iterable[int]) -> None: ...
@@ -144,7 +143,7 @@ class PoolIndex(Protocol):
         """After an add failed and its rows were deleted: no search may return them; never raises."""
         ...
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
-               allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
+               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
         ...
 
 
@@ -424,13 +423,10 @@ class MilvusIndex:
             self._count = self._query_count()
 
     # --- search ------------------------------------------------------------------------------------------
-    def scan_cost(self, n_queries: int) -> float:
-        return float("inf")  # a network call: never run inline on the event loop (fastpath)
-
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
-               allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
+               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Same contract as :meth:`VectorIndex.search`: per query (scores, seqs), best first, at most k
-        (``blocking`` is faiss' lock policy; a Milvus search is always a blocking call). Every answer is filtered
+        Every answer is filtered
         by ``present`` (ids whose row is gone never come back, whatever Milvus' consistency level showed); Milvus
         is asked for more than k so that k survive, and asked again, for more, for a query that came up short
         while Milvus had more to give."""

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from t3ar.clients.retriever_models import NearDuplicate, NearDuplicatesResponse
 from t3ar.curation import plan_removals
 from t3ar_services.retriever.store import VECTOR_FILE
 from t3ar_services.retriever.vecfile import VectorFile
@@ -36,26 +37,6 @@ class NearDuplicatesRequest(BaseModel):
                                          description="sources whose items may be removed: exact tags, or a prefix "
                                                      "ending in * (target:* = every contributed target; * = all)")
     nprobe: int = Field(default=2, ge=1, le=1024, description="IVF cells probed per item (pools above 20k items)")
-
-
-class NearDuplicate(BaseModel):
-    id: str
-    source: str
-    size: int = Field(description="bytes of the image blob (0 for a vectors-only item)")
-    duplicate_of: str = Field(description="the item that stays, at cosine >= threshold")
-    score: float
-
-
-class NearDuplicatesResponse(BaseModel):
-    remove: list[NearDuplicate] = Field(description="what a compaction removes, oldest first by duplicate_of")
-    bytes: int = Field(description="image bytes the removals free")
-    clusters: int = Field(description="items that stay and have at least one removed duplicate")
-    scanned: int = Field(description="items of the given sources (the queries)")
-    items: int = Field(description="items in the pool at the scan")
-    method: str = Field(description="exact (up to 20k items) or ivf")
-    nlist: int | None = None
-    nprobe: int | None = None
-    seconds: dict[str, float]
 
 
 def _matches(source: str, patterns: Sequence[str]) -> bool:

@@ -59,10 +59,6 @@ def search_threads(n_queries: int, configured: int) -> int:
     return configured if configured > 0 else (os.cpu_count() or 1)
 
 
-class IndexBusy(Exception):
-    """A non-blocking search found a writer holding or awaiting the lock."""
-
-
 class RWLock:
     """Many readers or one writer; a waiting writer blocks new readers (no writer starvation)."""
 
@@ -85,28 +81,6 @@ class RWLock:
                 self._readers -= 1
                 if not self._readers:
                     self._cond.notify_all()
-
-    @contextmanager
-    def try_read(self, blocking: bool = False) -> Iterator[bool]:
-        """:meth:`read` that yields whether it holds the lock: without ``blocking`` it never waits and yields
-        False (holding nothing) when a writer holds or awaits the lock. For callers that must not block (the
-        event loop)."""
-        with self._cond:
-            while blocking and (self._writer or self._writers_waiting):
-                self._cond.wait()
-            if self._writer or self._writers_waiting:
-                got = False
-            else:
-                self._readers += 1
-                got = True
-        try:
-            yield got
-        finally:
-            if got:
-                with self._cond:
-                    self._readers -= 1
-                    if not self._readers:
-                        self._cond.notify_all()
 
     @contextmanager
     def write(self) -> Iterator[None]:
@@ -369,24 +343,13 @@ class VectorIndex:
         return len(doomed)
 
     # --- search ----------------------------------------------------------------------------------------
-    def scan_cost(self, n_queries: int) -> float:
-        """About how many multiply-adds a search of ``n_queries`` costs (no lock; for scheduling decisions)."""
-        n = float(self._index.ntotal)
-        if self.kind in TRAINED:
-            nlist = float(self._index.nlist)
-            n = nlist + n * min(self.nprobe, nlist) / nlist
-        return n_queries * n * self.dim
-
     def search(self, queries: np.ndarray, k: int, *, exclude: Iterable[int] = (),
-               allowed: np.ndarray | None = None, blocking: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
+               allowed: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Top-``k`` live ids per query by inner product -> (scores per query, seqs per query), each row
         sorted best first and at most ``k`` long (shorter when fewer items qualify). ``allowed``: only
-        these ids (e.g. one source). ``exclude``: never these ids. ``blocking=False``: raise
-        :class:`IndexBusy` instead of waiting for a writer."""
+        these ids (e.g. one source). ``exclude``: never these ids."""
         q = _as_f32(queries)
-        with self._lock.try_read(blocking) as got:
-            if not got:
-                raise IndexBusy("a writer holds the index")
+        with self._lock.read():
             drop = self._tomb | frozenset(int(i) for i in exclude)
             ntotal = int(self._index.ntotal)
             if ntotal == 0 or len(q) == 0:

@@ -19,6 +19,7 @@ from starlette.types import Scope
 
 from t3ar_services.common.app import create_service_app
 from t3ar_services.common.dirlock import data_dir_lifespan
+from t3ar_services.common.private import keep_private
 from t3ar_services.retriever.deps import RetrieverState
 from t3ar_services.retriever.errors import install_error_handlers
 from t3ar_services.retriever.index import VectorIndex
@@ -69,6 +70,7 @@ def _search_limit(state: RetrieverState, scope: Scope) -> tuple[int, str] | None
 
 def create_app(settings: RetrieverSettings | None = None) -> FastAPI:
     settings = settings if settings is not None else RetrieverSettings()
+    keep_private(settings.data_dir)  # the pool's database, blobs and index files 0600
     state = RetrieverState(settings=settings, metrics=RetrieverMetrics())
 
     @asynccontextmanager

@@ -30,11 +30,12 @@ import numpy as np
 from t3ar.errors import InvalidInputError
 from t3ar_services.retriever.backend import PoolIndex
 from t3ar_services.retriever.blobs import BlobStore
-from t3ar_services.retriever.errors import NotFoundError, NotReadyError
+from t3ar_services.retriever.errors import NotFoundError, NotReadyError, PayloadTooLargeError
 from t3ar_services.retriever.index import IndexConfig, VectorIndex, marker_path
 from t3ar_services.retriever.labelmap import LabelMap
 from t3ar_services.retriever.store import NewItem, Store
-from t3ar_services.retriever.training import IndexTrainer, build_index, flat_cap
+from t3ar_services.retriever.training import IndexTrainer, build_index, flat_cap, least_to_train
+from t3ar_services.retriever.withdrawn import REASON_CODE, Withdrawal, WithdrawnContent, refusal
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class Pool:
         self.trainer: IndexTrainer | None = None  # set once it runs: adds over flat_cap() wait for its first swap
         self.held_s = 0.0  # seconds adds waited at the flat cap (GET /stats)
         self._held_lock = threading.Lock()
+        self.withdrawn = WithdrawnContent(info.identity, info.dim, info.duplicate_threshold)
+        self.withdrawn.add([(Withdrawal(pid, sha, at, ident), vec) for sha, pid, at, ident, vec
+                            in store.withdrawn_rows()])
 
     # --- ids --------------------------------------------------------------------------------------------
     def format_id(self, seq: int) -> str:
@@ -137,18 +141,28 @@ class Pool:
             self.persisted = False
 
     # --- add --------------------------------------------------------------------------------------------
-    def hold_while_flat(self, index: PoolIndex) -> None:
+    def hold_while_flat(self, index: PoolIndex, n: int) -> None:
         """Backpressure before the first IVF training: while a pool of a trained kind still searches its exact
-        index and holds :func:`~t3ar_services.retriever.training.flat_cap` vectors, an add waits (up to
-        ``flat_wait_s``) for the training to swap in, then answers 503 with a ``Retry-After``. Only while a
-        trainer runs (nothing else would lift it). Called outside the writer lock: deletes go on meanwhile."""
+        index, an add of ``n`` vectors that would take it past :func:`~t3ar_services.retriever.training.flat_cap`
+        (count plus batch: issue 50, N10) waits (up to ``flat_wait_s``) for the training to swap in, then answers
+        503 with a ``Retry-After``; only while a trainer runs (nothing else would lift it). When the exact index
+        holds too few vectors for a training to start, waiting would not help: 413, nothing added (send fewer at
+        once). Called outside the writer lock: deletes go on meanwhile."""
         config, trainer = self.info.index_config, self.trainer
         cap = flat_cap(config)
-        if cap is None or trainer is None or not isinstance(index, VectorIndex):
+        if cap is None or not isinstance(index, VectorIndex) or index.kind != "flat" or index.count + n <= cap:
+            return
+        if index.count < least_to_train(config):
+            raise PayloadTooLargeError(
+                f"{n:,} vectors would take the pool's exact index from {index.count:,} to {index.count + n:,}, past "
+                f"the {cap:,} it holds before its first {config.kind} training (T3AR_RETRIEVER_IVF_FLAT_MAX), and "
+                f"that training starts from {least_to_train(config):,}: send at most {cap - index.count:,} now, "
+                "then the rest (later adds wait for the training)")
+        if trainer is None:
             return
         start = time.monotonic()
         try:
-            while index.kind == "flat" and index.count >= cap and trainer.is_alive():
+            while index.kind == "flat" and index.count + n > cap and trainer.is_alive():
                 if time.monotonic() >= start + config.flat_wait_s:
                     why = f" (its last attempt failed: {trainer.last_error})" if trainer.last_error else ""
                     raise NotReadyError(
@@ -164,6 +178,21 @@ class Pool:
                 with self._held_lock:
                     self.held_s += waited
 
+    def refuse_withdrawn(self, entries: Sequence[Candidate | AddOutcome]) -> list[Candidate | AddOutcome]:
+        """Each candidate that repeats withdrawn content (same bytes, or a near-duplicate by the ingest's rule)
+        becomes a ``rejected`` outcome naming the withdrawal (see :mod:`.withdrawn`); order is kept."""
+        cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
+        if not cands or not len(self.withdrawn):
+            return list(entries)
+        with_vecs = all(c.vector is not None for _, c in cands)
+        found = self.withdrawn.match([c.sha256 for _, c in cands],
+                                     np.stack([_vec(c) for _, c in cands]) if with_vecs else None)
+        out = list(entries)
+        for (i, c), hit in zip(cands, found, strict=True):
+            if hit is not None:
+                out[i] = AddOutcome.rejected(c.name, REASON_CODE, refusal(c.name, *hit), c.sha256)
+        return out
+
     def known_shas(self, shas: Sequence[str]) -> dict[str, str]:
         return {sha: self.format_id(seq) for sha, seq in self.store.find_sha(list(shas)).items()}
 
@@ -178,10 +207,11 @@ class Pool:
         """
         index = self.live_index()
         if any(isinstance(e, Candidate) for e in entries):
-            self.hold_while_flat(index)
-        out: list[AddOutcome | None] = [e if isinstance(e, AddOutcome) else None for e in entries]
-        cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
+            self.hold_while_flat(index, sum(isinstance(e, Candidate) for e in entries))
         with self._writer:
+            entries = self.refuse_withdrawn(entries)  # again under the lock: a delete may have come meanwhile
+            out: list[AddOutcome | None] = [e if isinstance(e, AddOutcome) else None for e in entries]
+            cands = [(i, e) for i, e in enumerate(entries) if isinstance(e, Candidate)]
             known = self.store.find_sha([c.sha256 for _, c in cands], writer=True)
             first_in_batch: dict[str, int] = {}
             fresh: list[tuple[int, Candidate]] = []
@@ -255,7 +285,7 @@ class Pool:
                     label: str | None = None) -> list[str]:
         """Vector-only items (vectors-only pools): normalised, committed, indexed; no duplicate check."""
         index = self.live_index()
-        self.hold_while_flat(index)
+        self.hold_while_flat(index, len(vectors))
         with self._writer:
             self.invalidate_persisted()
             seqs = self.store.insert_vectors(vectors, source, metadata, label)
@@ -286,9 +316,11 @@ class Pool:
                                      lambda: self.store.iter_vectors(self.info.dim))
 
     # --- delete -----------------------------------------------------------------------------------------
-    def delete(self, ids: Sequence[str], *, missing_ok: bool) -> tuple[list[str], list[str]]:
+    def delete(self, ids: Sequence[str], *, missing_ok: bool, withdraw: bool = True) -> tuple[list[str], list[str]]:
         """Delete all given ids (or none: unknown ids raise NotFoundError unless ``missing_ok``).
-        Returns (deleted, not_found). On return no search started afterwards returns a deleted id."""
+        Returns (deleted, not_found). On return no search started afterwards returns a deleted id.
+        ``withdraw``: the deleted images' content is refused at ingest from now on (:mod:`.withdrawn`); a
+        compaction, which keeps a near-duplicate of what it removes, passes False."""
         index = self.live_index()
         parsed = {pid: self.parse_id(pid) for pid in dict.fromkeys(ids)}
         with self._writer:
@@ -303,8 +335,10 @@ class Pool:
                 return [], not_found
             self.invalidate_persisted()
             self._settle(index)
+            kept = self._withdrawals(sorted(existing)) if withdraw else []
             index.remove_before_commit(sorted(existing))  # Milvus: acknowledged by it before the rows go
-            rows = self.store.delete(sorted(existing))
+            rows = self.store.delete(sorted(existing), withdrawn=kept)
+            self.withdrawn.add([(Withdrawal(pid, sha, at, ident), vec) for sha, pid, at, ident, vec in kept])
             self._writes += 1
             index.remove_after_commit([r.seq for r in rows])  # faiss: tombstoned at once, compacted later
             self.blobs.unlink_many(r.sha256 for r in rows if r.sha256)
@@ -314,6 +348,32 @@ class Pool:
             self.compact_wanted.set()
         deleted = {r.seq for r in rows}
         return [pid for pid, s in parsed.items() if s in deleted], not_found
+
+    def _withdrawals(self, seqs: Sequence[int]) -> list[tuple[str, str, float, str, np.ndarray]]:
+        """What a withdrawal of these (existing) items keeps: their image rows' (sha256, id, now, identity,
+        vector); vectors-only items have no content to refuse."""
+        now = time.time()
+        out = []
+        for row in self.store.get_many(seqs):
+            vec = self.store.vector(row.seq) if row.sha256 else None
+            if row.sha256 and vec is not None:
+                out.append((row.sha256, self.format_id(row.seq), now, self.info.identity, vec))
+        return out
+
+    def withdrawal(self, pid: str) -> Withdrawal | None:
+        """The withdrawal of image item ``pid`` (None: not withdrawn, re-admitted, or not an image)."""
+        return self.withdrawn.by_id(pid)
+
+    def readmit(self, pid: str) -> Withdrawal:
+        """An admin lifts the withdrawal of ``pid``: its content may be added again (as a new item)."""
+        with self._writer:
+            w = self.withdrawn.by_id(pid)
+            if w is None:
+                raise NotFoundError(f"no withdrawn image {pid!r} (never withdrawn, already re-admitted, or not an "
+                                    "image item)")
+            self.store.readmit([w.sha256])
+            self.withdrawn.remove([w.sha256])
+        return w
 
     # --- search -----------------------------------------------------------------------------------------
     def source_seqs(self, source: str) -> np.ndarray:
@@ -331,20 +391,17 @@ class Pool:
         return hit[1]
 
     def search(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
-               source: str | None = None, label: str | None = None,
-               blocking: bool = True) -> list[tuple[list[str], np.ndarray]]:
+               source: str | None = None, label: str | None = None) -> list[tuple[list[str], np.ndarray]]:
         """Per query: (ids, scores) best first, top-k (or, with r > 1, k sampled uniformly from the top r*k,
-        seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder.
-        ``blocking=False``: raise :class:`~t3ar_services.retriever.index.IndexBusy` rather than wait for a
-        writer of the index."""
+        seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder."""
         tag = self.info.tag
         return [([f"{tag}-{s}" for s in seqs.tolist()], scores)
                 for seqs, scores in self.search_seqs(queries, k, r=r, seed=seed, exclude_ids=exclude_ids,
-                                                     source=source, label=label, blocking=blocking)]
+                                                     source=source, label=label)]
 
     def search_seqs(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0,
-                    exclude_ids: Sequence[str] = (), source: str | None = None, label: str | None = None,
-                    blocking: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+                    exclude_ids: Sequence[str] = (), source: str | None = None,
+                    label: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`search` with sequence numbers (int64 rows) instead of public ids: the search answer writes
         the ids itself (``t3ar_services.retriever.routes.search_json``). ``label``: only items labelled with it
         (the label map may still hold a deleted item's seq; the index never answers a deleted one)."""
@@ -365,7 +422,7 @@ class Pool:
         if label is not None:
             of_label = self.labels.seqs_of(label)
             allowed = of_label if allowed is None else np.intersect1d(allowed, of_label, assume_unique=True)
-        scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed, blocking=blocking)
+        scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed)
         if r == 1:
             return list(zip(seqs, scores, strict=True))
         rng = np.random.default_rng(seed)  # ~20 us: only when sampling

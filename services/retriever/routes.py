@@ -116,7 +116,7 @@ def add_images(
     skipped (``duplicate``) or kept per policy, with ``duplicate_of``."""
     src, meta, lab = _check_source(source), _parse_metadata(metadata), check_label(label)
     items = expand_uploads([(f.filename or "upload", f.file) for f in files], settings)
-    entries = ingestor.prepare(items, pool.known_shas)
+    entries = pool.refuse_withdrawn(ingestor.prepare(items, pool.known_shas))
     rejected = [e for e in entries if isinstance(e, AddOutcome) and e.status == "rejected"]
     if rejected and (atomic or not any(isinstance(e, Candidate) or e.status != "rejected" for e in entries)):
         state.metrics.adds.labels("rejected").inc(len(rejected))
@@ -224,8 +224,9 @@ def get_image(pool: PoolDep, item_id: str) -> Response:
 
 @router.delete("/pool/{item_id}", response_model=s.DeleteResponse, dependencies=ADMIN, tags=["pool"])
 def delete_item(pool: PoolDep, state: StateDep, item_id: str) -> s.DeleteResponse:
-    """Withdraw one item. On 2xx: no later search returns it (also after a restart); its blob, vector and
-    metadata are gone from disk. Unknown id -> 404."""
+    """Withdraw one item. On 2xx: no later search returns it (also after a restart); its blob and metadata are gone
+    from disk; its sha256 and vector stay in the withdrawn set, so its content (and near-duplicates) is refused at
+    ingest until an admin re-admits it. Unknown id -> 404."""
     deleted, missing = pool.delete([item_id], missing_ok=False)
     state.metrics.deletes.inc(len(deleted))
     return s.DeleteResponse(deleted=deleted, not_found=missing)
@@ -235,9 +236,27 @@ def delete_item(pool: PoolDep, state: StateDep, item_id: str) -> s.DeleteRespons
              responses=_UNPARSABLE)
 def delete_items(pool: PoolDep, state: StateDep, body: s.DeleteRequest) -> s.DeleteResponse:
     """Withdraw many items at once: all of them, or (an unknown id, without ``missing_ok``) none -> 404."""
-    deleted, missing = pool.delete(body.ids, missing_ok=body.missing_ok)
+    deleted, missing = pool.delete(body.ids, missing_ok=body.missing_ok, withdraw=body.withdraw)
     state.metrics.deletes.inc(len(deleted))
     return s.DeleteResponse(deleted=deleted, not_found=missing)
+
+
+@router.get("/pool/withdrawn/{item_id}", response_model=s.WithdrawnOut, dependencies=ADMIN, tags=["pool"])
+def get_withdrawn(pool: PoolDep, item_id: str) -> s.WithdrawnOut:
+    """A withdrawn image item: when, and its digest (the content refused at ingest); 404 when ``item_id`` was
+    never withdrawn (or was re-admitted)."""
+    w = pool.withdrawal(item_id)
+    if w is None:
+        raise NotFoundError(f"no withdrawn image {item_id!r} (never withdrawn, re-admitted, or not an image item)")
+    return s.WithdrawnOut(**w.as_dict())
+
+
+@router.post("/pool/withdrawn/{item_id}/readmit", response_model=s.WithdrawnOut, dependencies=ADMIN,
+             tags=["pool"])
+def readmit(pool: PoolDep, item_id: str) -> s.WithdrawnOut:
+    """Lift a withdrawal: the content of ``item_id`` (its bytes, its near-duplicates) may be added again, as a
+    new item. The kept vector and digest go."""
+    return s.WithdrawnOut(**pool.readmit(item_id).as_dict())
 
 
 @router.post("/embed", response_model=s.EmbedResponse, dependencies=RW, tags=["search"],

@@ -1,12 +1,35 @@
-"""Request and response bodies of the retriever API (the OpenAPI schema at /docs is generated from these)."""
+"""Request and response bodies of the retriever API (the OpenAPI schema at /docs is generated from these); the
+answers its client reads live in :mod:`t3ar.clients.retriever_models`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from t3ar.clients.retriever_models import (
+    AddItemResult,
+    AddResponse,
+    DeleteResponse,
+    EmbedResponse,
+    ExistsResponse,
+    HealthResponse,
+    IndexInfo,
+    ItemError,
+    ItemOut,
+    ItemPage,
+    QueryResult,
+    SearchResponse,
+    StatsResponse,
+    VectorsAddResponse,
+    WithdrawnOut,
+)
 from t3ar_services.common.text import Utf8Str
+
+# the service's answers are models of the library (t3ar.clients.retriever_models), which its client returns
+__all__ = ["AddItemResult", "AddResponse", "DeleteResponse", "EmbedResponse", "ExistsResponse", "HealthResponse",
+           "IndexInfo", "ItemError", "ItemOut", "ItemPage", "QueryResult", "SearchResponse", "StatsResponse",
+           "VectorsAddResponse", "WithdrawnOut"]
 
 #: the largest magnitude of a query vector's number: scores (at most a query's norm, pool vectors being unit
 #: vectors) stay finite in float32 for any dimension up to 65,536
@@ -18,11 +41,6 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ItemError(BaseModel):
-    code: str
-    message: str
 
 
 class ErrorInfo(BaseModel):
@@ -37,72 +55,15 @@ class ErrorBody(BaseModel):
     error: ErrorInfo
 
 
-class AddItemResult(BaseModel):
-    name: str = Field(description="file name, or <archive>/<member path>")
-    status: Literal["added", "exists", "duplicate", "rejected"]
-    id: str | None = Field(default=None, description="the item's id (added, or exists: the id already holding it)")
-    sha256: str | None = None
-    duplicate_of: str | None = Field(default=None, description="closest near-duplicate (cosine >= threshold)")
-    score: float | None = Field(default=None, description="cosine similarity to duplicate_of")
-    error: ItemError | None = None
-
-
-class AddResponse(BaseModel):
-    items: list[AddItemResult]
-    added: int
-    exists: int
-    duplicates: int
-    rejected: int
-
-
-class VectorsAddResponse(BaseModel):
-    ids: list[str]
-
-
-class ItemOut(BaseModel):
-    id: str
-    sha256: str | None
-    source: str
-    metadata: dict[str, Any]
-    filename: str | None
-    media_type: str | None
-    size: int = Field(description="image bytes (0 for vector-only items)")
-    width: int | None
-    height: int | None
-    added_at: float = Field(description="unix time")
-    label: str | None = Field(default=None, description="class label (null: unlabelled)")
-
-
-class ItemPage(BaseModel):
-    items: list[ItemOut]
-    next_after: str | None = Field(description="pass as ?after= for the next page; null at the end")
-    total: int = Field(description="items matching the filter")
-
-
 class ExistsRequest(_Strict):
     sha256: list[Sha256] = Field(max_length=10_000)
-
-
-class ExistsResponse(BaseModel):
-    found: dict[str, str] = Field(description="sha256 -> id, for those already in the pool")
 
 
 class DeleteRequest(_Strict):
     ids: list[Utf8Str] = Field(min_length=1, max_length=100_000)
     missing_ok: bool = Field(default=False, description="delete the known ids even if some are unknown")
-
-
-class DeleteResponse(BaseModel):
-    deleted: list[str]
-    not_found: list[str]
-
-
-class EmbedResponse(BaseModel):
-    identity: str
-    dim: int
-    count: int
-    vectors: list[list[float]] | None = None
-    vectors_b64: str | None = Field(default=None, description="float32 little-endian, row-major [count, dim]")
+    withdraw: bool = Field(default=True, description="refuse the deleted images' content at ingest from now on "
+                           "(false: a compaction, which keeps a near-duplicate of what it removes)")
 
 
 _QUERY_KINDS = ("vectors", "vectors_b64", "images_b64")
@@ -133,54 +94,6 @@ class SearchRequest(_Strict):
         if len(given) != 1:
             raise ValueError("give exactly one of vectors, vectors_b64, images_b64")
         return self
-
-
-class SearchResult(BaseModel):
-    ids: list[str] = Field(description="best first; fewer than k when fewer items qualify")
-    scores: list[float] = Field(description="inner products (cosine for unit vectors), rounded to 6 decimals")
-    labels: list[str | None] | None = Field(default=None, description="the class label of each id (null: "
-                                            "unlabelled); absent when no item of the pool carries a label")
-
-
-class SearchResponse(BaseModel):
-    identity: str
-    k: int
-    results: list[SearchResult]
-
-
-class IndexInfo(BaseModel):
-    type: str
-    configured_type: str
-    vectors: int | None
-    tombstones: int
-    nlist: int | None
-    nprobe: int | None
-    device: str | None = Field(default=None, description="torch device of exact search (null: faiss on the CPU)")
-    trained_on: int | None = Field(default=None, description="IVF: vectors in the pool when it was last trained")
-    flat_cap: int | None = Field(default=None, description="IVF: the most vectors the exact index takes before the "
-                                 "first training is in; adds beyond wait for it (T3AR_RETRIEVER_IVF_FLAT_MAX)")
-    adds_held_s: float = Field(default=0.0, description="seconds adds have waited at that cap since start")
-
-
-class StatsResponse(BaseModel):
-    count: int
-    dim: int
-    identity: str
-    kind: Literal["images", "vectors"]
-    pool_tag: str
-    sources: dict[str, int]
-    labels: dict[str, int] = Field(default_factory=dict, description="items per class label (labelled items only)")
-    backend: Literal["faiss", "milvus"] = Field(description="where the vector index lives (T3AR_RETRIEVER_BACKEND)")
-    index: IndexInfo
-    duplicate_threshold: float
-    duplicate_policy: Literal["skip", "keep"]
-    ready: bool
-    repairs: list[str] = Field(description="what start-up repaired (index rebuilds, orphan blobs swept)")
-
-
-class HealthResponse(BaseModel):
-    status: Literal["ok"]
-    backend: Literal["faiss", "milvus"] = Field(description="the pool backend (T3AR_RETRIEVER_BACKEND)")
 
 
 class ReadyResponse(BaseModel):

@@ -63,6 +63,10 @@ CREATE TABLE IF NOT EXISTS items (
 CREATE INDEX IF NOT EXISTS items_source ON items(source, seq);
 CREATE TABLE IF NOT EXISTS reembed (seq INTEGER PRIMARY KEY, vector BLOB NOT NULL) STRICT;
 CREATE TABLE IF NOT EXISTS vectors_to_zero (seq INTEGER PRIMARY KEY) STRICT;
+CREATE TABLE IF NOT EXISTS withdrawn (
+    sha256 TEXT PRIMARY KEY, id TEXT NOT NULL, at REAL NOT NULL, identity TEXT NOT NULL, vector BLOB NOT NULL
+) STRICT;
+CREATE INDEX IF NOT EXISTS withdrawn_id ON withdrawn(id);
 """
 _COLS = "seq, sha256, source, metadata, filename, media_type, size, width, height, added_at, label"
 _LABEL_INDEX = "CREATE INDEX IF NOT EXISTS items_label ON items(label, seq) WHERE label IS NOT NULL"
@@ -260,12 +264,18 @@ class Store:
             self._bump()
         return seqs
 
-    def delete(self, seqs: Sequence[int]) -> list[ItemRow]:
+    def delete(self, seqs: Sequence[int], *, withdrawn: Sequence[tuple[str, str, float, str, np.ndarray]] = ()
+               ) -> list[ItemRow]:
         """Delete these rows in one transaction; returns the rows that existed (committed on return, and under
-        float16 storage their vectors zeroed on disk). A vector staged for a re-embedding goes with its row."""
+        float16 storage their vectors zeroed on disk). A vector staged for a re-embedding goes with its row.
+        ``withdrawn``: (sha256, id, at, identity, vector) of the withdrawn images, committed with the deletion
+        (:mod:`t3ar_services.retriever.withdrawn`)."""
         with self._txn() as c:
             rows = self._get_many(c, seqs)
             gone = [(r.seq,) for r in rows]
+            c.executemany("INSERT OR REPLACE INTO withdrawn VALUES (?, ?, ?, ?, ?)",
+                          [(sha, pid, at, ident, np.ascontiguousarray(v, dtype="<f4").tobytes())
+                           for sha, pid, at, ident, v in withdrawn])
             c.executemany("DELETE FROM items WHERE seq = ?", gone)
             c.executemany("DELETE FROM reembed WHERE seq = ?", gone)  # a new vector staged for it goes too
             if self.vectors is not None:  # committed with the deletion: zeroed even if a crash comes next
@@ -294,6 +304,18 @@ class Store:
         finally:
             self._w.execute("PRAGMA synchronous=FULL")
         return len(recorded)
+
+    def withdrawn_rows(self) -> list[tuple[str, str, float, str, np.ndarray]]:
+        """Every withdrawn image: (sha256, id, at, identity, vector)."""
+        return [(sha, pid, at, ident, np.frombuffer(v, dtype="<f4").copy()) for sha, pid, at, ident, v in
+                self._r.execute("SELECT sha256, id, at, identity, vector FROM withdrawn ORDER BY at")]
+
+    def readmit(self, shas: Sequence[str]) -> int:
+        """Forget these withdrawn images (an admin re-admitted them): their rows and kept vectors go."""
+        with self._txn() as c:
+            n = sum(c.execute("DELETE FROM withdrawn WHERE sha256 = ?", (sha,)).rowcount for sha in shas)
+        self.checkpoint()
+        return n
 
     def checkpoint(self) -> bool:
         """Copy the WAL into the database and truncate it (deleted bytes leave the WAL). False if busy."""

@@ -70,8 +70,13 @@ def flat_cap(config: IndexConfig) -> int | None:
     adds back before the training that lifts it can begin."""
     if not config.trained:
         return None
-    least = max(config.train_min, min_to_train(config), MIN_PER_LIST)
+    least = least_to_train(config)
     return max(config.flat_max or 2 * config.train_min, 2 * least)
+
+
+def least_to_train(config: IndexConfig) -> int:
+    """The fewest vectors the first training of a trained kind starts from."""
+    return max(config.train_min, min_to_train(config), MIN_PER_LIST)
 
 
 def build_ivf_two_pass(dim: int, config: IndexConfig, nlist: int, total: int, batches: Batches,

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from t3ar.data.archive import ExtractLimits, safe_extract
+from t3ar.data.pool_labels import hidden_problem
 from t3ar.errors import UnsafeArchiveError
 from t3ar_services.retriever.errors import PayloadTooLargeError
 from t3ar_services.retriever.pool import AddOutcome
@@ -60,7 +61,17 @@ def expand_uploads(files: Sequence[tuple[str, IO[bytes]]], settings: RetrieverSe
             raise PayloadTooLargeError(
                 f"more than {settings.max_items_per_request} items in one request "
                 "(T3AR_RETRIEVER_MAX_ITEMS_PER_REQUEST); split the upload into smaller batches")
-    return out
+    return [_named(it) for it in out]
+
+
+def _named(item: Item) -> Item:
+    """An item whose file name holds an invisible or bidi formatting character (``cat<U+202E>gnp.exe`` shows as
+    ``catexe.png``) is rejected naming it (issue 50, N8): the pool shows and serves its items by these names."""
+    if isinstance(item, AddOutcome):
+        return item
+    problem = hidden_problem(item[0], "the file name")
+    return item if problem is None else AddOutcome.rejected(ascii(item[0])[1:-1], "bad_name",
+                                                             problem.replace("; remove it", "; rename the file"))
 
 
 def _expand_archive(name: str, f: IO[bytes], tmp_root: Path, settings: RetrieverSettings) -> list[Item]:

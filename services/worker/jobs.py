@@ -42,6 +42,7 @@ from t3ar_services.common.job_contract import (
     EvalBrief,
     JobCanceledError,
     JobReport,
+    JobResult,
     JobSpec,
     LabelledNeighbour,
     NeighbourQualityRecord,
@@ -76,7 +77,8 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
         log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
         progress.phase("starting", epochs=config.epochs or None)
-        return _run(job_spec, config, settings, progress, connection, queue_wait)
+        result = _run(job_spec, config, settings, progress, connection, queue_wait)
+        return result.model_dump(mode="json", exclude_none=True)  # the job's return value: JSON, unset fields out
     except JobCanceledError:
         log.info("job %s canceled", job_id)
         raise
@@ -96,7 +98,7 @@ def _message(e: BaseException) -> str:
 
 
 def _run(spec: JobSpec, config: AdaptConfig, settings: WorkerSettings, progress: Any, connection: Any,
-         queue_wait: float | None = None) -> dict[str, Any]:
+         queue_wait: float | None = None) -> JobResult:
     import torch
 
     import t3ar.pipeline  # noqa: F401  (without a preloading parent: counted as the work horse's imports)
@@ -164,7 +166,7 @@ def _fetch_inputs(spec: JobSpec, settings: WorkerSettings, api: Any, work: Path)
 
 def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device: Any, progress: Any, connection: Any,
            api: Any, model_file: Path, target_dir: Path, work: Path, transfer: dict[str, Any],
-           t0: float, measured: dict[str, float], queue_wait: float | None) -> dict[str, Any]:
+           t0: float, measured: dict[str, float], queue_wait: float | None) -> JobResult:
     from t3ar.clients.retriever import RetrieverClient
     from t3ar.data.target import read_target
     from t3ar.models.checkpoint import load_checkpoint, save_checkpoint
@@ -183,10 +185,9 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     kept = len(rows)
     configs = [config]
     if spec.acceptance is not None:  # every candidate runs here, one after the other
-        from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names
+        from t3ar.acceptance_options import candidate_config, candidate_names
 
-        options = AcceptanceOptions.model_validate(spec.acceptance)
-        configs = [candidate_config(config, name) for name in candidate_names(options, config)]
+        configs = [candidate_config(config, name) for name in candidate_names(spec.acceptance, config)]
     for c in configs:
         check_job_memory(c, kept, info.spec.image_size, model.feature_dim, info.spec.num_classes, device)
     measured["model_loaded"] = time.perf_counter() - t
@@ -202,7 +203,7 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
                                  retries=settings.retriever_retries)
         provider = CachedRetrieverProvider(client, cache, checkpoint=progress.check_cancel)
         progress.phase("retrieving")
-    acceptance: dict[str, Any] | None = None
+    acceptance: AcceptanceRecord | None = None
     try:
         if spec.acceptance is not None:
             outcome, config, acceptance, phase_seconds = _candidates(spec, config, model, info, target, provider,
@@ -220,7 +221,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     res = outcome.result
     metrics = outcome.checkpoint_metrics()  # the same keys as a checkpoint made by `t3ar adapt`
     if acceptance is not None:
-        metrics["acceptance"] = acceptance  # in the checkpoint, and so in its ONNX / safetensors metadata
+        # in the checkpoint, and so in its ONNX / safetensors metadata
+        metrics["acceptance"] = acceptance.model_dump(mode="json")
     measured.update(phase_seconds)
     t = time.perf_counter()
     sha = save_checkpoint(work / MODEL_FILE, model, info.spec, adapt_config=config.model_dump(),
@@ -233,26 +235,23 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
     # the worker total ends here: the report cannot hold the time of its own upload (one small PUT)
     total = time.perf_counter() - t0
     report = _report(spec, config, outcome, metrics, sha, str(device), provider, total, transfer)
-    if acceptance is not None:
-        report.acceptance = AcceptanceRecord.model_validate(acceptance)
+    report.acceptance = acceptance
     report.phases = phases.build_phases(measured, total, queue_wait=queue_wait)
     lineage = {"job_id": spec.job_id, "model_id": spec.model_id, "parent_id": spec.parent_id,
                "checkpoint_sha256": sha, **outcome.lineage.model_dump(mode="json")}
     # readable(): a diverged run's NaN loss is reported as null (the API refuses what JSON answers cannot hold)
     api.put_result(spec.job_id, readable(report.model_dump(mode="json")), lineage)  # finishes the job
-    summary = {"checkpoint_sha256": sha, "pool_ids_used": len(outcome.lineage.pool_ids), "steps": res.steps,
-               "seconds_adapt": metrics["seconds_adapt"], "seconds": round(time.perf_counter() - t0, 3)}
-    if report.labelled_neighbours_total:  # labelled neighbours: the first few (report: more)
-        summary["labelled_neighbours_total"] = report.labelled_neighbours_total
-        summary["labelled_neighbours"] = [u.model_dump() for u in report.labelled_neighbours[:_SUMMARY_LABELLED]]
-        summary["labelled_per_label"] = labelled_per_label(outcome.labelled_neighbours)  # all, not the listed
-    if report.neighbour_quality is not None:  # GET /jobs/{id} and `t3ar jobs show` read it here
-        summary["neighbour_quality"] = report.neighbour_quality.model_dump(mode="json")
-    if acceptance is not None:
-        summary["winner"] = acceptance["winner"]  # the whole record is in the job's meta (GET /jobs/{id})
-    if "after" in metrics:
-        summary["accuracy_before"] = metrics["before"]["top1"]
-        summary["accuracy_after"] = metrics["after"]["top1"]
+    labelled = bool(report.labelled_neighbours_total)  # labelled neighbours: the first few (report: more)
+    summary = JobResult(
+        checkpoint_sha256=sha, pool_ids_used=len(outcome.lineage.pool_ids), steps=res.steps,
+        seconds_adapt=metrics["seconds_adapt"], seconds=round(time.perf_counter() - t0, 3),
+        labelled_neighbours_total=report.labelled_neighbours_total if labelled else None,
+        labelled_neighbours=report.labelled_neighbours[:_SUMMARY_LABELLED] if labelled else None,
+        labelled_per_label=labelled_per_label(outcome.labelled_neighbours) if labelled else None,  # all of them
+        winner=acceptance.winner if acceptance is not None else None,  # the whole record: the job's meta
+        accuracy_before=metrics["before"]["top1"] if "after" in metrics else None,
+        accuracy_after=metrics["after"]["top1"] if "after" in metrics else None,
+        neighbour_quality=report.neighbour_quality)  # GET /jobs/{id} and `t3ar jobs show` read it here
     progress.done(steps=res.steps, seconds_adapt=metrics["seconds_adapt"])
     return summary
 
@@ -262,16 +261,16 @@ class AcceptanceRefusedError(T3arError):
 
 
 def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, target: Any, provider: Any, device: Any,
-                progress: Any, holdout_dir: Path) -> tuple[Any, AdaptConfig, dict[str, Any], dict[str, float]]:
+                progress: Any, holdout_dir: Path) -> tuple[Any, AdaptConfig, AcceptanceRecord, dict[str, float]]:
     """Run the job's candidates on its holdout (t3ar.candidates); ``model`` ends with the winner's weights. Returns
     the winner's outcome and config, the acceptance record (also in the job's meta, where GET /jobs/{id} shows
     it) and the candidates' phases added up. With ``require_gain`` a base-model winner fails the job."""
     from t3ar.acceptance import gain_refusal
-    from t3ar.acceptance_options import AcceptanceOptions
     from t3ar.candidates import run_candidates
     from t3ar.data.holdout import read_holdout
 
-    options = AcceptanceOptions.model_validate(spec.acceptance)
+    options = spec.acceptance
+    assert options is not None
     holdout = read_holdout(holdout_dir)
 
     def started(name: str, i: int, n: int) -> None:
@@ -279,8 +278,8 @@ def _candidates(spec: JobSpec, config: AdaptConfig, model: Any, info: Any, targe
 
     done = run_candidates(model, info, target, config, options, holdout, provider=provider, device=device,
                           on_step=progress.step, on_candidate=started, rows=spec.subsample_rows)
-    record = {**done.record(), "require_gain": options.require_gain}
-    progress.meta.acceptance = AcceptanceRecord.model_validate(record)
+    record = done.record(require_gain=options.require_gain)
+    progress.meta.acceptance = record
     if options.require_gain and (why := gain_refusal(done.acceptance)) is not None:
         raise AcceptanceRefusedError(why)
     return done.winner.outcome, done.winner.config, record, done.phase_seconds()

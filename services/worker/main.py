@@ -34,6 +34,7 @@ from t3ar.logs import configure_logging
 from t3ar.urls import redact_url
 from t3ar_services.common.job_contract import JOB_FUNCTION, SERIALIZER
 from t3ar_services.common.lifeline import die_with_parent
+from t3ar_services.common.private import keep_private
 from t3ar_services.common.registries import clean_registries
 from t3ar_services.worker import phases
 from t3ar_services.worker.metrics import WorkerMetrics
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args and args[0] == "check":
         return check(settings)
+    keep_private(settings.data_dir)  # its caches and per-job scratch (checkpoints among them) 0600
     burst = "--burst" in args
     try:
         run(settings, burst=burst)

@@ -3,6 +3,8 @@
 Downloads stream into a temp file next to the destination, hashing as they go, and are renamed into place only
 when the sha256 is the one the job declared (:class:`ChecksumMismatchError` otherwise: the file is deleted,
 never used). A download cut short (connection lost, timeout, 502-504) starts again, up to ``retries`` times.
+Every call also retries a 429 (a rate limit in front of the API) and a 503, with exponential back-off and at least
+the answer's ``Retry-After`` (at most 30 s a wait), up to ``retries`` times (issue 50, N1).
 Uploads stream the checkpoint from disk with its sha256 (the API verifies it and stores it atomically) and are
 safe to retry: the API answers the same upload again with 200.
 """
@@ -35,6 +37,7 @@ class WorkerApiClient(ApiClient):
     """The API's worker routes, with the worker token."""
 
     start_hint = "is the API running and T3AR_WORKER_API_URL right?"
+    retry_statuses = frozenset({429, 503})
 
     def bind_job(self, secret: str) -> None:
         """Show the job's own secret (from its payload) on every request from now on: the API's job routes need
@@ -53,13 +56,17 @@ class WorkerApiClient(ApiClient):
         for attempt in range(self.retries + 1):
             try:
                 return self._download_once(path, dest, sha256, what)
-            except (*_RESTART, ApiUnavailableError) as e:
+            except (*_RESTART, ApiError) as e:
+                if isinstance(e, ApiError) and not isinstance(e, ApiUnavailableError) \
+                        and e.status not in self.retry_statuses:
+                    raise
                 if attempt == self.retries:
                     if isinstance(e, ApiError):
                         raise
                     raise ApiUnavailableError(f"{what}: download from {self.url}{path} failed {attempt + 1} time(s): "
                                               f"{type(e).__name__}: {e}") from e
-                self._sleep(attempt, None, f"GET {path}", type(e).__name__)
+                self._sleep(attempt, e.retry_after if isinstance(e, ApiError) else None, f"GET {path}",
+                            type(e).__name__)
         raise AssertionError("unreachable")
 
     def _download_once(self, path: str, dest: Path, sha256: str, what: str) -> int:

@@ -1,4 +1,5 @@
-"""The acceptance check of a job with a labelled holdout: which candidate model it returns. Pure numpy.
+"""The acceptance check of a job with a labelled holdout: which candidate model it returns. Pure numpy (its record
+is the job contract's :class:`~t3ar.clients.job_report.AcceptanceRecord`).
 
 Each candidate (``source``: the base model as it is, ``bn-adapt``, the requested method, or a list) is scored on
 the same holdout images, as a boolean vector ``correct[i]`` (its top-1 prediction of image i is the label). From
@@ -18,6 +19,10 @@ those vectors alone:
   * ``argmax`` (the default): the highest top-1; a tie goes to the simpler candidate (the same order).
 
 ``require_gain``: :func:`gain_refusal` says why a job must fail when the winner is the base model (``source``).
+
+The winner's paired difference to the **runner-up** (the best of the others) is recorded too: when its CI includes
+0 the holdout cannot tell the two apart (:func:`within_noise`), and :func:`images_to_resolve` says how many holdout
+images would.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import numpy as np
+
+from t3ar.clients.job_report import AcceptanceRecord, CandidateRecord, PairedPoints, RunnerUp
 
 Rule = Literal["paired", "argmax"]
 RULES: tuple[Rule, ...] = get_args(Rule)
@@ -40,6 +47,8 @@ BASE = "source"
 BN_ADAPT = "bn-adapt"
 Z95 = 1.959963984540054
 DEFAULT_RESAMPLES = 2000
+#: the difference (points) that :func:`images_to_resolve` sizes a holdout for
+RESOLVE_POINTS = 3.0
 
 
 @dataclass(frozen=True)
@@ -49,9 +58,6 @@ class PairedDiff:
     points: float
     lo: float
     hi: float
-
-    def as_dict(self) -> dict[str, float]:
-        return {"points": round(self.points, 3), "lo": round(self.lo, 3), "hi": round(self.hi, 3)}
 
 
 @dataclass(frozen=True)
@@ -67,11 +73,6 @@ class CandidateScore:
     vs_source: PairedDiff | None = None
     vs_bn_adapt: PairedDiff | None = None
 
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "top1": round(self.top1, 6), "ci": [round(self.lo, 6), round(self.hi, 6)],
-                "n": self.n, "vs_source": self.vs_source.as_dict() if self.vs_source else None,
-                "vs_bn_adapt": self.vs_bn_adapt.as_dict() if self.vs_bn_adapt else None}
-
 
 @dataclass(frozen=True)
 class Acceptance:
@@ -84,6 +85,7 @@ class Acceptance:
     resamples: int = DEFAULT_RESAMPLES
     seed: int = 0
     steps: list[str] = field(default_factory=list)  # the paired rule's comparisons, one line each
+    runner_up: tuple[str, PairedDiff] | None = None  # the best other candidate, and winner - it (None: one candidate)
 
     def score(self, name: str) -> CandidateScore:
         return next(s for s in self.scores if s.name == name)
@@ -183,7 +185,30 @@ def decide(correct: Mapping[str, Sequence[bool] | np.ndarray], rule: Rule = DEFA
         won_steps = [s for s in steps if s.endswith(f"{winner} wins")]
         reason = (f"a paired CI above 0: {won_steps[-1]}" if won_steps else
                   f"no candidate's paired CI against a simpler one lies above 0: the simplest ({winner}) kept")
-    return Acceptance(scores, rule, winner, reason, resamples, seed, steps)
+    others = [s for s in scores if s.name != winner]
+    runner = max(others, key=lambda s: s.top1).name if others else None  # a tie: the simpler (max keeps the first)
+    return Acceptance(scores, rule, winner, reason, resamples, seed, steps,
+                      (runner, diff(winner, runner)) if runner is not None else None)
+
+
+def within_noise(d: PairedDiff) -> bool:
+    """Whether a paired difference's 95 % CI includes 0: the holdout cannot tell the two candidates apart."""
+    return d.lo <= 0.0 <= d.hi
+
+
+def images_to_resolve(n: int, lo: float, hi: float, points: float = RESOLVE_POINTS) -> int | None:
+    """Holdout images that would resolve a difference of ``points`` between two candidates (its paired 95 % CI
+    clear of 0), from their paired CI ``[lo, hi]`` (points) on ``n`` images.
+
+    The paired standard error of a top-1 difference on n images is ``SE_n = s / sqrt(n)``, with ``s`` the standard
+    deviation of the per-image difference ``d_i = correct_a[i] - correct_b[i]``; the CI's half-width ``h = (hi -
+    lo) / 2`` is about ``1.96 SE_n``. On N images the half-width is ``h sqrt(n / N)``, and it is at most
+    ``points`` when ``N = n (h / points)^2`` (rounded up). None when ``h`` is 0: the two agree on every image, so
+    this holdout says nothing about how they spread."""
+    half = (hi - lo) / 2.0
+    if n <= 0 or half <= 0.0:
+        return None
+    return math.ceil(n * (half / points) ** 2)
 
 
 def gain_refusal(acc: Acceptance) -> str | None:
@@ -202,8 +227,23 @@ def gain_refusal(acc: Acceptance) -> str | None:
             "try other candidates, or keep the base model")
 
 
-def as_record(acc: Acceptance) -> dict[str, object]:
-    """The decision as JSON-able data (what a job report and a checkpoint's metadata carry)."""
-    return {"rule": acc.rule, "winner": acc.winner, "reason": acc.reason, "n": acc.scores[0].n,
-            "ci": "wilson 95 %", "paired_ci": f"paired bootstrap 95 % ({acc.resamples} resamples, seed {acc.seed})",
-            "steps": list(acc.steps), "candidates": [s.as_dict() for s in acc.scores]}
+def as_record(acc: Acceptance, *, require_gain: bool = False, seconds: Mapping[str, float] | None = None,
+              methods: Mapping[str, str] | None = None, classes: int | None = None) -> AcceptanceRecord:
+    """The decision as the job contract's record (what a job report, ``GET /jobs/{id}`` and a checkpoint's metadata
+    carry), with each candidate's wall ``seconds`` and ``methods`` (by candidate name) and the holdout's ``classes``
+    when given."""
+    def points(d: PairedDiff | None) -> PairedPoints | None:
+        return None if d is None else PairedPoints(points=round(d.points, 3), lo=round(d.lo, 3), hi=round(d.hi, 3))
+
+    return AcceptanceRecord(
+        rule=acc.rule, winner=acc.winner, reason=acc.reason, n=acc.scores[0].n, ci="wilson 95 %",
+        paired_ci=f"paired bootstrap 95 % ({acc.resamples} resamples, seed {acc.seed})", steps=list(acc.steps),
+        require_gain=require_gain, classes=classes,
+        runner_up=None if acc.runner_up is None else RunnerUp(
+            name=acc.runner_up[0], points=round(acc.runner_up[1].points, 3), lo=round(acc.runner_up[1].lo, 3),
+            hi=round(acc.runner_up[1].hi, 3)),
+        candidates=[CandidateRecord(name=s.name, method=(methods or {}).get(s.name), top1=round(s.top1, 6),
+                                    ci=[round(s.lo, 6), round(s.hi, 6)], n=s.n, vs_source=points(s.vs_source),
+                                    vs_bn_adapt=points(s.vs_bn_adapt),
+                                    seconds=round(seconds[s.name], 3) if seconds and s.name in seconds else None)
+                    for s in acc.scores])

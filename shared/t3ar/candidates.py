@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +22,7 @@ from PIL import Image
 
 from t3ar.acceptance import Acceptance, as_record, decide
 from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names
+from t3ar.clients.job_report import AcceptanceRecord
 from t3ar.data.datasets import ImageSet, load_tensors
 from t3ar.data.holdout import Holdout, check_holdout, image_digests
 from t3ar.errors import InvalidInputError
@@ -125,19 +125,18 @@ class CandidatesOutcome:
     runs: dict[str, CandidateRun]
     holdout_size: int
     seconds_holdout_decoded: float = 0.0
+    holdout_classes: int | None = None  # classes with images in the holdout
 
     @property
     def winner(self) -> CandidateRun:
         return self.runs[self.acceptance.winner]
 
-    def record(self) -> dict[str, Any]:
+    def record(self, *, require_gain: bool = False) -> AcceptanceRecord:
         """The acceptance record (what the report, ``GET /jobs/{id}`` and the checkpoint's metadata carry)."""
-        out = as_record(self.acceptance)
-        seconds = {name: round(run.seconds, 3) for name, run in self.runs.items()}
-        for cand in out["candidates"]:  # type: ignore[attr-defined]
-            cand["seconds"] = seconds[cand["name"]]
-            cand["method"] = self.runs[cand["name"]].config.method
-        return out
+        return as_record(self.acceptance, require_gain=require_gain,
+                         seconds={name: run.seconds for name, run in self.runs.items()},
+                         methods={name: run.config.method for name, run in self.runs.items()},
+                         classes=self.holdout_classes)
 
     def phase_seconds(self) -> dict[str, float]:
         """The candidates' pipeline phases added up (the worker's phase table), the holdout's decoding and
@@ -205,4 +204,4 @@ def run_candidates(
     acceptance = decide({n: r.correct for n, r in runs.items()}, options.rule, seed=config.seed)
     model.load_state_dict(runs[acceptance.winner].state)
     log.info("acceptance (%s): %s wins: %s", acceptance.rule, acceptance.winner, acceptance.reason)
-    return CandidatesOutcome(acceptance, runs, len(holdout), decoded)
+    return CandidatesOutcome(acceptance, runs, len(holdout), decoded, len(set(hy.tolist())))

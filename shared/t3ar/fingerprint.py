@@ -65,12 +65,28 @@ def library_versions(names: Sequence[str] = LIBRARIES) -> dict[str, str]:
     return out
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's vendor and model as the OS names them (``lscpu``'s "Vendor ID" and "Model name", from
+    ``/proc/cpuinfo``; ``platform.processor()`` where that file is absent): two CPUs with the same instruction set
+    (AVX-512) may still sum floats in another order."""
+    fields: dict[str, str] = {}
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("vendor_id", "model name") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    named = " ".join(v for v in (fields.get("vendor_id"), fields.get("model name")) if v)
+    return named or platform.processor() or "unknown"
+
+
 def torch_runtime() -> dict[str, Any]:
-    """Intra-op thread count and CPU kernel ISA of this process (what oneDNN/MKL results depend on)."""
+    """Intra-op thread count, CPU kernel ISA and CPU model of this process (what oneDNN/MKL results depend on)."""
     import torch
 
     return {"threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "machine": platform.machine()}
+            "machine": platform.machine(), "cpu": cpu_model()}
 
 
 def training_fingerprint(data: Path, args: Sequence[str] = (), *, runtime: Mapping[str, Any] | None = None,

@@ -273,7 +273,8 @@ def run_adaptation(
     if config.mode == "train" and not target.labelled:
         raise DatasetError("train-time mode needs a labelled target (class folders or labels.csv)")
     full = target_tensor if target_tensor is not None else load_tensors(target, spec.image_size)
-    keep = list(rows) if rows is not None else adapted_rows(target.labels, len(target), config.fraction, config.seed)
+    keep = list(rows) if rows is not None else adapted_rows(target.labels, len(target), config.fraction,
+                                                            config.seed, mode=config.mode)
     adapt_set, x = target.subset(keep), full[keep]
     labels = labels_for_model(adapt_set, spec.classes) if config.mode == "train" else None
 

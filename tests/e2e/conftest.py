@@ -33,7 +33,7 @@ def pool_ids(stack: Stack) -> list[str]:
     images = [(f"pool-{i}.png", png(CLASSES[i % 3], rng)) for i in range(24)]
     with stack.retriever() as rc:
         out = rc.add_images(images, source="e2e", duplicate_policy="keep")
-    ids = [it["id"] for it in out["items"] if it["status"] == "added"]
+    ids = [it.id for it in out.items if it.status == "added"]
     assert len(ids) >= 20, out
     return ids
 

@@ -75,7 +75,7 @@ def pool(console_stack: Stack) -> list[str]:
             images = [(f"{HOSTILE if source == HOSTILE else 'img'}-{i}.png", png(CLASSES[i % 3], rng))
                       for i in range(n)]
             out = rc.add_images(images, source=source, metadata=meta, duplicate_policy="keep")
-            ids += [it["id"] for it in out["items"] if it["status"] == "added"]
+            ids += [it.id for it in out.items if it.status == "added"]
     assert len(ids) == 24
     return ids
 
@@ -229,6 +229,7 @@ def test_a_job_page_follows_its_job_from_queued_to_finished_and_offers_three_dow
         url = f"{admin.base}/jobs/{watched}"
         admin.go(f"/jobs/{watched}")
         assert page.text_content("#job-status") == "queued"
+        assert "waiting for a worker" in (page.text_content("#job-where") or "")  # what it waits for (issue 50)
         assert page.locator("meta[http-equiv=refresh]").count() == 1
         assert page.locator("#download-onnx").count() == 0  # nothing to download yet
         loads = sum(1 for _, u in admin.statuses if u == url)
@@ -295,12 +296,14 @@ def test_the_console_submits_a_job_and_its_page_follows_it(admin: Console, model
     page.set_input_files("#archive", str(archive))
     page.select_option("#model", model_id)
     page.select_option("#method", "source")
+    page.select_option("#mode", "test")  # the mode field (issue 50)
     admin.shot(shots, "submit")
     page.click("#submit-job")
     page.wait_for_url("**/ui/jobs/*")
     job = page.url.rsplit("/", 1)[1]
     assert job in (page.text_content("h1") or "")
     page.wait_for_selector("#job-status.finished", timeout=240_000)  # the page follows it by itself
+    assert "source" in (page.text_content("#returned") or "")  # the headline: what the job returns
     admin.go("/jobs")
     assert page.text_content(f"tr[data-job='{job}'] .status") == "finished"
     assert "source" in (page.text_content(f"tr[data-job='{job}']") or "")
@@ -446,10 +449,17 @@ def test_admin_withdraws_an_item_sees_its_lineage_and_search_no_longer_returns_i
     admin.go(f"/jobs/{job_id}")  # the original job says its checkpoint is stale and links its re-run
     assert used in (page.text_content("#stale") or "")
     assert page.get_attribute("#reruns a", "href") == f"/ui/jobs/{new_job}"
+    for button in ("#download-checkpoint", "#download-onnx", "#download-safetensors"):  # every download marked
+        assert "(stale)" in (page.text_content(button) or ""), button
+    assert page.locator("#readapt").count() == 0  # its re-run exists: no second readapt offered
     admin.shot(shots, "job-stale")
+    admin.go("/jobs")
+    assert page.locator(f"tr[data-job='{job_id}'] .stale").count() == 1
     admin.go(f"/pool/{used}")  # the re-run, as what it is: made since the withdrawal, without the item
     assert new_job[:12] in (page.text_content("#reruns") or "")
     assert "may have retrieved" not in (page.text_content("main") or "")
+    assert "Withdrawn by an admin at" in (page.text_content("#withdrawn-at") or "")
+    assert "never added" not in (page.text_content("main") or "")
     admin.shot(shots, "withdrawn-item")
     admin.go("/pool/search")
     page.set_input_files("#query-image", str(query))
@@ -489,6 +499,9 @@ def test_admin_makes_and_revokes_a_key_in_the_browser_and_the_audit_lists_it(
     assert {"key.create", "key.revoke", "sign_in", "pool.withdraw", "job.readapt"} <= set(actions), actions
     targets = page.eval_on_selector_all("#audit tr[data-action^='key.'] code", "els => els.map(e => e.textContent)")
     assert key_id in targets
+    refused = page.eval_on_selector_all("#audit tr[data-action='pool.withdraw']", "els => els.map(e => e.textContent)")
+    assert any("refused" in r for r in refused), refused  # the user's forced withdrawal (issue 50)
+    assert page.locator("#audit-filter option[value='pool.ingest']").count() == 1
     admin.shot(shots, "audit")
 
 
@@ -514,7 +527,7 @@ def test_no_console_page_answers_5xx(admin: Console, shots: Path) -> None:
     bad = [s for s in admin.statuses if s[0] >= 500]
     assert not bad, bad
     admin.go("/nope")
-    assert page.text_content("#error-message")
+    assert page.text_content("#error-message") and "Not found" in (page.text_content("#error-headline") or "")
     page.context.clear_cookies()
     admin.go("/jobs")
     assert "/ui/login" in page.url

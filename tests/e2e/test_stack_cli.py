@@ -61,6 +61,7 @@ def test_submit_follow_download_and_withdraw(stack: Stack, pool_ids: list[str], 
 
 def test_cli_errors_are_one_line(stack: Stack, tmp_path: Path) -> None:
     res = _cli(stack, "jobs", "show", "nope")
-    assert res.returncode == 1 and res.stderr.startswith("Error: GET /jobs/nope: no job 'nope'")
+    # the API's hint said as the command that does it (issue 50), not `GET /jobs`
+    assert res.returncode == 1 and res.stderr.startswith("Error: no job 'nope'; list them with `t3ar jobs list`")
     res = _cli(stack, "submit", str(tmp_path), "--model", "missing")
     assert res.returncode == 1 and "no model 'missing'" in res.stderr

@@ -61,7 +61,7 @@ def _contribution(api: Any, job_id: str, want: str = "done", stack: Stack | None
 
 def _never_returned(rc: Any, images: list[bytes], ids: set[str]) -> None:
     """Query with the images' own embeddings for every item of the pool: none of ``ids`` comes back."""
-    k = int(rc.stats()["count"])
+    k = int(rc.stats().count)
     res = rc.search(rc.embed(images), k=max(k, 1))
     assert not ids & {i for row in res.ids for i in row}
     for pid in ids:
@@ -82,8 +82,8 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
     with running_stack(data) as stack, stack.api() as api, stack.api("admin") as admin, stack.retriever() as rc:
         model_id = api.upload_model(tiny_checkpoint(tmp_path / "base.pt"), "tiny").id
         added = rc.add_images(list(pool_imgs.items()), source="clipart")
-        assert added["added"] == len(pool_imgs), added
-        pool_before = int(rc.stats()["count"])
+        assert added.added == len(pool_imgs), added
+        pool_before = int(rc.stats().count)
 
         # --- bad input: the option is validated like any other field; unknown job; not admin ---------------
         with pytest.raises(ApiNotFoundError):
@@ -99,10 +99,10 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
         assert c.source == f"target:{a.id}" and c.images == len(offered)
         assert (c.added, c.skipped_exact, c.skipped_near) == (len(target_imgs), 1, 1), c
         mine = list(rc.iter_items(source=f"target:{a.id}"))
-        assert len(mine) == len(target_imgs) and all(it["metadata"]["job_id"] == a.id for it in mine)
-        assert int(rc.stats()["count"]) == pool_before + len(target_imgs)
+        assert len(mine) == len(target_imgs) and all(it.metadata["job_id"] == a.id for it in mine)
+        assert int(rc.stats().count) == pool_before + len(target_imgs)
         res = rc.search(rc.embed(list(target_imgs.values())), k=1)
-        assert {row[0] for row in res.ids} == {it["id"] for it in mine}  # searchable, each finds itself
+        assert {row[0] for row in res.ids} == {it.id for it in mine}  # searchable, each finds itself
 
         # a retried contribution adds nothing twice: make the API run it again
         db = sqlite3.connect(data / "api" / "api.sqlite3")
@@ -111,7 +111,7 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
         db.close()
         again = _contribution(api, a.id, stack=stack)
         assert (again.added, again.skipped_exact, again.skipped_near) == (len(target_imgs), 1, 1)
-        assert int(rc.stats()["count"]) == pool_before + len(target_imgs)
+        assert int(rc.stats().count) == pool_before + len(target_imgs)
 
         # --- a later job on the same pictures retrieves the contribution and says so --------------------
         b = api.adapt(unlabelled_zip(tmp_path / "b.zip", target_imgs), model_id, job)
@@ -140,14 +140,14 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
             admin.withdraw_contribution(b.id)
 
         # --- withdraw the contribution as one unit --------------------------------------------------------
-        ids = {it["id"] for it in mine}
+        ids = {it.id for it in mine}
         out = admin.withdraw_contribution(a.id)
         assert set(out.withdrawn) == ids and out.source == f"target:{a.id}"
         assert b.id in [j.job_id for j in out.jobs] and a.id not in [j.job_id for j in out.jobs]
         assert all(j.readapt_url.endswith(f"/jobs/{j.job_id}/readapt") for j in out.jobs)
         _never_returned(rc, list(target_imgs.values()), ids)
         blobs = data / "retriever"
-        assert not [p for p in blobs.rglob("*") if p.is_file() and p.name in {it["sha256"] for it in mine}]
+        assert not [p for p in blobs.rglob("*") if p.is_file() and p.name in {it.sha256 for it in mine}]
         assert api.job(a.id).contribution.status == "withdrawn"
         with pytest.raises(ApiNotFoundError, match="already withdrawn"):
             admin.withdraw_contribution(a.id)
@@ -159,8 +159,8 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
         # --- compaction: near-duplicates of source "copies"; dry-run changes nothing ----------------------
         copies = rc.add_images([(f"copy-{s}.png", shapes_png(s, nudge=True)) for s in (30, 31, 32)],
                                source="copies", duplicate_policy="keep")
-        copy_ids = {it["id"] for it in copies["items"]}
-        count = int(rc.stats()["count"])
+        copy_ids = {it.id for it in copies.items}
+        count = int(rc.stats().count)
         for bad in (0.0, 1.5, -1):
             with pytest.raises(ApiInputError) as e:
                 admin.compact(threshold=bad, sources=["copies"])
@@ -173,21 +173,21 @@ def test_contribute_withdraw_compact_and_restart(tmp_path: Path) -> None:
         assert dry.dry_run is True and {r.id for r in dry.remove} == copy_ids
         assert all(r.source == "copies" and r.score >= 0.99 for r in dry.remove)
         assert dry.bytes_freed == sum(r.size for r in dry.remove) > 0
-        assert int(rc.stats()["count"]) == count and all(rc.get_item(i) for i in copy_ids)
+        assert int(rc.stats().count) == count and all(rc.get_item(i) for i in copy_ids)
         other = admin.compact(threshold=0.99, sources=["clipart"])  # the other way round: the originals would go
         assert {r.duplicate_of for r in other.remove} == copy_ids and len(other.remove) == len(copy_ids)
         real = admin.compact(plan_id=dry.plan_id)
         assert real.dry_run is False and [r.id for r in real.remove] == [r.id for r in dry.remove]
-        assert int(rc.stats()["count"]) == count - len(copy_ids)
+        assert int(rc.stats().count) == count - len(copy_ids)
         _never_returned(rc, [shapes_png(s, nudge=True) for s in (30, 31, 32)], copy_ids)
         with pytest.raises(ApiInputError, match="already applied"):
             admin.compact(plan_id=dry.plan_id)
-        kept_after = int(rc.stats()["count"])
+        kept_after = int(rc.stats().count)
 
     # --- restart the whole stack on the same data: nothing withdrawn comes back -------------------------------
     with running_stack(data) as stack, stack.api() as api, stack.retriever() as rc:
         wait_for(rc.ready, 120, "the retriever after the restart")
-        assert int(rc.stats()["count"]) == kept_after
+        assert int(rc.stats().count) == kept_after
         _never_returned(rc, list(target_imgs.values()), ids)
         _never_returned(rc, [shapes_png(s, nudge=True) for s in (30, 31, 32)], copy_ids)
         assert api.job(a.id).contribution.status == "withdrawn"

@@ -37,7 +37,7 @@ def test_a_job_with_a_holdout_returns_the_winner(stack: Stack, model_id: str, po
         assert acc.n == 6 and acc.rule == "argmax" and acc.require_gain is False
         names = [c.name for c in acc.candidates]
         assert names == ["source", "bn-adapt", "t3ar", "tent"]
-        assert acc.winner in names and job.result["winner"] == acc.winner
+        assert acc.winner in names and job.result.winner == acc.winner
         for c in acc.candidates:
             assert 0 <= c.ci[0] <= c.top1 <= c.ci[1] <= 1 and c.n == 6
             assert c.seconds is not None and c.seconds >= 0

@@ -29,6 +29,7 @@ def test_the_stacks_job_gives_the_in_process_weights(stack: Stack, pool_ids: lis
         model_id = str(api.upload_model(base, "pinned").id)
         accepted = api.adapt(labelled_zip, model_id, config)
         job = api.wait(accepted.id, poll=0.2, timeout=180)
+        assert isinstance(job.config, AdaptConfig)  # the API answers the job's config typed
         assert job.status == "finished", job
         from_stack, _ = load_checkpoint(api.download_checkpoint(accepted.id, tmp_path / "stack.pt"))
         report = api.report(accepted.id)
@@ -47,7 +48,7 @@ def test_the_stacks_job_gives_the_in_process_weights(stack: Stack, pool_ids: lis
     try:
         with stack.retriever() as client:
             run_adaptation(model, info, read_target(tmp_path / "target", strict=True),
-                           AdaptConfig.model_validate(job.config), provider=RetrieverProvider(client),
+                           job.config, provider=RetrieverProvider(client),
                            device=torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)

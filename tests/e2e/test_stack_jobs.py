@@ -69,7 +69,7 @@ def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids
 def test_train_mode_from_labels_csv(stack: Stack, model_id: str, pool_ids: list[str], labelled_zip: Path) -> None:
     with stack.api() as api:
         accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "method": "t3ar-noretrieval"})
-        assert accepted.config["mode"] == "train"
+        assert accepted.config.mode == "train"
         job = api.wait(accepted.id, poll=0.2, timeout=180)
         assert job.status == "finished", job
         assert api.report(accepted.id).accuracy.labels_used_for_training is True
@@ -126,7 +126,7 @@ def test_adacontrast_on_a_labelled_target_runs_test_time(stack: Stack, model_id:
                                                           labelled_zip: Path) -> None:
     with stack.api() as api:
         accepted = api.adapt(labelled_zip, model_id, fast_job("adacontrast"))
-        assert accepted.config["mode"] == "test"  # labels score the result, never train it
+        assert accepted.config.mode == "test"  # labels score the result, never train it
         job = api.wait(accepted.id, poll=0.2, timeout=180)
         assert job.status == "finished", job
         assert api.report(accepted.id).accuracy.labels_used_for_training is False

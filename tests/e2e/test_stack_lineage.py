@@ -35,7 +35,7 @@ def test_withdraw_returns_lineage_and_readapt_excludes_it(stack: Stack, model_id
 
         # the retriever never returns it again, whatever the query
         with stack.retriever() as rc:
-            dim = int(rc.stats()["dim"])
+            dim = int(rc.stats().dim)
             queries = np.random.default_rng(0).standard_normal((16, dim)).astype(np.float32)
             res = rc.search(queries / np.linalg.norm(queries, axis=1, keepdims=True), k=len(pool_ids))
             assert all(victim not in row for row in res.ids)

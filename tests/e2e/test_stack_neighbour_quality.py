@@ -34,7 +34,8 @@ def test_a_class_conditional_job_reports_its_neighbour_quality(tmp_path: Path) -
         job = api.adapt(target_zip(tmp_path / "t.zip", per_class=3, seed=3), model_id, cfg)
         done = api.wait(job.id, poll=0.2, timeout=300)
         assert done.status == "finished", done
-        quality = done.result["neighbour_quality"]
+        assert done.result is not None and done.result.neighbour_quality is not None
+        quality = done.result.neighbour_quality.model_dump()
         assert quality["ranking"] == "class-conditional" and quality["k"] == 3
         assert quality["neighbours"] == 3 * 3 * len(CLASSES)
         agree = quality["pseudo_label_agreement"]

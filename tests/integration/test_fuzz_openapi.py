@@ -30,6 +30,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import strategies as st
 from PIL import Image
+from retriever_answers import stats_json
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import events, from_schema
 from schemathesis.python.asgi import shutdown_lifespans
@@ -147,7 +148,7 @@ def _fill_pool(client: TestClient) -> None:
 
 def _mock_retriever(req: httpx.Request) -> httpx.Response:
     if req.url.path == "/stats":
-        return httpx.Response(200, json={"count": 50, "identity": "fake"})
+        return httpx.Response(200, json=stats_json(50))
     if req.url.path == "/ready":
         return httpx.Response(200, json={"ready": True})
     return httpx.Response(404, json={"error": {"code": "not_found", "message": "no such item"}})

@@ -17,6 +17,7 @@ from PIL import Image
 
 from t3ar.clients.retriever import RetrieverClient, RetrieverProvider
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar.clients.retriever_models import ItemOut
 from t3ar.method.config import AdaptConfig
 from t3ar.pipeline import retrieve
 
@@ -52,8 +53,8 @@ def seeded(retriever_module: RetrieverProcess, make_png: Callable[..., bytes]) -
         for src, seeds in (("a", range(10)), ("b", range(10, 20))):
             rep = c.add_images([(f"s{i}.png", retriever_png(i)) for i in seeds], source=src,
                                metadata={"licence": "cc0"})
-            assert rep["added"] == 10, rep
-            ids.update({it["name"]: it["id"] for it in rep["items"]})
+            assert rep.added == 10, rep
+            ids.update({it.name: it.id for it in rep.items})
     return ids
 
 
@@ -61,16 +62,16 @@ def test_get_metadata_image_and_listing(retriever_module: RetrieverProcess, seed
                                         make_png: Callable[..., bytes]) -> None:
     with retriever_module.client() as c:
         item = c.get_item(seeded["s3.png"])
-        assert item["source"] == "a" and item["metadata"]["licence"] == "cc0"
-        assert item["filename"] == "s3.png" and item["media_type"] == "image/png"
-        assert (item["width"], item["height"]) == (64, 64)
+        assert item.source == "a" and item.metadata["licence"] == "cc0"
+        assert item.filename == "s3.png" and item.media_type == "image/png"
+        assert (item.width, item.height) == (64, 64)
         data = c.get_image(seeded["s3.png"])
-        assert data == make_png(3) and item["sha256"] == hashlib.sha256(data).hexdigest()
+        assert data == make_png(3) and item.sha256 == hashlib.sha256(data).hexdigest()
         page = c.list_items(limit=7, source="b")
-        assert page["total"] == 10 and len(page["items"]) == 7 and page["next_after"]
-        listed = [it["id"] for it in c.iter_items(source="b", page_size=3)]
+        assert page.total == 10 and len(page.items) == 7 and page.next_after
+        listed = [it.id for it in c.iter_items(source="b", page_size=3)]
         assert listed == [seeded[f"s{i}.png"] for i in range(10, 20)]
-        assert c.exists([item["sha256"], "0" * 64]) == {item["sha256"]: seeded["s3.png"]}
+        assert c.exists([item.sha256, "0" * 64]) == {item.sha256: seeded["s3.png"]}
 
 
 def test_search_by_image_vector_with_filters(retriever_module: RetrieverProcess, seeded: dict[str, str],
@@ -81,7 +82,7 @@ def test_search_by_image_vector_with_filters(retriever_module: RetrieverProcess,
         assert res.scores[0][0] == pytest.approx(1.0, abs=1e-4)
         assert all(row[0] >= row[1] >= row[2] for row in res.scores)
         vec = c.embed([make_png(5)])
-        assert vec.shape == (1, c.stats()["dim"]) and np.linalg.norm(vec) == pytest.approx(1.0, abs=1e-4)
+        assert vec.shape == (1, c.stats().dim) and np.linalg.norm(vec) == pytest.approx(1.0, abs=1e-4)
         assert c.search(vec, k=1).ids[0] == [seeded["s5.png"]]
         assert seeded["s5.png"] not in c.search(vec, k=5, exclude_ids=[seeded["s5.png"], "junk"]).ids[0]
         in_b = c.search(vec, k=5, source="b").ids[0]
@@ -96,8 +97,8 @@ def test_search_by_image_vector_with_filters(retriever_module: RetrieverProcess,
 def test_delete_withdraws_everywhere(retriever_module: RetrieverProcess, make_png: Callable[..., bytes]) -> None:
     with retriever_module.client() as c:
         rep = c.add_images([("d0.png", make_png(40)), ("d1.png", make_png(41)), ("d2.png", make_png(42))])
-        d0, d1, d2 = (it["id"] for it in rep["items"])
-        sha0 = rep["items"][0]["sha256"]
+        d0, d1, d2 = (it.id for it in rep.items)
+        sha0 = rep.items[0].sha256
         vec = c.embed([make_png(40)])
         c.delete(d0)
         with pytest.raises(RetrieverNotFoundError):
@@ -110,14 +111,14 @@ def test_delete_withdraws_everywhere(retriever_module: RetrieverProcess, make_pn
             assert db.execute("SELECT count(*) FROM items WHERE sha256 = ?", (sha0,)).fetchone()[0] == 0
         with pytest.raises(RetrieverNotFoundError, match="nothing was deleted"):
             c.delete_many([d1, d0])
-        assert c.get_item(d1)["id"] == d1  # all or nothing
+        assert c.get_item(d1).id == d1  # all or nothing
         out = c.delete_many([d1, d2, d0], missing_ok=True)
-        assert out == {"deleted": [d1, d2], "not_found": [d0]}
+        assert (out.deleted, out.not_found) == ([d1, d2], [d0])
         with pytest.raises(RetrieverNotFoundError):
             c.delete(d0)
         assert c.exists([sha0]) == {}
         readd = c.add_images([("d0.png", make_png(40))])  # re-adding gives a new id, never the withdrawn one
-        assert readd["items"][0]["status"] == "added" and readd["items"][0]["id"] not in (d0, d1, d2)
+        assert readd.items[0].status == "added" and readd.items[0].id not in (d0, d1, d2)
 
 
 def test_duplicates_exact_and_near(retriever_module: RetrieverProcess, make_png: Callable[..., bytes]) -> None:
@@ -129,14 +130,14 @@ def test_duplicates_exact_and_near(retriever_module: RetrieverProcess, make_png:
     near = buf.getvalue()
     with retriever_module.client() as c:
         rep = c.add_images([("x.png", base), ("x-again.png", base), ("x-near.png", near)])
-        x, again, nd = rep["items"]
-        assert x["status"] == "added"
-        assert again["status"] == "exists" and again["id"] == x["id"]
-        assert nd["status"] == "duplicate" and nd["duplicate_of"] == x["id"] and nd["score"] >= 0.98
-        assert nd["id"] is None and c.exists([nd["sha256"]]) == {}
-        kept = c.add_images([("x-near.png", near)], duplicate_policy="keep")["items"][0]
-        assert kept["status"] == "added" and kept["duplicate_of"] == x["id"]
-        assert c.add_images([("x.png", base)])["items"][0]["status"] == "exists"
+        x, again, nd = rep.items
+        assert x.status == "added"
+        assert again.status == "exists" and again.id == x.id
+        assert nd.status == "duplicate" and nd.duplicate_of == x.id and nd.score >= 0.98
+        assert nd.id is None and c.exists([nd.sha256]) == {}
+        kept = c.add_images([("x-near.png", near)], duplicate_policy="keep").items[0]
+        assert kept.status == "added" and kept.duplicate_of == x.id
+        assert c.add_images([("x.png", base)]).items[0].status == "exists"
 
 
 def test_archive_upload_reports_per_item(retriever_module: RetrieverProcess, make_png: Callable[..., bytes]) -> None:
@@ -148,21 +149,21 @@ def test_archive_upload_reports_per_item(retriever_module: RetrieverProcess, mak
         zf.writestr("set/broken.png", b"\x89PNG\r\n\x1a\nnot really")
     with retriever_module.client() as c:
         rep = c.add_images([("batch.zip", buf.getvalue())], source="zip")
-    status = {it["name"]: it["status"] for it in rep["items"]}
+    status = {it.name: it.status for it in rep.items}
     assert status == {"batch.zip/set/a.png": "added", "batch.zip/set/b.png": "added",
                       "batch.zip/set/broken.png": "rejected", "batch.zip/set/readme.txt": "rejected"}
-    codes = {it["name"]: it["error"]["code"] for it in rep["items"] if it["error"]}
+    codes = {it.name: it.error.code for it in rep.items if it.error}
     assert codes == {"batch.zip/set/broken.png": "bad_image", "batch.zip/set/readme.txt": "not_image"}
 
 
 def test_stats_and_metrics(retriever_module: RetrieverProcess, seeded: dict[str, str]) -> None:
     with retriever_module.client() as c:
         st = c.stats()
-        assert st["ready"] and st["count"] >= 20
-        assert st["index"]["type"] == {"faiss": "flat", "milvus": "milvus"}[st["backend"]]
-        assert c.health()["backend"] == st["backend"]
-        assert st["identity"].startswith("timm:tf_efficientnet_lite0:") and st["dim"] == 1280
-        assert st["sources"]["a"] == 10
+        assert st.ready and st.count >= 20
+        assert st.index.type == {"faiss": "flat", "milvus": "milvus"}[st.backend]
+        assert c.health().backend == st.backend
+        assert st.identity.startswith("timm:tf_efficientnet_lite0:") and st.dim == 1280
+        assert st.sources["a"] == 10
         text = c.metrics()
     for name in ("t3ar_retriever_request_seconds_bucket", "t3ar_retriever_pool_items", "t3ar_retriever_adds_total",
                  "t3ar_retriever_searches_total", "t3ar_retriever_deletes_total"):
@@ -177,7 +178,7 @@ def test_provider_serves_the_adaptation_harness(retriever_module: RetrieverProce
     provider = RetrieverProvider(client, batch_size=4)
     target = torch.stack([torch.from_numpy(np.array(Image.open(io.BytesIO(make_png(s))).convert("RGB")))
                           .permute(2, 0, 1) for s in (1, 11, 70)])
-    assert provider.identity == client.stats()["identity"] and provider.size() >= 20
+    assert provider.identity == client.stats().identity and provider.size() >= 20
     vecs = provider.embed(target)
     assert vecs.shape == (3, 1280)
     scores, ids = provider.search(vecs, 2)
@@ -199,24 +200,23 @@ def test_labels_are_stored_listed_filtered_and_travel_with_search_results(
         dogs = c.add_images([(f"d{i}.png", make_png(80 + i)) for i in range(3)], source="zoo", label="dog")
         cat = c.add_images([("c.png", make_png(90))], source="zoo", label="cat")
         again = c.add_images([("d0-again.png", make_png(80))], label="fox")  # an add never relabels
-        dog_ids = [it["id"] for it in dogs["items"]]
-        assert again["items"][0]["status"] == "exists" and again["items"][0]["id"] == dog_ids[0]
-        assert c.get_item(dog_ids[0])["label"] == "dog" and c.get_item(seeded["s3.png"])["label"] is None
+        dog_ids = [it.id for it in dogs.items]
+        assert again.items[0].status == "exists" and again.items[0].id == dog_ids[0]
+        assert c.get_item(dog_ids[0]).label == "dog" and c.get_item(seeded["s3.png"]).label is None
         page = c.list_items(label="dog", limit=2)
-        assert page["total"] == 3 and [it["id"] for it in page["items"]] == dog_ids[:2]
-        assert [it["id"] for it in c.iter_items(label="dog", page_size=2)] == dog_ids
-        assert c.list_items(label="cat", source="zoo")["total"] == 1 and c.list_items(label="cat", source="a")[
-            "total"] == 0
-        assert c.stats()["labels"] == {"cat": 1, "dog": 3}
+        assert page.total == 3 and [it.id for it in page.items] == dog_ids[:2]
+        assert [it.id for it in c.iter_items(label="dog", page_size=2)] == dog_ids
+        assert c.list_items(label="cat", source="zoo").total == 1 and c.list_items(label="cat", source="a").total == 0
+        assert c.stats().labels == {"cat": 1, "dog": 3}
         res = c.search_images([make_png(81), make_png(90), make_png(5)], k=2)
         assert res.ids[0][0] == dog_ids[1] and res.labels[0][0] == "dog"
-        assert res.ids[1][0] == cat["items"][0]["id"] and res.labels[1][0] == "cat"
+        assert res.ids[1][0] == cat.items[0].id and res.labels[1][0] == "cat"
         assert res.ids[2][0] == seeded["s5.png"] and res.labels[2][0] is None
     client = RetrieverClient(retriever_module.url, "test-rw-token")
     gets = 0
     real_get = client.get_item
 
-    def counting_get(item_id: str) -> dict[str, object]:
+    def counting_get(item_id: str) -> ItemOut:
         nonlocal gets
         gets += 1
         return real_get(item_id)
@@ -225,5 +225,5 @@ def test_labels_are_stored_listed_filtered_and_travel_with_search_results(
     provider = RetrieverProvider(client)
     _, ids = provider.search(client.embed([make_png(82), make_png(3)]), 2)
     assert provider.labels([ids[0][0], ids[1][0]]) == ["dog", None] and gets == 0
-    assert provider.labels([cat["items"][0]["id"]]) == ["cat"] and gets == 1  # never returned by a search
+    assert provider.labels([cat.items[0].id]) == ["cat"] and gets == 1  # never returned by a search
     client.close()

@@ -76,19 +76,19 @@ def test_milvus_deletes_stay_deleted_across_restarts_and_a_disagreeing_collectio
     data, vecs = tmp_path / "pool", _vectors(60)
     rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
-        assert c.health()["backend"] == "milvus" and c.stats()["index"]["type"] == "milvus"
+        assert c.health().backend == "milvus" and c.stats().index.type == "milvus"
         ids = c.add_vectors(vecs[:50], identity=f"synthetic-{DIM}", source="a")
         ids += c.add_vectors(vecs[50:], identity=f"synthetic-{DIM}", source="b")
         c.delete(ids[0])
         c.delete_many(ids[1:3])
         assert not _found(c, vecs[:3]) & set(ids[:3])  # right after the 2xx (Strong consistency)
         assert set(c.search(vecs[50:51], k=5, source="b").ids[0]) <= set(ids[50:])
-        tag = c.stats()["pool_tag"]
+        tag = c.stats().pool_tag
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         st = c.stats()
-        assert st["repairs"] == [] and st["count"] == 57 and st["index"]["vectors"] == 57
+        assert st.repairs == [] and st.count == 57 and st.index.vectors == 57
         assert not _found(c, vecs[:3]) & set(ids[:3])
         with pytest.raises(RetrieverNotFoundError):
             c.get_item(ids[0])
@@ -104,9 +104,9 @@ def test_milvus_deletes_stay_deleted_across_restarts_and_a_disagreeing_collectio
     rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         st = c.stats()
-        assert any("inserted 1, removed 4" in r for r in st["repairs"]), st["repairs"]
+        assert any("inserted 1, removed 4" in r for r in st.repairs), st.repairs
         found = _found(c, vecs[:11])
-        assert not found & set(ids[:4]) and ids[10] in found and st["count"] == st["index"]["vectors"] == 56
+        assert not found & set(ids[:4]) and ids[10] in found and st.count == st.index.vectors == 56
 
 
 def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
@@ -122,7 +122,7 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
         labelled = c.add_vectors(_vectors(4, seed=9), identity=f"synthetic-{DIM}", source="s", label="dog")
         c.delete_many(ids[:5])
         before = c.search(vecs[:20], k=10)
-        tag = c.stats()["pool_tag"]
+        tag = c.stats().pool_tag
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     # An interrupted earlier run: part of the pool is already in the collection, plus one deleted vector.
     runner = CliRunner()
@@ -142,8 +142,8 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
     rp = retriever_factory(data, milvus_at.env())
     with rp.client() as c:
         st = c.stats()
-        assert st["repairs"] == [] and st["count"] == 299 and st["sources"] == {"s": 299}
-        assert st["labels"] == {"dog": 4} and c.get_item(labelled[0])["label"] == "dog"  # labels kept (issue 33)
+        assert st.repairs == [] and st.count == 299 and st.sources == {"s": 299}
+        assert st.labels == {"dog": 4} and c.get_item(labelled[0]).label == "dog"  # labels kept (issue 33)
         assert c.search(_vectors(4, seed=9)[:1], k=1).labels == [["dog"]]
         after = c.search(vecs[:20], k=10)
         assert after.ids == before.ids and np.allclose(after.scores, before.scores, atol=1e-5)
@@ -154,8 +154,8 @@ def test_pool_migrate_moves_a_pool_between_backends_without_reembedding(
     rp = retriever_factory(data, VEC_ENV)
     with rp.client() as c:
         st = c.stats()
-        assert st["repairs"] == [] and st["count"] == 298 and st["index"]["type"] == "flat"
-        assert c.list_items(label="dog")["total"] == 4
+        assert st.repairs == [] and st.count == 298 and st.index.type == "flat"
+        assert c.list_items(label="dog").total == 4
         assert c.search(vecs[6:7], k=1).ids == [[ids[6]]] and ids[5] not in _found(c, vecs[:20])
     bad = runner.invoke(migrate, ["--data-dir", str(data), "--to", "milvus", "--milvus-uri", "http://127.0.0.1:9"])
     assert bad.exit_code == 1 and "cannot use the Milvus server at 'http://127.0.0.1:9'" in bad.output
@@ -329,7 +329,7 @@ def test_deletes_racing_searches_from_several_clients_never_return_a_deleted_id_
     assert len(log.deleted) == 120 and not log.violations, log.violations[:5]
     with rp.client() as c:
         assert never_returned(c, log, vectors) == []
-        assert c.stats()["count"] == 180
+        assert c.stats().count == 180
 
 
 def test_a_collection_indexed_otherwise_is_reindexed_at_start_up_and_keeps_its_vectors(

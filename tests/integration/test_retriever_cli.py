@@ -69,7 +69,7 @@ def test_pool_commands(retriever_module: RetrieverProcess, tmp_path: Path, make_
     code, out = _run(["rm", hits[0]["id"]], url)
     assert code == 2 and "No such command 'rm'" in out
     with retriever_module.client() as c:
-        assert c.stats()["count"] == 9
+        assert c.stats().count == 9
     code, out = _run(["stats"], "http://127.0.0.1:9", "x")
     assert code == 1 and "unreachable" in out
 
@@ -86,9 +86,9 @@ def test_pool_ingest_with_labels(retriever_module: RetrieverProcess, tmp_path: P
     code, out = _run(["ingest", str(src), "--source", "lab", "--labels", "folders", "--in-flight", "1"], url)
     assert code == 0 and "4 added" in out and "3 of the uploaded images carried a label" in out, out
     with retriever_module.client() as c:
-        got = {it["filename"]: it["label"] for it in c.iter_items(source="lab")}
+        got = {it.filename: it.label for it in c.iter_items(source="lab")}
         assert got == {"owl/a.png": "owl", "owl/deep/b.png": "owl", "emu/c.png": "emu", "loose.png": None}
-        assert c.list_items(label="owl", source="lab")["total"] == 2
+        assert c.list_items(label="owl", source="lab").total == 2
 
     flat = tmp_path / "flat"
     flat.mkdir()
@@ -100,7 +100,7 @@ def test_pool_ingest_with_labels(retriever_module: RetrieverProcess, tmp_path: P
     summary = json.loads(out[out.index("{"):])
     assert code == 0 and summary["labelled"] == 2 and summary["csv_rows_unmatched"] == 1, out
     with retriever_module.client() as c:
-        assert {it["filename"]: it["label"] for it in c.iter_items(source="csv")} == {
+        assert {it.filename: it.label for it in c.iter_items(source="csv")} == {
             "0.png": "yak", "1.png": None, "2.png": "gnu"}
     code, out = _run(["search", str(flat / "0.png"), "--k", "1"], url, "test-rw-token")
     assert code == 0 and out.strip().endswith("yak"), out

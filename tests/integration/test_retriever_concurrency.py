@@ -26,7 +26,7 @@ def test_searches_concurrent_with_adds_and_deletes_never_return_acknowledged_del
                                                "T3AR_RETRIEVER_COMPACT_THRESHOLD": "4",
                                                "T3AR_RETRIEVER_DUPLICATE_POLICY": "keep"})
     with rp.client() as c:
-        victims = [it["id"] for it in c.add_images([(f"v{i}.png", make_png(i)) for i in range(30)])["items"]]
+        victims = [it.id for it in c.add_images([(f"v{i}.png", make_png(i)) for i in range(30)]).items]
         queries = c.embed([make_png(i) for i in range(30)])  # each victim is its own query's top hit
 
     acked_delete: dict[str, float] = {}  # id -> monotonic time its DELETE returned 2xx
@@ -66,7 +66,7 @@ def test_searches_concurrent_with_adds_and_deletes_never_return_acknowledged_del
 
     def add(client: RetrieverClient) -> None:
         rep = client.add_images([(f"n{s}.png", make_png(s)) for s in (next(seeds), next(seeds))])
-        added.extend(it["id"] for it in rep["items"] if it["id"])
+        added.extend(it.id for it in rep.items if it.id)
 
     threads = [threading.Thread(target=guarded(search, "test-rw-token"), name=f"search-{i}") for i in range(8)]
     threads += [threading.Thread(target=guarded(delete, "test-admin-token"), name="delete"),
@@ -87,4 +87,4 @@ def test_searches_concurrent_with_adds_and_deletes_never_return_acknowledged_del
         final = c.search(queries, k=50).ids
         assert not {pid for row in final for pid in row} & set(acked_delete)
         st = c.stats()
-        assert st["count"] == 30 - len(acked_delete) + len(added) == st["index"]["vectors"]
+        assert st.count == 30 - len(acked_delete) + len(added) == st.index.vectors

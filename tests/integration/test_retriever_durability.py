@@ -47,7 +47,7 @@ def _started_with(retriever_factory: Factory, data: Path, make_png: Callable[...
     """A retriever on ``data`` holding ``n`` numbered images (``0.png`` …), and their ids in order."""
     rp = retriever_factory(data)
     with rp.client() as c:
-        return rp, [it["id"] for it in c.add_images([(f"{i}.png", make_png(i)) for i in range(n)])["items"]]
+        return rp, [it.id for it in c.add_images([(f"{i}.png", make_png(i)) for i in range(n)]).items]
 
 
 @pytest.mark.slow
@@ -68,12 +68,12 @@ def test_graceful_restart_keeps_state_and_deleted_bytes_leave_the_disk(
     rp = retriever_factory(data)
     with rp.client() as c:
         st = c.stats()
-        assert st["count"] == 9 and st["repairs"] == []  # the saved index matched the database
+        assert st.count == 9 and st.repairs == []  # the saved index matched the database
         assert all(i not in row for row in c.search(queries, k=100).ids for i in gone)
         for i in gone:
             with pytest.raises(RetrieverNotFoundError):
                 c.get_item(i)
-        assert [it["id"] for it in c.iter_items()] == ids[3:]
+        assert [it.id for it in c.iter_items()] == ids[3:]
     assert _integrity(data) == (9, 9)
 
 
@@ -93,7 +93,7 @@ def test_crash_with_stale_saved_index_is_repaired_and_deletes_stay_deleted(
     shutil.copytree(data / "index", stale)  # a saved index that still contains ids[0]
     rp = retriever_factory(data, env)
     with rp.client() as c:
-        assert c.stats()["repairs"] == []
+        assert c.stats().repairs == []
         c.delete(ids[0])
         new_id = c.add_vectors(vecs[8:], identity="synthetic-32")[0]
     rp.stop(signal.SIGKILL)
@@ -103,11 +103,11 @@ def test_crash_with_stale_saved_index_is_repaired_and_deletes_stay_deleted(
     (data / "blobs" / "a" / orphan).write_bytes(b"left over by a crash before its commit")
     rp = retriever_factory(data, env)
     with rp.client() as c:
-        repairs = " | ".join(c.stats()["repairs"])
+        repairs = " | ".join(c.stats().repairs)
         assert "rebuilt the index" in repairs and "generation" in repairs and "orphan" in repairs
         found = c.search(vecs[:1], k=100).ids[0]
         assert ids[0] not in found and new_id in found and set(ids[1:]) <= set(found)
-        assert c.stats()["count"] == 8
+        assert c.stats().count == 8
     assert not (data / "blobs" / "a" / orphan).exists()
 
 
@@ -131,7 +131,7 @@ def test_kill9_during_ingest_loses_no_acknowledged_item(
                 except RetrieverError as e:
                     failures.append(str(e))
                     return
-                acked.update({it["id"]: it["sha256"] for it in rep["items"] if it["status"] == "added"})
+                acked.update({it.id: it.sha256 for it in rep.items if it.status == "added"})
 
     worker = threading.Thread(target=ingest)
     worker.start()
@@ -144,12 +144,12 @@ def test_kill9_during_ingest_loses_no_acknowledged_item(
     assert len(acked) >= 40 and failures, "the ingest should have been cut off by the kill"
     rp = retriever_factory(data)
     with rp.client() as c:
-        assert c.stats()["count"] >= len(acked)
+        assert c.stats().count >= len(acked)
         for item_id, sha in acked.items():
-            assert c.get_item(item_id)["sha256"] == sha
-        present = {it["id"] for it in c.iter_items()}
+            assert c.get_item(item_id).sha256 == sha
+        present = {it.id for it in c.iter_items()}
         assert set(acked) <= present
-        assert c.stats()["index"]["vectors"] == len(present)
+        assert c.stats().index.vectors == len(present)
     rows, blobs = _integrity(data)
     assert rows == blobs == len(present)
 
@@ -160,7 +160,7 @@ def test_other_embedder_is_refused_then_reembedded(
     data = tmp_path / "pool"
     rp, ids = _started_with(retriever_factory, data, make_png, 4)
     with rp.client() as c:
-        old_identity = c.stats()["identity"]
+        old_identity = c.stats().identity
     rp.stop(signal.SIGTERM)
     other = {"T3AR_RETRIEVER_EMBEDDER_IMAGE_SIZE": "64"}
     refused = retriever_factory(data, other, wait=None)
@@ -171,6 +171,6 @@ def test_other_embedder_is_refused_then_reembedded(
     rp = retriever_factory(data, {**other, "T3AR_RETRIEVER_REEMBED_ON_START": "true"})
     with rp.client() as c:
         st = c.stats()
-        assert st["identity"] == new_identity and any("re-embedded 4" in r for r in st["repairs"])
-        assert [it["id"] for it in c.iter_items()] == ids
+        assert st.identity == new_identity and any("re-embedded 4" in r for r in st.repairs)
+        assert [it.id for it in c.iter_items()] == ids
         assert c.search_images([make_png(2)], k=1).ids[0] == [ids[2]]

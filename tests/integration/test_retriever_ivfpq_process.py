@@ -49,9 +49,9 @@ def test_ivfpq_pool_deletes_stay_deleted_across_kill9_and_a_clean_restart_loads_
     with rp.client() as c:
         ids = c.add_vectors(vecs[:2000], identity=f"synthetic-{D}")
         deadline = time.monotonic() + 60
-        while (st := c.stats())["index"]["type"] != "ivfpq" and time.monotonic() < deadline:
+        while (st := c.stats()).index.type != "ivfpq" and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert st["index"]["type"] == "ivfpq" and st["index"]["nlist"] == 16
+        assert st.index.type == "ivfpq" and st.index.nlist == 16
         ids += c.add_vectors(vecs[2000:], identity=f"synthetic-{D}")
         assert _self_found(c, vecs[:50], ids[:50]) >= 0.95
         assert _self_found(c, vecs[2500:2550], ids[2500:2550]) >= 0.95  # added after training
@@ -68,8 +68,8 @@ def test_ivfpq_pool_deletes_stay_deleted_across_kill9_and_a_clean_restart_loads_
     rp = retriever_factory(data, ENV)
     with rp.client() as c:
         st = c.stats()
-        assert st["index"]["type"] == "ivfpq" and st["count"] == 2990 and any("rebuilt" in r for r in st["repairs"])
-        assert any("zeroed the float16 rows of 1 deleted item(s)" in r for r in st["repairs"])
+        assert st.index.type == "ivfpq" and st.count == 2990 and any("rebuilt" in r for r in st.repairs)
+        assert any("zeroed the float16 rows of 1 deleted item(s)" in r for r in st.repairs)
         assert not _found(c, vecs[:10]) & set(ids[:10])
         c.delete_many(ids[10:20])
         assert _self_found(c, vecs[20:70], ids[20:70]) >= 0.95
@@ -81,7 +81,7 @@ def test_ivfpq_pool_deletes_stay_deleted_across_kill9_and_a_clean_restart_loads_
     rp = retriever_factory(data, ENV)
     with rp.client() as c:
         st = c.stats()
-        assert st["repairs"] == [] and st["index"]["type"] == "ivfpq"  # loaded, not retrained
-        assert st["count"] == 2980 and st["index"]["trained_on"] == 2990  # trained at the rebuild after kill -9
+        assert st.repairs == [] and st.index.type == "ivfpq"  # loaded, not retrained
+        assert st.count == 2980 and st.index.trained_on == 2990  # trained at the rebuild after kill -9
         assert not _found(c, vecs[:20]) & set(ids[:20])
         assert _self_found(c, vecs[20:70], ids[20:70]) >= 0.95

@@ -61,7 +61,7 @@ def _check(rp: RetrieverProcess, live: dict[str, np.ndarray], deleted: dict[str,
         unknown = sorted(found - set(live))
         assert not unknown, f"search returned ids that are not in the pool: {unknown[:5]}"
         st = c.stats()
-        assert st["count"] == st["index"]["vectors"] == len(live), st
+        assert st.count == st.index.vectors == len(live), st
 
 
 def _wait_serving(rp: RetrieverProcess, timeout: float = 120) -> None:
@@ -83,7 +83,7 @@ def test_deleted_ids_never_come_back_across_restarts_of_the_retriever_and_the_mi
     data, vecs = tmp_path / "pool", _vectors(80, seed=1)
     rp = retriever_factory(data, _env(milvus_server))
     with rp.client() as c:
-        assert c.health()["backend"] == "milvus" and c.stats()["index"]["type"] == "milvus"
+        assert c.health().backend == "milvus" and c.stats().index.type == "milvus"
         ids = c.add_vectors(vecs, identity=IDENTITY, source="s")
         c.delete(ids[0])
         c.delete_many(ids[1:10])
@@ -161,7 +161,7 @@ def test_kill9_of_the_retriever_mid_ingest_loses_no_acknowledged_add_and_returns
     assert ingest.error is not None, "the ingest should have been cut off by the kill"
     rp = retriever_factory(data, _env(milvus_server))
     with rp.client() as c:
-        present = {it["id"] for it in c.iter_items()}
+        present = {it.id for it in c.iter_items()}
     assert set(ingest.live) <= present and not present & set(ingest.deleted)
     # An add cut off by the kill may have been committed without its answer (and a delete cut off may not have
     # happened): then it is in the pool, and searchable.
@@ -196,7 +196,7 @@ def test_kill9_of_the_milvus_server_mid_ingest_answers_503_and_loses_nothing_onc
     # The add that failed (503) was withdrawn; a delete that failed (503) kept its item: if the kill hit a delete,
     # its victim is in the pool (and must then be found like any live item), never half there.
     with rp.client() as c:
-        present = {it["id"] for it in c.iter_items()}
+        present = {it.id for it in c.iter_items()}
     assert set(ingest.live) <= present and not present & set(ingest.deleted)
     assert present - set(ingest.live) <= set(ingest.unsure), sorted(present - set(ingest.live))[:5]
     live = {**ingest.live, **{i: v for i, v in ingest.unsure.items() if i in present}}
@@ -249,9 +249,9 @@ def test_deletes_racing_searches_never_return_a_deleted_id_across_a_restart_and_
     assert log.searches >= 30, log.searches
     with rp.client() as c:
         assert never_returned(c, log, vectors) == []
-        assert c.stats()["count"] == 400
+        assert c.stats().count == 400
     assert rp.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     rp = retriever_factory(data, env)  # and after a restart of the retriever
     with rp.client() as c:
         assert never_returned(c, log, vectors) == []
-        assert c.stats()["count"] == c.stats()["index"]["vectors"] == 400
+        assert c.stats().count == c.stats().index.vectors == 400

@@ -29,16 +29,16 @@ def test_ivf_vectors_pool_add_search_delete_restart(tmp_path: Path,
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     rp = retriever_factory(data, ENV)
     with rp.client() as c:
-        assert c.stats()["index"]["type"] == "flat"  # empty pool: nothing to train IVF on yet
+        assert c.stats().index.type == "flat"  # empty pool: nothing to train IVF on yet
         ids = c.add_vectors(vecs[:2000], identity="synthetic-16", source="a")
         ids += c.add_vectors(vecs[2000:], identity="synthetic-16", source="b")
         assert len(set(ids)) == 3000
         deadline = time.monotonic() + 60  # trained in the background once the pool passed IVF_TRAIN_MIN
-        while (st := c.stats())["index"]["type"] != "ivf" and time.monotonic() < deadline:
+        while (st := c.stats()).index.type != "ivf" and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert st["index"]["type"] == "ivf" and st["index"]["trained_on"] in (2000, 3000)
+        assert st.index.type == "ivf" and st.index.trained_on in (2000, 3000)
         assert [row[0] for row in c.search(vecs[:50], k=1).ids] == ids[:50]
-        with pytest.raises(RetrieverInputError, match="out of range"):  # the lean client path falls back
+        with pytest.raises(RetrieverInputError, match="out of range"):
             c.search(vecs[:1], k=100_000)
         with pytest.raises(RetrieverInputError, match="dim 16"):
             c.search(vecs[:1, :8], k=1)
@@ -46,7 +46,7 @@ def test_ivf_vectors_pool_add_search_delete_restart(tmp_path: Path,
     rp = retriever_factory(data, ENV)
     with rp.client() as c:
         st = c.stats()
-        assert st["index"]["type"] == "ivf" and st["index"]["nlist"] == 16 and st["count"] == 3000
+        assert st.index.type == "ivf" and st.index.nlist == 16 and st.count == 3000
         res = c.search(vecs[:50], k=1)
         assert [row[0] for row in res.ids] == ids[:50]  # nprobe = nlist: exact
         assert all(set(row) <= set(ids[2000:]) for row in c.search(vecs[:5], k=10, source="b").ids)
@@ -56,6 +56,6 @@ def test_ivf_vectors_pool_add_search_delete_restart(tmp_path: Path,
     rp = retriever_factory(data, ENV)
     with rp.client() as c:
         st = c.stats()
-        assert st["repairs"] == [] and st["index"]["type"] == "ivf" and st["count"] == 2990
+        assert st.repairs == [] and st.index.type == "ivf" and st.count == 2990
         assert not {i for row in c.search(vecs[:10], k=20).ids for i in row} & set(ids[:10])
         assert c.search(vecs[10:11], k=1).ids == [[ids[10]]]

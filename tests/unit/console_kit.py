@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+from retriever_answers import stats_json
 
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.models.backbones import BackboneSpec
@@ -52,10 +53,9 @@ def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
     def handle(req: httpx.Request) -> httpx.Response:
         path = req.url.path
         if path == "/stats":
-            return httpx.Response(200, json={"count": len(pool["ids"]), "identity": "fake",
-                                             "duplicate_threshold": pool.get("threshold", 0.98),
-                                             "sources": {HOSTILE: len(pool["ids"])},
-                                             "labels": {LABELS[p]: 1 for p in pool["ids"] if p in LABELS}})
+            return httpx.Response(200, json=stats_json(
+                len(pool["ids"]), duplicate_threshold=pool.get("threshold", 0.98),
+                sources={HOSTILE: len(pool["ids"])}, labels={LABELS[p]: 1 for p in pool["ids"] if p in LABELS}))
         if path == "/pool" and req.method == "GET":
             pool.setdefault("listed", []).append(dict(req.url.params))
             items = [item_json(p) for p in sorted(pool["ids"])]
@@ -89,7 +89,7 @@ def mock_retriever(pool: dict[str, Any]) -> httpx.MockTransport:
             ids = sorted(pool["ids"])
             return httpx.Response(200, json={"results": [{"ids": ids, "scores": [0.9] * len(ids),
                                                           "labels": [LABELS.get(i) for i in ids]}],
-                                             "identity": "fake"})
+                                             "identity": "fake", "k": len(ids)})
         m = re.fullmatch(r"/pool/([^/]+)(/image)?", path)
         if m:
             pid = m.group(1)

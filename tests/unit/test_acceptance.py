@@ -153,7 +153,25 @@ def test_record_is_json_able() -> None:
     import json
 
     rec = as_record(decide({"source": _vec(2, 8), "bn-adapt": _vec(6, 8), "t3ar": _vec(7, 8)}, seed=1))
-    again = json.loads(json.dumps(rec))
+    again = json.loads(rec.model_dump_json())
     assert again["winner"] in ("source", "bn-adapt", "t3ar") and again["rule"] == DEFAULT_RULE
     assert [c["name"] for c in again["candidates"]] == ["source", "bn-adapt", "t3ar"]
     assert again["candidates"][1]["vs_source"]["points"] == pytest.approx(50.0)
+
+
+def test_the_record_keeps_the_winners_paired_difference_to_the_runner_up() -> None:
+    """Issue 50: "within noise" needs the winner against the best other candidate, also when neither is the base
+    model nor bn-adapt (whose differences alone the record kept)."""
+    rng = np.random.default_rng(3)
+    correct = {"source": rng.random(60) < 0.3, "tent": rng.random(60) < 0.5, "t3ar": rng.random(60) < 0.55}
+    acc = decide(correct, "argmax", seed=2)
+    assert acc.runner_up is not None
+    name, d = acc.runner_up
+    others = sorted((s for s in acc.scores if s.name != acc.winner), key=lambda s: -s.top1)
+    assert name == others[0].name and name != "source"
+    assert d == paired_diff(correct[acc.winner], correct[name], seed=2)
+    rec = as_record(acc)
+    assert rec.runner_up is not None
+    assert (rec.runner_up.name, rec.runner_up.points, rec.runner_up.lo, rec.runner_up.hi) == (
+        name, round(d.points, 3), round(d.lo, 3), round(d.hi, 3))
+    assert as_record(decide({"source": _vec(3, 8)})).runner_up is None  # one candidate: nobody to beat

@@ -19,6 +19,7 @@ import pytest
 from error_envelope import expect_error
 from fastapi.testclient import TestClient
 from PIL import Image
+from retriever_answers import item_json, stats_json
 from rq.job import Job
 
 from t3ar.clients.retriever import RetrieverClient
@@ -45,7 +46,7 @@ class FakePool:
     def handle(self, req: httpx.Request) -> httpx.Response:
         path = req.url.path
         if path == "/stats":
-            return httpx.Response(200, json={"count": len(self.items), "identity": "fake"})
+            return httpx.Response(200, json=stats_json(len(self.items)))
         if path == "/pool" and req.method == "POST":
             self.adds += 1
             body = req.content
@@ -65,7 +66,7 @@ class FakePool:
                                              "duplicates": 0, "rejected": 0})
         if path == "/pool" and req.method == "GET":
             src = req.url.params.get("source")
-            items = [{"id": it["id"], "source": it["source"]} for it in self.items.values()
+            items = [item_json(it["id"], it["source"]) for it in self.items.values()
                      if src is None or it["source"] == src]
             return httpx.Response(200, json={"items": items, "next_after": None, "total": len(items)})
         if path == "/pool/delete":

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+from retriever_answers import stats_json
 from rq import Queue
 from rq.job import Job
 
@@ -40,7 +41,7 @@ POOLED: dict[str, str] = {}  # sha256 -> pool id: what the mocked pool holds
 def _stats() -> httpx.MockTransport:
     def handle(req: httpx.Request) -> httpx.Response:
         if req.url.path == "/stats":
-            return httpx.Response(200, json={"count": 50, "identity": "fake"})
+            return httpx.Response(200, json=stats_json(50))
         if req.url.path == "/pool/exists":
             asked = json.loads(req.content)["sha256"]
             return httpx.Response(200, json={"found": {h: POOLED[h] for h in asked if h in POOLED}})
@@ -71,11 +72,29 @@ def _png(seed: int) -> bytes:
     return buf.getvalue()
 
 
+def _reencoded(data: bytes, fmt: str = "PNG") -> bytes:
+    """The same pixels in other bytes."""
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(data)).save(buf, fmt, **({"compress_level": 1} if fmt == "PNG" else {}))
+    assert buf.getvalue() != data
+    return buf.getvalue()
+
+
 def _zip(files: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for name, data in files.items():
             zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _tgz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
@@ -127,7 +146,13 @@ def test_a_job_without_holdout_has_none(env: Any) -> None:
     (_zip({"a/h1.png": _png(101), "zebra/h2.png": _png(102)}), {}, 422, "zebra"),
     (_zip({"a/h1.png": _png(101), "b/.keep": b""}), {}, 422, "b have no image"),
     (_zip({"a/h1.png": _png(101), "b/copy.png": _png(2)}), {}, 422, "also in the target"),
+    # N7 (issue 50): a target image re-encoded (other bytes, the same pixels) is found by its pixel digest
+    (_zip({"a/h1.png": _png(101), "b/copy.png": _reencoded(_png(2))}), {}, 422, "also in the target"),
+    (_zip({"a/h1.png": _png(101), "b/copy.bmp": _reencoded(_png(2), "BMP")}), {}, 422, "also in the target"),
     (_zip({f"a/h{i}.png": _png(100 + i) for i in range(5)}), {}, 422, "T3AR_API_MAX_HOLDOUT_IMAGES"),
+    # N4 (issue 50): counted from the archive's headers, before one image is decoded (these would not decode)
+    (_zip({f"a/h{i}.png": b"not a png" for i in range(5)}), {}, 422, "5 images, more than the 4 allowed"),
+    (_tgz({f"a/h{i}.png": b"not a png" for i in range(5)}), {}, 422, "5 images, more than the 4 allowed"),
     (_zip({"h1.png": _png(101)}), {}, 422, "holdout"),
     (b"not an archive", {}, 422, "holdout is not a zip"),
     (_zip({"a/h1.png": b"not a png", "b/h2.png": _png(102)}), {}, 422, "h1.png"),
@@ -153,8 +178,8 @@ def test_the_acceptance_record_shows_in_get_job(env: Any) -> None:
     client, redis, _, model_id = env
     job_id = _adapt(client, model_id, HOLDOUT).json()["id"]
     assert client.get(f"/jobs/{job_id}", headers=USER).json()["acceptance"] is None
-    record = {**as_record(decide({"source": [True, False], "bn-adapt": [True, True], "tent": [False, True]},
-                                   "paired")), "require_gain": False}
+    record = as_record(decide({"source": [True, False], "bn-adapt": [True, True], "tent": [False, True]},
+                              "paired")).model_dump(mode="json")
     job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)
     job.meta.update(acceptance=record, phase="candidate", candidate="tent (3/3)")
     job.save_meta()

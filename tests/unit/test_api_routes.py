@@ -19,6 +19,7 @@ import pytest
 from error_envelope import expect_error
 from fastapi.testclient import TestClient
 from PIL import Image
+from retriever_answers import stats_json
 from rq import Queue
 from rq.job import Job
 
@@ -39,7 +40,7 @@ def _retriever(pool: dict[str, Any]) -> httpx.MockTransport:
     def handle(req: httpx.Request) -> httpx.Response:
         pool.setdefault("raw_paths", []).append(req.url.raw_path.decode())
         if req.url.path == "/stats":
-            return httpx.Response(200, json={"count": pool["count"], "identity": "fake"})
+            return httpx.Response(200, json=stats_json(pool["count"]))
         if req.url.path == "/ready":
             return httpx.Response(200, json={"ready": True})
         if req.method == "DELETE":
@@ -48,7 +49,15 @@ def _retriever(pool: dict[str, Any]) -> httpx.MockTransport:
                 return httpx.Response(404, json={"error": {"code": "not_found", "message": f"no item {pid}"}})
             pool["ids"].remove(pid)
             assert req.headers["authorization"] == "Bearer r-admin"
+            pool.setdefault("withdrawn", set()).add(pid)
             return httpx.Response(200, json={"deleted": [pid], "not_found": []})
+        if req.method == "POST" and req.url.path.startswith("/pool/withdrawn/") and req.url.path.endswith("/readmit"):
+            pid = req.url.path.split("/")[3]
+            if pid not in pool.get("withdrawn", ()):
+                return httpx.Response(404, json={"error": {"code": "not_found", "message": f"no withdrawn {pid}"}})
+            pool["withdrawn"].remove(pid)
+            return httpx.Response(200, json={"id": pid, "sha256": "ab" * 32,
+                                             "withdrawn_at": "2026-01-01T00:00:00+00:00"})
         return httpx.Response(404, json={"error": {"code": "not_found", "message": "?"}})
 
     return httpx.MockTransport(handle)
@@ -203,6 +212,25 @@ def test_rejections_leave_nothing(env: Any, tmp_path: Path) -> None:
     assert client.get("/jobs", headers=USER).json()["total"] == 0
 
 
+def test_the_config_enqueued_is_the_config_validated_mode_included(env: Any, tmp_path: Path) -> None:
+    """A labelled archive makes a job of a method with a train-time mode a train-time job; an option refused at
+    train time is refused then (422) before anything is stored, not accepted and failed by the worker."""
+    client, redis, _, data = env
+    model_id = _model(client, tmp_path)
+    options = {"method": "t3ar", "retrieval": {"k": 3}, "safeguards": {"reliable_entropy": 0.4}}
+    resp = _adapt(client, model_id, _archive(labels=True), options)
+    assert resp.status_code == 422, resp.text
+    assert "reliable_entropy" in resp.json()["error"]["message"], resp.text
+    assert Queue("t3ar-adapt", connection=redis, serializer=SERIALIZER).count == 0
+    assert list((data / "jobs").iterdir()) == []
+    assert client.get("/jobs", headers=USER).json()["total"] == 0
+    # the same options on an unlabelled archive (test time) are a job, whose config says the mode it runs in
+    ok = _adapt(client, model_id, _archive(), options)
+    assert ok.status_code == 202, ok.text
+    spec = Job.fetch(ok.json()["id"], connection=redis, serializer=SERIALIZER).args[0]
+    assert spec["config"] == ok.json()["config"] and spec["config"]["mode"] == "test"
+
+
 def test_archive_of_many_small_compressed_members_is_a_bomb(env: Any, tmp_path: Path) -> None:
     """Members under 1 MiB escape the per-member ratio check; the whole archive's ratio refuses them before
     anything is extracted, naming the offending member and the setting."""
@@ -272,7 +300,8 @@ def test_withdrawn_ids_are_forwarded_encoded(env: Any) -> None:
         pool["raw_paths"] = []
         resp = client.delete(f"/pool/{sent}", headers=ADMIN)
         assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.text
-        assert pool["raw_paths"] == [f"/pool/{raw}"]
+        # the delete, then (on its 404) whether the retriever recorded its withdrawal (issue 50, N5): both encoded
+        assert pool["raw_paths"] == [f"/pool/{raw}", f"/pool/withdrawn/{raw}"]
     resp = client.delete("/pool/p-1", headers=ADMIN)
     assert resp.status_code == 200 and resp.json()["deleted"] is True and pool["ids"] == {"p-2"}
 
@@ -343,9 +372,53 @@ def test_failed_job_error_and_finished_lineage(env: Any, tmp_path: Path) -> None
     assert client.app.state.api.withdrawer.records.withdrawal_reasons(["p-1"]) == {"p-1": "delete"}
     gone = client.delete("/pool/p-1", headers=ADMIN)
     assert gone.status_code == 404 and "already withdrawn" in gone.json()["error"]["message"]
+    # N2 (issue 50): an admin re-admits the withdrawn content (the retriever refuses it at ingest until then), audited
+    assert client.post("/pool/p-1/readmit", headers=USER).status_code == 403
+    back = client.post("/pool/p-1/readmit", headers=ADMIN)
+    assert back.status_code == 200 and back.json()["pool_id"] == "p-1" and back.json()["readmitted"]
+    assert client.post("/pool/p-1/readmit", headers=ADMIN).status_code == 404  # once
+    rows = client.get("/audit", headers=ADMIN, params={"action": "pool.readmit"}).json()["entries"]
+    assert [(r["target"], r["outcome"]) for r in rows] == [("p-1", "ok")]
     assert client.get("/pool/p-1/lineage", headers=USER).json()["jobs"][0]["job_id"] == done
     readapt = client.post(f"/jobs/{done}/readapt", headers=USER)
     assert readapt.status_code == 202 and readapt.json()["parent_id"] == done
+
+
+def test_a_jobs_config_and_result_are_typed_in_the_answers_and_the_document(env: Any, tmp_path: Path) -> None:
+    """GET /jobs/{id} answers the job's config as its method's AdaptConfig (nested groups) and a finished job's
+    result as JobResult, and the OpenAPI document says both shapes; a config stored by an earlier version that this
+    one no longer reads still answers (its options as stored), as does a result with a field that does not fit."""
+    from rq.results import Result
+
+    from t3ar.method.config import AdaptConfig
+
+    client, redis, _, _ = env
+    model_id = _model(client, tmp_path)
+    accepted = _adapt(client, model_id, _archive(), {"method": "t3ar", "retrieval": {"k": 2}})
+    job_id = accepted.json()["id"]
+    got = client.get(f"/jobs/{job_id}", headers=USER).json()
+    assert got["config"] == accepted.json()["config"] and got["config"]["retrieval"]["k"] == 2
+    assert AdaptConfig.model_validate(got["config"]).model_dump(mode="json") == got["config"]
+    job = Job.fetch(job_id, connection=redis, serializer=SERIALIZER)
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=600, return_value={
+        "checkpoint_sha256": "a" * 64, "steps": 7, "winner": "tent", "accuracy_before": 0.5, "accuracy_after": 0.75,
+        "labelled_neighbours": [{"pool_id": "p-1", "label": "a", "uses": 2}], "pool_ids_used": "many"})
+    job.set_status("finished")
+    result = client.get(f"/jobs/{job_id}", headers=USER).json()["result"]
+    assert result["steps"] == 7 and result["winner"] == "tent" and result["pool_ids_used"] is None  # left out
+    assert result["labelled_neighbours"] == [{"pool_id": "p-1", "label": "a", "uses": 2}]
+    store = client.app.state.api.store  # type: ignore[attr-defined]
+    with store._tx() as db:  # a config of an earlier version: an option since removed
+        db.execute("UPDATE jobs SET config = ? WHERE id = ?",
+                   (json.dumps({**got["config"], "gone": {"x": 1}}), job_id))
+    old = client.get(f"/jobs/{job_id}", headers=USER)
+    assert old.status_code == 200 and old.json()["config"]["gone"] == {"x": 1}
+    doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    for model in ("JobOut", "JobAccepted"):
+        shape = json.dumps(schemas[model]["properties"]["config"])
+        assert "T3ARConfig" in shape and "TentConfig" in shape and "StoredConfig" in shape, shape
+    assert schemas["JobOut"]["properties"]["result"]["anyOf"][0] == {"$ref": "#/components/schemas/JobResult"}
 
 
 def _tiny() -> tuple[Any, ModelSpec]:

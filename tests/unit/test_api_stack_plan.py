@@ -112,3 +112,25 @@ def test_redact_url() -> None:
     assert redact_url("redis://user:pw@host/0?x=a@b") == "redis://***@host/0?x=a@b"
     assert redact_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert redact_url("http://host/a@b") == "http://host/a@b"
+
+
+def test_plan_with_mlflow_starts_its_tracking_server_before_the_api(tmp_path: Path) -> None:
+    """`t3ar up --mlflow` (issue 51): MLflow's server on 127.0.0.1 with a SQLite backend and local artifact store in
+    the data directory, before the API, which registers in it; without it the API gets no tracking URI."""
+    pytest.importorskip("mlflow")
+    ports = {"api": 1001, "retriever": 1002, "redis": 1003}
+    children, info = plan(tmp_path, ports, 1, no_auth=False, mlflow_port=1004)
+    by = {c.name: c for c in children}
+    assert list(by) == ["redis", "retriever", "mlflow", "api", "worker-1"]
+    argv = by["mlflow"].argv
+    assert argv[1] == "server" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--port") + 1] == "1004"
+    store = (tmp_path / "mlflow" / "mlflow.sqlite3").resolve()
+    assert argv[argv.index("--backend-store-uri") + 1] == f"sqlite:///{store}"
+    assert argv[argv.index("--artifacts-destination") + 1] == str((tmp_path / "mlflow" / "artifacts").resolve())
+    assert info["mlflow_url"] == "http://127.0.0.1:1004"
+    assert by["api"].env["T3AR_MLFLOW_TRACKING_URI"] == "http://127.0.0.1:1004"
+    assert "T3AR_MLFLOW_TRACKING_URI" not in by["worker-1"].env or \
+        by["worker-1"].env["T3AR_MLFLOW_TRACKING_URI"] == os.environ.get("T3AR_MLFLOW_TRACKING_URI")
+    children, info = plan(tmp_path, ports, 1, no_auth=False)
+    assert "mlflow" not in [c.name for c in children] and info["mlflow_url"] is None

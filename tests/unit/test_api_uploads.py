@@ -13,7 +13,7 @@ from PIL import Image
 from t3ar.errors import DatasetError, ImageDecodeError, InvalidInputError, UnsafeArchiveError
 from t3ar_services.api.errors import PayloadTooLargeError
 from t3ar_services.api.settings import ApiSettings
-from t3ar_services.api.uploads import parse_config, prepare_target, save_upload
+from t3ar_services.api.uploads import parse_config, prepare_target, save_upload, validate_config
 
 CLASSES = ["blue", "green", "red"]
 
@@ -40,8 +40,7 @@ def _prepare(tmp_path: Path, members: dict[str, bytes], config: str = "{}", skip
              **settings: object) -> tuple[object, object]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     archive = _zip(tmp_path / "a.zip", members)
-    given, cfg = parse_config(config)
-    return prepare_target(archive, tmp_path / "job", _settings(tmp_path, **settings), CLASSES, given, cfg,
+    return prepare_target(archive, tmp_path / "job", _settings(tmp_path, **settings), CLASSES, parse_config(config),
                           skip_bad_images=skip)
 
 
@@ -57,6 +56,24 @@ def test_labels_csv_switches_to_train_unless_mode_given(tmp_path: Path) -> None:
     assert prepared.labelled and cfg.mode == "train"  # type: ignore[attr-defined]
     _, cfg = _prepare(tmp_path / "2", members, '{"mode": "test"}')
     assert cfg.mode == "test"  # type: ignore[attr-defined]
+
+
+def test_test_mode_labels_do_not_change_the_subsample(tmp_path: Path) -> None:
+    """Issue 50: in test mode the labels only score the job, so the images adapted on are the ones drawn without
+    them (before, labels.csv made it a per-class draw of other images)."""
+    images = {f"x/{i:02d}.png": _png(i) for i in range(20)}
+    labels = "path,label\n" + "".join(f"x/{i:02d}.png,{CLASSES[0] if i < 17 else CLASSES[1 + i % 2]}\n"
+                                       for i in range(20))
+    config = '{"mode": "test", "fraction": 0.5, "seed": 3}'
+    bare, _ = _prepare(tmp_path / "bare", images, config)
+    scored, cfg = _prepare(tmp_path / "scored", {**images, "labels.csv": labels.encode()}, config)
+    assert scored.labelled and cfg.mode == "test"  # type: ignore[attr-defined]
+    assert scored.subsample.rows == bare.subsample.rows  # type: ignore[attr-defined]
+    assert len(bare.subsample.rows) == 10  # type: ignore[attr-defined]
+    trained, cfg = _prepare(tmp_path / "trained", {**images, "labels.csv": labels.encode()},
+                            config.replace('"test"', '"train"'))
+    assert cfg.mode == "train"  # type: ignore[attr-defined]  # train mode keeps its per-class draw
+    assert {i for i in trained.subsample.rows if i >= 17} != set()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("members", "error", "match"), [
@@ -80,9 +97,8 @@ def test_bad_targets(tmp_path: Path, members: dict[str, bytes], error: type[Exce
 def test_not_an_archive(tmp_path: Path) -> None:
     path = tmp_path / "x.png"
     path.write_bytes(_png())
-    given, cfg = parse_config("{}")
     with pytest.raises(UnsafeArchiveError, match="not a zip or tar"):
-        prepare_target(path, tmp_path / "job", _settings(tmp_path), CLASSES, given, cfg, skip_bad_images=False)
+        prepare_target(path, tmp_path / "job", _settings(tmp_path), CLASSES, parse_config("{}"), skip_bad_images=False)
 
 
 def test_archive_limits(tmp_path: Path) -> None:
@@ -105,9 +121,28 @@ def test_train_mode_without_labels(tmp_path: Path) -> None:
     ("not json", "not valid JSON"), ("[1]", "JSON object"), ('{"k": -1}', "k"), ('{"x": 1}', "x"),
     ('{"method": "t3ar", "k": 0}', "k must be >= 1"),
 ])
-def test_parse_config_errors(raw: str, match: str) -> None:
+def test_config_errors(raw: str, match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        validate_config(parse_config(raw))
+
+
+@pytest.mark.parametrize(("raw", "match"), [("not json", "not valid JSON"), ("[1]", "JSON object"),
+                                            ('{"method": "nope"}', "nope"), ('{"method": 3}', "method")])
+def test_what_parse_config_refuses_before_the_archive_is_read(raw: str, match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
         parse_config(raw)
+
+
+def test_the_config_is_validated_in_the_mode_the_archive_decides(tmp_path: Path) -> None:
+    """A labelled archive makes a train-time job: an option refused at train time is refused (no model_copy that
+    skips validation); an explicit test mode keeps it."""
+    members = {"a.png": _png(1), "b.png": _png(2), "labels.csv": b"path,label\na.png,red\nb.png,blue\n"}
+    options = '"method": "t3ar", "safeguards": {"reliable_entropy": 0.4}'
+    with pytest.raises(InvalidInputError, match="reliable_entropy"):
+        _prepare(tmp_path, members, "{" + options + "}")
+    assert not (tmp_path / "job" / "subsample.json").exists()  # refused before the images are read
+    _, cfg = _prepare(tmp_path / "2", members, "{" + options + ', "mode": "test"}')
+    assert cfg.mode == "test" and cfg.safeguards.reliable_entropy == 0.4  # type: ignore[attr-defined]
 
 
 def test_save_upload_limits(tmp_path: Path) -> None:

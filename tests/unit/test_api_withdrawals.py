@@ -10,8 +10,10 @@ from typing import Any
 
 import fakeredis
 import pytest
+from retriever_answers import item_json
 
 from t3ar.clients.retriever_errors import RetrieverNotFoundError
+from t3ar.clients.retriever_models import DeleteResponse, ItemOut, WithdrawnOut
 from t3ar_services.api import withdrawals
 from t3ar_services.api.compaction import Compactor
 from t3ar_services.api.contrib_store import ContributionStore
@@ -24,32 +26,44 @@ from t3ar_services.common import withdrawn
 from t3ar_services.worker.cache import WATERMARK_FILE, ImageCache
 
 
+class Killed(BaseException):
+    """kill -9 of the API, as far as the code after the call is concerned."""
+
+
 class FakeAdmin:
     """The admin retriever client's delete calls over a set of pool ids."""
 
     def __init__(self, ids: set[str]) -> None:
         self.ids = ids
         self.calls: list[tuple[str, list[str]]] = []
+        self.withdrawn: set[str] = set()  # the retriever's own withdrawal records
+        self.die_after_delete = False
 
     def delete(self, item_id: str) -> None:
         self.calls.append(("delete", [item_id]))
         if item_id not in self.ids:
             raise RetrieverNotFoundError(f"no item {item_id}")
         self.ids.discard(item_id)
+        self.withdrawn.add(item_id)
+        if self.die_after_delete:
+            raise Killed  # the API process dies here: the retriever deleted, the API recorded nothing after
 
-    def delete_many(self, ids: list[str], *, missing_ok: bool = False) -> dict[str, Any]:
+    def withdrawal(self, item_id: str) -> WithdrawnOut | None:
+        return WithdrawnOut(id=item_id, sha256="0" * 64, withdrawn_at="") if item_id in self.withdrawn else None
+
+    def delete_many(self, ids: list[str], *, missing_ok: bool = False, withdraw: bool = True) -> DeleteResponse:
         self.calls.append(("delete_many", list(ids)))
         missing = [i for i in ids if i not in self.ids]
         if missing and not missing_ok:
             raise RetrieverNotFoundError(f"no item {missing[0]}")
         deleted = [i for i in ids if i in self.ids]
         self.ids -= set(deleted)
-        return {"deleted": deleted}
+        return DeleteResponse(deleted=deleted, not_found=[i for i in ids if i not in deleted])
 
-    def get_item(self, item_id: str) -> dict[str, Any]:
+    def get_item(self, item_id: str) -> ItemOut:
         if item_id not in self.ids:
             raise RetrieverNotFoundError(f"no item {item_id}")
-        return {"id": item_id}
+        return ItemOut.model_validate(item_json(item_id))
 
 
 @pytest.fixture()
@@ -133,3 +147,32 @@ def test_a_worker_cache_forgets_only_what_is_new_and_everything_after_a_gap(tmp_
     withdrawn.publish(redis, ["x", "y"], keep=2)  # "b" trimmed before this cache read it
     assert cache.forget_withdrawn(redis) == 2 and cache.get("b") is None and cache.get("c") is None
     assert (cache.root / WATERMARK_FILE).read_text() == "4"
+
+
+def test_a_withdrawal_killed_after_the_delete_is_completed_by_its_retry(parts: Any) -> None:
+    """N5 (issue 50): the record is written before the delete at the retriever; the retry finds the item gone
+    (404 there) and completes the withdrawal (recorded, announced) rather than answering 404."""
+    w, admin, redis, _ = parts
+    admin.die_after_delete = True
+    with pytest.raises(Killed):
+        w.withdraw(["p-1"], "delete")
+    assert "p-1" not in admin.ids and not w.records.withdrawal_reasons(["p-1"])  # deleted there, not recorded
+    admin.die_after_delete = False
+    admin.withdrawn.clear()  # the retriever's own record aside: the API's intent, written first, is enough
+    assert w.withdraw(["p-1"], "delete") == []  # the retry: nothing left to delete, and no 404
+    assert w.records.withdrawal_reasons(["p-1"]) == {"p-1": "delete"} and not w.records.intended("p-1")
+    assert withdrawn.read(redis, 0).ids == ["p-1"]
+    with pytest.raises(RetrieverNotFoundError):
+        w.withdraw(["p-1"], "delete")  # recorded now: a third call is the ordinary 404
+    with pytest.raises(RetrieverNotFoundError):
+        w.withdraw(["nope"], "delete")  # never in the pool: 404, and no intent left behind
+    assert not w.records.intended("nope")
+
+
+def test_a_withdrawal_the_retriever_recorded_but_the_api_did_not_is_completed(parts: Any) -> None:
+    """N5: even without this API's intent (an older API, a delete straight at the retriever), the retriever's own
+    withdrawal record completes it."""
+    w, admin, redis, _ = parts
+    admin.delete("p-2")
+    assert w.withdraw(["p-2"], "delete") == []
+    assert w.records.withdrawal_reasons(["p-2"]) == {"p-2": "delete"}

@@ -58,7 +58,7 @@ def adapted(data: Path, tmp_path: Path, job_id: str, spec: dict[str, Any],
     """What a worker uploads for the job: a t3ar checkpoint of the base model (``tmp_path/m.pt``, made by
     ``_model``) carrying the job's config and a lineage of its base model and target images (``lineage``
     overrides fields); (file bytes, sha256, the result's lineage)."""
-    from t3ar.data.datasets import stratified_subsample
+    from t3ar.data.datasets import adapted_rows
     from t3ar.data.target import read_target
     from t3ar.models.checkpoint import Lineage, load_checkpoint, save_checkpoint
     from t3ar.pipeline import imageset_sha256
@@ -66,7 +66,7 @@ def adapted(data: Path, tmp_path: Path, job_id: str, spec: dict[str, Any],
     model, info = load_checkpoint(tmp_path / "m.pt")
     cfg = spec["config"]
     images = read_target(data / "jobs" / job_id / "target")
-    used = images.subset(stratified_subsample(images.labels, len(images), cfg["fraction"], cfg["seed"]))
+    used = images.subset(adapted_rows(images.labels, len(images), cfg["fraction"], cfg["seed"], mode=cfg["mode"]))
     fields = {"base_model_sha256": spec["model_sha256"], "target_sha256": imageset_sha256(used),
               "target_size": len(used), "pool_ids": ("p-1",), "method": cfg["method"], **lineage}
     out = tmp_path / f"adapted-{job_id}.pt"
@@ -188,7 +188,7 @@ def test_the_checkpoint_check_compares_the_digest_recorded_at_submission(env: An
     import shutil
 
     import t3ar.data.target as target_module
-    from t3ar.data.datasets import stratified_subsample
+    from t3ar.data.datasets import adapted_rows
     from t3ar.pipeline import imageset_sha256
 
     client, redis, data = env
@@ -200,8 +200,8 @@ def test_the_checkpoint_check_compares_the_digest_recorded_at_submission(env: An
     first.write_bytes(first.read_bytes() + b"\0")  # another image under the same name and label
     images = target_module.read_target(other)
     cfg = spec["config"]
-    digest = imageset_sha256(images.subset(stratified_subsample(images.labels, len(images), cfg["fraction"],
-                                                                cfg["seed"])))
+    digest = imageset_sha256(images.subset(adapted_rows(images.labels, len(images), cfg["fraction"], cfg["seed"],
+                                                        mode=cfg["mode"])))
     assert digest != spec["subsample_sha256"]
     ckpt, sha, _ = adapted(data, tmp_path, job_id, spec, target_sha256=digest)
     refused = client.put(url, params={"sha256": sha}, content=ckpt, headers=as_worker(spec))

@@ -90,3 +90,16 @@ def test_console_sign_ins_are_limited_per_address(client: TestClient, clock: Clo
     assert "try again in 60 s" in blocked.text and SESSION_COOKIE not in blocked.cookies
     clock.now += 61
     assert _sign_in(client, "user-t") == 303
+
+
+def test_worker_routes_have_their_own_budget(client: TestClient) -> None:
+    """N1 (issue 50): wrong tokens from the workers' address (sign-in guesses, a user's typo) must not answer the
+    workers' checkpoint upload or target download with 429; failures on the worker routes count apart."""
+    worker = {"Authorization": "Bearer worker-t"}
+    for _ in range(3):
+        assert client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/jobs", headers={"Authorization": "Bearer user-t"}).status_code == 429  # that budget is spent
+    assert client.get("/internal/ping", headers=worker).status_code == 200  # the workers' is not
+    for _ in range(3):
+        assert client.get("/internal/ping", headers={"Authorization": "Bearer guess"}).status_code == 401
+    assert client.get("/internal/ping", headers=worker).status_code == 429  # guesses there are limited too

@@ -60,7 +60,8 @@ def test_candidates_share_the_pool_and_the_winner_is_loaded(setup: tuple[Path, P
     win = done.winner.state
     assert all(torch.equal(model.state_dict()[k].cpu(), win[k]) for k in win)
     assert done.runs["source"].outcome.lineage.pool_ids == () and done.runs["t3ar"].outcome.lineage.pool_ids
-    rec = AcceptanceRecord.model_validate({**done.record(), "require_gain": False})
+    rec = done.record()
+    assert isinstance(rec, AcceptanceRecord) and rec.require_gain is False
     assert [c.name for c in rec.candidates] == ["source", "bn-adapt", "t3ar", "t3ar-random"]
     assert rec.n == 4 and rec.rule == "argmax" and all(c.seconds is not None for c in rec.candidates)
     assert rec.candidates[0].vs_source is None and rec.candidates[2].vs_source is not None
@@ -170,7 +171,7 @@ def test_jobs_show_prints_the_acceptance_table() -> None:
     from t3ar.clients.api_models import JobOut
 
     correct = {"source": [False] * 10, "bn-adapt": [True] * 10, "t3ar": [True] * 9 + [False]}
-    record = {**as_record(decide(correct, "paired")), "require_gain": True}
+    record = as_record(decide(correct, "paired"), require_gain=True).model_dump(mode="json")
     job = JobOut.model_validate({"id": "j1", "url": "http://api/jobs/j1", "status": "finished", "model_id": "m",
                                  "created_at": "2026", "config": {"method": "t3ar"},
                                  "target": {"images": 9, "labelled": False, "skipped": 0},

@@ -62,6 +62,41 @@ def test_a_job_submitted_from_the_form_is_enqueued_owned_audited_and_shown(clien
     assert entry["target"] == job_id and entry["team"] == "default" and entry["detail"] == f"model={model_id}"
 
 
+def _labelled_zip() -> bytes:
+    """The four images of :func:`target_zip` with a labels.csv naming the model's classes."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO(target_zip())
+    with zipfile.ZipFile(buf, "a") as zf:
+        zf.writestr("labels.csv", "path,label\n" + "".join(f"imgs/{'ab'[i % 2]}{i}.png,{'ab'[i % 2]}\n"
+                                                           for i in range(4)))
+    return buf.getvalue()
+
+
+def test_the_form_runs_a_labelled_target_in_test_mode(client: TestClient, tmp_path: Path) -> None:
+    """The form had no mode field: a labelled target always ran train-time (issue 50)."""
+    csrf = signed_in(client)
+    model_id = _model(client, tmp_path)
+    form = client.get("/ui/submit").text
+    assert 'name="mode"' in form and '<option value="test"' in form
+    jobs = {}
+    for mode in ("test", ""):
+        resp = client.post("/ui/submit", files={"archive": ("t.zip", _labelled_zip())},
+                           data={"csrf": csrf, "model_id": model_id, "method": "tent", "mode": mode},
+                           follow_redirects=False)
+        assert resp.status_code == 303, resp.text
+        jobs[mode] = resp.headers["location"].removeprefix("/ui/jobs/")
+    job = client.get(f"/jobs/{jobs['test']}", headers={"Authorization": "Bearer user-t"}).json()
+    assert job["config"]["mode"] == "test" and job["target"]["labelled"]
+    assert "only to score it" in client.get(f"/ui/jobs/{jobs['test']}").text
+    job = client.get(f"/jobs/{jobs['']}", headers={"Authorization": "Bearer user-t"}).json()
+    assert job["config"]["mode"] == "train"  # left empty: the target decides, as before
+    resp = client.post("/ui/submit", files={"archive": ("t.zip", _labelled_zip())},
+                       data={"csrf": csrf, "model_id": model_id, "method": "tent", "mode": "sideways"})
+    assert resp.status_code == 422 and "mode must be test or train" in resp.text
+
+
 def test_a_bad_archive_shows_the_form_again_with_the_reason_and_leaves_nothing(client: TestClient,
                                                                                tmp_path: Path) -> None:
     csrf = signed_in(client)
@@ -71,7 +106,7 @@ def test_a_bad_archive_shows_the_form_again_with_the_reason_and_leaves_nothing(c
     assert resp.status_code == 422, resp.text
     assert 'id="submit-error"' in resp.text and 'id="submit-form"' in resp.text
     assert 'value="3"' in resp.text  # what was typed stays
-    assert _job_dirs(tmp_path) == [] and _audit(client, "job.submit") == []
+    assert _job_dirs(tmp_path) == [] and [e["outcome"] for e in _audit(client, "job.submit")] == ["refused"]
     assert client.get("/jobs", headers={"Authorization": "Bearer user-t"}).json()["jobs"] == []
     # options the domain layer refuses come back the same way: an unknown method, a bad number, a stray field
     for data, words in (({"method": "nope"}, "nope"), ({"method": "source", "epochs": "two"}, "whole number"),
@@ -80,6 +115,36 @@ def test_a_bad_archive_shows_the_form_again_with_the_reason_and_leaves_nothing(c
                            data={"csrf": csrf, "model_id": model_id, **data})
         assert resp.status_code == 422 and 'id="submit-error"' in resp.text and words in resp.text, resp.text
     assert _job_dirs(tmp_path) == []
+
+
+def test_refused_withdrawals_uploads_and_submits_are_in_the_audit_log(client: TestClient, tmp_path: Path,
+                                                                       pool: dict[str, Any]) -> None:
+    """The audit log recorded only refused sign-ins (issue 50): a withdrawal refused 403, an upload or a submit
+    refused 422 left no trace; the action filter had no pool.ingest."""
+    user = {"Authorization": "Bearer user-t"}
+    assert client.delete("/pool/p-1", headers=user).status_code == 403
+    assert client.post("/models", files={"file": ("m.pt", b"not a checkpoint")}, headers=user).status_code == 422
+    model_id = _model(client, tmp_path)
+    sent = client.post("/adapt", files={"archive": ("t.zip", b"not a zip")}, data={"model_id": model_id},
+                       headers=user)
+    assert sent.status_code == 422
+    csrf = signed_in(client)  # the console: a user (submit) session
+    assert client.post("/ui/pool/p-2/withdraw", data={"csrf": csrf}).status_code == 403
+    assert client.post("/ui/models", files={"file": ("m.pt", b"nope")}, data={"csrf": csrf}).status_code == 422
+    assert client.post("/ui/submit", files={"archive": ("t.zip", b"not a zip")},
+                       data={"csrf": csrf, "model_id": model_id}).status_code == 422
+    assert client.post("/ui/pool/ingest", data={"csrf": csrf, "source": ""},
+                       files={"files": ("a.png", png_image(1))}).status_code == 422
+    assert pool["deleted"] == [] and _job_dirs(tmp_path) == []
+    every = client.get("/audit", headers={"Authorization": "Bearer admin-t"}).json()["entries"]
+    got = {(e["action"], e["target"], e["detail"][:4]) for e in every if e["outcome"] == "refused"}
+    assert {("pool.withdraw", "p-1", "403:"), ("pool.withdraw", "p-2", "403:"), ("model.upload", "", "422:"),
+            ("job.submit", "", "422:"), ("pool.ingest", "", "422:")} <= got, got
+    assert [e["outcome"] for e in _audit(client, "model.upload")] == ["refused", "ok", "refused"]
+    assert [e["outcome"] for e in _audit(client, "job.submit")] == ["refused", "refused"]  # the form's, the API's
+    client.cookies.clear()
+    signed_in(client, "admin-t")
+    assert '<option value="pool.ingest"' in client.get("/ui/audit").text
 
 
 def test_a_read_key_cannot_submit_or_ingest_and_csrf_is_required(client: TestClient, tmp_path: Path,
@@ -102,7 +167,9 @@ def test_a_read_key_cannot_submit_or_ingest_and_csrf_is_required(client: TestCli
     resp = client.post("/ui/pool/ingest", files={"files": ("a.png", png_image(1))},
                        data={"csrf": read_csrf, "source": "s"})
     assert resp.status_code == 403
-    assert _job_dirs(tmp_path) == [] and _audit(client, "job.submit") == [] and _audit(client, "pool.ingest") == []
+    assert _job_dirs(tmp_path) == []
+    for action in ("job.submit", "pool.ingest"):  # refused: recorded as such (issue 50)
+        assert [(e["outcome"], e["detail"][:4]) for e in _audit(client, action)] == [("refused", "403:")]
 
 
 def test_images_ingested_from_the_form_are_listed_per_file_and_audited(client: TestClient,

@@ -239,3 +239,22 @@ def test_the_api_root_sends_a_browser_to_the_console(client: TestClient) -> None
     page = client.get("/")  # followed: the console's sign-in page
     assert page.status_code == 200 and "/ui/login" in str(page.url)
     assert "/" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_job_page_shows_the_mlflow_registration(client: TestClient, tmp_path: Path) -> None:
+    """Issue 51: the job page says whether its registration is pending (the last error), done (with links) or
+    failed; nothing when the API registers none."""
+    csrf = signed_in(client)
+    job_id = finished_job(client, tmp_path, csrf)
+    assert 'id="registration"' not in client.get(f"/ui/jobs/{job_id}").text  # registration off
+    registrar = client.app.state.api.registrar  # type: ignore[attr-defined]
+    registrar.settings.tracking_uri = "http://mlflow.example:5000"
+    registrar.records.request(job_id, "default.cats", "challenger")
+    registrar.records.failed_attempt(job_id, "ConnectionError: refused", 4102444800.0)
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert 'id="registration"' in page and "attempt 1 failed (ConnectionError: refused)" in page
+    registrar.records.done(job_id, "3", "run9", "2")
+    page = client.get(f"/ui/jobs/{job_id}").text
+    assert "models:/default.cats/2" in page and "alias <code>challenger</code>" in page
+    assert 'href="http://mlflow.example:5000/#/models/default.cats/versions/2"' in page
+    assert 'href="http://mlflow.example:5000/#/experiments/3/runs/run9"' in page

@@ -140,10 +140,11 @@ def test_the_list_tells_presets_apart_and_a_test_time_targets_labels_only_score_
                                                                                   tmp_path: Path) -> None:
     """Both presets read "t3ar"; a test-time job on a labelled target read "64 images, labelled"."""
     from t3ar_services.api.console.pages_jobs import method_name, target_words
+    from t3ar_services.api.schemas import job_config
 
-    assert method_name({"method": "t3ar", "preset": "paper"}) == "t3ar · paper"
-    assert method_name({"method": "t3ar", "preset": "validated"}) == "t3ar · validated"
-    assert method_name({"method": "bn-adapt", "preset": None}) == "bn-adapt"
+    assert method_name(job_config({"method": "t3ar", "preset": "paper"})) == "t3ar · paper"
+    assert method_name(job_config({"method": "t3ar", "preset": "validated"})) == "t3ar · validated"
+    assert method_name(job_config({"method": "bn-adapt"})) == "bn-adapt"
     test_time = target_words(_job({"method": "t3ar", "mode": "test"}, True))
     assert test_time.startswith("64 images, labelled (only to score it") and "never sees the labels" in test_time
     assert target_words(_job({"method": "t3ar", "mode": "train"}, True)) == "64 images, labelled (trained on)"
@@ -166,7 +167,9 @@ def test_error_pages_name_console_pages_not_json_routes(client: TestClient) -> N
             assert page.status_code == 404, page.text
         assert page.status_code == 404 and "GET /" not in page.text and "POST /" not in page.text, page.text
         assert link in page.text, (path, page.text[-1500:])
-        assert page.text.count('href="/ui/jobs">') == 2  # the navigation's, and one on the page
+        # the navigation's, and on a job's page one back to the jobs; other pages link back to their own section
+        assert page.text.count('href="/ui/jobs">') == (2 if path.startswith("/ui/jobs") else 1)
+        assert 'id="error-headline">Not found' in page.text
 
 
 def test_the_tokens_have_one_name_in_t3ar_up_the_sign_in_page_and_the_docs(client: TestClient, tmp_path: Path,

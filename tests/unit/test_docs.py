@@ -73,11 +73,12 @@ def test_every_environment_variable_is_documented() -> None:
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in {".py", ".sh"}:
                 used |= set(_ENV.findall(path.read_text()))
+    from t3ar_services.api.modelreg.settings import MlflowSettings
     from t3ar_services.api.settings import ApiSettings
     from t3ar_services.retriever.settings import RetrieverSettings
     from t3ar_services.worker.settings import WorkerSettings
 
-    for settings in (ApiSettings, RetrieverSettings, WorkerSettings):
+    for settings in (ApiSettings, RetrieverSettings, WorkerSettings, MlflowSettings):
         prefix = str(settings.model_config.get("env_prefix", ""))
         used |= {prefix + field.upper() for field in settings.model_fields}
     documented = set(_ENV.findall((ROOT / "docs" / "configuration.md").read_text()))

@@ -128,3 +128,13 @@ def test_demo_pins_threads_and_device_for_every_process_and_starts_a_fresh_stack
     assert demo.count('--device "$DEVICE"') == 3  # train-source (in TRAIN_ARGS) and both evaluations
     up = demo.index('"$T" up ')
     assert 'rm -rf "$D/stack"' in demo[:up]
+
+
+def test_the_cpu_model_is_the_vendor_and_model_name(tmp_path: Path) -> None:
+    from t3ar.fingerprint import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n"
+                    "processor\t: 1\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n")
+    assert cpu_model(info) == "AuthenticAMD AMD EPYC 9654 96-Core Processor"
+    assert cpu_model(tmp_path / "absent")  # platform.processor() or "unknown": never empty

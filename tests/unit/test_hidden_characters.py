@@ -25,7 +25,11 @@ from t3ar.models.classifier import ModelSpec, build_classifier
 USER = {"Authorization": "Bearer user-t"}
 HIDDEN = {"\u202e": "U+202E (RIGHT-TO-LEFT OVERRIDE)", "\u200b": "U+200B (ZERO WIDTH SPACE)",
           "\u2028": "U+2028 (LINE SEPARATOR)", "\ufeff": "U+FEFF (ZERO WIDTH NO-BREAK SPACE)",
-          "\u2029": "U+2029 (PARAGRAPH SEPARATOR)", "\u00ad": "U+00AD (SOFT HYPHEN)"}
+          "\u2029": "U+2029 (PARAGRAPH SEPARATOR)", "\u00ad": "U+00AD (SOFT HYPHEN)",
+          # N8 (issue 50): invisible characters outside the format category (letters, marks, a symbol)
+          "\u3164": "U+3164 (HANGUL FILLER)", "\u115f": "U+115F (HANGUL CHOSEONG FILLER)",
+          "\ufe0f": "U+FE0F (VARIATION SELECTOR-16)", "\u034f": "U+034F (COMBINING GRAPHEME JOINER)",
+          "\u2800": "U+2800 (BRAILLE PATTERN BLANK)"}
 
 
 @pytest.mark.parametrize("ch", sorted(HIDDEN))
@@ -96,3 +100,26 @@ def test_the_api_refuses_hidden_characters_in_class_names_and_target_labels(clie
     resp = client.post("/adapt", files={"archive": ("t.zip", buf.getvalue())}, headers=USER,
                        data={"model_id": ok.json()["id"], "config": json.dumps({"method": "tent", "epochs": 1})})
     assert resp.status_code == 422 and "U+200B (ZERO WIDTH SPACE)" in resp.json()["error"]["message"], resp.text
+
+
+def test_a_pool_file_name_with_a_hidden_character_is_rejected_by_name(tmp_path: Path) -> None:
+    """N8 (issue 50): U+202E in a pool image's file name (``gnp.exe`` shown as ``exe.png``) passed; now the item
+    is rejected naming the character, and the others of the request go on."""
+    from t3ar_services.retriever.pool import AddOutcome
+    from t3ar_services.retriever.settings import RetrieverSettings
+    from t3ar_services.retriever.uploads import expand_uploads
+
+    settings = RetrieverSettings(data_dir=tmp_path / "pool", auth_disabled=True)  # type: ignore[call-arg]
+    (tmp_path / "pool" / "tmp").mkdir(parents=True)
+    png = png_image(1)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("in\u3164side.png", png)
+        zf.writestr("fine.png", png)
+    archive.seek(0)
+    items = expand_uploads([("cat\u202egnp.png", io.BytesIO(png)), ("ok.png", io.BytesIO(png)),
+                            ("a.zip", archive)], settings)
+    outcomes = [it for it in items if isinstance(it, AddOutcome)]
+    assert [(o.status, o.error["code"] if o.error else "") for o in outcomes] == [("rejected", "bad_name")] * 2
+    assert "U+202E (RIGHT-TO-LEFT OVERRIDE)" in str(outcomes[0].error) and "U+3164" in str(outcomes[1].error)
+    assert [it[0] for it in items if isinstance(it, tuple)] == ["ok.png", "a.zip/fine.png"]

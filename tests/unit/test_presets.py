@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,20 +37,23 @@ def test_the_services_default_preset_applies_to_the_t3ar_family_only() -> None:
 
 
 def test_the_api_gives_t3ar_jobs_the_default_preset_and_refuses_an_unknown_one() -> None:
-    from t3ar_services.api.uploads import parse_config
+    from t3ar_services.api.uploads import parse_config, validate_config
 
-    _, cfg = parse_config('{"method": "t3ar", "k": 3}')
+    def parse(raw: str) -> Any:
+        return validate_config(parse_config(raw))
+
+    cfg = parse('{"method": "t3ar", "k": 3}')
     assert cfg.preset == DEFAULT_PRESET and cfg.k == 3
-    _, tent = parse_config('{"method": "tent"}')
+    tent = parse('{"method": "tent"}')
     assert "preset" not in tent.model_dump()  # presets are the T3AR family's
     with pytest.raises(InvalidInputError, match="preset is an option of the T3AR family .*, not of tent"):
-        parse_config('{"method": "tent", "preset": "paper"}')
+        parse('{"method": "tent", "preset": "paper"}')
     with pytest.raises(InvalidInputError, match="k is an option of the T3AR family .*, not of tent"):
-        parse_config('{"method": "tent", "k": 3}')  # accepted and ignored before
+        parse('{"method": "tent", "k": 3}')  # accepted and ignored before
     with pytest.raises(InvalidInputError, match=r"retrieval.k \(k\): .* \(allowed: k >= 0 and <= 64\)"):
-        parse_config('{"method": "t3ar", "k": 99}')
+        parse('{"method": "t3ar", "k": 99}')
     with pytest.raises(InvalidInputError, match="preset"):
-        parse_config('{"preset": "best"}')
+        parse('{"preset": "best"}')
 
 
 def test_the_product_follows_the_committed_method_benchmark() -> None:

@@ -60,7 +60,7 @@ class MemoryPool:
 
 def _setup() -> tuple[MemoryPool, torch.Tensor, AdaptConfig, torch.nn.Module]:
     model, target, pool_images, _ = tiny_problem(n_target=6, n_pool=9, seed=3)
-    config = AdaptConfig(method="t3ar", retrieval={"k": 2, "r": 2})
+    config = AdaptConfig.model_validate({"method": "t3ar", "retrieval": {"k": 2, "r": 2}})
     return MemoryPool(pool_images), target, config, model
 
 

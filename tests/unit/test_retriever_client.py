@@ -7,6 +7,7 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from retriever_answers import item_json, stats_json
 
 from t3ar.clients.retriever import RetrieverClient, RetrieverProvider
 from t3ar.clients.retriever_errors import (
@@ -44,9 +45,9 @@ def test_transient_failures_are_retried_then_succeed() -> None:
                                                                                    "message": "loading"}})
         if len(calls) == 3:
             return httpx.Response(502, text="bad gateway")
-        return httpx.Response(200, json={"count": 3, "identity": "r"})
+        return httpx.Response(200, json=stats_json(3, "r"))
 
-    assert _client(handler).stats()["count"] == 3 and len(calls) == 4
+    assert _client(handler).stats().count == 3 and len(calls) == 4
 
 
 def test_gives_up_after_retries_with_unavailable() -> None:
@@ -128,7 +129,7 @@ def test_ids_travel_as_one_encoded_path_segment(item_id: str, raw: str) -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request.url.raw_path.decode())
-        return httpx.Response(200, json={"id": item_id}) if request.method == "GET" and "image" not in str(
+        return httpx.Response(200, json=item_json(item_id)) if request.method == "GET" and "image" not in str(
             request.url) else httpx.Response(200, content=b"x")
 
     client = _client(handler)
@@ -158,7 +159,7 @@ def test_provider_labels_come_from_the_search_answers_without_item_reads() -> No
                 {"ids": ["t-1", "t-2"], "scores": [0.9, 0.8], "labels": ["dog", None]},
                 {"ids": ["t-3"], "scores": [0.7], "labels": ["cat"]}]})
         gets.append(request.url.path)
-        return httpx.Response(200, json={"id": "t-9", "label": "fox", "source": ""})
+        return httpx.Response(200, json=item_json("t-9", label="fox"))
 
     provider = RetrieverProvider(_client(handler))
     provider.search(np.ones((2, 4), np.float32), 2)

@@ -121,3 +121,30 @@ def test_a_503_carries_the_errors_own_retry_after_or_the_services_default() -> N
         r = c.get("/own")
         assert r.status_code == 503 and r.headers["retry-after"] == "10" and r.json()["error"]["code"] == "not_ready"
         assert c.get("/default").headers["retry-after"] == "1"
+
+
+def test_the_cap_is_checked_for_count_plus_batch(tmp_path: Path) -> None:
+    """N10 (issue 50): the cap was checked before an add, not for count plus batch: one request took the exact
+    index from 1,999 to 151,999 vectors. A batch that would pass the cap waits for the first training when one
+    can start (the pool holds what a training needs), and is refused, nothing added, when none can."""
+    from t3ar_services.retriever.errors import PayloadTooLargeError
+
+    pool = _pool(tmp_path)  # cap 2,000; a training starts from 1,000
+    vecs = _unit(6 * CHUNK, 2)
+    with pytest.raises(PayloadTooLargeError, match="at most 2,000 now") as err:
+        pool.add_vectors(vecs, source="s", metadata={})  # 3,000 onto an empty exact index: no training can start
+    assert "T3AR_RETRIEVER_IVF_FLAT_MAX" in str(err.value)
+    assert pool.index is not None and pool.index.count == 0 and pool.store.count() == 0
+    pool.add_vectors(vecs[:1999], source="s", metadata={})
+
+    def slow() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        time.sleep(1.0)
+        yield from pool.store.iter_vectors(D)
+
+    trainer = _trainer(pool, slow)
+    try:
+        pool.add_vectors(vecs[1999:], source="s", metadata={})  # 1,001 more: waits for the training's swap
+    finally:
+        trainer.stop()
+    assert pool.index is not None and pool.index.kind == "ivfpq" and pool.index.count == len(vecs)
+    pool.store.close()

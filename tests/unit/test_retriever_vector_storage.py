@@ -72,7 +72,8 @@ def test_a_sqlite_pool_opens_as_it_is_and_moves_to_float16_only_when_asked(tmp_p
     pool, _ = open_pool(_settings(tmp_path, vector_storage="float16"), None, None)  # asked: migrated at start-up
     assert pool.store.vector_storage == "float16" and "moved 499 vectors" in pool.info.repairs[0]
     load_index(pool)
-    assert _column_bytes(data) == 0 and (data / "pool.sqlite3").stat().st_size <= size_before / 2  # vacuumed
+    # vacuumed: most of the vectors' 499 x D x 4 bytes left the file (the rest is page overhead and other tables')
+    assert _column_bytes(data) == 0 and (data / "pool.sqlite3").stat().st_size <= size_before - 499 * D * 4 * 3 // 4
     assert [r[0][0] for r in pool.search(vecs[1:21], 1)] == ids[1:21]
     got = dict(zip(*next(iter(pool.store.iter_vectors(D, batch=1000))), strict=True))
     assert pool.require_seq(ids[0]) not in got

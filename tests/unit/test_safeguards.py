@@ -1,15 +1,10 @@
 """The T3AR family's safeguards (t3ar.method.safeguards): reliable samples, an anchor to the start weights, the
 collapse fallback to the bn-adapt state and WiSE-FT's interpolation. Each off by default, and a default run is
-bit-identical to the one before they existed."""
+the same as the one before they existed (within a tolerance that float summation order stays inside and a real
+change does not)."""
 
 import copy
-import functools
-import hashlib
-import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,14 +45,14 @@ def _run(method: str = "t3ar", **kw: Any) -> tuple[Classifier, AdaptResult, torc
     return model, res, target
 
 
-def _fingerprint(model: Classifier, res: AdaptResult) -> str:
-    h = hashlib.sha256()
-    for s in res.history:
-        h.update(repr((s.loss, s.loss_ce, s.loss_contrastive, s.pl_change_rate)).encode())
-    for k, v in sorted(model.state_dict().items()):
-        h.update(k.encode())
-        h.update(v.contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()
+def _signature(model: Classifier) -> list[float]:
+    """How far the run moved the model from its start (:func:`_start`): the norm of the change of every float
+    tensor of its state (weights and BatchNorm statistics), and its projection on a fixed random direction."""
+    start = _start().state_dict()
+    d = torch.cat([(v.double() - start[k].double()).flatten() for k, v in sorted(model.state_dict().items())
+                   if v.is_floating_point()])
+    r = torch.randn(len(d), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return [float(d.norm()), float((d * r).sum())]
 
 
 def _start() -> Classifier:
@@ -69,34 +64,26 @@ def _start() -> Classifier:
 
 # --- off by default: the same run as before -----------------------------------------------------------------
 
-#: the losses and weights of these runs on the code before the safeguards existed (main at d971728, CPU, torch
-#: 2.14.1), by the same fingerprint: the options off change nothing, to the bit. Float sums depend on the CPU's
-#: kernels, so the bits are compared only where those match (:data:`PINNED_ON`); the rest of the test runs anywhere
-PINNED_ON = ("AVX512", "2.14.1")
-BEFORE = {
-    ("t3ar", ()): "a56b83bf350280109bdcbed1d273415ac77fd1aef1ec80d60664dbc5f3815ee7",
-    ("t3ar-noretrieval", ()): "e698a25605eefe31511d98af1845b0e928d247a9e1e59a7416963d579b462307",
+#: each step's loss and the model's :func:`_signature` after these runs on the code before the safeguards existed
+#: (main at d971728; recomputed on a7c3674, where the same runs were still bit-identical to d971728's digests):
+#: the options off change nothing. Compared within :data:`REL`: another CPU sums floats in another order (a
+#: relative difference of about 1e-7 in these figures), while a real change moves them far more (the lr 10 %
+#: higher moves the signature by 2e-3 and the second step's loss by 2 %:
+#: :func:`test_a_real_change_exceeds_the_tolerance`)
+BEFORE: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[list[float], list[float]]] = {
+    ("t3ar", ()): ([17.032141, 5.063604, 17.83024, 9.790886, 11.080491, 6.707203],
+                   [2.6173572216906797, 3.0431189535081007]),
+    ("t3ar-noretrieval", ()): ([16.916462, 4.500371, 19.018892, 9.929782, 10.378027, 6.685134],
+                               [2.6180462823739323, 3.2293246418125467]),
     ("t3ar", (("bn_start", True), ("second_stage_steps", 3))):
-        "235ad1c7c0934c069545c854625a21facffcd42bc7f97fe1b825961a62337e69",
+        ([17.032141, 5.063604, 17.83024, 9.790886, 11.080491, 6.707203], [5.506844068311989, 5.556505076841287]),
 }
-
-
-@functools.cache
-def _fresh_fingerprints() -> dict[tuple[str, tuple[tuple[str, Any], ...]], str]:
-    """The fingerprints of :data:`BEFORE`'s runs, made in a fresh interpreter, as they were pinned: in the middle of
-    the suite the same runs' last bits moved with what earlier tests had left in the process (the whole unit suite
-    of a clean clone gave other digests, each test file alone and every subset tried gave these)."""
-    code = ("import json, sys; sys.path[:0] = sys.argv[1:3]; import test_safeguards as t; "
-            "print(json.dumps([[m, o, t._fingerprint(*t._run(m, **dict(o))[:2])] for m, o in t.BEFORE]))")
-    here = Path(__file__).resolve().parent
-    out = subprocess.run([sys.executable, "-c", code, str(here), str(here.parent)], capture_output=True, text=True,
-                         check=True, timeout=600)
-    return {(m, tuple(tuple(kv) for kv in o)): digest for m, o, digest in json.loads(out.stdout.splitlines()[-1])}
+REL = 1e-4
 
 
 @pytest.mark.parametrize(("method", "options"), list(BEFORE))
-def test_off_the_run_is_bit_identical_to_before(method: str, options: tuple[tuple[str, Any], ...],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_off_the_run_is_the_one_before(method: str, options: tuple[tuple[str, Any], ...],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     def never(*args: Any, **kw: Any) -> Any:
         raise AssertionError("a safeguard ran with its option off")
 
@@ -106,11 +93,21 @@ def test_off_the_run_is_bit_identical_to_before(method: str, options: tuple[tupl
         monkeypatch.setattr(module, name, never)
     monkeypatch.setattr(contrastive.Anchor, "at", never)
     model, res, _ = _run(method, **dict(options))
-    if (torch.backends.cpu.get_cpu_capability(), torch.__version__.split("+")[0]) == PINNED_ON:
-        assert _fresh_fingerprints()[(method, options)] == BEFORE[(method, options)]
+    losses, signature = BEFORE[(method, options)]
+    assert [s.loss for s in res.history] == pytest.approx(losses, rel=REL)
+    assert _signature(model) == pytest.approx(signature, rel=REL)
     assert res.collapse_step is None
     assert all(math.isnan(s.reliable_share) and math.isnan(s.loss_anchor) and math.isnan(s.pl_class_entropy)
                for s in res.history)
+
+
+def test_a_real_change_exceeds_the_tolerance() -> None:
+    """The tolerance tells a change of behaviour: the lr 10 % higher is outside it, in the losses and the model."""
+    model, res, _ = _run("t3ar", lr=0.0011)
+    losses, signature = BEFORE[("t3ar", ())]
+    assert [s.loss for s in res.history] != pytest.approx(losses, rel=REL)
+    assert _signature(model)[0] != pytest.approx(signature[0], rel=REL)
+    assert _signature(model)[1] != pytest.approx(signature[1], rel=REL)
 
 
 # --- the config: each group's checks ------------------------------------------------------------------------

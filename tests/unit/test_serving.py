@@ -45,13 +45,36 @@ def _closed(sock: socket.socket, drip: bytes, every: float = 0.1) -> int | None:
     return None
 
 
-def _connect(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=10)
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` (any 127.x.y.z: another peer address on the loopback)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+
+
+def _closed_at_once(socks: list[socket.socket]) -> list[bool]:
+    closed = []
+    for sock in socks:
+        sock.settimeout(0.5)
+        try:
+            closed.append(sock.recv(1) == b"")
+        except TimeoutError:
+            closed.append(False)
+    return closed
+
+
+def _served(port: int, source: str) -> bool:
+    with _connect(port, source) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(5)
+        try:
+            return sock.recv(1024).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
 
 
 @pytest.fixture()
 def port(tmp_path: Path) -> Iterator[int]:
-    settings = settings_for(tmp_path, header_timeout=1.0, keep_alive_timeout=30, max_connections=50)
+    settings = settings_for(tmp_path, header_timeout=1.0, keep_alive_timeout=30, max_connections=50,
+                            max_connections_per_peer=40)
     with serving(_hello, **uvicorn_options(settings)) as p:
         yield p
 
@@ -75,16 +98,11 @@ def test_a_dripping_second_request_on_a_kept_alive_connection_is_cut_off(port: i
 
 
 def test_connections_over_the_cap_are_closed_as_they_open(tmp_path: Path) -> None:
-    settings = settings_for(tmp_path, header_timeout=60.0, max_connections=4)
+    settings = settings_for(tmp_path, header_timeout=60.0, max_connections=4, max_connections_per_peer=3)
     with serving(_hello, **uvicorn_options(settings)) as port, ExitStack() as held:
-        socks = [held.enter_context(_connect(port)) for _ in range(8)]
-        closed = []
-        for sock in socks:
-            sock.settimeout(0.5)
-            try:
-                closed.append(sock.recv(1) == b"")
-            except TimeoutError:
-                closed.append(False)
+        socks = [held.enter_context(_connect(port, "127.0.0.1")) for _ in range(3)]  # one peer's cap
+        socks += [held.enter_context(_connect(port, "127.0.0.2")) for _ in range(5)]  # the global cap
+        closed = _closed_at_once(socks)
         assert closed.count(False) == 4 and all(closed[4:]), closed
         for sock in socks[:4]:
             sock.close()
@@ -118,3 +136,34 @@ def test_forwarded_for_is_trusted_from_a_configured_proxy() -> None:
     with serving(_hello, **uvicorn_options(untrusted)) as port:
         seen = httpx.get(f"http://127.0.0.1:{port}/", headers={"X-Forwarded-For": "10.1.2.3"}).text
     assert seen == "127.0.0.1"
+
+
+def test_one_peer_cannot_hold_every_connection(tmp_path: Path) -> None:
+    """N3 (issue 50): one client re-opening connections held all the slots and other clients' health checks did
+    not get through; a peer now holds at most MAX_CONNECTIONS_PER_PEER, below the global cap."""
+    settings = settings_for(tmp_path, header_timeout=60.0, max_connections=8, max_connections_per_peer=3)
+    with serving(_hello, **uvicorn_options(settings)) as port, ExitStack() as held:
+        hog = [held.enter_context(_connect(port, "127.0.0.3")) for _ in range(10)]
+        closed = _closed_at_once(hog)
+        assert closed[:3] == [False] * 3 and all(closed[3:]), closed  # the rest closed as they opened
+        assert _served(port, "127.0.0.4")  # another client is served meanwhile
+        for sock in hog[:3]:
+            sock.close()
+        deadline = time.monotonic() + 30  # once the server noticed, the first peer may connect again
+        while not _served(port, "127.0.0.3"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_a_trusted_proxy_is_not_capped_per_peer(tmp_path: Path) -> None:
+    """Every client behind a trusted proxy has its address: the per-peer cap would cap them all together."""
+    settings = settings_for(tmp_path, header_timeout=60.0, max_connections=8, max_connections_per_peer=2,
+                            forwarded_allow_ips="127.0.0.5/32")
+    with serving(_hello, **uvicorn_options(settings)) as port, ExitStack() as held:
+        proxy = [held.enter_context(_connect(port, "127.0.0.5")) for _ in range(5)]
+        assert _closed_at_once(proxy) == [False] * 5
+
+
+def test_the_per_peer_cap_must_be_below_the_global_cap(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="MAX_CONNECTIONS_PER_PEER .* must be below"):
+        settings_for(tmp_path, max_connections=10, max_connections_per_peer=10)

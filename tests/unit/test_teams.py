@@ -78,11 +78,15 @@ def test_audit_is_append_only_bounded_and_filtered(tmp_path: Path) -> None:
     for i in range(130):
         log.record(key_id=f"k{i % 2}", team="vision" if i % 2 else "audio", action="job.submit", target=f"j{i}",
                    client="127.0.0.1")
-    assert log.count() == 100  # the oldest 30 pruned
+    assert log.count() == 130  # nothing an admin has not exported is pruned (issue 50, N9)
+    assert len(log.export(after=0, limit=1000)[0]) == 130
+    log.record(key_id="k0", team="audio", action="job.submit", target="j130", client="127.0.0.1")
+    log.record(key_id="k1", team="vision", action="job.submit", target="j131", client="127.0.0.1")
+    assert log.count() == 100  # exported: the oldest go past the bound
     page = log.page(limit=10, team="vision")
-    assert [e.target for e in page] == [f"j{i}" for i in range(129, 109, -2)]
+    assert [e.target for e in page] == [f"j{i}" for i in range(131, 111, -2)]
     older = log.page(limit=10, team="vision", before=page[-1].seq)
-    assert older[0].target == "j109" and all(e.team == "vision" for e in older)
+    assert older[0].target == "j111" and all(e.team == "vision" for e in older)
     assert log.page(limit=5, action="key.create") == []
     with sqlite3.connect(tmp_path / "api.sqlite3") as db, pytest.raises(sqlite3.DatabaseError, match="append-only"):
         db.execute("UPDATE audit SET team = 'x'")
@@ -91,7 +95,36 @@ def test_audit_is_append_only_bounded_and_filtered(tmp_path: Path) -> None:
         db.execute("INSERT INTO audit (at, key_id, team, action, target, client, outcome, detail) VALUES "
                    "(?, 'k', 't', 'sign_in', '', '', 'ok', '')", (old,))
     log.record(key_id="k", team="t", action="sign_out")
-    assert all(e.at > old for e in log.page(limit=1000)) and log.count() == 99  # 33..132 less the old one
+    assert any(e.at == old for e in log.page(limit=1000))  # old, but not exported: kept
+    log.export(after=0, limit=1000)
+    log.record(key_id="k", team="t", action="sign_out")
+    assert all(e.at > old for e in log.page(limit=1000)) and log.count() == 99  # 35..134 less the old one (exported)
+
+
+def test_audit_rows_are_rate_limited_per_key_and_never_pruned_unexported(tmp_path: Path) -> None:
+    """N9 (issue 50): a submit key wrote ~170 audit rows a second and pushed the history out (rows pruned
+    oldest-first past the bound). Now a key's rows past its budget a minute are not written one by one (one
+    ``audit.rate_limited`` row says so, and how many when it writes again), and nothing an admin has not exported
+    (``export``) is pruned."""
+    clock = [1000.0]
+    log = AuditLog(tmp_path / "api.sqlite3", max_rows=100, max_age_days=1, max_per_minute=20,
+                   clock=lambda: clock[0])
+    log.record(key_id="admin", team="t", action="key.create", target="k-1")
+    first = log.page(limit=1)[0].seq
+    for i in range(500):
+        log.record(key_id="k-spam", team="t", action="job.download", target=f"j{i}")
+    spam = [e for e in log.page(limit=1000) if e.key_id == "k-spam"]
+    assert len(spam) == 21 and spam[0].action == "audit.rate_limited", [e.action for e in spam[:3]]
+    log.record(key_id="admin", team="t", action="key.revoke", target="k-1")  # another key is not limited
+    assert log.page(limit=1)[0].action == "key.revoke"
+    clock[0] += 61
+    log.record(key_id="k-spam", team="t", action="job.download", target="later")
+    newest = log.page(limit=2)
+    assert [e.action for e in newest] == ["job.download", "audit.rate_limited"]
+    assert "480" in newest[1].detail  # how many were not written one by one
+    assert min(e.seq for e in log.page(limit=1000)) == first  # the history is still there
+    rows, nxt = log.export(after=0, limit=10)
+    assert [r.seq for r in rows] == sorted(r.seq for r in rows) and rows[0].seq == first and nxt == rows[-1].seq
 
 
 # --- ownership in the store --------------------------------------------------------------------------------
@@ -152,7 +185,7 @@ def _submit(client: TestClient, token: str, model_id: str) -> Any:
 
 def test_two_teams_see_only_their_own(client: TestClient, tmp_path: Path) -> None:
     vision_id, vision = _key(client, "vision", "submit")
-    _, vision_read = _key(client, "vision", "read")
+    vision_read_id, vision_read = _key(client, "vision", "read")
     audio_id, audio = _key(client, "audio", "submit")
     model = client.post("/models", files={"file": ("m.pt", model_file(tmp_path))}, headers=_auth(vision))
     assert model.status_code == 201, model.text
@@ -204,9 +237,13 @@ def test_two_teams_see_only_their_own(client: TestClient, tmp_path: Path) -> Non
     assert {k["id"] for k in listed_keys} >= {vision_id, audio_id} and all("key" not in k for k in listed_keys)
 
     audit = client.get("/audit", params={"team": "vision"}, headers=_auth("admin-t")).json()["entries"]
-    seen = [(e["action"], e["key_id"], e["target"]) for e in reversed(audit)]
+    seen = [(e["action"], e["key_id"], e["target"]) for e in reversed(audit) if e["outcome"] == "ok"]
     assert seen == [("model.upload", vision_id, model_id), ("job.submit", vision_id, job_id),
                     ("job.readapt", vision_id, readapt.json()["id"])]
+    refused = [(e["action"], e["key_id"], e["target"], e["detail"][:4]) for e in reversed(audit)
+               if e["outcome"] == "refused"]  # issue 50: refusals are recorded too
+    assert ("pool.withdraw", vision_id, "p-1", "403:") in refused
+    assert ("pool.withdraw", vision_read_id, "p-1", "403:") in refused
     assert all(e["client"] == "testclient" for e in audit)
     keys_audit = client.get("/audit", params={"action": "key.revoke"}, headers=_auth("admin-t")).json()["entries"]
     assert [(e["key_id"], e["target"]) for e in keys_audit] == [("token:admin", audio_id)]
@@ -307,3 +344,75 @@ def test_a_lineage_names_only_the_jobs_its_reader_may_see(client: TestClient, tm
     item = client.get("/ui/pool/p-1")
     assert item.status_code == 200 and job_id[:12] not in item.text
     assert client.get("/ui/pool").status_code == 200 and client.get(f"/ui/jobs/{job_id}/checkpoint").status_code == 404
+
+
+def test_another_teams_upload_of_the_same_file_is_not_revealed(client: TestClient, tmp_path: Path) -> None:
+    """N6 (issue 50): uploading the exact file another team uploaded answered with that team's name for it and its
+    upload time (and 200, "uploaded before"). Each team sees its own upload: its name, its time, 201 the first
+    time it uploads it."""
+    _, vision = _key(client, "vision", "submit")
+    _, audio = _key(client, "audio", "submit")
+    data = model_file(tmp_path)
+    first = client.post("/models", files={"file": ("m.pt", data)}, data={"name": "vision-secret"},
+                        headers=_auth(vision))
+    assert first.status_code == 201, first.text
+    theirs = client.post("/models", files={"file": ("m.pt", data)}, data={"name": "audio-model"},
+                         headers=_auth(audio))
+    assert theirs.status_code == 201, theirs.text  # not "the same file was uploaded before"
+    assert theirs.json()["id"] == first.json()["id"] and theirs.json()["name"] == "audio-model"
+    assert "vision-secret" not in theirs.text
+    again = client.post("/models", files={"file": ("m.pt", data)}, data={"name": "renamed"}, headers=_auth(audio))
+    assert again.status_code == 200 and again.json()["name"] == "audio-model"  # its own earlier upload
+    assert again.json()["uploaded_at"] == theirs.json()["uploaded_at"]
+    for token, name in ((audio, "audio-model"), (vision, "vision-secret")):
+        assert [m["name"] for m in client.get("/models", headers=_auth(token)).json()["models"]] == [name]
+        assert client.get(f"/models/{first.json()['id']}", headers=_auth(token)).json()["name"] == name
+
+
+def test_a_job_does_not_name_another_teams_contributing_job(client: TestClient, tmp_path: Path) -> None:
+    """N6 (issue 50): ``neighbours_from_contributions`` named another team's job id; now such a contribution is
+    counted without its job (an admin still sees it)."""
+    job_id = finished_job(client, tmp_path, signed_in(client, "user-t"))  # the default team's; it used p-1, p-2
+    state = client.app.state.api  # type: ignore[attr-defined]
+    state.store.add_owner("job", "0123456789abcdef", "vision", "k-x")
+    state.contributor.records.record_items("0123456789abcdef", ["p-1"])
+    state.jobs.sync_lineage()
+    for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/report", "/jobs"):
+        got = client.get(path, headers=_auth("user-t"))
+        assert got.status_code == 200 and "0123456789abcdef" not in got.text, (path, got.text)
+    seen = client.get(f"/jobs/{job_id}", headers=_auth("user-t")).json()["neighbours_from_contributions"]
+    assert seen == [{"job_id": None, "source": "another team's contribution", "items_used": 1}], seen
+    admin = client.get(f"/jobs/{job_id}", headers=_auth("admin-t")).json()["neighbours_from_contributions"]
+    assert [n["job_id"] for n in admin] == ["0123456789abcdef"]
+
+
+def test_the_audit_export_route(client: TestClient) -> None:
+    _, vision = _key(client, "vision", "submit")
+    assert client.get("/audit/export", headers=_auth(vision)).status_code == 403
+    got = client.get("/audit/export", params={"after": 0, "limit": 1}, headers=_auth("admin-t")).json()
+    assert [e["action"] for e in got["entries"]] == ["key.create"] and got["next_after"] == got["entries"][0]["seq"]
+    rest = client.get("/audit/export", params={"after": got["next_after"]}, headers=_auth("admin-t")).json()
+    assert rest["next_after"] is None and all(e["seq"] > got["next_after"] for e in rest["entries"])
+    assert client.get("/audit", params={"action": "audit.export"}, headers=_auth("admin-t")).json()["entries"]
+
+
+def test_a_read_keys_console_uploads_are_refused_before_their_body_is_read(client: TestClient,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """N11 (issue 50): a read key's console ingest was refused only after its whole body was read (and parsed);
+    the console's ingest, submit and model upload now check the role first, like the JSON API."""
+    from starlette.requests import Request
+
+    _, read = _key(client, "vision", "read")
+    csrf = signed_in(client, read)
+    parsed: list[str] = []
+    original = Request.form
+
+    def form(self: Request, **kw: Any) -> Any:
+        parsed.append(self.url.path)
+        return original(self, **kw)
+
+    monkeypatch.setattr(Request, "form", form)
+    for path in ("/ui/pool/ingest", "/ui/submit", "/ui/models"):
+        resp = client.post(path, data={"csrf": csrf, "source": "x"}, files={"files": ("a.png", b"x" * 1000)})
+        assert resp.status_code == 403 and "may only read" in resp.text, (path, resp.status_code)
+    assert parsed == []

@@ -126,3 +126,33 @@ def test_model_cache_budget(tmp_path: Path) -> None:
     off = ModelCache(tmp_path / "off", max_bytes=0)
     path, hit = off.get(shas[0], writer(blobs[0]), scratch=tmp_path / "work")
     assert path == tmp_path / "work" / shas[0] and not hit and not (tmp_path / "off").exists()
+
+
+def test_429_and_503_are_retried_with_backoff_and_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """N1 (issue 50): a worker retries a 429 (a rate limit) or 503 answer to its download and upload, waiting at
+    least the Retry-After it was given (capped), a bounded number of times; then it fails with the answer."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    answers = {"n": 0, "busy": 2}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        answers["n"] += 1
+        if answers["n"] <= answers["busy"]:
+            status = 429 if answers["n"] % 2 else 503
+            return httpx.Response(status, headers={"Retry-After": "3"},
+                                  json={"error": {"code": "too_many_requests", "message": "slow down"}})
+        if req.method == "PUT":
+            return httpx.Response(200, json={"ok": True})
+        return httpx.Response(200, content=BLOB)
+
+    with _client(handler, retries=3) as api:
+        assert api.download("/t", tmp_path / "t.tar", SHA, what="the target") == len(BLOB)
+        assert slept == [3.0, 3.0]
+        answers.update(n=0)
+        ckpt = tmp_path / "m.pt"
+        ckpt.write_bytes(b"x")
+        assert api.upload_checkpoint("j1", ckpt, "ab" * 32) == {"ok": True}
+        answers.update(n=0, busy=99)
+        with pytest.raises(Exception, match="HTTP 429|HTTP 503"):
+            api.download("/t", tmp_path / "u.tar", SHA, what="the target")
+        assert answers["n"] == 4  # bounded: the first try and 3 retries

@@ -70,14 +70,14 @@ def run(items: int, share: float, threshold: float, nprobe: int, work: Path) -> 
         scan_s, scan_cpu = time.perf_counter() - t1, cpu_seconds(proc.pid) - c1
         rss_after = rss_bytes(proc.pid)
     row = {pid: i for i, pid in enumerate(ids)}
-    removed = np.array([row[r["id"]] for r in out["remove"]], dtype=np.int64)
+    removed = np.array([row[r.id] for r in out.remove], dtype=np.int64)
     found = int(planted[removed].sum()) if len(removed) else 0
     return {"items": items, "dim": DIM, "planted": int(planted.sum()), "threshold": threshold, "nprobe": nprobe,
             "removable": int(target.sum()), "removed": len(removed), "planted_found": found,
             "recall": round(found / max(1, int(planted.sum())), 4), "false_removals": len(removed) - found,
             "http_seconds": round(scan_s, 2), "retriever_cpu_seconds": round(scan_cpu, 1),
-            "service_seconds": out["seconds"], "method": out["method"],
-            "nlist": out["nlist"], "load_seconds": round(load_s, 1),
+            "service_seconds": out.seconds, "method": out.method,
+            "nlist": out.nlist, "load_seconds": round(load_s, 1),
             "retriever_rss_gib": {"before": round((rss_before or 0) / 2**30, 2),
                                   "after": round((rss_after or 0) / 2**30, 2)}}
 

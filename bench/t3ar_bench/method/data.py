@@ -220,7 +220,9 @@ class BenchPool(LocalPool):
         self.components = [c.name for c in components]
         # the emoji components' labels, for class-conditional retrieval's label-filtered search only (the method
         # reads pool labels from the side table, as the runs always did)
-        self._search_labels = [lab for c in components for lab in (c.labels or [None] * len(c.ids))]
+        self._search_labels: list[str | None] = []
+        for c in components:
+            self._search_labels += c.labels if c.labels is not None else [None] * len(c.ids)
         self._known = known_queries
         self._images = image_cache
         self._path_of = dict(zip(ids, paths, strict=True))

@@ -172,7 +172,7 @@ def _bench_ingest(work: Path, n: int, batch: int = 64, block: int = 2, in_flight
                         [(f"{i}.png", pngs[i]) for i in range(s, min(n, s + batch))]), starts))
                     t_http += time.perf_counter() - t0
                     cpu_http += cpu_seconds(proc.pid) - c0
-                    added += sum(r["added"] for r in reports)
+                    added += sum(r.added for r in reports)
     finally:
         worker.stdin.close()
         worker.wait(timeout=60)
@@ -193,7 +193,7 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
         out["bulk_load_vectors_per_s"] = _load_vectors(client, n)
         out["rss_after_load_bytes"] = rss_bytes(proc.pid)
     with retriever_service(data, env) as (client, proc):  # the steady state: a fresh process loaded the saved index
-        out["restart_repairs"] = client.stats()["repairs"]
+        out["restart_repairs"] = client.stats().repairs
         out["rss_bytes"] = rss_bytes(proc.pid)
         queries = unit_vectors(n_single, seed=11)
         client.search(queries[:1], K)
@@ -208,7 +208,7 @@ def _bench_million(work: Path, n: int, n_single: int, n_deletes: int) -> dict[st
         out["search_batch256_s"] = time.perf_counter() - t
         rng = np.random.default_rng(3)
         victims = [int(s) for s in rng.choice(np.arange(1, n + 1), size=n_deletes, replace=False)]
-        tag = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
+        tag = client.list_items(limit=1).items[0].id.split("-")[0]
         vectors = {}
         chunks = {s: unit_vectors(min(50_000, n - s), seed=1000 + s // 50_000) for s in
                   sorted({(v - 1) // 50_000 * 50_000 for v in victims})}

@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverUnavailableError
+from t3ar.clients.retriever_models import StatsResponse
 from t3ar_bench.retrieval.ann import K, mixture_vectors
 from t3ar_bench.retrieval.service import percentiles, retriever_service, rss_bytes
 
@@ -91,15 +93,17 @@ def _env(dim: int, identity: str, nlist: int, nprobe: int, pq_m: int, rerank: in
             "T3AR_RETRIEVER_VECTOR_IDENTITY": identity, "T3AR_RETRIEVER_INDEX_TYPE": "ivfpq",
             "T3AR_RETRIEVER_IVF_NLIST": str(nlist), "T3AR_RETRIEVER_IVF_NPROBE": str(nprobe),
             "T3AR_RETRIEVER_PQ_M": str(pq_m), "T3AR_RETRIEVER_RERANK_FACTOR": str(rerank),
-            "T3AR_RETRIEVER_IVF_TRAIN_MIN": str(train_min), "T3AR_RETRIEVER_MAX_VECTORS_PER_REQUEST": str(CHUNK)}
+            "T3AR_RETRIEVER_IVF_TRAIN_MIN": str(train_min), "T3AR_RETRIEVER_MAX_VECTORS_PER_REQUEST": str(CHUNK),
+            # the flat cap is checked for count plus batch: it must take at least two chunks
+            "T3AR_RETRIEVER_IVF_FLAT_MAX": str(max(2 * train_min, 2 * CHUNK))}
 
 
-def _wait_trained(client: Any, timeout: float) -> dict[str, Any]:
+def _wait_trained(client: RetrieverClient, timeout: float) -> StatsResponse:
     """Until the index is IVF-PQ and no retrain is due (the pool is under twice what it was trained on)."""
     deadline = time.monotonic() + timeout
     while True:
-        idx = (st := client.stats())["index"]
-        if idx["type"] == "ivfpq" and st["count"] < 2 * (idx["trained_on"] or 0):
+        idx = (st := client.stats()).index
+        if idx.type == "ivfpq" and st.count < 2 * (idx.trained_on or 0):
             return st
         if time.monotonic() > deadline:
             raise RuntimeError(f"the index was not trained within {timeout:.0f}s: {idx}")
@@ -182,12 +186,12 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
         out["ingest_vectors_per_s"] = n / t_post
         out["ingest_wall_s"] = time.perf_counter() - t0
         out["ingest_held_s"] = held  # in 503s of the flat cap, after the client's own retries (in t_post)
-        out["adds_held_in_retriever_s"] = client.stats()["index"].get("adds_held_s")  # waits inside the POSTs
+        out["adds_held_in_retriever_s"] = client.stats().index.adds_held_s  # waits inside the POSTs
         out["memory_after_ingest"] = proc_memory(proc.pid)
         t = time.perf_counter()
         st = _wait_trained(client, timeout=max(600.0, n / 2000))
         out["train_wait_after_ingest_s"] = time.perf_counter() - t
-        out["trained_on"] = st["index"]["trained_on"]
+        out["trained_on"] = st.index.trained_on
         found, seconds = _searches(client, queries)  # as the ingest left the page cache (rows maybe not in it)
         out["single_as_ingested"] = percentiles(seconds)
         out["recall_at_50_as_ingested"] = recall(found, truth.ids)
@@ -198,7 +202,7 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
         out["load_average_during_search"] = (load_before + os.getloadavg()[0]) / 2  # latency is CPU-bound
         out["recall_at_50"] = recall(found, truth.ids)
         out.update(proc_memory(proc.pid))
-        tag = client.list_items(limit=1)["items"][0]["id"].split("-")[0]
+        tag = client.list_items(limit=1).items[0].id.split("-")[0]
         t_del, returned = [], 0
         for v in victims.tolist():
             pid = f"{tag}-{v}"
@@ -217,8 +221,8 @@ def bench_pool(work: Path, n: int, *, n_queries: int = 200, n_deletes: int = 200
     with retriever_service(data, env) as (client, proc):  # cold start: the saved index, never a retrain
         out["cold_start_s"] = time.perf_counter() - t
         st = client.stats()
-        out["cold_start_repairs"] = st["repairs"]
-        out["cold_start_index"] = st["index"]
+        out["cold_start_repairs"] = st.repairs
+        out["cold_start_index"] = st.index.model_dump(mode="json")
         gone = [f"{tag}-{v}" for v in victims.tolist()]
         res = client.search(np.stack([victim_vecs[v] for v in victims.tolist()]), K).ids
         out["deleted_returned_after_restart"] = sum(g in row for g, row in zip(gone, res, strict=True))

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from t3ar_services.api.console import web
 from t3ar_services.api.console.session import LOGIN_COOKIE, LOGIN_TTL, SESSION_COOKIE
 from t3ar_services.api.domain import access
+from t3ar_services.common.credentials import token_matches
 
 router = APIRouter(prefix=web.PREFIX, include_in_schema=False)
 MAX_LOGIN_BODY = 16 * 1024  # a token and two short fields: the sign-in form is read without any credentials
@@ -35,14 +36,44 @@ def root() -> RedirectResponse:
     return RedirectResponse(f"{web.PREFIX}/jobs", status_code=303)
 
 
+#: what the sign-in page says when a session ended (``?ended=``: a fixed word, never text from the URL)
+ENDED = {"revoked": "Your session ended: the API key it was signed in with has been revoked by an admin. Sign in "
+                    "with another key or token.",
+         "expired": "Your session expired: sign in again."}
+
+
+def _service_token(request: Request, token: str) -> str | None:
+    """The words for a service token given at sign-in (it opens no console), or None."""
+    settings = web.api_state(request).settings
+    for secret, words in ((settings.worker_token, "the workers' token (T3AR_API_WORKER_TOKEN): it opens only the "
+                                                  "worker routes"),
+                          (settings.retriever_token, "the retriever's read/write token (T3AR_RETRIEVER_TOKEN)"),
+                          (settings.retriever_admin_token, "the retriever's admin token "
+                                                           "(T3AR_RETRIEVER_ADMIN_TOKEN)")):
+        if secret is not None and token_matches(token, [secret]):
+            return (f"that is {words}, a service token that never signs in to the console: use the user token "
+                    "(T3AR_API_TOKEN), the admin token (T3AR_API_ADMIN_TOKEN) or an API key")
+    return None
+
+
+def _refusal(request: Request, token: str) -> str:
+    """Why ``token`` does not sign in, in words: a service token, a revoked key (and when), or unknown."""
+    if (words := _service_token(request, token)) is not None:
+        return words
+    keys = web.api_state(request).keys
+    if (when := keys.revoked_at(token)) is not None:
+        return f"this API key was revoked ({when[:19].replace('T', ' ')} UTC): ask an admin for a new one"
+    return "unknown token: use the user token (T3AR_API_TOKEN), the admin token (T3AR_API_ADMIN_TOKEN) or an API key"
+
+
 @router.get("/login")
-def login_page(request: Request, next: str | None = None, error: str = "") -> Response:
+def login_page(request: Request, next: str | None = None, error: str = "", ended: str = "") -> Response:
     s = web.sessions(request)
     if s.read(request.cookies.get(SESSION_COOKIE)) is not None:
         return RedirectResponse(web.safe_next(next), status_code=303)
     nonce = s.new_login_nonce()
     page = web.render(request, "login.html", None, status=401 if error else 200, csrf=s.csrf_for(nonce),
-                      next=web.safe_next(next), error=error,
+                      next=web.safe_next(next), error=error, ended=ENDED.get(ended),
                       auth_disabled=web.api_state(request).settings.auth_disabled)
     _set_cookie(request, page, LOGIN_COOKIE, nonce, LOGIN_TTL)
     return page
@@ -79,8 +110,7 @@ async def login(request: Request) -> Response:
         # the worker token lands here too: it opens only the worker routes, never the console
         await run_in_threadpool(state.audit.record, key_id="", team="", action="sign_in", client=web.client_of(request),
                                 outcome="refused")
-        return login_page(request, next_path, error="unknown token: use the user token (T3AR_API_TOKEN), the "
-                                                    "admin token (T3AR_API_ADMIN_TOKEN) or an API key")
+        return login_page(request, next_path, error=_refusal(request, token))
     await run_in_threadpool(access.record, state, who, "sign_in", who.key_id, web.client_of(request))
     response = RedirectResponse(next_path, status_code=303)
     _set_cookie(request, response, SESSION_COOKIE, s.issue(token), s.ttl)

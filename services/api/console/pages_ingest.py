@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
+from t3ar.clients.retriever_models import AddItemResult
 from t3ar_services.api.console import web
 from t3ar_services.api.console.session import Session
 from t3ar_services.api.domain import access, pool
@@ -25,8 +26,8 @@ DEFAULT_SOURCE = "console"
 
 
 def _page(request: Request, session: Session, *, status: int = 200, error: str | None = None, source: str = "",
-          label: str = "", items: list[dict[str, object]] | None = None) -> Response:
-    counts = Counter(str(it.get("status")) for it in items or [])
+          label: str = "", items: list[AddItemResult] | None = None) -> Response:
+    counts = Counter(it.status for it in items or [])
     return web.render(request, "ingest.html", session, status=status, error=error, source=source or DEFAULT_SOURCE,
                       label=label, items=items, counts=counts,
                       pool_link=f"{web.PREFIX}/pool?{urllib.parse.urlencode({'source': source})}" if source else None)
@@ -41,8 +42,8 @@ def ingest_page(request: Request, session: web.SessionDep) -> Response:
 @router.post("/pool/ingest", dependencies=[body_size("ingest")])
 async def ingest(request: Request) -> Response:
     state = web.api_state(request)
-    session, form = await web.checked_form(request, max_files=MAX_FILES)
-    web.require_submit(session)
+    session, form = await web.checked_form(  # a read key is refused before its body is read (N11)
+        request, max_files=MAX_FILES, needs=lambda s: web.require_submit(s, request=request, action="pool.ingest"))
     source = form.get("source")
     source = source.strip() if isinstance(source, str) else ""
     label = form.get("label")
@@ -63,8 +64,9 @@ async def ingest(request: Request) -> Response:
     except web.PageError as e:
         if e.status >= 500:
             raise
+        await run_in_threadpool(web.refused, request, session, "pool.ingest", e, source)
         return _page(request, session, status=e.status, error=e.message, source=source, label=label)
-    counts = Counter(str(it.get("status")) for it in items)
+    counts = Counter(it.status for it in items)
     await run_in_threadpool(access.record, state, session.who, "pool.ingest", source, web.client_of(request),
                             outcome="ok" if committed else "refused",
                             detail=" ".join(f"{k}={counts[k]}" for k in ("added", "exists", "duplicate", "rejected")))

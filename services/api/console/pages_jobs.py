@@ -9,8 +9,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from redis.exceptions import RedisError
+from rq import Worker
 from starlette.concurrency import run_in_threadpool
 
+from t3ar.clients.job_words import method_name, noise_words, progress_words, returned_model, unadapted
 from t3ar_services.api.console import web
 from t3ar_services.api.console.charts import line_chart
 from t3ar_services.api.console.session import Session
@@ -48,30 +51,37 @@ def _progress(job: JobOut) -> tuple[int, int]:
     return 0, 1
 
 
-def method_name(config: dict[str, Any]) -> str:
-    """The method as a list shows it: with its preset (``t3ar · validated``), which tells apart jobs of one method
-    that ran different configurations."""
-    method, preset = str(config.get("method", "")), config.get("preset")
-    return f"{method} · {preset}" if preset else method
-
-
 def target_words(job: JobOut) -> str:
     """The target in words: how many images, and what its labels are for (a test-time job adapts without them and
     they only score it; a train-time job trains on them)."""
     words = f"{job.target.images} images"
     if job.target.labelled:
-        train = job.config.get("mode") == "train"
+        train = job.config.mode == "train"
         words += ", labelled (trained on)" if train else \
             ", labelled (only to score it: test-time adaptation never sees the labels)"
     if job.target.skipped:
         words += f", {job.target.skipped} skipped"
+    if job.target.adapted is not None:
+        words += f"; adapted on {job.target.adapted}" + ("" if job.target.adapted == job.target.images else
+                                                        f" of them (fraction {getattr(job.config, 'fraction', None)})")
     return words
 
 
-def _row(job: JobOut) -> dict[str, Any]:
+def _workers(state: Any) -> int | None:
+    """Workers listening on the adaptation queue (None when Redis does not answer)."""
+    try:
+        return int(Worker.count(queue=state.jobs.queue))
+    except (RedisError, OSError):
+        return None
+
+
+def _row(job: JobOut, stale: int = 0, workers: int | None = None) -> dict[str, Any]:
+    """A job as the list and its page show it: what it returned (the headline: the base model when that won its
+    holdout), where it is, and ``stale``: how many of its retrieved pool items were withdrawn since."""
     value, total = _progress(job)
-    return {"job": job, "method": method_name(job.config), "target": target_words(job), "duration": _duration(job),
-            "value": value, "max": total}
+    return {"job": job, "method": method_name(job.config), "returned": returned_model(job),
+            "unadapted": unadapted(job), "where": progress_words(job, workers), "stale": stale,
+            "target": target_words(job), "duration": _duration(job), "value": value, "max": total}
 
 
 @router.get("/jobs")
@@ -80,8 +90,10 @@ def jobs_page(request: Request, session: web.SessionDep, before: str | None = No
     if before is not None:
         web.call(access.job_for, state, session.who, before)
     page = web.call(jobs.list_jobs, state, links_of(request), 50, before, session.who.team_filter)
-    rows = [_row(j) for j in page.jobs]
     running = any(j.status in RUNNING for j in page.jobs)
+    workers = _workers(state) if any(j.status == "queued" for j in page.jobs) else None
+    rows = [_row(j, len(jobs.supersession(state, j.id, finished=True).withdrawn) if j.status == "finished" else 0,
+                 workers) for j in page.jobs]
     return web.render(request, "jobs.html", session, rows=rows, total=page.total, next_before=page.next_before,
                       refresh=REFRESH_SECONDS if running else None)
 
@@ -138,9 +150,13 @@ def job_page(request: Request, session: web.SessionDep, job_id: str) -> Response
     job = web.call(jobs.describe, state, links_of(request), job_id)
     report = _report(state, job_id) if job.status == "finished" else None
     since = jobs.supersession(state, job_id, finished=job.status == "finished")
-    return web.render(request, "job.html", session, job=job, row=_row(job), report=report, charts=_charts(report),
+    row = _row(job, len(since.withdrawn), _workers(state) if job.status == "queued" else None)
+    acc = job.acceptance or (report.acceptance if report is not None else None)
+    return web.render(request, "job.html", session, job=job, row=row, report=report, charts=_charts(report),
+                      acc=acc, noise=noise_words(acc) if acc is not None else None,
+                      withdrawn=set(since.withdrawn),
                       accuracy=_accuracy(report), phases=_phases(report),
-                      config=json.dumps(job.config, indent=2, sort_keys=True),
+                      config=json.dumps(job.config.model_dump(mode="json"), indent=2, sort_keys=True),
                       neighbours=report.neighbour_sample if report is not None else [],
                       lineage=jobs.retrieved(state, job_id) if job.status == "finished" else [],
                       refresh=REFRESH_SECONDS if job.status in RUNNING else None, since=since,
@@ -182,11 +198,11 @@ def target_image(request: Request, session: web.SessionDep, job_id: str, name: s
         raise web.PageError(404, f"the image {path.name!r} cannot be read") from e
 
 
-async def _job_action(request: Request, job_id: str) -> tuple[Session, Any]:
-    """A POST on a job: the session (CSRF-checked, allowed to submit) and the API state, once the job is one the
-    session may see."""
+async def _job_action(request: Request, job_id: str, action: str) -> tuple[Session, Any]:
+    """A POST on a job: the session (CSRF-checked, allowed to submit: else an audited refusal of ``action``) and
+    the API state, once the job is one the session may see."""
     session, _ = await web.checked_form(request)
-    web.require_submit(session)
+    web.require_submit(session, request=request, action=action, target=job_id)
     state = web.api_state(request)
     await run_in_threadpool(web.call, access.job_for, state, session.who, job_id)
     return session, state
@@ -194,7 +210,7 @@ async def _job_action(request: Request, job_id: str) -> tuple[Session, Any]:
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(request: Request, job_id: str) -> Response:
-    session, state = await _job_action(request, job_id)
+    session, state = await _job_action(request, job_id, "job.cancel")
     status = await run_in_threadpool(web.call, jobs.cancel, state, job_id)
     await run_in_threadpool(access.record, state, session.who, "job.cancel", job_id, web.client_of(request),
                             detail=status)
@@ -203,7 +219,7 @@ async def cancel(request: Request, job_id: str) -> Response:
 
 @router.post("/jobs/{job_id}/readapt")
 async def readapt(request: Request, job_id: str) -> Response:
-    session, state = await _job_action(request, job_id)
+    session, state = await _job_action(request, job_id, "job.readapt")
     done = await run_in_threadpool(web.call, jobs.readapt, state, job_id, session.who.key_id)
     await run_in_threadpool(access.record, state, session.who, "job.readapt", done.row.id, web.client_of(request),
                             detail=f"parent={job_id}")

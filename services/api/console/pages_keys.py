@@ -37,7 +37,7 @@ def _field(form: object, name: str) -> str:
 @router.post("/keys")
 async def create_key(request: Request) -> Response:
     session, form = await web.checked_form(request)
-    web.require_admin(session, "managing API keys")
+    web.require_admin(session, "managing API keys", request=request, action="key.create")
     row, key = await run_in_threadpool(web.call, access.create_key, web.api_state(request), session.who,
                                        _field(form, "team"), _field(form, "role"), _field(form, "name"),
                                        web.client_of(request))
@@ -47,7 +47,7 @@ async def create_key(request: Request) -> Response:
 @router.post("/keys/{key_id}/revoke")
 async def revoke_key(request: Request, key_id: str) -> Response:
     session, _ = await web.checked_form(request)
-    web.require_admin(session, "managing API keys")
+    web.require_admin(session, "managing API keys", request=request, action="key.revoke", target=key_id)
     await run_in_threadpool(web.call, access.revoke_key, web.api_state(request), session.who, key_id,
                             web.client_of(request))
     return RedirectResponse(f"{web.PREFIX}/keys", status_code=303)

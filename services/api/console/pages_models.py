@@ -28,17 +28,22 @@ def models_page(request: Request, session: web.SessionDep, uploaded: str | None 
 @router.post("/models", dependencies=[body_size("model")])
 async def upload(request: Request) -> Response:
     state = web.api_state(request)
-    session, form = await web.checked_form(request, max_files=1)
-    web.require_submit(session)
-    file = form.get("file")
-    if file is None or isinstance(file, str):
-        raise web.PageError(422, "choose a checkpoint file (t3ar train-source writes one)")
-    name = form.get("name")
-    name = name if isinstance(name, str) else ""
-    if len(name) > 200:
-        raise web.PageError(422, "a model name is at most 200 characters")
-    done = await run_in_threadpool(web.call, models.upload, state, file.file, name or (file.filename or ""),
-                                   sent_name(file.filename, "the checkpoint"), access.owner(session.who))
+    session, form = await web.checked_form(  # a read key is refused before its body is read (N11)
+        request, max_files=1, needs=lambda s: web.require_submit(s, request=request, action="model.upload"))
+    try:
+        file = form.get("file")
+        if file is None or isinstance(file, str):
+            raise web.PageError(422, "choose a checkpoint file (t3ar train-source writes one)")
+        name = form.get("name")
+        name = name if isinstance(name, str) else ""
+        if len(name) > 200:
+            raise web.PageError(422, "a model name is at most 200 characters")
+        done = await run_in_threadpool(web.call, models.upload, state, file.file, name or (file.filename or ""),
+                                       sent_name(file.filename, "the checkpoint"), access.owner(session.who))
+    except web.PageError as e:
+        if e.status < 500:
+            await run_in_threadpool(web.refused, request, session, "model.upload", e)
+        raise
     await run_in_threadpool(access.record, state, session.who, "model.upload", done.model.id, web.client_of(request),
                             detail="new" if done.created else "again")
     query = urllib.parse.urlencode({"uploaded": done.model.id, "created": "true" if done.created else "false"})

@@ -21,6 +21,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from t3ar.clients.retriever import RetrieverClient
+from t3ar.clients.retriever_models import ItemOut
 from t3ar_services.api.console import web
 from t3ar_services.api.console.session import Session
 from t3ar_services.api.console.thumbs import png_response, thumbnails
@@ -47,11 +48,11 @@ def pool_page(request: Request, session: web.SessionDep, source: str | None = No
     source = source if (source or exact) else None
     label = label or None
     page = web.call(reader.list_items, after=after or None, limit=PAGE, source=source, label=label)
-    sources = sorted(dict(stats.get("sources") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
-    labels = sorted(dict(stats.get("labels") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
-    return web.render(request, "pool.html", session, items=page["items"], next_after=page.get("next_after"),
-                      total=page.get("total", len(page["items"])), count=stats.get("count", 0), sources=sources,
-                      source=source, labels=labels, label=label)
+    sources = sorted(stats.sources.items(), key=lambda kv: (-kv[1], kv[0]))
+    labels = sorted(stats.labels.items(), key=lambda kv: (-kv[1], kv[0]))
+    return web.render(request, "pool.html", session, items=page.items, next_after=page.next_after,
+                      total=page.total, count=stats.count, sources=sources, source=source, labels=labels,
+                      label=label)
 
 
 @router.get("/pool/search")
@@ -80,7 +81,7 @@ async def search(request: Request) -> Response:
     return web.render(request, "search.html", session, results=rows, query=query, filename=upload.filename or "")
 
 
-def _item(reader: RetrieverClient, pool_id: str) -> dict[str, Any] | None:
+def _item(reader: RetrieverClient, pool_id: str) -> ItemOut | None:
     try:
         return web.call(reader.get_item, pool_id)
     except web.PageError as e:
@@ -89,7 +90,7 @@ def _item(reader: RetrieverClient, pool_id: str) -> dict[str, Any] | None:
         raise
 
 
-def _known(state: Any, session: Session, pool_id: str, item: dict[str, Any] | None, links: Any) -> \
+def _known(state: Any, session: Session, pool_id: str, item: ItemOut | None, links: Any) -> \
         LineageResponse:
     """The item's lineage as ``session`` may see it; a 404 page for an id the pool does not hold and never held."""
     found = web.call(pool.lineage, state, links, pool_id)
@@ -102,7 +103,7 @@ def _known(state: Any, session: Session, pool_id: str, item: dict[str, Any] | No
 def _similar(reader: RetrieverClient, pool_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
     """The item's closest pool items, split at the pool's near-duplicate threshold (what its ingest skips as a
     near-duplicate): (near-duplicates, the other nearest neighbours, the threshold)."""
-    threshold = float(web.call(reader.stats).get("duplicate_threshold") or 1.0)
+    threshold = web.call(reader.stats).duplicate_threshold
     image = web.call(reader.get_image, pool_id)
     res = web.call(reader.search_images, [image], NEAR_K, exclude_ids=[pool_id])
     rows: list[dict[str, Any]] = [{"id": i, "score": float(sc), "label": lab}
@@ -120,12 +121,24 @@ def item_page(request: Request, session: web.SessionDep, pool_id: str) -> Respon
     near: list[dict[str, Any]] = []
     nearest: list[dict[str, Any]] = []
     threshold = None
-    if item is not None and item.get("size"):
+    if item is not None and item.size:
         near, nearest, threshold = _similar(reader, pool_id)
     lineage = _known(state, session, pool_id, item, links_of(request))
     after = web.call(pool.aftermath, state, lineage) if item is None else None
+    why = state.contributor.records.withdrawal_reasons([pool_id]).get(pool_id) if item is None else None
     return web.render(request, "item.html", session, pool_id=pool_id, item=item, near=near, nearest=nearest,
-                      threshold=threshold, lineage=lineage, after=after)
+                      threshold=threshold, lineage=lineage, after=after, why=_withdrawal_words(why))
+
+
+def _withdrawal_words(reason: str | None) -> str | None:
+    """How an item left the pool, from its withdrawal record's reason (no other team's job id)."""
+    if reason is None:
+        return None
+    if reason.startswith("contribution:"):
+        return "with the contribution of the job that added it"
+    if reason.startswith("compaction:"):
+        return "by compaction, as a near-duplicate of an item kept"
+    return "by an admin"
 
 
 @lru_cache(maxsize=1)
@@ -151,7 +164,7 @@ def item_image(request: Request, session: web.SessionDep, pool_id: str) -> Respo
     try:
         if item is None:
             raise web.PageError(404, f"no pool item {pool_id!r}")
-        sha = item.get("sha256")
+        sha = item.sha256
         load = lambda: web.call(reader.get_image, pool_id)  # noqa: E731
         thumbs = thumbnails(request)
         png = thumbs.get(f"sha256:{sha}", load) if sha else thumbs.of(load())
@@ -179,7 +192,7 @@ def withdraw_page(request: Request, session: web.SessionDep, pool_id: str) -> Re
 @router.post("/pool/{pool_id}/withdraw")
 async def withdraw(request: Request, pool_id: str) -> Response:
     session, _ = await web.checked_form(request)
-    web.require_admin(session)
+    web.require_admin(session, request=request, action="pool.withdraw", target=pool_id)
     done = await run_in_threadpool(web.call, pool.withdraw_item, web.api_state(request), links_of(request), pool_id)
     await run_in_threadpool(access.record, web.api_state(request), session.who, "pool.withdraw", pool_id,
                             web.client_of(request), detail=f"jobs={len(done.jobs)}")
@@ -213,7 +226,7 @@ async def readapt_affected(request: Request, pool_id: str) -> Response:
     the next click goes on with the rest. A job that cannot be re-run (its target gone, a cap) is named, and the
     others still run."""
     session, _ = await web.checked_form(request)
-    web.require_submit(session)
+    web.require_submit(session, request=request, action="job.readapt", target=pool_id)
     state = web.api_state(request)
     lineage = await run_in_threadpool(web.call, pool.lineage, state, links_of(request), pool_id)
     visible = await run_in_threadpool(access.visible_lineage, state, session.who, lineage)

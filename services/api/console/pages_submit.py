@@ -27,9 +27,11 @@ from t3ar_services.common.body_limit import body_size
 router = APIRouter(prefix=web.PREFIX, include_in_schema=False)
 
 #: the form's fields; any other is refused, as ``POST /adapt`` refuses fields it does not take
-FIELDS = frozenset({"csrf", "archive", "model_id", "method", "preset", "fraction", "epochs", "skip_bad_images",
+FIELDS = frozenset({"csrf", "archive", "model_id", "method", "preset", "mode", "fraction", "epochs", "skip_bad_images",
                     "contribute", "holdout", "candidates", "require_gain", "winner_rule"})
-TEXT_FIELDS = ("model_id", "method", "preset", "fraction", "epochs", "candidates", "winner_rule")
+TEXT_FIELDS = ("model_id", "method", "preset", "mode", "fraction", "epochs", "candidates", "winner_rule")
+#: the form's mode choices: empty is the API's own (train when the target has labels.csv and the method can)
+MODES = ("test", "train")
 
 
 def _text(form: FormData, name: str) -> str:
@@ -46,10 +48,15 @@ def _file(form: FormData, name: str) -> UploadFile | None:
 
 
 def config_of(form: FormData) -> str:
-    """The job's ``config`` field from the form: the method, and the preset, fraction and epochs when given."""
+    """The job's ``config`` field from the form: the method, and the preset, mode, fraction and epochs when given
+    (``mode: test`` runs a labelled target test-time: its labels only score the job)."""
     config: dict[str, Any] = {"method": _text(form, "method") or DEFAULT_METHOD["test"]}
     if preset := _text(form, "preset"):
         config["preset"] = preset
+    if mode := _text(form, "mode"):
+        if mode not in MODES:
+            raise web.PageError(422, f"mode must be test or train (or left to the target), not {mode[:40]!r}")
+        config["mode"] = mode
     for name, kind in (("fraction", float), ("epochs", int)):
         if raw := _text(form, name):
             try:
@@ -66,7 +73,7 @@ def _page(request: Request, session: Session, *, status: int = 200, error: str |
     found = web.call(models.list_models, state, session.who.team_filter)
     values = values or {}
     return web.render(request, "submit.html", session, status=status, error=error, models=found,
-                      methods=registry.names(), presets=PRESET_NAMES, default_rule=DEFAULT_RULE,
+                      methods=registry.names(), presets=PRESET_NAMES, modes=MODES, default_rule=DEFAULT_RULE,
                       other_rules=[r for r in RULES if r != DEFAULT_RULE],
                       values={**dict.fromkeys(TEXT_FIELDS, ""), **values},
                       checked={k for k, v in values.items() if v == "on"})
@@ -81,8 +88,8 @@ def submit_page(request: Request, session: web.SessionDep) -> Response:
 @router.post("/submit", dependencies=[body_size("archive")])
 async def submit(request: Request) -> Response:
     state = web.api_state(request)
-    session, form = await web.checked_form(request, max_files=2)
-    web.require_submit(session)
+    session, form = await web.checked_form(  # a read key is refused before its body is read (N11)
+        request, max_files=2, needs=lambda s: web.require_submit(s, request=request, action="job.submit"))
     values = {k: v[:200] for k, v in form.items() if isinstance(v, str) and k in FIELDS and k != "csrf"}
     try:
         unknown = sorted(set(form.keys()) - FIELDS)
@@ -105,6 +112,7 @@ async def submit(request: Request) -> Response:
     except web.PageError as e:
         if e.status >= 500:
             raise
+        await run_in_threadpool(web.refused, request, session, "job.submit", e)
         return _page(request, session, status=e.status, error=e.message, values=values)
     await run_in_threadpool(access.record, state, session.who, "job.submit", done.row.id, web.client_of(request),
                             detail=f"model={model_id}")

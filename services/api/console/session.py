@@ -161,6 +161,28 @@ class Sessions:
         who = ANONYMOUS if self.settings.auth_disabled else ADMIN if scope == "admin" else USER
         return Session(scope=scope, nonce=nonce, expires=expires, csrf=self.csrf_for(nonce), who=who)
 
+    def ended(self, cookie: str | None, now: float | None = None) -> str | None:
+        """Why a session cookie of ours no longer opens the console: ``revoked`` (its API key was revoked),
+        ``expired``, else None (no cookie, a forged one, or signed out). Only a cookie :meth:`read` refuses."""
+        if not cookie or cookie.count(".") != 1:
+            return None
+        body, mac = cookie.split(".")
+        if not secrets.compare_digest(mac, self._mac("session", body)):
+            return None
+        try:
+            payload = json.loads(_unb64(body))
+            expires, nonce = float(payload["e"]), str(payload["n"])
+            key_id = str(payload["k"]) if "k" in payload else None
+        except (ValueError, KeyError, TypeError):
+            return None
+        if nonce in self.revoked:
+            return None
+        if expires <= (time.time() if now is None else now):
+            return "expired"
+        if key_id is not None and self.keys is not None and self.keys.active(key_id) is None:
+            return "revoked"
+        return None
+
     def revoke(self, session: Session, now: float | None = None) -> None:
         """End ``session`` on the server (sign-out). Revocations are forgotten once their cookie expired, so the
         list holds at most the sessions signed out within one ``session_ttl`` (and at most

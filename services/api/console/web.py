@@ -30,6 +30,7 @@ from t3ar.clients.retriever import RetrieverClient
 from t3ar.errors import T3arError
 from t3ar_services.api.console.session import SESSION_COOKIE, Session, Sessions
 from t3ar_services.api.deps import ApiState
+from t3ar_services.api.domain import access
 from t3ar_services.api.errors import classify
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,12 @@ TEMPLATES = _env()
 
 
 class NeedSignIn(Exception):
-    def __init__(self, next_path: str) -> None:
+    """Answered with a redirect to the sign-in page; ``ended``: why the session's cookie stopped working
+    (``revoked``, ``expired``), which that page says."""
+
+    def __init__(self, next_path: str, ended: str | None = None) -> None:
         self.next_path = next_path
+        self.ended = ended
 
 
 class PageError(Exception):
@@ -94,24 +99,40 @@ def pool_reader(request: Request) -> RetrieverClient:
 
 def current_session(request: Request) -> Session:
     """The request's session, or :class:`NeedSignIn` (answered with a redirect to the sign-in page)."""
-    found = sessions(request).read(request.cookies.get(SESSION_COOKIE))
+    cookie = request.cookies.get(SESSION_COOKIE)
+    found = sessions(request).read(cookie)
     if found is None:
-        raise NeedSignIn(request.url.path)
+        raise NeedSignIn(request.url.path, sessions(request).ended(cookie))
     return found
 
 
 SessionDep = Annotated[Session, Depends(current_session)]
 
 
-def require_admin(session: Session, what: str = "withdrawing pool items") -> None:
+def refused(request: Request | None, session: Session, action: str, error: PageError, target: str = "") -> \
+        PageError:
+    """``error``, recorded first in the audit log as a refused ``action`` with its status and reason (not
+    recorded without a request or an action)."""
+    if request is not None and action:
+        access.record(api_state(request), session.who, action, target, client_of(request), outcome="refused",
+                      detail=f"{error.status}: {error.message[:400]}")
+    return error
+
+
+def require_admin(session: Session, what: str = "withdrawing pool items", *, request: Request | None = None,
+                  action: str = "", target: str = "") -> None:
+    """403 unless the session is an admin's; with ``request`` and ``action`` the refusal is audited."""
     if not session.admin:
-        raise PageError(403, f"{what} needs the admin token (T3AR_API_ADMIN_TOKEN) or an admin key: sign in with it")
+        raise refused(request, session, action, PageError(
+            403, f"{what} needs the admin token (T3AR_API_ADMIN_TOKEN) or an admin key: sign in with it"), target)
 
 
-def require_submit(session: Session) -> None:
+def require_submit(session: Session, *, request: Request | None = None, action: str = "", target: str = "") -> None:
+    """403 for a key that may only read; with ``request`` and ``action`` the refusal is audited."""
     if not session.can_submit:
-        raise PageError(403, "this key may only read: submitting, uploading, cancelling and readapting need a key "
-                             "with role submit or admin")
+        raise refused(request, session, action, PageError(
+            403, "this key may only read: submitting, uploading, cancelling and readapting need a key with role "
+                 "submit or admin"), target)
 
 
 def client_of(request: Request) -> str:
@@ -129,11 +150,15 @@ def same_origin(request: Request) -> bool:
     return urllib.parse.urlsplit(origin).netloc == request.headers.get("host", "") != ""
 
 
-async def checked_form(request: Request, *, max_files: int = 0) -> tuple[Session, FormData]:
-    """A POST's session (checked before the body is read), then its form (fields up to 64 KiB each; files are
-    bounded by the API's body limit and by what reads them), whose ``csrf`` field must be the session's CSRF token
-    (403 otherwise)."""
+async def checked_form(request: Request, *, max_files: int = 0,
+                       needs: Callable[[Session], None] | None = None) -> tuple[Session, FormData]:
+    """A POST's session (checked before the body is read, and with ``needs``, e.g. :func:`require_submit`, its
+    role too: a read key's upload is refused before a byte of it is read), then its form (fields up to 64 KiB
+    each; files are bounded by the API's body limit and by what reads them), whose ``csrf`` field must be the
+    session's CSRF token (403 otherwise)."""
     session = current_session(request)
+    if needs is not None:
+        needs(session)
     if not same_origin(request):
         raise PageError(403, "cross-origin form posts are refused")
     form = await request.form(max_files=max_files, max_fields=32, max_part_size=64 * 1024)
@@ -208,7 +233,8 @@ def sign_in_redirect(request: Request, exc: Exception) -> Response:
     if request.method == "GET" and request.headers.get("sec-fetch-site") == "cross-site":
         return HTMLResponse(_RELOAD)
     target = exc.next_path if request.method == "GET" else f"{PREFIX}/jobs"
-    return RedirectResponse(f"{PREFIX}/login?next={urllib.parse.quote(target, safe='/')}", status_code=303)
+    ended = f"&ended={exc.ended}" if exc.ended else ""
+    return RedirectResponse(f"{PREFIX}/login?next={urllib.parse.quote(target, safe='/')}{ended}", status_code=303)
 
 
 _NEXT = re.compile(r"/ui/[A-Za-z0-9._~!$&'()*+,;=@%/?-]*")  # printable URL characters: no scheme, no host

@@ -9,10 +9,14 @@ its reader may see. The JSON routes and the console both call these, before the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from t3ar.clients.api_models import AuditOut
+from t3ar.errors import T3arError
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import ApiState
-from t3ar_services.api.errors import NotFoundError
+from t3ar_services.api.errors import NotFoundError, classify
 from t3ar_services.api.jobs import require_job
 from t3ar_services.api.keys import KeyRow, Principal
 from t3ar_services.api.store import JobRow, ModelRow
@@ -49,11 +53,43 @@ def visible_lineage(state: ApiState, who: Principal, found: s.LineageResponse) -
                                     "in_flight": [j for j in found.in_flight if j in mine]})
 
 
+OTHER_TEAMS = "another team's contribution"
+
+
+def visible_neighbours(state: ApiState, who: Principal, found: list[s.NeighbourSource]) -> list[s.NeighbourSource]:
+    """``neighbours_from_contributions`` as ``who`` may read it: a contribution of a job ``who`` may not see is
+    counted without naming its job (issue 50, N6), all such folded into one entry."""
+    if who.admin or not found:
+        return found
+    mine = [n for n in found if n.job_id is not None and who.sees(state.store.teams_of("job", n.job_id))]
+    hidden = sum(n.items_used for n in found if n not in mine)
+    return mine + ([s.NeighbourSource(job_id=None, source=OTHER_TEAMS, items_used=hidden)] if hidden else [])
+
+
+def visible_job(state: ApiState, who: Principal, job: s.JobOut) -> s.JobOut:
+    """A job's answer with only what ``who`` may read of other teams' work (:func:`visible_neighbours`)."""
+    return job.model_copy(update={"neighbours_from_contributions": visible_neighbours(
+        state, who, job.neighbours_from_contributions)})
+
+
 def record(state: ApiState, who: Principal, action: str, target: str = "", client: str = "", *,
            outcome: str = "ok", detail: str = "") -> None:
     """One audit entry for what ``who`` did (never raises)."""
     state.audit.record(key_id=who.key_id, team=who.team, action=action, target=target, client=client,
                        outcome=outcome, detail=detail)
+
+
+@contextmanager
+def refusals_recorded(state: ApiState, who: Principal, action: str, client: str, target: str = "") -> Iterator[None]:
+    """Record a refused ``action`` (a domain error answered 4xx: a bad archive, an unknown model...) in the audit
+    log with its status and reason, and let the error go on."""
+    try:
+        yield
+    except T3arError as e:
+        status, _ = classify(e)
+        if status < 500:
+            record(state, who, action, target, client, outcome="refused", detail=f"{status}: {str(e)[:400]}")
+        raise
 
 
 def create_key(state: ApiState, who: Principal, team: str, role: str, name: str, client: str) -> tuple[KeyRow, str]:

@@ -56,13 +56,19 @@ class TargetUpload:
     candidates: str = ""
     require_gain: bool = False
     winner_rule: str = ""
+    # the MLflow model registry (T3AR_MLFLOW_TRACKING_URI): the registered model's name (in the team's namespace)
+    # and the one alias the finished job's version gets (none unless asked)
+    register_as: str = ""
+    register_alias: str = ""
 
 
 @dataclass(frozen=True)
 class Accepted:
-    """An enqueued job: its record, what was skipped on the way, and whether its target joins the pool."""
+    """An enqueued job: its record, the config it was enqueued with (the one validated), what was skipped on the
+    way, and whether its target joins the pool."""
 
     row: JobRow
+    config: AdaptConfig
     warnings: list[str] = field(default_factory=list)
     contribute: bool = False
 
@@ -76,7 +82,7 @@ def _check_pool(state: ApiState, config: AdaptConfig) -> None:
     retrieval = config.retrieval_options
     if retrieval is None:
         return
-    count = int(state.retriever.stats()["count"])
+    count = state.retriever.stats().count
     if count < retrieval.k:
         raise InvalidInputError(f"the pool has {count} item(s) but method {config.method} retrieves "
                                 f"k={retrieval.k} per image: ingest more (t3ar pool ingest) or lower k")
@@ -92,7 +98,7 @@ def _enqueue(state: ApiState, row: JobRow, config: AdaptConfig, secret: str, mod
     data_dir = state.settings.data_dir
     state.jobs.enqueue(row, config, model.sha256, target_tar(data_dir, row.target_dir), secret, subsample,
                        holdout=target_tar(data_dir, holdout[0]) if holdout else None,
-                       acceptance=holdout[1].model_dump(mode="json") if holdout else None)
+                       acceptance=holdout[1] if holdout else None)
     state.metrics.jobs_submitted.labels(config.method, "readapt" if row.parent_id else "adapt").inc()
 
 
@@ -120,6 +126,22 @@ def _check_steps(state: ApiState, configs: list[AdaptConfig], n_kept: int) -> No
                                 "epochs or list fewer candidates")
 
 
+def _registration(state: ApiState, register_as: str, alias: str, team: str | None,
+                  model: ModelRow) -> tuple[str, str | None] | None:
+    """The registered model's name and the alias a job asked for (checked), or None when registration is off
+    (asking for either there is refused: 422)."""
+    from t3ar_services.api.modelreg.settings import check_alias, check_name, registered_name
+
+    if not state.registrar.enabled:
+        if register_as or alias:
+            raise InvalidInputError("this API registers no models (T3AR_MLFLOW_TRACKING_URI is not set): leave out "
+                                    "register_as and register_alias")
+        return None
+    name = registered_name(register_as=check_name(register_as) if register_as else None,
+                           base_model_name=model.name, team=team)
+    return name, check_alias(alias) if alias else None
+
+
 def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None = None,
            model: ModelRow | None = None) -> Accepted:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
@@ -134,11 +156,13 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
     try:
         model = require_model(state.store, settings, upload.model_id) if model is None \
             else require_file(settings, model)
-        given, cfg = parse_config(upload.config)
+        draft = parse_config(upload.config)
+        registration = _registration(state, upload.register_as, upload.register_alias,
+                                     owner[0] if owner is not None else None, model)
         archive = job_dir / "upload"
         save_upload(upload.archive, archive, settings.max_upload_bytes, "the target archive",
                     "T3AR_API_MAX_UPLOAD_BYTES")
-        prepared, cfg = prepare_target(archive, job_dir, settings, model.classes, given, cfg,
+        prepared, cfg = prepare_target(archive, job_dir, settings, model.classes, draft,
                                        skip_bad_images=upload.skip_bad_images,
                                        sent=sent_name(upload.filename, "archive"))
         archive.unlink()
@@ -169,13 +193,17 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
             state.store.add_owner("job", job_id, *owner)
         if upload.contribute:
             state.contributor.records.request(job_id)  # before enqueueing: a quick job finds it
+        if registration is not None:
+            state.registrar.request(job_id, *registration)
         try:
             _enqueue(state, row, cfg, secret, model, prepared.subsample, holdout)
         except BaseException:
             state.contributor.records.forget(job_id)
+            state.registrar.records.forget(job_id)
             state.store.delete_job(job_id)
             raise
-        return Accepted(row, [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]], upload.contribute)
+        return Accepted(row, cfg, [f"skipped {rel}: {why}" for rel, why in prepared.skipped[:20]],
+                        upload.contribute)
     except T3arError as e:
         state.metrics.uploads_rejected.labels(classify(e)[1]).inc()
         discard(job_dir)
@@ -209,14 +237,20 @@ def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
                  config=orig.config, target_dir=orig.target_dir, n_images=orig.n_images, labelled=orig.labelled,
                  skipped=orig.skipped, secret_sha256=digest)
     state.store.add_job(row)
-    for team in state.store.teams_of("job", orig.id):
+    teams = sorted(state.store.teams_of("job", orig.id))
+    for team in teams:
         state.store.add_owner("job", row.id, team, by)
+    if state.registrar.enabled:  # under the name the re-run job registered as; no alias (none was asked for)
+        parent = state.registrar.records.get(orig.id)
+        state.registrar.request(row.id, parent.name if parent is not None else _registration(
+            state, "", "", teams[0] if teams else None, model)[0], None)  # type: ignore[index]
     try:
         _enqueue(state, row, cfg, secret, model, subsample, found)
     except BaseException:
+        state.registrar.records.forget(row.id)
         state.store.delete_job(row.id)
         raise
-    return Accepted(row)
+    return Accepted(row, cfg)
 
 
 def cancel(state: ApiState, job_id: str) -> str:
@@ -230,8 +264,9 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         id=row.id, url=links("get_job", row.id), status=st.status,  # type: ignore[arg-type]
         model_id=row.model_id, parent_id=row.parent_id, created_at=row.created_at,
         enqueued_at=st.enqueued_at, started_at=st.started_at, ended_at=st.ended_at, queue_position=st.position,
-        worker=st.worker, config=row.config,
-        target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
+        worker=st.worker, config=s.job_config(row.config),
+        target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped,
+                            adapted=_adapted(state, row)),
         progress=st.progress, error=st.error, result=st.result,
         checkpoint_url=links("get_checkpoint", row.id) if finished else None,
         report_url=links("get_report", row.id) if finished else None,
@@ -240,7 +275,37 @@ def job_view(state: ApiState, links: Links, row: JobRow, st: JobState) -> s.JobO
         neighbours_from_contributions=[s.NeighbourSource(**n) for n in state.contributor.neighbours(row.id)]
         if finished else [],
         acceptance=st.acceptance,
+        registration=registration_view(state, row.id),
     )
+
+
+def _adapted(state: ApiState, row: JobRow) -> int | None:
+    """How many target images the job adapts to (its recorded subsample), None when the record cannot be read."""
+    try:
+        return len(read_subsample(state.settings.data_dir, row.target_dir).rows)
+    except ConflictError:
+        return None
+
+
+def retry_registration(state: ApiState, job_id: str) -> s.Registration:
+    """A failed registration pending again (see :meth:`Registrar.retry`); 404 / 409 as the route says."""
+    require_job(state.store, job_id)
+    reg = state.registrar.records.get(job_id)
+    if reg is None:
+        raise NotFoundError(f"job {job_id} has no MLflow registration (T3AR_MLFLOW_TRACKING_URI was not set when "
+                            "it was submitted)")
+    if not state.registrar.retry(job_id):
+        raise ConflictError(f"job {job_id}'s registration is {reg.state}, not failed: nothing to retry")
+    view = registration_view(state, job_id)
+    assert view is not None
+    return view
+
+
+def registration_view(state: ApiState, job_id: str) -> s.Registration | None:
+    """The job's MLflow registration as the API shows it (None: registration is off, or the job predates it)."""
+    from t3ar_services.api.modelreg.view import view
+
+    return view(state.registrar, job_id)
 
 
 def exports_view(state: ApiState, links: Links, job_id: str) -> dict[str, s.ExportOut]:
@@ -270,6 +335,7 @@ def describe(state: ApiState, links: Links, job_id: str) -> s.JobOut:
     since = supersession(state, job_id, finished=st.status == "finished")
     return job_view(state, links, row, st).model_copy(update={
         "used_withdrawn": len(since.withdrawn) if st.status == "finished" else None,
+        "withdrawn_pool_ids": since.withdrawn[:100] if st.status == "finished" else None,
         "superseded_by": [r.job_id for r in since.reruns]})
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from t3ar.clients.retriever_errors import RetrieverInputError, RetrieverNotFoundError
+from t3ar.clients.retriever_models import AddItemResult
 from t3ar.errors import InvalidInputError
 from t3ar_services.api import schemas as s
 from t3ar_services.api.contributions import source_of
@@ -137,6 +138,17 @@ def withdraw_item(state: ApiState, links: Links, pool_id: str) -> s.DeleteRespon
     return s.DeleteResponse(pool_id=pool_id, jobs=jobs, in_flight=in_flight, deleted=True, lineage_error=error)
 
 
+def readmit(state: ApiState, pool_id: str) -> s.ReadmitResponse:
+    """Lift the withdrawal of ``pool_id`` at the retriever (an admin's decision: its content, refused at ingest
+    since, may be added again). 404 when it is not a withdrawn image."""
+    try:
+        w = state.retriever_admin.readmit(pool_id)
+    except RetrieverNotFoundError as e:
+        raise NotFoundError(f"no withdrawn image {pool_id!r} (never withdrawn, already re-admitted, or a "
+                            "vectors-only item)") from e
+    return s.ReadmitResponse(pool_id=pool_id, sha256=w.sha256, withdrawn_at=w.withdrawn_at)
+
+
 def withdraw_contribution(state: ApiState, links: Links, job_id: str) -> s.ContributionWithdrawn:
     """Withdraw every pool item job ``job_id`` contributed, as one unit, with the later jobs that retrieved any of
     them. 404: unknown job, or already withdrawn; 409: the job made no contribution."""
@@ -159,9 +171,9 @@ def compact(state: ApiState, links: Links, body: s.CompactRequest) -> s.CompactR
                                     "be removed, e.g. [\"target:*\"])")
         plan_id, found = state.compactor.plan(body.threshold, body.sources, body.nprobe)
         return s.CompactResponse(dry_run=True, plan_id=plan_id, threshold=body.threshold, sources=body.sources,
-                                 remove=[s.CompactRemoval(**r) for r in found["remove"]], bytes_freed=found["bytes"],
-                                 clusters=found["clusters"], scanned=found["scanned"], items=found["items"],
-                                 method=found["method"], seconds=found["seconds"])
+                                 remove=[s.CompactRemoval(**r.model_dump()) for r in found.remove],
+                                 bytes_freed=found.bytes, clusters=found.clusters, scanned=found.scanned,
+                                 items=found.items, method=found.method, seconds=found.seconds)
     if body.plan_id is None:
         raise InvalidInputError("a real run removes exactly what a dry-run listed: run the dry-run (dry_run=true) "
                                 "and send its plan_id with dry_run=false")
@@ -181,7 +193,7 @@ def compact(state: ApiState, links: Links, body: s.CompactRequest) -> s.CompactR
 
 
 def ingest(state: ApiState, files: list[tuple[str, bytes]], source: str, label: str | None,
-           metadata: dict[str, str]) -> tuple[list[dict[str, object]], bool]:
+           metadata: dict[str, str]) -> tuple[list[AddItemResult], bool]:
     """Add images (and zip/tar archives of images) to the pool through the API's read/write retriever client,
     under the retriever's own checks and limits (image size and pixels, archive safety, files per request, source
     and label rules); exact and near-duplicates of pool items are skipped (``skip``). Returns the retriever's
@@ -194,4 +206,4 @@ def ingest(state: ApiState, files: list[tuple[str, bytes]], source: str, label: 
         if e.items:
             return list(e.items), False
         raise
-    return list(out["items"]), True
+    return out.items, True

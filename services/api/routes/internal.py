@@ -140,4 +140,5 @@ def _store_result(state: ApiState, row: JobRow, body: s.WorkerResult) -> s.Resul
         state.store.index_lineage(job_id, list(body.lineage.pool_ids), finished_at=lineage.get("created_at"),
                                   checkpoint_sha256=sha)
         state.contributor.wake()  # a requested contribution is made now, in the background
+        state.registrar.wake()  # and its MLflow registration (T3AR_MLFLOW_TRACKING_URI), likewise
     return s.ResultStored(job_id=job_id, stored=stored)

@@ -28,7 +28,7 @@ router = APIRouter(responses=s.error_responses(401, 403, 404, 409, 413, 422, 503
 def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
     row = done.row
     url = links("get_job", row.id)
-    body = s.JobAccepted(id=row.id, url=url, parent_id=row.parent_id, config=row.config,
+    body = s.JobAccepted(id=row.id, url=url, parent_id=row.parent_id, config=done.config,
                          target=s.TargetInfo(images=row.n_images, labelled=row.labelled, skipped=row.skipped),
                          contribute=done.contribute, warnings=done.warnings)
     return JSONResponse(body.model_dump(), status_code=202, headers={"Location": url})
@@ -37,7 +37,8 @@ def _accepted(links: Links, done: jobs.Accepted) -> JSONResponse:
 @router.post("/adapt", status_code=202, response_model=s.JobAccepted,
               dependencies=[body_size("archive"),
                             only_fields("archive", "model_id", "config", "skip_bad_images", "contribute", "holdout",
-                                        "candidates", "require_gain", "winner_rule")],
+                                        "candidates", "require_gain", "winner_rule", "register_as",
+                                        "register_alias")],
               responses={400: {"model": s.ErrorBody, "description": "unparsable multipart body"}},
               openapi_extra={"requestBody": {"content": {"multipart/form-data": {"encoding": {
                   "archive": {"contentType": ", ".join(ARCHIVE_MEDIA_TYPES)}}}}}})
@@ -65,6 +66,11 @@ def adapt(
     winner_rule: Annotated[str, Form(description="with a holdout: 'argmax' (the best holdout top-1, a tie to the "
                                                  "simpler; default) or 'paired' (the simpler candidate unless a "
                                                  "paired 95 % CI favours another)")] = "",
+    register_as: Annotated[str, Form(max_length=100, description="with an MLflow registry (T3AR_MLFLOW_TRACKING_URI):"
+                                     " the registered model's name, in your team's namespace (<team>.<name>; "
+                                     "default t3ar-<base model's name>)")] = "",
+    register_alias: Annotated[str, Form(max_length=64, description="with an MLflow registry: the alias the finished "
+                                        "job's version gets (e.g. challenger); none unless named here")] = "",
 ) -> JSONResponse:
     """Validate the target (safe extraction, every image readable, labels known to the model, options valid,
     pool large enough) and enqueue an adaptation job. Nothing is enqueued when any check fails (4xx).
@@ -76,9 +82,10 @@ def adapt(
     upload = jobs.TargetUpload(archive.file, archive.filename, model_id, config, skip_bad_images, contribute,
                                holdout.file if holdout is not None else None,
                                holdout.filename if holdout is not None else None, candidates, require_gain,
-                               winner_rule)
-    model = access.check_model(state, who, model_id)
-    done = jobs.submit(state, upload, access.owner(who), model)
+                               winner_rule, register_as, register_alias)
+    with access.refusals_recorded(state, who, "job.submit", client):
+        model = access.check_model(state, who, model_id)
+        done = jobs.submit(state, upload, access.owner(who), model)
     access.record(state, who, "job.submit", done.row.id, client, detail=f"model={model_id}")
     return _accepted(links, done)
 
@@ -90,7 +97,8 @@ def list_jobs(state: StateDep, links: LinksDep, who: PrincipalDep,
     ``next_before``."""
     if before is not None:
         access.job_for(state, who, before)
-    return jobs.list_jobs(state, links, limit, before, who.team_filter)
+    found = jobs.list_jobs(state, links, limit, before, who.team_filter)
+    return found.model_copy(update={"jobs": [access.visible_job(state, who, j) for j in found.jobs]})
 
 
 @router.get("/jobs/{job_id}", response_model=s.JobOut)
@@ -98,7 +106,7 @@ def get_job(state: StateDep, links: LinksDep, who: PrincipalDep, job_id: str) ->
     """Status, progress (epoch, step, losses, pseudo-label change rate), timings, and the error when failed.
     Another team's job is a 404, as an unknown one."""
     access.job_for(state, who, job_id)
-    return jobs.describe(state, links, job_id)
+    return access.visible_job(state, who, jobs.describe(state, links, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=s.CancelResponse, dependencies=SUBMIT)
@@ -136,7 +144,19 @@ def get_report(state: StateDep, who: PrincipalDep, job_id: str) -> s.ReportOut:
     ``neighbours_from_contributions`` (earlier jobs' contributions its retrieved neighbours came from). The
     fields are the report's as stored."""
     access.job_for(state, who, job_id)
-    return jobs.report(state, job_id)
+    found = jobs.report(state, job_id)
+    return found.model_copy(update={"neighbours_from_contributions": access.visible_neighbours(
+        state, who, found.neighbours_from_contributions)})
+
+
+@router.post("/jobs/{job_id}/registration", response_model=s.Registration, dependencies=SUBMIT)
+def retry_registration(state: StateDep, who: PrincipalDep, client: ClientDep, job_id: str) -> s.Registration:
+    """Try a failed MLflow registration again (its attempts start from zero); 409 unless it failed, 404 when the
+    job has none (the API registers none, or the job predates it)."""
+    access.job_for(state, who, job_id)
+    out = jobs.retry_registration(state, job_id)
+    access.record(state, who, "job.registration", job_id, client, detail="retry")
+    return out
 
 
 @router.post("/jobs/{job_id}/readapt", status_code=202, response_model=s.JobAccepted, dependencies=SUBMIT)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from t3ar.clients.api_models import AuditList, KeyCreated, KeyList, KeyOut
+from t3ar.clients.api_models import AuditList, AuditOut, KeyCreated, KeyList, KeyOut
 from t3ar_services.api import schemas as s
 from t3ar_services.api.audit import ACTIONS
 from t3ar_services.api.deps import ADMIN, ClientDep, PrincipalDep, StateDep
@@ -60,3 +60,21 @@ def audit(state: StateDep, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     = the previous page's ``next_before``."""
     rows, nxt = access.audit_page(state, limit=limit, before=before, team=team, action=action, key_id=key_id)
     return AuditList(entries=rows, next_before=nxt)
+
+
+class AuditExport(BaseModel):
+    entries: list[AuditOut] = Field(description="oldest first")
+    next_after: int | None = Field(description="the `after` of the next batch; null on the last")
+
+
+@router.get("/audit/export", response_model=AuditExport)
+def audit_export(state: StateDep, who: PrincipalDep, client: ClientDep,
+                 after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+                 limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000) -> AuditExport:
+    """Export the audit log, oldest first, from ``after`` (the previous batch's ``next_after``). What an admin has
+    exported may be pruned past ``T3AR_API_AUDIT_MAX_ROWS`` / ``_MAX_AGE_DAYS``; nothing else ever is. Audited
+    as ``audit.export``."""
+    rows, nxt = state.audit.export(after=after, limit=limit)
+    if rows:
+        access.record(state, who, "audit.export", f"{rows[0].seq}-{rows[-1].seq}", client)
+    return AuditExport(entries=rows, next_after=nxt)

@@ -33,8 +33,9 @@ def upload_model(state: StateDep, who: SubmitterDep, client: ClientDep,
                  name: Annotated[str, Form(max_length=200)] = "") -> JSONResponse:
     """Upload a base checkpoint. It is loaded safely (``weights_only``) and its weights must fit the architecture
     it declares. The id derives from the file's sha256: the same file gives the same id (200 instead of 201)."""
-    done = models.upload(state, file.file, name or (file.filename or ""), sent_name(file.filename, "the checkpoint"),
-                         access.owner(who))
+    with access.refusals_recorded(state, who, "model.upload", client):
+        done = models.upload(state, file.file, name or (file.filename or ""),
+                             sent_name(file.filename, "the checkpoint"), access.owner(who))
     access.record(state, who, "model.upload", done.model.id, client, detail="new" if done.created else "again")
     return JSONResponse(done.model.model_dump(), status_code=201 if done.created else 200)
 
@@ -48,4 +49,4 @@ def list_models(state: StateDep, who: PrincipalDep) -> s.ModelList:
 @router.get("/models/{model_id}", response_model=s.ModelOut)
 def get_model(state: StateDep, who: PrincipalDep, model_id: str) -> s.ModelOut:
     access.check_model(state, who, model_id)
-    return models.describe(state, model_id)
+    return models.describe(state, model_id, who.team_filter)

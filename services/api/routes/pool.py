@@ -31,6 +31,16 @@ def delete_pool_item(state: StateDep, links: LinksDep, who: PrincipalDep, client
     return done
 
 
+@router.post("/pool/{pool_id}/readmit", response_model=s.ReadmitResponse, dependencies=ADMIN)
+def readmit_pool_item(state: StateDep, who: PrincipalDep, client: ClientDep, pool_id: str) -> s.ReadmitResponse:
+    """Re-admit a withdrawn image's content: a withdrawal refuses the same bytes, and near-duplicates by the
+    ingest's rule, at every later ingest; this lifts that for ``pool_id`` (audited as ``pool.readmit``). The item
+    itself stays withdrawn: adding the image again makes a new item."""
+    done = pool.readmit(state, pool_id)
+    access.record(state, who, "pool.readmit", pool_id, client, detail=f"sha256={done.sha256}")
+    return done
+
+
 @router.delete("/jobs/{job_id}/contribution", response_model=s.ContributionWithdrawn, dependencies=ADMIN)
 def withdraw_contribution(state: StateDep, links: LinksDep, who: PrincipalDep, client: ClientDep,
                           job_id: str) -> s.ContributionWithdrawn:

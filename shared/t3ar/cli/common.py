@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,16 +24,35 @@ if TYPE_CHECKING:  # the HTTP commands import this module and must not pull in t
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: the API's hints of what to do next (its routes), as the CLI says them (its commands)
+_CLI_HINTS = [(re.compile(r"; list jobs with GET /jobs\b"), "; list them with `t3ar jobs list`"),
+              (re.compile(r"; (upload one with POST /models or )?list them with GET /models\b"),
+               "; upload one with `t3ar models upload` or list them with `t3ar models list`"),
+              (re.compile(r"; list them with GET /keys\b"), "; list them with `t3ar keys list`"),
+              (re.compile(r": POST /jobs/\{id\}/readapt to run it again"), ": run it again with `t3ar jobs readapt`")]
+_ROUTE = re.compile(r"^(GET|POST|PUT|DELETE|PATCH) /\S*: ")  # the client's "GET /jobs/x: " before the message
+
+
+def cli_words(message: str) -> str:
+    """An API error's message with its route hints (``GET /jobs``) said as the commands that do the same (and
+    then without the route it called)."""
+    said = message
+    for pattern, words in _CLI_HINTS:
+        said = pattern.sub(words, said)
+    return _ROUTE.sub("", said) if said != message else message
+
+
 def _click_errors(func: F, *, invalid_options: bool) -> F:
-    """Domain errors -> a one-line ``Error: ...`` and exit code 1 (no traceback); with ``invalid_options``
-    ValueErrors too (pydantic validation errors of configs are ValueErrors)."""
+    """Domain errors -> a one-line ``Error: ...`` and exit code 1 (no traceback; an API's route hints said as
+    commands: :func:`cli_words`); with ``invalid_options`` ValueErrors too (pydantic validation errors of configs
+    are ValueErrors)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except T3arError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(cli_words(str(exc))) from exc
         except ValueError as exc:
             if not invalid_options:
                 raise

@@ -16,9 +16,10 @@ import click
 from t3ar.acceptance import DEFAULT_RULE
 from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, service_options
 from t3ar.cli.json_arg import json_object
-from t3ar.clients.api import ApiClient
-from t3ar.clients.api_models import JobOut, ModelOut, Progress
-from t3ar.clients.job_report import NeighbourQualityRecord, acceptance_table, labelled_summary, quality_lines
+from t3ar.clients.api import ApiClient, ApiError
+from t3ar.clients.api_models import JobOut, JobResult, ModelOut, Progress, Registration, ReportOut
+from t3ar.clients.job_report import acceptance_table, labelled_summary, quality_lines
+from t3ar.clients.job_words import noise_words, progress_words, returned_model
 from t3ar.method.presets import PRESET_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,12 +37,15 @@ def console_page(api_url: str, job_id: str) -> str:
     return f"{api_url.rstrip('/')}/ui/jobs/{job_id}"
 
 
-def _summary(job: JobOut) -> str:
-    p = job.progress or Progress()
-    line = f"{job.id}  {job.status:9s} model {job.model_id}  {job.config.get('method')}"
+def _summary(job: JobOut, report: ReportOut | None = None) -> str:
+    """A job in lines: id, status, model, what it returns (the base model when that won its holdout), images (and
+    how many it adapted on), where it is; then its contribution, acceptance and labelled neighbours."""
+    line = f"{job.id}  {job.status:9s} model {job.model_id}  returns {returned_model(job)}"
     line += f"  {job.target.images} images"
-    if job.status == "started" and p.total_steps:
-        line += f"  step {p.step}/{p.total_steps} (epoch {p.epoch})"
+    if job.target.adapted is not None:
+        line += f" (adapted on {job.target.adapted})"
+    if where := progress_words(job):
+        line += f"  {where}"
     if job.parent_id:
         line += f"  readapt of {job.parent_id}"
     if job.error:
@@ -53,17 +57,83 @@ def _summary(job: JobOut) -> str:
             line += (f", {c.added} of {c.images} images added, {c.skipped_exact} exact and "
                      f"{c.skipped_near} near-duplicates skipped")
     for n in job.neighbours_from_contributions:
-        line += f"\n    used {n.items_used} pool image(s) contributed by job {n.job_id}"
-    if job.acceptance:  # a job with a holdout: its candidates on it, and the winner
-        line += "\n    " + "\n    ".join(acceptance_table(job.acceptance))
-    res = job.result or {}
-    if res.get("labelled_neighbours"):  # which neighbours served as labelled data, with their labels
-        line += "\n    " + labelled_summary(res["labelled_neighbours"], total=res.get("labelled_neighbours_total"),
-                                          per_label=res.get("labelled_per_label"))
-    if res.get("neighbour_quality"):  # how good the neighbours were (issue 52)
-        quality = NeighbourQualityRecord.model_validate(res["neighbour_quality"])
+        by = f"job {n.job_id}" if n.job_id else n.source
+        line += f"\n    used {n.items_used} pool image(s) contributed by {by}"
+    acc = job.acceptance or (report.acceptance if report is not None else None)
+    if acc:  # a job with a holdout: its candidates on it, and the winner
+        line += "\n    " + "\n    ".join(acceptance_table(acc))
+        if noise := noise_words(acc):
+            line += f"\n    {noise}"
+    if job.registration is not None:
+        line += "\n    " + registration_line(job.registration)
+    res = job.result or JobResult()
+    gone = set(job.withdrawn_pool_ids or ())
+    if res.labelled_neighbours:  # which neighbours served as labelled data, with their labels
+        line += "\n    " + labelled_summary([u.model_dump() for u in res.labelled_neighbours],
+                                          total=res.labelled_neighbours_total, per_label=res.labelled_per_label,
+                                          withdrawn=gone)
+    elif report is not None and report.labelled_neighbours:
+        line += "\n    " + labelled_summary([u.model_dump() for u in report.labelled_neighbours],
+                                          total=report.labelled_neighbours_total, withdrawn=gone)
+    quality = res.neighbour_quality or (report.neighbour_quality if report is not None else None)
+    if quality is not None:  # how good the neighbours were (issue 52)
         line += "\n    " + "\n    ".join(quality_lines(quality))
     return line
+
+
+def _accuracy(job: JobOut, report: ReportOut | None) -> tuple[float, float] | None:
+    """Top-1 before and after on the target's labels: the job's result, else its report; None without labels."""
+    res = job.result or JobResult()
+    if res.accuracy_after is not None and res.accuracy_before is not None:
+        return res.accuracy_before, res.accuracy_after
+    acc = report.accuracy if report is not None else None
+    if acc is not None and acc.before is not None and acc.after is not None \
+            and acc.before.top1 is not None and acc.after.top1 is not None:
+        return acc.before.top1, acc.after.top1
+    return None
+
+
+def show_text(job: JobOut, report: ReportOut | None) -> str:
+    """What ``t3ar jobs show`` prints: what the console's job page says, as text (issue 50): the summary, whether
+    its checkpoint is stale (pool items it retrieved were withdrawn since) and its re-runs, accuracy before ->
+    after on the target's labels, and the times."""
+    text = _summary(job, report)
+    if job.used_withdrawn:
+        ids = ", ".join(job.withdrawn_pool_ids or [])
+        more = job.used_withdrawn - len(job.withdrawn_pool_ids or [])
+        text += (f"\n    STALE: {job.used_withdrawn} pool item(s) it retrieved were withdrawn since ({ids}"
+                 f"{f', and {more} more' if more > 0 else ''}); its checkpoint and exports still carry what it "
+                 "learned from them: " + ("use its re-run below" if job.superseded_by else
+                                          f"re-adapt it (t3ar jobs readapt {job.id})"))
+    if job.superseded_by:
+        text += f"\n    re-run as: {', '.join(job.superseded_by)}"
+    if (acc := _accuracy(job, report)) is not None:
+        used = job.config.mode == "train"
+        text += (f"\n    accuracy {pct(acc[0])} -> {pct(acc[1])} on the target's labels"
+                 + ((" (trained on)" if used else " (only scored: test-time adaptation never saw them)")
+                    if job.target.labelled else ""))
+    return text + f"\n    created {job.created_at}  started {job.started_at}  ended {job.ended_at}"
+
+
+def registration_line(reg: Registration) -> str:
+    """One line (two with links) on the job's MLflow registration: pending, done, failed or skipped."""
+    if reg.state == "done":
+        text = f"MLflow: registered {reg.model_uri}" + (f" (alias {reg.alias})" if reg.alias else "")
+        if reg.stale:
+            text += "; STALE: a pool item it used was withdrawn"
+        if reg.superseded_by:
+            text += f"; superseded by {reg.superseded_by}"
+        if reg.tags_pending:
+            text += f"; {reg.tags_pending} tag(s) not yet in the registry"
+        if reg.version_url or reg.run_url:
+            text += f"\n    version {reg.version_url or '-'}  run {reg.run_url or '-'}"
+        return text
+    if reg.state == "pending":
+        return f"MLflow: registration pending as {reg.name}" + (
+            f" (attempt {reg.attempts} failed: {reg.error}; next at {reg.next_attempt_at})" if reg.attempts else "")
+    if reg.state == "failed":
+        return f"MLflow: registration as {reg.name} FAILED after {reg.attempts} attempt(s): {reg.error}"
+    return f"MLflow: not registered ({reg.error or 'skipped'})"
 
 
 def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: float | None = None) -> JobOut:
@@ -85,11 +155,12 @@ def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: floa
             bar = tqdm(total=int(p.total_steps), desc=f"job {job_id[:8]}", unit="step", file=sys.stderr,
                        mininterval=0.5 if tty else 20.0, dynamic_ncols=tty)
         if bar is not None:
-            bar.set_postfix_str(f"{now} epoch {p.epoch} loss {p.loss} "
-                                f"pl-change {pct(p.pl_change_rate)}", refresh=False)
+            running = f"candidate {p.candidate} " if p.candidate else ""
+            bar.set_postfix_str(f"{running}{now} epoch {p.epoch} loss {p.loss} pl-change {pct(p.pl_change_rate)}",
+                                refresh=False)
             bar.update(max(0, int(p.step or 0) - bar.n))
         elif now != phase:
-            click.echo(f"job {job_id[:8]}: {now}", err=True)
+            click.echo(f"job {job_id[:8]}: {progress_words(job) or now}", err=True)
         phase = now
 
     try:
@@ -101,9 +172,9 @@ def follow(client: ApiClient, job_id: str, *, quiet: bool = False, timeout: floa
 
 def _finish(client: ApiClient, job: JobOut, out: Path | None, as_json: bool) -> None:
     text = _summary(job)
-    res = job.result or {}
-    if "accuracy_after" in res:
-        text += f"\naccuracy {pct(res['accuracy_before'])} -> {pct(res['accuracy_after'])} on the target labels"
+    res = job.result or JobResult()
+    if res.accuracy_after is not None:
+        text += f"\naccuracy {pct(res.accuracy_before)} -> {pct(res.accuracy_after)} on the target labels"
     shown: Any = job
     if job.status == "finished" and out is not None:
         client.download_checkpoint(job.id, out)
@@ -146,6 +217,10 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
                  no_gain="the job fails", rule_default=None,
                  rule_help="paired (the simpler candidate unless a paired 95 % CI favours another) or argmax "
                            f"[default: the server's, {DEFAULT_RULE}].")
+@click.option("--register-as", default=None, help="With an MLflow registry on the API: the registered model's name "
+                                                  "(in your team's namespace; default t3ar-<base model's name>).")
+@click.option("--register-alias", default=None,
+              help="With an MLflow registry: the alias the finished job's version gets (e.g. challenger).")
 @click.option("--follow/--no-follow", default=True, show_default=True, help="Wait for the job with a progress bar.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Download the adapted checkpoint here when the job finishes (implies --follow).")
@@ -154,8 +229,9 @@ def _config(config: str, opts: dict[str, Any]) -> dict[str, Any]:
 def submit(target: Path, model: str, method: str | None, preset: str | None, mode: str | None, k: int | None,
            r: int | None, epochs: int | None, batch_size: int | None, lr: float | None, fraction: float | None,
            seed: int | None, config: str, skip_bad_images: bool, contribute: bool, holdout: Path | None,
-           candidates: str, require_gain: bool, winner_rule: str | None, follow: bool, out: Path | None,
-           timeout: float | None, url: str, token: str | None, as_json: bool) -> None:
+           candidates: str, require_gain: bool, winner_rule: str | None, register_as: str | None,
+           register_alias: str | None, follow: bool, out: Path | None, timeout: float | None, url: str,
+           token: str | None, as_json: bool) -> None:
     """Adapt a base model to TARGET (a folder, zip or tar of images; labels.csv at its root = labelled).
 
     \b
@@ -173,7 +249,8 @@ def submit(target: Path, model: str, method: str | None, preset: str | None, mod
             raise click.UsageError("--candidates, --require-gain and --winner-rule decide on a holdout: pass --holdout")
         accepted = client.adapt(target, model_id, cfg, skip_bad_images=skip_bad_images, contribute=contribute,
                                 holdout=holdout, candidates=[c.strip() for c in candidates.split(",") if c.strip()],
-                                require_gain=require_gain, winner_rule=winner_rule)
+                                require_gain=require_gain, winner_rule=winner_rule, register_as=register_as,
+                                register_alias=register_alias)
         for w in accepted.warnings:
             click.echo(f"warning: {w}", err=True)
         if not (follow or out):
@@ -217,9 +294,25 @@ def jobs_list(limit: int, url: str, token: str | None, as_json: bool) -> None:
 @_job_command("show")
 def jobs_show(job_id: str, url: str, token: str | None, as_json: bool) -> None:
     """Status, progress, timings and error of one job."""
-    job = _ask(url, token, lambda client: client.job(job_id))
-    echo_result(as_json, job, _summary(job) + f"\n    created {job.created_at}  started {job.started_at}  "
-                                        f"ended {job.ended_at}")
+    def both(client: ApiClient) -> tuple[JobOut, ReportOut | None]:
+        job = client.job(job_id)
+        if job.status != "finished" or as_json:
+            return job, None
+        try:  # what a job forgotten by the queue keeps: accuracy, labelled neighbours, acceptance
+            return job, client.report(job_id)
+        except ApiError:
+            return job, None
+
+    job, report = _ask(url, token, both)
+    echo_result(as_json, job, show_text(job, report))
+
+
+@_job_command("register")
+def jobs_register(job_id: str, url: str, token: str | None, as_json: bool) -> None:
+    """Try a job's failed MLflow registration again (POST /jobs/{id}/registration; an API with
+    T3AR_MLFLOW_TRACKING_URI set registers every finished job by itself)."""
+    reg = _ask(url, token, lambda client: client.retry_registration(job_id))
+    echo_result(as_json, reg, registration_line(reg))
 
 
 @jobs.command("follow")
@@ -324,6 +417,8 @@ def withdraw(pool_ids: tuple[str, ...], contributions: tuple[str, ...], readapt:
     """
     if not pool_ids and not contributions:
         raise click.UsageError("name pool ids to withdraw, or --contribution JOB_ID")
+    if not as_json:
+        click.echo(f"withdrawing with {_token_source(token)}", err=True)
     results: list[Any] = []
     lines: list[str] = []
     with ApiClient(url, token) as client:
@@ -350,7 +445,26 @@ def withdraw(pool_ids: tuple[str, ...], contributions: tuple[str, ...], readapt:
                 acc = client.readapt(job_id)
                 lines.append(f"readapt of {job_id} queued as {acc.id}")
                 results.append({"readapt_of": job_id, **acc.model_dump(mode="json", exclude_unset=True)})
+        elif affected:
+            lines.append(f"{len(affected)} finished job(s) used what was withdrawn: their checkpoints still carry "
+                         "it. Re-adapt them against the pool without it: `t3ar jobs readapt JOB_ID` for each, or "
+                         "run this withdrawal with --readapt")
     echo_result(as_json, results, "\n".join(lines))
+
+
+def _token_source(token: str | None) -> str:
+    """Which token a command uses, in words: given with --token, or from which environment variable (never the
+    token itself)."""
+    import os
+
+    if not token:
+        return "no token (set T3AR_API_ADMIN_TOKEN or pass --token)"
+    if click.get_current_context().get_parameter_source("token") == click.core.ParameterSource.COMMANDLINE:
+        return "the token given with --token"
+    for env, name in (("T3AR_API_ADMIN_TOKEN", "the admin token"), ("T3AR_API_TOKEN", "the user token")):
+        if os.environ.get(env) == token:
+            return f"{name} from {env}"
+    return "the token from the environment"
 
 
 @click.group("t3ar-api")

@@ -3,6 +3,8 @@ adaptation API (admin token, ``T3AR_API_ADMIN_TOKEN``)."""
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 import click
@@ -16,7 +18,20 @@ ROLES = ("read", "submit", "admin")
 
 
 def _admin_options(fn: Any) -> Any:
-    return service_options("API", "T3AR_API_URL", DEFAULT_URL, ["T3AR_API_ADMIN_TOKEN"])(fn)
+    """The API options, the token from ``T3AR_API_ADMIN_TOKEN`` only: without one the command says that it needs
+    the admin token (not the API's "missing bearer token"), whatever user token the environment holds."""
+
+    @functools.wraps(fn)
+    def needs_admin(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("token"):
+            name = click.get_current_context().command_path
+            held = " (T3AR_API_TOKEN is set, but the user token cannot do this)" if os.environ.get(
+                "T3AR_API_TOKEN") else ""
+            raise click.UsageError(f"`{name}` needs an admin token: set T3AR_API_ADMIN_TOKEN or pass --token with "
+                                   f"the admin token or a key with role admin{held}")
+        return fn(*args, **kwargs)
+
+    return service_options("API", "T3AR_API_URL", DEFAULT_URL, ["T3AR_API_ADMIN_TOKEN"])(needs_admin)
 
 
 def _key_line(k: KeyOut) -> str:

@@ -251,7 +251,7 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
                           {sha: pid for pid, sha in zip(pool_set.ids, image_digests(pool_set), strict=True)})
         provider = LocalPool.from_imageset(pool_set, emb, labels=_local_pool_labels(pool, pool_set, pool_labels))
     bar = StepBar(f"adapt:{method}", enabled=not as_json)
-    record: dict[str, Any] | None = None
+    record: AcceptanceRecord | None = None
     if holdout is not None:
         from t3ar.acceptance import gain_refusal
         from t3ar.candidates import run_candidates
@@ -260,9 +260,9 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
         done = run_candidates(model, info, tgt, cfg, accept, read_holdout(holdout), provider=provider, device=dev,
                               on_step=bar, eval_set=ev, max_holdout=MAX_HOLDOUT_IMAGES)
         bar.close()
-        record = {**done.record(), "require_gain": require_gain}
+        record = done.record(require_gain=require_gain)
         if require_gain and (why := gain_refusal(done.acceptance)) is not None:
-            click.echo("\n".join(acceptance_table(AcceptanceRecord.model_validate(record))), err=True)
+            click.echo("\n".join(acceptance_table(record)), err=True)
             raise click.ClickException(why)
         outcome, cfg = done.winner.outcome, done.winner.config
     else:
@@ -271,7 +271,7 @@ def adapt_cmd(model_path: Path, target: Path, out: Path, pool: Path | None, pool
         bar.close()
     metrics = outcome.checkpoint_metrics()
     if record is not None:
-        metrics["acceptance"] = record  # in the checkpoint and its ONNX / safetensors metadata
+        metrics["acceptance"] = record.model_dump(mode="json")  # in the checkpoint and its ONNX / safetensors metadata
     sha = save_checkpoint(out, model, info.spec, adapt_config=cfg.model_dump(), lineage=outcome.lineage,
                           metrics=metrics)
     payload = {"checkpoint": str(out), "sha256": sha, "method": cfg.method, "adapted_on": outcome.lineage.target_size,

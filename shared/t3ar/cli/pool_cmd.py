@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from pydantic import BaseModel, Field
 
 from t3ar.cli.common import echo_result, service_options
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.retriever import RetrieverClient
 from t3ar.clients.retriever_errors import RetrieverInputError
+from t3ar.clients.retriever_models import AddItemResult, AddResponse
 from t3ar.data.pool_labels import PoolLabels, resolve_pool_labels
 from t3ar.errors import T3arError
 
@@ -113,13 +115,12 @@ def ingest(path: Path, source: str, metadata: str, labels_spec: str | None, batc
             shas = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
             present = client.exists(list(shas.values()))
             todo = [f for f in files if shas[f] not in present]
-            summary: dict[str, Any] = {"files": len(files), "skipped_existing": len(files) - len(todo), "added": 0,
-                                       "exists": 0, "duplicates": 0, "rejected": 0, "rejected_items": [],
-                                       "labelled": sum(label_of[f] is not None for f in todo),
-                                       "csv_rows_unmatched": len(resolved.unmatched)}
+            summary = IngestSummary(files=len(files), skipped_existing=len(files) - len(todo),
+                                    labelled=sum(label_of[f] is not None for f in todo),
+                                    csv_rows_unmatched=len(resolved.unmatched))
             with tqdm(total=len(files), initial=len(files) - len(todo), unit="img", desc="ingest",
                       disable=None) as bar, ThreadPoolExecutor(max_workers=in_flight) as ex:
-                def send(batch: list[Path]) -> dict[str, Any]:
+                def send(batch: list[Path]) -> AddResponse:
                     try:
                         return client.add_images([(str(f.relative_to(path) if path.is_dir() else f.name),
                                                    f.read_bytes()) for f in batch], source=source, metadata=meta,
@@ -127,10 +128,9 @@ def ingest(path: Path, source: str, metadata: str, labels_spec: str | None, batc
                     except RetrieverInputError as e:
                         if not e.items:
                             raise
-                        return {"items": e.items, "added": 0, "exists": 0, "duplicates": 0,
-                                "rejected": len(e.items)}
+                        return AddResponse(items=e.items, added=0, exists=0, duplicates=0, rejected=len(e.items))
 
-                pending: list[tuple[Future[dict[str, Any]], int]] = []
+                pending: list[tuple[Future[AddResponse], int]] = []
                 try:
                     for batch in _label_batches(todo, label_of, batch_size):
                         pending.append((ex.submit(send, batch), len(batch)))
@@ -139,29 +139,46 @@ def ingest(path: Path, source: str, metadata: str, labels_spec: str | None, batc
                     while pending:
                         _collect(pending.pop(0), summary, bar)
                 except T3arError as e:
-                    raise click.ClickException(f"{e}\n{summary['added']} item(s) were added before this; re-run "
+                    raise click.ClickException(f"{e}\n{summary.added} item(s) were added before this; re-run "
                                                "the same command to resume (items already in are skipped)") from e
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    text = (f"{summary['files']} files: {summary['added']} added, {summary['skipped_existing']} already in the "
-            f"pool, {summary['exists']} exact repeats, {summary['duplicates']} near-duplicates skipped, "
-            f"{summary['rejected']} rejected")
+    text = (f"{summary.files} files: {summary.added} added, {summary.skipped_existing} already in the "
+            f"pool, {summary.exists} exact repeats, {summary.duplicates} near-duplicates skipped, "
+            f"{summary.rejected} rejected")
     if labels_spec:
-        text += f"; {summary['labelled']} of the uploaded images carried a label"
+        text += f"; {summary.labelled} of the uploaded images carried a label"
         if resolved.unmatched:
             text += f" ({len(resolved.unmatched)} CSV row(s) named no image, e.g. {resolved.unmatched[0]})"
-    for item in summary["rejected_items"][:20]:
-        text += f"\n  rejected {item['name']}: {(item.get('error') or {}).get('message', '')}"
-    echo_result(as_json, summary, text)
+    for item in summary.rejected_items[:20]:
+        text += f"\n  rejected {item.name}: {item.error.message if item.error else ''}"
+    echo_result(as_json, summary.model_dump(mode="json"), text)
 
 
-def _collect(entry: tuple[Future[dict[str, Any]], int], summary: dict[str, Any], bar: Any) -> None:
+class IngestSummary(BaseModel):
+    """What ``t3ar pool ingest`` did (its ``--json`` output): files found, skipped as already in the pool, and the
+    retriever's counts over the batches it sent."""
+
+    files: int
+    skipped_existing: int
+    added: int = 0
+    exists: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    rejected_items: list[AddItemResult] = Field(default_factory=list)
+    labelled: int
+    csv_rows_unmatched: int
+
+
+def _collect(entry: tuple[Future[AddResponse], int], summary: IngestSummary, bar: Any) -> None:
     fut, n = entry
     res = fut.result()
-    for key in ("added", "exists", "duplicates", "rejected"):
-        summary[key] += res[key]
-    summary["rejected_items"] += [i for i in res["items"] if i["status"] == "rejected"]
+    summary.added += res.added
+    summary.exists += res.exists
+    summary.duplicates += res.duplicates
+    summary.rejected += res.rejected
+    summary.rejected_items += [i for i in res.items if i.status == "rejected"]
     bar.update(n)
 
 
@@ -176,11 +193,11 @@ def search(image: Path, k: int, r: int, source: str | None, url: str, token: str
     """Nearest pool items to IMAGE (embedded by the retriever with the pool's embedder)."""
     with RetrieverClient(url, token) as client:
         res = client.search_images([image], k, r=r, source=source)
-    rows = [{"id": i, "score": sc, "label": lab} for i, sc, lab in zip(res.ids[0], res.scores[0], res.labels[0],
-                                                                         strict=True)]
-    text = "\n".join(f"{row['score']:.4f}  {row['id']}" + (f"  {row['label']}" if row["label"] else "")
-                     for row in rows) or "(the pool is empty)"
-    echo_result(as_json, {"identity": res.identity, "results": rows}, text)
+    hits = list(zip(res.ids[0], res.scores[0], res.labels[0], strict=True))
+    text = "\n".join(f"{score:.4f}  {pid}" + (f"  {label}" if label else "")
+                     for pid, score, label in hits) or "(the pool is empty)"
+    echo_result(as_json, {"identity": res.identity,
+                          "results": [{"id": pid, "score": score, "label": label} for pid, score, label in hits]}, text)
 
 
 @pool.command("stats")
@@ -189,10 +206,10 @@ def stats(url: str, token: str | None, as_json: bool) -> None:
     """Pool size, embedder identity, index type and sources."""
     with RetrieverClient(url, token) as client:
         st = client.stats()
-    idx = st["index"]
-    lines = [f"items:      {st['count']}", f"dim:        {st['dim']}", f"embedder:   {st['identity']}",
-             f"index:      {idx['type']} ({idx['vectors']} vectors, {idx['tombstones']} tombstones)",
-             f"duplicates: {st['duplicate_policy']} at cosine >= {st['duplicate_threshold']}",
-             "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st["sources"].items()) or "-"),
-             "labels:     " + (", ".join(f"{k}={v}" for k, v in (st.get("labels") or {}).items()) or "-")]
+    idx = st.index
+    lines = [f"items:      {st.count}", f"dim:        {st.dim}", f"embedder:   {st.identity}",
+             f"index:      {idx.type} ({idx.vectors} vectors, {idx.tombstones} tombstones)",
+             f"duplicates: {st.duplicate_policy} at cosine >= {st.duplicate_threshold}",
+             "sources:    " + (", ".join(f"{k or '(none)'}={v}" for k, v in st.sources.items()) or "-"),
+             "labels:     " + (", ".join(f"{k}={v}" for k, v in st.labels.items()) or "-")]
     echo_result(as_json, st, "\n".join(lines))

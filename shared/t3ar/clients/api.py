@@ -40,6 +40,7 @@ from t3ar.clients.api_models import (
     ModelList,
     ModelOut,
     ReadyResponse,
+    Registration,
     ReportOut,
 )
 from t3ar.clients.http import HttpClient
@@ -52,10 +53,11 @@ TERMINAL = ("finished", "failed", "canceled")
 class ApiError(T3arError):
     """An error answered by (or on the way to) the API; ``status`` 0 means no HTTP answer."""
 
-    def __init__(self, message: str, *, status: int = 0, code: str = "") -> None:
+    def __init__(self, message: str, *, status: int = 0, code: str = "", retry_after: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.retry_after = retry_after  # the answer's Retry-After header, if any
 
 
 class ApiInputError(ApiError, InvalidInputError):
@@ -90,7 +92,8 @@ def _error(resp: httpx.Response, what: str) -> ApiError:
     elif resp.status_code in (502, 503, 504):
         cls = ApiUnavailableError
     return cls(f"{what}: {message or 'HTTP ' + str(resp.status_code)} (HTTP {resp.status_code}"
-               f"{' ' + code if code else ''})", status=resp.status_code, code=code)
+               f"{' ' + code if code else ''})", status=resp.status_code, code=code,
+               retry_after=resp.headers.get("retry-after"))
 
 
 def zip_folder(folder: Path, dest: Path) -> Path:
@@ -182,11 +185,14 @@ class ApiClient(HttpClient):
     def adapt(self, target: Path, model_id: str, config: dict[str, Any] | None = None, *,
               skip_bad_images: bool = False, contribute: bool = False, holdout: Path | None = None,
               candidates: list[str] | None = None, require_gain: bool = False,
-              winner_rule: str | None = None) -> JobAccepted:
+              winner_rule: str | None = None, register_as: str | None = None,
+              register_alias: str | None = None) -> JobAccepted:
         """Submit a target (a zip/tar archive, or a folder that is zipped on the fly); returns the accepted job.
         ``contribute``: once the job finished, its target images join the pool (source ``target:<job id>``).
         ``holdout`` (class folders, a CSV of path,label, or an archive): the job scores ``candidates`` on it and
-        returns the winner by ``winner_rule``; with ``require_gain`` it fails when none beats the base model."""
+        returns the winner by ``winner_rule``; with ``require_gain`` it fails when none beats the base model.
+        ``register_as`` / ``register_alias``: the MLflow registered model's name and the alias its version gets
+        (an API with a registry)."""
         target = Path(target)
         with tempfile.TemporaryDirectory(prefix="t3ar-submit-") as tmp, contextlib.ExitStack() as files:
             if target.is_dir():
@@ -194,7 +200,9 @@ class ApiClient(HttpClient):
             parts = [("archive", (target.name, files.enter_context(open(target, "rb")), "application/octet-stream"))]
             data = {"model_id": model_id, "config": json.dumps(config or {}),
                     "skip_bad_images": "true" if skip_bad_images else "false",
-                    **({"contribute": "true"} if contribute else {})}
+                    **({"contribute": "true"} if contribute else {}),
+                    **({"register_as": register_as} if register_as else {}),
+                    **({"register_alias": register_alias} if register_alias else {})}
             if holdout is not None:
                 packed = zip_holdout(Path(holdout), Path(tmp) / "holdout.zip")
                 parts.append(("holdout", (packed.name, files.enter_context(open(packed, "rb")),
@@ -250,6 +258,10 @@ class ApiClient(HttpClient):
 
     def report(self, job_id: str) -> ReportOut:
         return _answer(ReportOut, self._json("GET", f"/jobs/{_seg(job_id)}/report"))
+
+    def retry_registration(self, job_id: str) -> Registration:
+        """Try a job's failed MLflow registration again."""
+        return _answer(Registration, self._json("POST", f"/jobs/{_seg(job_id)}/registration", safe=False))
 
     def readapt(self, job_id: str) -> JobAccepted:
         return _answer(JobAccepted, self._json("POST", f"/jobs/{_seg(job_id)}/readapt", safe=False))

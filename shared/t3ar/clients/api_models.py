@@ -7,11 +7,16 @@ They live in the library because the CLI reads them too (the library never impor
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import logging
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from t3ar.clients.job_report import AcceptanceRecord, JobReport
+from t3ar.clients.job_report import AcceptanceRecord, JobReport, LabelledNeighbour, NeighbourQualityRecord
+from t3ar.method.config import AdaptConfig
+
+log = logging.getLogger(__name__)
 
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
 
@@ -65,6 +70,8 @@ class TargetInfo(BaseModel):
     images: int
     labelled: bool
     skipped: int = Field(description="unreadable files dropped (only with skip_bad_images=true)")
+    adapted: int | None = Field(default=None, description="the images the job adapts to: its subsample of the "
+                                                          "config's fraction (None when its record cannot be read)")
 
 
 class Contribution(BaseModel):
@@ -88,7 +95,7 @@ class Contribution(BaseModel):
 
 
 class NeighbourSource(BaseModel):
-    job_id: str = Field(description="the job whose contribution it is")
+    job_id: str | None = Field(description="the job whose contribution it is (null: another team's job, not named)")
     source: str
     items_used: int = Field(description="of its items, how many this job retrieved and used")
 
@@ -124,6 +131,89 @@ class ExportOut(BaseModel):
     parity: ExportParity
 
 
+class StoredConfig(BaseModel):
+    """A job's config as it was stored, where this version's :class:`~t3ar.method.config.AdaptConfig` no longer
+    reads it (an option removed or renamed since the job ran): the options as they were."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str
+    mode: str = "test"
+
+
+#: a job's config in the API's answers: its method's AdaptConfig (one schema per method, keyed by ``method``), or,
+#: for a job stored by an earlier version whose options this one no longer reads, the options as stored
+JobConfig = Annotated[AdaptConfig | StoredConfig, Field(
+    union_mode="left_to_right", description="the job's adaptation config, as validated at submission (its mode "
+                                            "resolved): the options of its method, each group nested")]
+
+
+def job_config(stored: Mapping[str, Any]) -> AdaptConfig | StoredConfig:
+    """A job's stored config (what a job record keeps: its AdaptConfig's dump) as the API answers it."""
+    return TypeAdapter(JobConfig).validate_python(stored)
+
+
+class JobResult(BaseModel):
+    """A finished job's summary, as its worker returned it (the job's report has the whole story)."""
+
+    checkpoint_sha256: str | None = None
+    pool_ids_used: int | None = Field(default=None, description="distinct pool items the job retrieved")
+    steps: int | None = Field(default=None, description="optimiser steps run")
+    seconds_adapt: float | None = Field(default=None, description="seconds of adaptation")
+    seconds: float | None = Field(default=None, description="the worker's seconds for the whole job")
+    labelled_neighbours_total: int | None = Field(default=None, description="pool neighbours that served as "
+                                                                            "labelled training data")
+    labelled_neighbours: list[LabelledNeighbour] | None = Field(
+        default=None, description="the first few of them, the most used first (the report lists more)")
+    labelled_per_label: dict[str, int] | None = Field(default=None, description="how many of them carry each "
+                                                                                "label (all of them)")
+    winner: str | None = Field(default=None, description="a job with a holdout: the candidate whose checkpoint it "
+                                                         "returns")
+    accuracy_before: float | None = Field(default=None, description="top-1 on the target labels before adapting")
+    accuracy_after: float | None = Field(default=None, description="top-1 on the target labels after adapting")
+    neighbour_quality: NeighbourQualityRecord | None = Field(
+        default=None, description="how good the job's neighbours were (issue 52; the report's neighbour_quality)")
+
+    @classmethod
+    def read(cls, value: Any) -> JobResult | None:
+        """What a worker returned, read leniently: a field that does not fit is left out (a job's answer never
+        fails on what a worker wrote); None when it is not an object."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            return cls.model_validate(value)
+        except ValidationError as e:
+            bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+            log.warning("a job's result does not fit the contract; left out: %s", ", ".join(map(str, sorted(bad))))
+            try:
+                return cls.model_validate({k: v for k, v in value.items() if k not in bad})
+            except ValidationError:
+                return cls()
+
+
+class Registration(BaseModel):
+    """A job's model version in the MLflow registry (an API with ``T3AR_MLFLOW_TRACKING_URI`` set)."""
+
+    state: Literal["pending", "done", "failed", "skipped"] = Field(
+        description="pending: registered once the job finished (retried with backoff while the registry does not "
+                    "answer); done: registered; failed: every attempt failed (error says why; POST "
+                    "/jobs/{id}/registration tries again); skipped: the job did not finish")
+    name: str = Field(description="the registered model (in the team's namespace: <team>.<name>)")
+    alias: str | None = Field(default=None, description="the alias the job's request asked for (set with the version)")
+    version: str | None = None
+    model_uri: str | None = Field(default=None, description="models:/<name>/<version>: mlflow.pyfunc.load_model")
+    run_id: str | None = None
+    run_url: str | None = Field(default=None, description="the run in the MLflow UI")
+    version_url: str | None = Field(default=None, description="the version in the MLflow UI")
+    attempts: int = 0
+    next_attempt_at: str | None = Field(default=None, description="pending after a failed attempt: the next one")
+    error: str | None = Field(default=None, description="the last attempt's error (credentials never shown)")
+    stale: bool = Field(default=False, description="a pool item the job used was withdrawn: its version is tagged "
+                                                   "t3ar.stale with the item and the time")
+    superseded_by: str | None = Field(default=None, description="<name>/<version> of the re-run's version")
+    tags_pending: int = Field(default=0, description="version tags (stale marks, links) not yet in the registry")
+
+
 class JobOut(BaseModel):
     id: str
     url: str
@@ -136,11 +226,11 @@ class JobOut(BaseModel):
     ended_at: str | None = None
     queue_position: int | None = None
     worker: str | None = None
-    config: dict[str, Any]
+    config: JobConfig
     target: TargetInfo
     progress: Progress | None = None
     error: str | None = None
-    result: dict[str, Any] | None = None
+    result: JobResult | None = Field(default=None, description="a finished job: its summary")
     checkpoint_url: str | None = None
     report_url: str | None = None
     exports: dict[str, ExportOut] = Field(
@@ -158,9 +248,15 @@ class JobOut(BaseModel):
     used_withdrawn: int | None = Field(
         default=None, description="GET /jobs/{id} of a finished job: how many of the pool items it retrieved were "
                                   "withdrawn since (above 0: its checkpoint is stale, readapt it); None in lists")
+    withdrawn_pool_ids: list[str] | None = Field(
+        default=None, description="GET /jobs/{id} of a finished job: the pool items it retrieved that were withdrawn "
+                                  "since (the first 100; used_withdrawn counts them all); None in lists")
     superseded_by: list[str] | None = Field(
         default=None, description="GET /jobs/{id}: the jobs that re-run this one (readapts), newest first; None in "
                                   "lists")
+    registration: Registration | None = Field(
+        default=None, description="its model version in the MLflow registry: pending, done (run and version, with "
+                                  "links), failed (with the reason) or skipped; None when the API registers none")
 
 
 class JobAccepted(BaseModel):
@@ -168,7 +264,7 @@ class JobAccepted(BaseModel):
     url: str
     status: JobStatusName = "queued"
     parent_id: str | None = None
-    config: dict[str, Any]
+    config: JobConfig
     target: TargetInfo
     contribute: bool = Field(default=False, description="the target joins the pool once the job finished")
     warnings: list[str] = Field(default_factory=list)

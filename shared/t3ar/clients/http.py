@@ -14,22 +14,21 @@ import hashlib
 import logging
 import os
 import random
-import socket
 import tempfile
-import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 import httpx
 import orjson
+from pydantic import BaseModel, ValidationError
 
 from t3ar.errors import T3arError
 from t3ar.logs import HEADER, REQUEST_ID
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 _ALWAYS_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _RETRY_IF_SAFE = (httpx.ReadTimeout, httpx.WriteTimeout, httpx.ReadError, httpx.WriteError,
@@ -43,6 +42,7 @@ class HttpClient:
     start_hint: ClassVar[str]  # ends that message: how to start the service
     prefix: ClassVar[str] = ""  # starts the message of a transport error that is not a connection failure
     default_timeout: ClassVar[float] = 60.0
+    retry_statuses: ClassVar[frozenset[int]] = frozenset({503})  # answers retried for every call (with Retry-After)
     unavailable_error: ClassVar[type[T3arError]]
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float | None = None, retries: int = 4,
@@ -54,7 +54,6 @@ class HttpClient:
         self.backoff = backoff
         self._http = httpx.Client(base_url=self.url, headers=headers, transport=transport,
                                   timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)))
-        self._lean = _LeanPost.for_url(self.url, headers, timeout) if transport is None else None
 
     _timeout: httpx.Timeout | None = None  # set on a bounded() copy: every request's own timeout
 
@@ -65,27 +64,18 @@ class HttpClient:
         other = copy.copy(self)
         other.retries = 0
         other._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
-        other._lean = None  # the lean path has its own, fixed timeout
         return other
 
     def close(self) -> None:
         self._http.close()
-        if self._lean is not None:
-            self._lean.close()
 
-    def _post_json_fast(self, path: str, body: dict[str, Any]) -> Any:
-        """POST a JSON body and return the parsed 200 answer, through a plain keep-alive connection when that
-        is possible (:class:`_LeanPost`, a small fraction of httpx's CPU per request: this is the hot path of
-        searches); any other outcome (an error status, a dropped connection, https, a proxy, a test
-        transport) goes through the regular :meth:`_request`, with its retries and error mapping. Only for
-        calls that are safe to repeat."""
-        payload = orjson.dumps(body)  # a fifth of json.dumps' time for a batch's 700 kB base64 string
-        if self._lean is not None:
-            answer = self._lean.post(path, payload, REQUEST_ID.get())
-            if answer is not None:
-                return orjson.loads(answer)  # 256 x 50 ids and scores: 4.0 -> 1.6 ms against json.loads
-        return self._request("POST", path, safe=True, content=payload,
-                             headers={"Content-Type": "application/json"}).json()
+    def _post_json(self, model: type[M], path: str, body: dict[str, Any]) -> M:
+        """POST a JSON body (encoded by orjson: a fifth of json.dumps' time for a batch's 700 kB base64 string)
+        and return the answer as ``model`` (parsed by pydantic's own JSON parser). Only for calls that are safe
+        to repeat."""
+        resp = self._request("POST", path, safe=True, content=orjson.dumps(body),
+                             headers={"Content-Type": "application/json"})
+        return self._fit(model, resp.content, f"POST {path}")
 
     def __enter__(self) -> Self:
         return self
@@ -125,7 +115,7 @@ class HttpClient:
                 raise self.unavailable_error(f"{self.prefix}{what}: {type(e).__name__}: {e}") from e
             if resp.status_code == 404 and attempt > 0 and ok_404_on_retry:
                 return resp
-            transient = resp.status_code == 503 or (safe and resp.status_code in (502, 504))
+            transient = resp.status_code in self.retry_statuses or (safe and resp.status_code in (502, 504))
             if transient and not last:
                 self._sleep(attempt, resp.headers.get("retry-after"), what, f"HTTP {resp.status_code}")
                 continue
@@ -143,6 +133,21 @@ class HttpClient:
 
     def _json(self, method: str, path: str, *, safe: bool = True, **kwargs: Any) -> Any:
         return self._request(method, path, safe=safe, **kwargs).json()
+
+    def _answer(self, model: type[M], method: str, path: str, *, safe: bool = True, **kwargs: Any) -> M:
+        """The answer to a call as ``model`` (the service's answer model, shared with the library)."""
+        return self._fit(model, self._request(method, path, safe=safe, **kwargs).content, f"{method} {path}")
+
+    def _fit(self, model: type[M], content: bytes, what: str) -> M:
+        """An answer's JSON as ``model``; one that does not fit is ``unavailable_error`` (a service of another
+        version than its client), never a traceback."""
+        try:
+            return model.model_validate_json(content)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise self.unavailable_error(f"{self.prefix}{what}: the answer does not fit {model.__name__} (is the "
+                                         f"client of another version than the {self.service}?): {err['msg']} at "
+                                         f"{'.'.join(map(str, err['loc']))}") from None
 
     def _download(self, path: str, dest: Path, what: str,
                   check: Callable[[int, str], None] | None = None) -> tuple[int, str]:
@@ -166,130 +171,3 @@ class HttpClient:
             return size, h.hexdigest()
         finally:
             Path(tmp).unlink(missing_ok=True)
-
-
-class _LeanPost:
-    """One keep-alive connection per thread to an ``http://`` service without proxies, speaking just enough
-    HTTP/1.1 for a JSON POST answered with a ``Content-Length`` body: the request (head and body) leaves in one
-    ``sendall`` (one TCP segment, one wake-up of the server), and the answer's head is split by hand.
-    ``http.client`` sent the head and the body in two writes and parsed the answer's head with the ``email``
-    package: about 0.2 ms of CPU more per call on the development machine. Anything else (another status, a
-    chunked or unterminated answer, a dropped connection) returns None and closes the connection."""
-
-    MAX_HEAD = 64 * 1024  # bytes of an answer's status line and headers
-
-    def __init__(self, host: str, port: int, base: str, headers: dict[str, str], timeout: float) -> None:
-        self.host, self.port, self.base, self.timeout = host, port, base, timeout
-        hdrs = {"Host": host if port == 80 else f"{host}:{port}", **headers, "Content-Type": "application/json",
-                "Accept": "application/json"}
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()).encode("latin-1")
-        self._local = threading.local()
-        self._all: list[tuple[socket.socket, Any]] = []
-        self._lock = threading.Lock()
-
-    @classmethod
-    def for_url(cls, url: str, headers: dict[str, str], timeout: float) -> _LeanPost | None:
-        parts = urllib.parse.urlsplit(url)
-        proxied = any(os.environ.get(v) for v in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"))
-        if parts.scheme != "http" or not parts.hostname or proxied or parts.username or parts.query:
-            return None
-        text = "".join([parts.path, *headers.values()])
-        if not text.isascii() or not text.isprintable():  # httpx then says what is wrong with them
-            return None
-        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-        return cls(host, parts.port or 80, parts.path.rstrip("/"), headers, timeout)
-
-    def _conn(self) -> tuple[socket.socket, Any]:
-        conn: tuple[socket.socket, Any] | None = getattr(self._local, "conn", None)
-        if conn is None:
-            sock = socket.create_connection((self.host.strip("[]"), self.port), timeout=self.timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = (sock, sock.makefile("rb"))
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
-        return conn
-
-    def _drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            conn[1].close()
-            conn[0].close()
-            with self._lock:
-                if conn in self._all:
-                    self._all.remove(conn)
-
-    def post(self, path: str, payload: bytes, request_id: str | None) -> bytes | None:
-        """The body of a 200 answer, or None (any other status, or no answer: the caller takes the regular
-        path, which repeats the call with retries and maps the error). A kept connection that the server has
-        closed meanwhile (not one byte of an answer) is replaced once at once: only for calls safe to repeat."""
-        rid = b""
-        if request_id is not None:
-            if not request_id.isascii() or not request_id.isprintable():
-                return None
-            rid = f"{HEADER}: {request_id}\r\n".encode()
-        request = b"".join([b"POST ", (self.base + path).encode("ascii"), b" HTTP/1.1\r\n", self._head, rid,
-                            b"Content-Length: %d\r\n\r\n" % len(payload), payload])
-        for attempt in (0, 1):
-            reused = getattr(self._local, "conn", None) is not None
-            try:
-                sock, rfile = self._conn()
-                sock.sendall(request)
-                answer = self._read(rfile)
-            except (_Closed, ConnectionResetError, BrokenPipeError):
-                answer = None
-                if reused and attempt == 0:  # the server closed the idle connection (keep-alive timeout)
-                    self._drop()
-                    continue
-            except (OSError, ValueError):
-                answer = None
-            break
-        if answer is None:
-            self._drop()  # reconnects on the next use
-            return None
-        body, keep = answer
-        if not keep:
-            self._drop()
-        return body
-
-    def _read(self, rfile: Any) -> tuple[bytes, bool] | None:
-        """(body, keep-alive) of a 200 answer with a Content-Length, else None."""
-        line = rfile.readline(self.MAX_HEAD + 1)
-        if not line:
-            raise _Closed
-        status = line.split(None, 2)
-        if len(status) < 2 or not status[0].startswith(b"HTTP/1.") or status[1] != b"200":
-            return None
-        length, keep, budget = None, status[0] == b"HTTP/1.1", self.MAX_HEAD
-        while True:
-            line = rfile.readline(budget + 1)
-            budget -= len(line)
-            if not line.endswith(b"\n") or budget < 0:
-                return None
-            if line in (b"\r\n", b"\n"):
-                break
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                return None
-            elif name == b"connection":
-                tokens = {t.strip().lower() for t in value.split(b",")}
-                keep = b"close" not in tokens and (keep or b"keep-alive" in tokens)
-        if length is None or length < 0:
-            return None
-        body = rfile.read(length)
-        return (body, keep) if len(body) == length else None
-
-    def close(self) -> None:
-        with self._lock:
-            for sock, rfile in self._all:
-                rfile.close()
-                sock.close()
-            self._all.clear()
-
-
-class _Closed(Exception):
-    """The connection ended before any byte of an answer."""

@@ -14,7 +14,7 @@ unknown fields are refused (a field the contract does not name never reaches the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -114,6 +114,12 @@ class CandidateRecord(_Part):
     seconds: float | None = Field(default=None, description="wall seconds of its adaptation and holdout scoring")
 
 
+class RunnerUp(PairedPoints):
+    """The best candidate after the winner, and the winner minus it in points with its paired 95 % CI."""
+
+    name: str
+
+
 class AcceptanceRecord(_Part):
     """A job's acceptance check (a job with a holdout): every candidate on the holdout, the rule, the winner (whose
     weights are the job's checkpoint) and why (t3ar.acceptance)."""
@@ -127,6 +133,9 @@ class AcceptanceRecord(_Part):
     steps: list[str] = Field(default_factory=list, description="the paired rule's comparisons, in order")
     candidates: list[CandidateRecord] = Field(default_factory=list)
     require_gain: bool = False
+    runner_up: RunnerUp | None = Field(default=None, description="the best other candidate and the winner's paired "
+                                       "difference to it (None: one candidate, or a record from before it was kept)")
+    classes: int | None = Field(default=None, description="classes with images in the holdout")
 
 
 class LabelShare(_Part):
@@ -268,12 +277,13 @@ def acceptance_table(acc: AcceptanceRecord) -> list[str]:
 
 
 def labelled_summary(uses: Sequence[Mapping[str, Any]], *, total: int | None = None,
-                     per_label: Mapping[str, int] | None = None, shown: int = 10) -> str:
+                     per_label: Mapping[str, int] | None = None, shown: int = 10,
+                     withdrawn: Collection[str] = ()) -> str:
     """One line on the neighbours that served as labelled training data (``{"pool_id", "label", "uses"}``, what
     :class:`t3ar.pipeline.LabelledUse` and :attr:`JobReport.labelled_neighbours` hold): how many (``total`` when
     the list is a part), per label (``per_label``: the counts of all of them; else counted in ``uses``, and said
     to be of those listed when they are a part), and the first ``shown`` with their label and the steps each
-    served in."""
+    served in; those in ``withdrawn`` (withdrawn from the pool since) are marked."""
     scope = ""
     if per_label is None:
         counted: dict[str, int] = {}
@@ -283,8 +293,8 @@ def labelled_summary(uses: Sequence[Mapping[str, Any]], *, total: int | None = N
         if total is not None and total > len(uses):
             scope = f" among the {len(uses)} listed"
     labels = ", ".join(f"{lab} {n}" for lab, n in sorted(per_label.items(), key=lambda kv: (-kv[1], kv[0]))) + scope
-    first = ", ".join(f"{u['pool_id']} ({u['label']}, {u['uses']} step{'s' if u['uses'] != 1 else ''})"
-                      for u in uses[:shown])
+    first = ", ".join(f"{u['pool_id']} ({u['label']}, {u['uses']} step{'s' if u['uses'] != 1 else ''}"
+                      f"{', WITHDRAWN since' if u['pool_id'] in withdrawn else ''})" for u in uses[:shown])
     n = total if total is not None else len(uses)
     more = f", and {n - min(shown, len(uses))} more" if n > min(shown, len(uses)) else ""
     return f"{n} pool neighbour{'s' if n != 1 else ''} served as labelled data ({labels}): {first}{more}"

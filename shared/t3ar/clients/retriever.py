@@ -32,6 +32,20 @@ from t3ar.clients.retriever_errors import (
     RetrieverUnavailableError,
     error_from_response,
 )
+from t3ar.clients.retriever_models import (
+    AddResponse,
+    DeleteResponse,
+    EmbedResponse,
+    ExistsResponse,
+    HealthResponse,
+    ItemOut,
+    ItemPage,
+    NearDuplicatesResponse,
+    SearchResponse,
+    StatsResponse,
+    VectorsAddResponse,
+    WithdrawnOut,
+)
 from t3ar.urls import path_segment
 
 if TYPE_CHECKING:
@@ -83,8 +97,8 @@ class RetrieverClient(HttpClient):
         return error_from_response(resp.status_code, body, resp.text, what)
 
     # --- ops ---------------------------------------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
-        return dict(self._json("GET", "/health"))
+    def health(self) -> HealthResponse:
+        return self._answer(HealthResponse, "GET", "/health")
 
     def ready(self) -> bool:
         try:
@@ -99,8 +113,8 @@ class RetrieverClient(HttpClient):
                 raise RetrieverUnavailableError(f"retriever at {self.url} not ready after {timeout:.0f}s")
             time.sleep(0.2)
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._json("GET", "/stats"))
+    def stats(self) -> StatsResponse:
+        return self._answer(StatsResponse, "GET", "/stats")
 
     def metrics(self) -> str:
         return self._request("GET", "/metrics", safe=True).text
@@ -108,7 +122,7 @@ class RetrieverClient(HttpClient):
     # --- pool --------------------------------------------------------------------------------------------
     def add_images(self, images: Sequence[ImageInput], *, source: str = "", metadata: dict[str, Any] | None = None,
                    atomic: bool = False, duplicate_policy: str | None = None,
-                   label: str | None = None) -> dict[str, Any]:
+                   label: str | None = None) -> AddResponse:
         """Upload images and/or zip/tar archives, each new one with class ``label`` (None: unlabelled); returns
         the per-item report (``items``, counts). Raises RetrieverInputError (with ``items``) when nothing could
         be committed."""
@@ -119,28 +133,27 @@ class RetrieverClient(HttpClient):
             data["label"] = label
         if duplicate_policy:
             data["duplicate_policy"] = duplicate_policy
-        return dict(self._json("POST", "/pool", files=files, data=data))
+        return self._answer(AddResponse, "POST", "/pool", files=files, data=data)
 
     def add_vectors(self, vectors: np.ndarray, *, identity: str, source: str = "",
                     label: str | None = None) -> list[str]:
         """Vectors-only pools (admin token): bulk-add float32 vectors, each with class ``label`` (None:
         unlabelled); returns their ids in order."""
         body = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
-        out = self._json("POST", "/pool/vectors", safe=False, content=body,
-                         params={"identity": identity, "source": source, "label": label or ""},
-                         headers={"Content-Type": "application/octet-stream"})
-        return list(out["ids"])
+        return self._answer(VectorsAddResponse, "POST", "/pool/vectors", safe=False, content=body,
+                            params={"identity": identity, "source": source, "label": label or ""},
+                            headers={"Content-Type": "application/octet-stream"}).ids
 
     def exists(self, sha256s: Sequence[str]) -> dict[str, str]:
         """sha256 (hex of the file bytes) -> id, for those already in the pool."""
         found: dict[str, str] = {}
         for start in range(0, len(sha256s), 10_000):
-            found.update(self._json("POST", "/pool/exists", json={"sha256": list(sha256s[start:start + 10_000])})[
-                "found"])
+            found.update(self._answer(ExistsResponse, "POST", "/pool/exists",
+                                      json={"sha256": list(sha256s[start:start + 10_000])}).found)
         return found
 
     def list_items(self, *, after: str | None = None, limit: int = 100, source: str | None = None,
-                   label: str | None = None) -> dict[str, Any]:
+                   label: str | None = None) -> ItemPage:
         params: dict[str, Any] = {"limit": limit}
         if after:
             params["after"] = after
@@ -148,20 +161,20 @@ class RetrieverClient(HttpClient):
             params["source"] = source
         if label is not None:
             params["label"] = label
-        return dict(self._json("GET", "/pool", params=params))
+        return self._answer(ItemPage, "GET", "/pool", params=params)
 
     def iter_items(self, *, source: str | None = None, page_size: int = 1000,
-                   label: str | None = None) -> Iterator[dict[str, Any]]:
+                   label: str | None = None) -> Iterator[ItemOut]:
         after = None
         while True:
             page = self.list_items(after=after, limit=page_size, source=source, label=label)
-            yield from page["items"]
-            after = page["next_after"]
+            yield from page.items
+            after = page.next_after
             if after is None:
                 return
 
-    def get_item(self, item_id: str) -> dict[str, Any]:
-        return dict(self._json("GET", _item_path(item_id)))
+    def get_item(self, item_id: str) -> ItemOut:
+        return self._answer(ItemOut, "GET", _item_path(item_id))
 
     def get_image(self, item_id: str) -> bytes:
         return self._request("GET", f"{_item_path(item_id)}/image", safe=True).content
@@ -170,24 +183,40 @@ class RetrieverClient(HttpClient):
         """Withdraw one item (admin token). Unknown id -> RetrieverNotFoundError."""
         self._request("DELETE", _item_path(item_id), safe=True, ok_404_on_retry=True)
 
-    def delete_many(self, ids: Sequence[str], *, missing_ok: bool = False) -> dict[str, Any]:
-        """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``."""
-        return dict(self._json("POST", "/pool/delete", json={"ids": list(ids), "missing_ok": missing_ok}))
+    def delete_many(self, ids: Sequence[str], *, missing_ok: bool = False, withdraw: bool = True) -> DeleteResponse:
+        """Withdraw all of ``ids`` (admin token): all or none, unless ``missing_ok``. ``withdraw=False`` (a
+        compaction): their content is not refused at ingest afterwards."""
+        body: dict[str, Any] = {"ids": list(ids), "missing_ok": missing_ok}
+        if not withdraw:
+            body["withdraw"] = False
+        return self._answer(DeleteResponse, "POST", "/pool/delete", json=body)
+
+    def withdrawal(self, item_id: str) -> WithdrawnOut | None:
+        """Admin: the withdrawal of image item ``item_id`` (id, sha256, withdrawn_at), None when it was never
+        withdrawn (or was re-admitted)."""
+        try:
+            return self._answer(WithdrawnOut, "GET", f"/pool/withdrawn/{path_segment(item_id)}", safe=True)
+        except RetrieverNotFoundError:
+            return None
+
+    def readmit(self, item_id: str) -> WithdrawnOut:
+        """Admin: lift the withdrawal of ``item_id`` (its content may be added again). Not withdrawn: 404."""
+        return self._answer(WithdrawnOut, "POST", f"/pool/withdrawn/{path_segment(item_id)}/readmit")
 
     def near_duplicates(self, *, threshold: float, sources: Sequence[str], nprobe: int = 2,
-                        timeout: float | None = None) -> dict[str, Any]:
+                        timeout: float | None = None) -> NearDuplicatesResponse:
         """Admin: the items of ``sources`` a compaction would remove (near-duplicates of items that stay); read-only.
         ``timeout``: seconds for this call (a scan of a large pool takes minutes)."""
         extra: dict[str, Any] = {} if timeout is None else {"timeout": httpx.Timeout(timeout, connect=10.0)}
-        return dict(self._json("POST", "/pool/near-duplicates", safe=True,
-                               json={"threshold": threshold, "sources": list(sources), "nprobe": nprobe}, **extra))
+        return self._answer(NearDuplicatesResponse, "POST", "/pool/near-duplicates", safe=True,
+                            json={"threshold": threshold, "sources": list(sources), "nprobe": nprobe}, **extra)
 
     # --- search ------------------------------------------------------------------------------------------
     def embed(self, images: Sequence[ImageInput]) -> np.ndarray:
         """Embed with the pool's retriever R -> float32 [N, dim] unit vectors."""
         files = [("files", _as_file(x, i)) for i, x in enumerate(images)]
-        out = self._json("POST", "/embed", files=files, params={"encoding": "base64"})
-        return np.frombuffer(base64.b64decode(out["vectors_b64"]), dtype="<f4").reshape(out["count"], out["dim"])
+        out = self._answer(EmbedResponse, "POST", "/embed", files=files, params={"encoding": "base64"})
+        return np.frombuffer(base64.b64decode(out.vectors_b64 or ""), dtype="<f4").reshape(out.count, out.dim)
 
     def search(self, vectors: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
                source: str | None = None, identity: str | None = None, label: str | None = None) -> SearchResult:
@@ -208,10 +237,9 @@ class RetrieverClient(HttpClient):
         return self._search(body)
 
     def _search(self, body: dict[str, Any]) -> SearchResult:
-        out = self._post_json_fast("/search", body)
-        rows = out["results"]
-        return SearchResult([row["ids"] for row in rows], [row["scores"] for row in rows], out["identity"],
-                            [row.get("labels") or [None] * len(row["ids"]) for row in rows])
+        out = self._post_json(SearchResponse, "/search", body)
+        return SearchResult([row.ids for row in out.results], [row.scores for row in out.results], out.identity,
+                            [row.labels or [None] * len(row.ids) for row in out.results])
 
 
 class RetrieverProvider:
@@ -227,11 +255,11 @@ class RetrieverProvider:
     @property
     def identity(self) -> str:
         if self._identity is None:
-            self._identity = str(self.client.stats()["identity"])
+            self._identity = self.client.stats().identity
         return self._identity
 
     def size(self) -> int:
-        return int(self.client.stats()["count"])
+        return self.client.stats().count
 
     def embed(self, images: torch.Tensor) -> np.ndarray:
         """uint8 [N,3,H,W] -> PNGs -> ``/embed`` in batches -> float32 [N, d]."""
@@ -268,12 +296,12 @@ class RetrieverProvider:
         return scores, ids
 
     def all_ids(self) -> list[str]:
-        return [item["id"] for item in self.client.iter_items(page_size=1000)]
+        return [item.id for item in self.client.iter_items(page_size=1000)]
 
     def sources(self, ids: Sequence[str]) -> list[str]:
         """Each item's ``source`` (one metadata read per id, in parallel)."""
         with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
-            return [str(item.get("source", "")) for item in ex.map(self.client.get_item, ids)]
+            return [item.source for item in ex.map(self.client.get_item, ids)]
 
     def labels(self, ids: Sequence[str]) -> list[str | None]:
         """Each item's pool ``label`` (None = unlabelled): what the search answers carried (no call), and one
@@ -281,7 +309,7 @@ class RetrieverProvider:
         unseen = [i for i in dict.fromkeys(ids) if i not in self._labels]
         if unseen:
             with ThreadPoolExecutor(max_workers=self.fetch_workers) as ex:
-                self._labels.update((i, str(item["label"]) if item.get("label") else None)
+                self._labels.update((i, item.label or None)
                                     for i, item in zip(unseen, ex.map(self.client.get_item, unseen), strict=True))
         return [self._labels[i] for i in ids]
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from t3ar.clients.retriever_models import AddItemResult
 from t3ar.errors import ImageDecodeError, InvalidInputError, T3arError, UnsafeArchiveError
 
 
 class RetrieverError(T3arError):
     """Any error answered by (or on the way to) the retriever; ``status`` 0 means no HTTP answer."""
 
-    def __init__(self, message: str, *, status: int = 0, code: str = "", items: list[dict[str, Any]] | None = None):
+    def __init__(self, message: str, *, status: int = 0, code: str = "", items: list[AddItemResult] | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
@@ -54,12 +57,20 @@ _BY_CODE: dict[str, type[RetrieverError]] = {
 }
 
 
+def _items(value: Any) -> list[AddItemResult] | None:
+    """An error's per-item report (a refused add), or None when it has none that reads."""
+    try:
+        return TypeAdapter(list[AddItemResult]).validate_python(value) if value is not None else None
+    except ValidationError:
+        return None
+
+
 def error_from_response(status: int, body: Any, fallback_text: str, what: str) -> RetrieverError:
     """The exception for an HTTP error answer (``what`` names the call, e.g. ``POST /search``)."""
     err = body.get("error") if isinstance(body, dict) else None
     if isinstance(err, dict):
         code, message = str(err.get("code", "")), str(err.get("message", ""))
-        items = err.get("items") if isinstance(err.get("items"), list) else None
+        items = _items(err.get("items"))
     else:
         code, message, items = "", fallback_text[:500] or f"HTTP {status}", None
     cls = _BY_CODE.get(code)

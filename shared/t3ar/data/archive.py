@@ -23,7 +23,7 @@ import stat
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Literal
@@ -265,7 +265,8 @@ def _copy(src: IO[bytes], target: Path, entry: _Entry, limits: ExtractLimits, wr
 
 
 def _extract_into(
-    archive: Path, kind: ArchiveKind, root: Path, limits: ExtractLimits, shown: str
+    archive: Path, kind: ArchiveKind, root: Path, limits: ExtractLimits, shown: str,
+    on_listed: Callable[[list[tuple[str, int]]], None] | None = None,
 ) -> tuple[int, int]:
     """Validate everything, then write into ``root`` (an empty directory). Returns (files, bytes)."""
     written_total, n_files = 0, 0
@@ -280,6 +281,8 @@ def _extract_into(
             entries = _validate(raw, limits, archive, shown)
         except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, lzma.LZMAError) as e:
             raise UnsafeArchiveError(f"{shown}: corrupt archive while listing members: {e}") from e
+        if on_listed is not None:  # the caller's checks of the listing, before one byte is written
+            on_listed([(e.rel, e.size) for e in entries if not e.is_dir])
         ratio_cap = _ratio_cap(archive, limits)
         for entry in entries:
             target = root.joinpath(*entry.rel.split("/"))
@@ -307,13 +310,16 @@ def _extract_into(
 
 
 def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = ExtractLimits(), *,
-                 name: str | None = None) -> Path:
+                 name: str | None = None,
+                 on_listed: Callable[[list[tuple[str, int]]], None] | None = None) -> Path:
     """Extract ``archive`` (zip or tar[.gz|.bz2|.xz]) into ``dest`` all-or-nothing; return ``dest``.
 
     ``dest`` must not exist or be an empty directory (InvalidInputError otherwise). macOS junk
     (``__MACOSX/``, ``._*``, ``.DS_Store``) is skipped. Files are written with default permissions (modes,
     owners and timestamps from the archive are not applied). ``name``: what errors call the archive (e.g. the
-    file name an uploader gave it; default: its file name here).
+    file name an uploader gave it; default: its file name here). ``on_listed``: called with every file's
+    (relative path, declared size) once the headers are read and checked, before anything is written; what it
+    raises aborts the extraction (e.g. a holdout counting its images before any is decoded).
     """
     archive, dest = Path(archive), Path(dest)
     shown = name or archive.name
@@ -325,7 +331,7 @@ def safe_extract(archive: Path, dest: Path, limits: ExtractLimits = ExtractLimit
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
-        n_files, n_bytes = _extract_into(archive, kind, tmp, limits, shown)
+        n_files, n_bytes = _extract_into(archive, kind, tmp, limits, shown, on_listed)
         if dest.exists():
             dest.rmdir()
         os.rename(tmp, dest)

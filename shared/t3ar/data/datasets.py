@@ -291,6 +291,12 @@ def find_labels_csv(root: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def target_labels_csv(folder: Path) -> Path | None:
+    """The ``labels.csv`` that :func:`read_unlabelled`'s ``.root`` of the folder ``folder`` has (a lone wrapper
+    folder descended), or None: whether a target is labelled, known before any of its images is read."""
+    return find_labels_csv(_unwrap(Path(folder), labelled=False))
+
+
 def read_unlabelled(source: Path, *, strict: bool = False, work_dir: Path | None = None,
                     limits: ExtractLimits = _DEFAULT_LIMITS, num_workers: int = 0) -> ImageSet:
     """Read every image under a directory (recursively) or inside an archive; ``labels`` is None.

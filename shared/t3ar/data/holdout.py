@@ -10,8 +10,9 @@ The checks (:func:`check_holdout`), each an :class:`~t3ar.errors.InvalidInputErr
 - every label is one of the model's classes;
 - every class the holdout names has at least one image (a class folder with no image in it is refused; a CSV names
   a class only through a row, so its classes always have one);
-- no holdout image is an image of the target (the same bytes, by sha256): the holdout must never be trained on,
-  and the target is what a job adapts to and may add to the pool;
+- no holdout image is an image of the target (the same bytes, by sha256; with ``target_pixels``, also the same
+  pixels in other bytes, by :func:`~t3ar.data.images.pixel_digest`): the holdout must never be trained on, and the
+  target is what a job adapts to and may add to the pool;
 - at most ``max_images`` images (:data:`MAX_HOLDOUT_IMAGES` by default; the API's ``T3AR_API_MAX_HOLDOUT_IMAGES``).
 
 And, for a job where a candidate retrieves, :func:`refuse_pooled`: no holdout image is already a pool image (a
@@ -79,16 +80,55 @@ def image_digests(images: ImageSet) -> list[str]:
     return [file_sha256(p) for p in images.paths]
 
 
+def too_many(count: int, max_images: int, setting: str) -> HoldoutError | None:
+    """The refusal of a holdout of ``count`` images over ``max_images`` (None: within it)."""
+    if count <= max_images:
+        return None
+    return HoldoutError(f"holdout: {count} images, more than the {max_images} allowed ({setting}); send a smaller "
+                        "one (a few images per class decide between candidates)")
+
+
+def count_listed(files: Iterable[tuple[str, int]], max_images: int, setting: str = "max_images") -> None:
+    """Refuse an archive listing (relative path, declared size) with more image files than ``max_images``: checked
+    from the archive's headers, before any image is extracted or decoded (a holdout at the upload limit took
+    ~2,000 s of decoding before the cap was checked)."""
+    from t3ar.data.images import is_image_name
+
+    error = too_many(sum(1 for rel, _ in files if is_image_name(rel)), max_images, setting)
+    if error is not None:
+        raise error
+
+
+def pixel_digests(paths: Sequence[Path], *, num_workers: int = 0) -> list[str]:
+    """The pixel digest (:func:`~t3ar.data.images.file_pixel_digest`) of each image file, in order; files that do
+    not decode get an empty digest (they are refused elsewhere)."""
+    from t3ar.data.images import file_pixel_digest
+    from t3ar.errors import ImageDecodeError
+
+    def one(p: Path) -> str:
+        try:
+            return file_pixel_digest(p)
+        except (ImageDecodeError, OSError):
+            return ""
+
+    if num_workers > 1 and len(paths) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(num_workers) as ex:
+            return list(ex.map(one, paths))
+    return [one(p) for p in paths]
+
+
 def check_holdout(holdout: Holdout, model_classes: Sequence[str], *, target_digests: Iterable[str],
-                  max_images: int = MAX_HOLDOUT_IMAGES, setting: str = "max_images") -> None:
+                  max_images: int = MAX_HOLDOUT_IMAGES, setting: str = "max_images",
+                  target_pixels: Iterable[str] | None = None) -> None:
     """Refuse (HoldoutError) a holdout that breaks a rule of the module docstring; ``setting`` names the limit
     ``max_images`` comes from in the message."""
     images = holdout.images
     if len(images) == 0:
         raise HoldoutError("holdout: no images")
-    if len(images) > max_images:
-        raise HoldoutError(f"holdout: {len(images)} images, more than the {max_images} allowed ({setting}); send a "
-                           "smaller one (a few images per class decide between candidates)")
+    if (error := too_many(len(images), max_images, setting)) is not None:
+        raise error
     assert images.classes is not None and images.labels is not None
     try:
         class_map_check(list(holdout.named), list(model_classes))
@@ -101,8 +141,13 @@ def check_holdout(holdout: Holdout, model_classes: Sequence[str], *, target_dige
                            "needs at least one image (add one, or drop the empty folder)")
     target = set(target_digests)
     same = [images.ids[i] for i, d in enumerate(image_digests(images)) if d in target]
+    how = "the same bytes"
+    if not same and target_pixels is not None:
+        pixels = set(target_pixels) - {""}
+        same = [images.ids[i] for i, d in enumerate(pixel_digests(list(images.paths))) if d and d in pixels]
+        how = "the same pixels in other bytes"
     if same:
-        raise HoldoutError(f"holdout: {len(same)} image(s) are also in the target (the same bytes; first: "
+        raise HoldoutError(f"holdout: {len(same)} image(s) are also in the target ({how}; first: "
                            f"{', '.join(same[:5])}); the holdout must never be trained on: take them out of one")
 
 

@@ -148,6 +148,23 @@ def resize_center_crop(img: Image.Image, size: int) -> Image.Image:
     return img
 
 
+PIXEL_DIGEST_SIZE = 128  # the side a pixel digest letterboxes an image to
+
+
+def pixel_digest(img: Image.Image, size: int = PIXEL_DIGEST_SIZE) -> str:
+    """The sha256 of ``img``'s pixels letterboxed to ``size``×``size`` RGB (:func:`letterbox`): the same picture
+    in other bytes (re-saved, another lossless format, metadata stripped) has the same digest. The pool data kit's
+    content hash (:mod:`t3ar.datakit.pool`) and the API's holdout-target overlap check use it."""
+    import hashlib
+
+    return hashlib.sha256(letterbox(img, size).tobytes()).hexdigest()
+
+
+def file_pixel_digest(path: str | Path, *, max_pixels: int = 40_000_000, size: int = PIXEL_DIGEST_SIZE) -> str:
+    """:func:`pixel_digest` of the image file at ``path`` (ImageDecodeError when it does not decode)."""
+    return pixel_digest(open_image(path, max_pixels=max_pixels), size)
+
+
 def letterbox(img: Image.Image, size: int, fill: tuple[int, int, int] = WHITE) -> Image.Image:
     """Fit the whole image in ``size``×``size`` (bicubic, aspect kept), centred on a ``fill`` square; RGB."""
     if size <= 0:

@@ -13,7 +13,8 @@ unlabelled). Two ways to say which images carry which label, for ``t3ar pool ing
 
 The rule of a label (checked here before an upload, and by the retriever where it arrives): at most
 :data:`MAX_LABEL_CHARS` characters, no control characters (C0, DEL, C1), no invisible or bidi formatting
-characters (:func:`hidden_character`), no leading or trailing spaces, valid UTF-8 text. The empty string means no
+characters (:func:`hidden_character`: format characters and the other code points that show as nothing), no
+leading or trailing spaces, valid UTF-8 text. The empty string means no
 label. Target labels (folder names, ``labels.csv``) and a model's class names obey the hidden-character part too:
 ``do<U+200B>g`` shows as ``dog`` and silently never matches the class.
 """
@@ -38,11 +39,24 @@ _HEADERS = ({"path", "label"}, {"file", "label"})
 #: zero-width ones such as U+200B, U+FEFF, the soft hyphen) and line and paragraph separators (Zl, Zp)
 HIDDEN_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
 
+#: And the code points that show as nothing outside those categories (issue 50, N8): Unicode's other
+#: Default_Ignorable_Code_Point characters (Hangul fillers, which are letters; the combining grapheme joiner,
+#: variation selectors, Mongolian free variation selectors, Khmer inherent vowels: marks) and the blank braille
+#: pattern (a symbol)
+HIDDEN_SPANS: tuple[tuple[int, int], ...] = (
+    (0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2800, 0x2800), (0x3164, 0x3164),
+    (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
+
+
+def _hidden(ch: str) -> bool:
+    code = ord(ch)
+    return unicodedata.category(ch) in HIDDEN_CATEGORIES or any(a <= code <= b for a, b in HIDDEN_SPANS)
+
 
 def hidden_character(text: str) -> str | None:
     """The first invisible or bidi formatting character of ``text`` as ``U+200B (ZERO WIDTH SPACE)``, or None."""
     for ch in text:
-        if unicodedata.category(ch) in HIDDEN_CATEGORIES:
+        if _hidden(ch):
             return f"U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
     return None
 
@@ -53,7 +67,7 @@ def hidden_ranges(last: int = 0xFFFF) -> str:
     Python's and ECMAScript's expressions)."""
     spans: list[list[int]] = []
     for code in range(last + 1):
-        if unicodedata.category(chr(code)) in HIDDEN_CATEGORIES:
+        if _hidden(chr(code)):
             if spans and spans[-1][1] == code - 1:
                 spans[-1][1] = code
             else:

@@ -57,11 +57,15 @@ def stratified_subsample(labels: Sequence[int] | None, n_items: int, fraction: f
     return sorted(chosen)
 
 
-def adapted_rows(labels: Sequence[int] | None, n_items: int, fraction: float, seed: int) -> list[int]:
-    """The rows of a target an adaptation uses: the stratified subsample that its config's ``fraction`` and
-    ``seed`` choose. The one definition that the pipeline, the API's validation and checkpoint check and the
-    worker's memory check share. DatasetError when fewer than 2 rows remain (adaptation needs 2)."""
-    keep = stratified_subsample(labels, n_items, fraction, seed)
+def adapted_rows(labels: Sequence[int] | None, n_items: int, fraction: float, seed: int, *, mode: str) -> list[int]:
+    """The rows of a target an adaptation uses: the subsample that its config's ``fraction``, ``seed`` and
+    ``mode`` choose. The one definition that the pipeline, the API's validation and checkpoint check and the
+    worker's memory check share. DatasetError when fewer than 2 rows remain (adaptation needs 2).
+
+    Only a train-time job (``mode="train"``) draws per class (it trains on the labels); a test-time job draws
+    as without labels whether or not the target has them, so labels that only score it never change what it
+    adapts to."""
+    keep = stratified_subsample(labels if mode == "train" else None, n_items, fraction, seed)
     if len(keep) < 2:
         raise DatasetError(f"fraction={fraction} of {n_items} images leaves {len(keep)}; adaptation needs at least "
                            "2: raise fraction or send more images")

@@ -13,7 +13,6 @@ taken over the normalised pixels, so the same picture at two source sizes is sto
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import re
@@ -23,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from t3ar.data.images import IMAGE_SUFFIXES, letterbox, open_image
+from t3ar.data.images import IMAGE_SUFFIXES, letterbox, open_image, pixel_digest
 from t3ar.datakit.common import atomic_output, deb_version, fetch_deb, read_manifest, write_json
 from t3ar.errors import ImageDecodeError, InvalidInputError
 
@@ -170,7 +169,7 @@ def _add_images(
             stats.skipped += 1
             problems.append(str(e))
             continue
-        digest = hashlib.sha256(img.tobytes()).hexdigest()
+        digest = pixel_digest(img, size)  # img is size x size already: the sha256 of its pixels
         if digest in seen:
             stats.duplicates += 1
             continue

@@ -29,6 +29,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from t3ar.errors import CheckpointError, DivergedError
+from t3ar.filemode import new_file_mode
 from t3ar.models.classifier import Classifier, ModelSpec, build_classifier
 from t3ar.models.safetensors_io import is_safetensors, payload_from_safetensors
 
@@ -93,7 +94,8 @@ def save_checkpoint(
 
 
 def write_atomic(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` all or nothing (temp file in the same folder, fsync, rename); mode 0644.
+    """Write ``data`` to ``path`` all or nothing (temp file in the same folder, fsync, rename); the mode a new file
+    gets under the umask (0644 under 022).
     Returns the sha256 of ``data``. An earlier file at ``path`` is replaced only once the new one is whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -102,7 +104,7 @@ def write_atomic(path: Path, data: bytes) -> str:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are meant to be shared
+        os.chmod(tmp, new_file_mode())  # mkstemp creates 0600: the umask's mode instead (0644 under 022)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -124,7 +126,7 @@ def read_payload(path: Path) -> tuple[dict[str, Any], str]:
             payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except Exception as exc:  # pickle / zip errors come in many types
             raise CheckpointError(
-                f"{path} is not a t3ar checkpoint (cannot be read safely: {type(exc).__name__}); "
+                f"{path} is not a t3ar checkpoint (it cannot be read as plain tensors without running code); "
                 "create one with `t3ar train-source` or `t3ar adapt`"
             ) from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
