@@ -23,7 +23,7 @@ def test_a_class_conditional_job_reports_its_neighbour_quality(tmp_path: Path) -
         archive: list[str] = []
         for c in CLASSES:
             rep = rc.add_images([(f"{c}{i}.png", png(c, rng)) for i in range(5)], source="archive", label=c)
-            archive += [it["id"] for it in rep["items"] if it["status"] == "added"]
+            archive += [str(it.id) for it in rep.items if it.status == "added"]
         rc.add_images([(f"u{i}.png", png("red", rng)) for i in range(5)], source="unlabelled")
         withdrawn = archive[0]
         admin.delete_pool_item(withdrawn)  # withdrawn through the API, before the job
