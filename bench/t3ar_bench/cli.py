@@ -13,6 +13,8 @@ import click
 from t3ar.logs import configure_logging
 from t3ar_bench.method.command import adapt_bench, default_cache
 from t3ar_bench.method.gpu_command import gpu_pack
+from t3ar_bench.retrieval.neighbours_cmd import mixed as mixed_bench
+from t3ar_bench.retrieval.neighbours_cmd import neighbours as neighbours_bench
 from t3ar_bench.retrieval.pool10m_cmd import pool as pool_bench
 
 
@@ -210,6 +212,8 @@ def continual(plan_name: str, out_dir: Path | None, work_dir: Path, frozen: Path
 bench.add_command(adapt_bench, "adapt")
 bench.add_command(gpu_pack, "gpu-pack")
 bench.add_command(pool_bench, "pool")
+bench.add_command(neighbours_bench, "neighbours")
+bench.add_command(mixed_bench, "mixed")
 
 
 @bench.command("job")

@@ -55,6 +55,7 @@ from t3ar.clients.job_report import (
     JobReport,
     LabelledNeighbour,
     Neighbour,
+    NeighbourQualityRecord,
     NeighbourRow,
     StepPoint,
     Transfer,
@@ -65,8 +66,8 @@ from t3ar_services.common.files import atomic_file
 # The job's report (``PUT`` :data:`RESULT_ROUTE` carries it; the API validates it there): a versioned model defined
 # in the library, which the CLI reads too (the library never imports the services).
 __all__ = ["REPORT_VERSION", "AcceptanceRecord", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport",
-           "JobResult", "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourRow", "Progress",
-           "StepPoint", "Transfer"]
+           "JobResult", "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourQualityRecord",
+           "NeighbourRow", "Progress", "StepPoint", "Transfer"]
 
 log = logging.getLogger(__name__)
 

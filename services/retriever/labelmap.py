@@ -59,6 +59,12 @@ class LabelMap:
             else:
                 self._arrays = (merged, np.concatenate([codes, np.full(len(new), code, np.int32)]))
 
+    def seqs_of(self, label: str) -> np.ndarray:
+        """The seqs held with ``label`` (sorted; may include deleted items', which no search answers)."""
+        held, codes = self._arrays
+        code = self._code.get(label)
+        return held[codes == code] if code is not None else np.empty(0, dtype=np.int64)
+
     def lookup(self, seqs: np.ndarray) -> list[str | None]:
         """The label of each seq (None: unlabelled or unknown), in order."""
         held, codes = self._arrays

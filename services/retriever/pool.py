@@ -391,18 +391,20 @@ class Pool:
         return hit[1]
 
     def search(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
-               source: str | None = None) -> list[tuple[list[str], np.ndarray]]:
+               source: str | None = None, label: str | None = None) -> list[tuple[list[str], np.ndarray]]:
         """Per query: (ids, scores) best first, top-k (or, with r > 1, k sampled uniformly from the top r*k,
         seeded). Rows are shorter than k when fewer items qualify; never a missing-result placeholder."""
         tag = self.info.tag
         return [([f"{tag}-{s}" for s in seqs.tolist()], scores)
                 for seqs, scores in self.search_seqs(queries, k, r=r, seed=seed, exclude_ids=exclude_ids,
-                                                     source=source)]
+                                                     source=source, label=label)]
 
     def search_seqs(self, queries: np.ndarray, k: int, *, r: int = 1, seed: int = 0,
-                    exclude_ids: Sequence[str] = (), source: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+                    exclude_ids: Sequence[str] = (), source: str | None = None,
+                    label: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`search` with sequence numbers (int64 rows) instead of public ids: the search answer writes
-        the ids itself (``t3ar_services.retriever.routes.search_json``)."""
+        the ids itself (``t3ar_services.retriever.routes.search_json``). ``label``: only items labelled with it
+        (the label map may still hold a deleted item's seq; the index never answers a deleted one)."""
         index = self.live_index()
         if index.pending:  # rare: only after a failed write
             with self._writer:
@@ -417,6 +419,9 @@ class Pool:
             raise InvalidInputError("query vectors contain NaN or infinity; send finite floats")
         exclude = [s for s in (self.parse_id(p) for p in exclude_ids) if s is not None]
         allowed = self.source_seqs(source) if source is not None else None
+        if label is not None:
+            of_label = self.labels.seqs_of(label)
+            allowed = of_label if allowed is None else np.intersect1d(allowed, of_label, assume_unique=True)
         scores, seqs = index.search(queries, k * r, exclude=exclude, allowed=allowed)
         if r == 1:
             return list(zip(seqs, scores, strict=True))

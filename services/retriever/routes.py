@@ -327,7 +327,7 @@ def search_json(pool: PoolDep, state: StateDep, settings: SettingsDep, body: s.S
     """Search and the JSON answer (a :class:`~t3ar_services.retriever.schemas.SearchResponse`, encoded by orjson:
     ids as ``<tag>-<seq>``, scores rounded to 6 decimals; ``labels`` only when the pool holds labelled items)."""
     rows = pool.search_seqs(queries, body.k, r=body.r, seed=body.seed, exclude_ids=body.exclude_ids,
-                            source=body.source)
+                            source=body.source, label=body.label)
     state.metrics.searches.inc()
     state.metrics.search_queries.inc(len(queries))
     labels, tag = pool.result_labels(rows), pool.info.tag

@@ -84,6 +84,8 @@ class SearchRequest(_Strict):
     exclude_ids: list[Utf8Str] = Field(default_factory=list, max_length=100_000,
                                    description="never return these ids (unknown ids are ignored)")
     source: Utf8Str | None = Field(default=None, description="only items with this source tag")
+    label: Utf8Str | None = Field(default=None, description="only items labelled with this class (class-conditional "
+                                                            "retrieval); with source, items with both")
     identity: Utf8Str | None = Field(default=None, description="embedder identity the vectors were made with; checked")
 
     @model_validator(mode="after")

@@ -189,6 +189,11 @@ class CachedRetrieverProvider:
         self.checkpoint()
         return self.remote.search(queries, k)
 
+    def search_label(self, queries: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, list[list[str]]]:
+        """Class-conditional retrieval's label-filtered search, through the retriever."""
+        self.checkpoint()
+        return self.remote.search_label(queries, k, label)
+
     def sources(self, ids: Sequence[str]) -> list[str]:
         self.checkpoint()
         return self.remote.sources(ids)

@@ -45,6 +45,7 @@ from t3ar_services.common.job_contract import (
     JobResult,
     JobSpec,
     LabelledNeighbour,
+    NeighbourQualityRecord,
     NeighbourRow,
     StepPoint,
     Transfer,
@@ -249,7 +250,8 @@ def _adapt(spec: JobSpec, settings: WorkerSettings, config: AdaptConfig, device:
         labelled_per_label=labelled_per_label(outcome.labelled_neighbours) if labelled else None,  # all of them
         winner=acceptance.winner if acceptance is not None else None,  # the whole record: the job's meta
         accuracy_before=metrics["before"]["top1"] if "after" in metrics else None,
-        accuracy_after=metrics["after"]["top1"] if "after" in metrics else None)
+        accuracy_after=metrics["after"]["top1"] if "after" in metrics else None,
+        neighbour_quality=report.neighbour_quality)  # GET /jobs/{id} and `t3ar jobs show` read it here
     progress.done(steps=res.steps, seconds_adapt=metrics["seconds_adapt"])
     return summary
 
@@ -335,6 +337,8 @@ def _report(spec: JobSpec, config: AdaptConfig, outcome: Any, metrics: dict[str,
         labelled_neighbours=[LabelledNeighbour(pool_id=u.pool_id, label=u.label, uses=u.uses) for u in sorted(
             outcome.labelled_neighbours, key=lambda u: (-u.uses, u.pool_id))[:MAX_LABELLED_LISTED]],
         labelled_neighbours_total=len(outcome.labelled_neighbours),
+        neighbour_quality=(NeighbourQualityRecord.model_validate(outcome.neighbour_quality)
+                           if outcome.neighbour_quality is not None else None),
         image_cache=CacheStats(hits=provider.hits, misses=provider.misses) if provider is not None else None,
         transfer=Transfer.model_validate(transfer),
     )

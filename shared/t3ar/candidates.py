@@ -25,6 +25,7 @@ from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candida
 from t3ar.clients.job_report import AcceptanceRecord
 from t3ar.data.datasets import ImageSet, load_tensors
 from t3ar.data.holdout import Holdout, check_holdout, image_digests
+from t3ar.errors import InvalidInputError
 from t3ar.method.adapt import StepStats
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
@@ -33,6 +34,7 @@ from t3ar.method.retrieval import NeighbourProvider
 from t3ar.models.checkpoint import CheckpointInfo
 from t3ar.models.classifier import Classifier
 from t3ar.pipeline import AdaptOutcome, labels_for_model, run_adaptation
+from t3ar.retrieval_ranking import LabelSearch
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class SharedProvider:
         self.inner = inner
         self._embedded: dict[str, np.ndarray] = {}
         self._searched: dict[tuple[str, int], tuple[np.ndarray, list[list[str]]]] = {}
+        self._labelled: dict[tuple[str, int], tuple[np.ndarray, list[list[str]]]] = {}
         self._images: dict[str, Image.Image] = {}
         self._all: list[str] | None = None
         self._size: int | None = None
@@ -74,6 +77,16 @@ class SharedProvider:
         if key not in self._searched:
             self._searched[key] = self.inner.search(queries, k)
         return self._searched[key]
+
+    def search_label(self, queries: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, list[list[str]]]:
+        """The inner provider's label-filtered search (class-conditional retrieval), answered once per question."""
+        if not isinstance(self.inner, LabelSearch):
+            raise InvalidInputError("this pool cannot search by label: class-conditional retrieval needs a "
+                                    "retriever that answers label-filtered searches")
+        key = (f"{_digest(queries)}:{label}", k)
+        if key not in self._labelled:
+            self._labelled[key] = self.inner.search_label(queries, k, label)
+        return self._labelled[key]
 
     def all_ids(self) -> list[str]:
         if self._all is None:
@@ -182,7 +195,7 @@ def run_candidates(
         t = time.perf_counter()
         out = run_adaptation(model, info, target, cfg, provider=shared if cfg.uses_retrieval else None,
                              device=device, target_tensor=full, eval_set=eval_set, rows=rows,
-                             on_step=on_step if name == config.method else None)
+                             on_step=on_step if name == config.method else None, quality_holdout=(hx, hy))
         correct = (predict(model, hx, norm).argmax(1) == hy).numpy()
         seconds = time.perf_counter() - t
         runs[name] = CandidateRun(name, cfg, out, correct, seconds,

@@ -86,6 +86,23 @@ class LocalPool:
         ids = [[self._ids[r] if r >= 0 else "" for r in row] for row in rows]
         return scores, ids
 
+    def search_label(self, queries: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, list[list[str]]]:
+        """:meth:`search` among the items labelled ``label`` only (None: every item), exact; rows padded with ''
+        (score -inf) where fewer items carry the label."""
+        if label is None:
+            return self.search(queries, k)
+        rows = np.array([i for i, lab in enumerate(self._labels) if lab == label], dtype=np.int64)
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        scores = np.full((len(q), k), -np.inf, dtype=np.float32)
+        ids = [[""] * k for _ in range(len(q))]
+        if len(rows) and len(q):
+            sims = q @ self.vectors[rows].T
+            order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+            for i, row in enumerate(order):
+                scores[i, :len(row)] = sims[i, row]
+                ids[i][:len(row)] = [self._ids[rows[j]] for j in row]
+        return scores, ids
+
     def all_ids(self) -> list[str]:
         return list(self._ids)
 

@@ -8,6 +8,7 @@ with its lineage. Used by the CLI, the worker and the benchmarks alike.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import time
@@ -30,6 +31,7 @@ from t3ar.method.evaluate import evaluate
 from t3ar.method.retrieval import NeighbourProvider, dedup_sample, random_neighbours
 from t3ar.models.checkpoint import CheckpointInfo, Lineage
 from t3ar.models.classifier import Classifier
+from t3ar.retrieval_ranking import RankContext, ranked_candidates, retrieval_quality
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,7 @@ def near_duplicates(scores: np.ndarray, shape: tuple[int, int], threshold: float
 
 
 def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptConfig, image_size: int,
-             generator: torch.Generator, *, fetch_batch: int = 256) -> Retrieved:
+             generator: torch.Generator, *, fetch_batch: int = 256, context: RankContext | None = None) -> Retrieved:
     """Nearest neighbours with dedup (``t3ar``) or uniformly random pool items (``t3ar-random``).
 
     ``t3ar``: the top r·k by the provider's search, minus near-duplicates (score >= ``dedup_threshold``),
@@ -147,7 +149,9 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     else:
         queries = provider.embed(target)
         t1 = time.perf_counter()
-        scores, cand_ids = provider.search(queries, k * opts.r)
+        # the r*k candidates, ranked by opts.ranking (issue 52; the provider's search is the only pool search)
+        scores, cand_ids = ranked_candidates(provider, queries, target, k=k, r=opts.r, ranking=opts.ranking,
+                                             candidates=opts.candidates, context=context)
         vocab: dict[str, int] = {}
         cand = torch.full((n, k * opts.r), -1, dtype=torch.long)
         for i, row in enumerate(cand_ids):
@@ -209,6 +213,9 @@ class AdaptOutcome:
     labelled_neighbours: list[LabelledUse] = field(default_factory=list)
     # wall seconds of run_adaptation's parts (PIPELINE_PHASES), for a job's phase table; not in the checkpoint
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # how good the neighbours were (NeighbourQuality.as_dict; t3ar.retrieval_ranking.retrieval_quality); None
+    # without retrieval
+    neighbour_quality: dict[str, Any] | None = None
 
     def checkpoint_metrics(self) -> dict[str, Any]:
         """The ``metrics`` an adapted checkpoint stores: the same keys and rounding whoever made it (the CLI's
@@ -250,12 +257,15 @@ def run_adaptation(
     on_step: Callable[[StepStats], None] | None = None,
     target_tensor: torch.Tensor | None = None,
     rows: Sequence[int] | None = None,
+    quality_holdout: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> AdaptOutcome:
     """Subsample T (``config.fraction``; ``rows``: the subsample drawn already, e.g. recorded with a job), retrieve,
     adapt ``model`` in place, evaluate before/after.
 
     Evaluation uses ``eval_set`` when given (held-out images), else the whole of ``target`` when it is
-    labelled (the usual transductive test-time protocol), else none.
+    labelled (the usual transductive test-time protocol), else none. ``quality_holdout`` (uint8 images, labels
+    as model class indices): the holdout the neighbour quality's precision@k is measured on (else a labelled
+    target's own labels).
     """
     spec = info.spec
     t_start = time.perf_counter()
@@ -281,14 +291,19 @@ def run_adaptation(
     seconds_decode = t_eval - t_start
 
     retrieved: Retrieved | None = None
+    context: RankContext | None = None
     if config.uses_retrieval:
         if provider is None:
             raise InvalidInputError(f"method {config.method} needs a pool (retriever)")
-        retrieved = retrieve(provider, x, config, spec.image_size, gen)
+        context = RankContext.for_job(model, x, config, spec, device)
+        retrieved = retrieve(provider, x, config, spec.image_size, gen, context=context)
     sources = None
     if retrieved is not None and provider is not None and config.pool_use().sources is not None:
         sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
     known = pool_classes(retrieved.pool_labels, spec.classes) if (retrieved and retrieved.pool_labels) else None
+    # the base model, kept for the neighbour quality's pseudo-labels when no ranking option already holds its view
+    base_for_quality = (copy.deepcopy(model) if retrieved is not None and provider is not None and context is None
+                        and any(provider.labels(retrieved.pool_ids)) else None)
     t_adapt = time.perf_counter()
     result = adapt(model, x, config, mean=spec.backbone.mean, std=spec.backbone.std, labels=labels,
                    neighbours=retrieved.neighbours if retrieved else None,
@@ -319,5 +334,10 @@ def run_adaptation(
               # adapt()'s steps are result.seconds; the rest of the call is its set-up (the bank, the optimiser)
               "bank_initialised": max(0.0, seconds_adapt_call - result.seconds), "steps": result.seconds,
               "lineage": time.perf_counter() - t_lineage}
-    return AdaptOutcome(result, lineage, before, after, secs, sample, served, phases)
+    quality = (retrieval_quality(provider, retrieved.neighbours, retrieved.pool_ids, x, config, spec, device,
+                                 model_before=base_for_quality, context=context,
+                                 target_labels=labels_for_model(adapt_set, spec.classes) if adapt_set.labelled
+                                 else None, holdout=quality_holdout)
+               if retrieved is not None and provider is not None else None)
+    return AdaptOutcome(result, lineage, before, after, secs, sample, served, phases, quality)
 

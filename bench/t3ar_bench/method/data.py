@@ -218,6 +218,11 @@ class BenchPool(LocalPool):
         paths = [p for c in components for p in c.paths]
         super().__init__(embedder, paths, ids, np.concatenate(list(vectors)))
         self.components = [c.name for c in components]
+        # the emoji components' labels, for class-conditional retrieval's label-filtered search only (the method
+        # reads pool labels from the side table, as the runs always did)
+        self._search_labels: list[str | None] = []
+        for c in components:
+            self._search_labels += c.labels if c.labels is not None else [None] * len(c.ids)
         self._known = known_queries
         self._images = image_cache
         self._path_of = dict(zip(ids, paths, strict=True))
@@ -228,6 +233,16 @@ class BenchPool(LocalPool):
             return np.stack([v for v in found if v is not None]) if found else \
                 np.empty((0, self.embedder.dim), np.float32)
         return self.embedder.embed(images)
+
+    def search_label(self, queries: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, list[list[str]]]:
+        """LocalPool's exact label-filtered search over the components' labels (class-conditional retrieval)."""
+        if label is None:
+            return self.search(queries, k)
+        saved, self._labels = self._labels, self._search_labels
+        try:
+            return super().search_label(queries, k, label)
+        finally:
+            self._labels = saved
 
     def clear_image_cache(self) -> None:
         """Forget decoded pool images (so that a timed fetch really decodes)."""

@@ -40,6 +40,7 @@ from t3ar.method.selection import criteria, soft_neighbourhood_density
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
 from t3ar.pipeline import retrieve
+from t3ar.retrieval_ranking import RankContext
 from t3ar_bench.method.data import (
     POOL_SOURCES,
     BenchPool,
@@ -104,7 +105,7 @@ def code_hash() -> str:
     root = Path(t3ar.__file__).parent
     h = hashlib.sha256()
     for path in sorted([*root.joinpath("method").glob("*.py"), *root.joinpath("models").glob("*.py"),
-                        root / "pipeline.py"]):
+                        root / "pipeline.py", root / "retrieval_ranking.py"]):
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -311,7 +312,9 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
             pool, pool_key = ctx.pools[pool_name(arm["shift"], arm.get("retriever"), ctx.plan)]
             provider: Any = OracleProvider(pool, ctx.side, tgt.style.label_names(subset)) if arm.get("oracle") \
                 else pool
-            retrieved = retrieve(provider, x, cfg, src.spec.image_size, stream(seed, 4))
+            # a ranking option that uses the model (issue 52) sees the source model with the target's statistics
+            retrieved = retrieve(provider, x, cfg, src.spec.image_size, stream(seed, 4),
+                                 context=RankContext.for_job(src.model, x, cfg, src.spec, ctx.device))
             record["pool"] = pool_key
             record["pool_images_fetched"] = len(retrieved.pool_ids)
             pool_ids, pool_x = list(retrieved.pool_ids), retrieved.pool_images

@@ -18,7 +18,7 @@ from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, ser
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient, ApiError
 from t3ar.clients.api_models import JobOut, JobResult, ModelOut, Progress, Registration, ReportOut
-from t3ar.clients.job_report import acceptance_table, labelled_summary
+from t3ar.clients.job_report import acceptance_table, labelled_summary, quality_lines
 from t3ar.clients.job_words import noise_words, progress_words, returned_model
 from t3ar.method.presets import PRESET_NAMES
 
@@ -75,6 +75,9 @@ def _summary(job: JobOut, report: ReportOut | None = None) -> str:
     elif report is not None and report.labelled_neighbours:
         line += "\n    " + labelled_summary([u.model_dump() for u in report.labelled_neighbours],
                                           total=report.labelled_neighbours_total, withdrawn=gone)
+    quality = res.neighbour_quality or (report.neighbour_quality if report is not None else None)
+    if quality is not None:  # how good the neighbours were (issue 52)
+        line += "\n    " + "\n    ".join(quality_lines(quality))
     return line
 
 

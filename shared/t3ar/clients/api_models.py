@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from t3ar.clients.job_report import AcceptanceRecord, JobReport, LabelledNeighbour
+from t3ar.clients.job_report import AcceptanceRecord, JobReport, LabelledNeighbour, NeighbourQualityRecord
 from t3ar.method.config import AdaptConfig
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,8 @@ class JobResult(BaseModel):
                                                          "returns")
     accuracy_before: float | None = Field(default=None, description="top-1 on the target labels before adapting")
     accuracy_after: float | None = Field(default=None, description="top-1 on the target labels after adapting")
+    neighbour_quality: NeighbourQualityRecord | None = Field(
+        default=None, description="how good the job's neighbours were (issue 52; the report's neighbour_quality)")
 
     @classmethod
     def read(cls, value: Any) -> JobResult | None:

@@ -138,6 +138,49 @@ class AcceptanceRecord(_Part):
     classes: int | None = Field(default=None, description="classes with images in the holdout")
 
 
+class LabelShare(_Part):
+    """Of ``labelled`` labelled neighbours (of ``queries`` queries), ``matches`` carry the reference class."""
+
+    share: float | None = Field(default=None, ge=0, le=1, description="matches / labelled; None when none is labelled")
+    matches: int = Field(ge=0)
+    labelled: int = Field(ge=0)
+    queries: int = Field(ge=0)
+
+
+class NeighbourQualityRecord(_Part):
+    """How good a job's neighbours were (issue 52; t3ar.method.neighbour_quality): of the labelled neighbours, the
+    share whose label is the target image's pseudo-label (the base model with BatchNorm statistics re-estimated on
+    the target), and where true labels are known (a holdout, or a labelled target) the share that carry the true
+    class (precision@k) and the share of queries with one such neighbour (hit rate); the neighbours by pool
+    source."""
+
+    ranking: str = Field(description="the retrieval option that drew them (index, base-rerank, class-conditional)")
+    k: int = Field(ge=0)
+    neighbours: int = Field(ge=0, description="neighbours drawn in all")
+    pseudo_label_agreement: LabelShare | None = None
+    precision_at_k: LabelShare | None = None
+    precision_on: str | None = Field(default=None, description="holdout or target: whose true labels")
+    hit_rate: float | None = Field(default=None, ge=0, le=1)
+    sources: dict[str, int] = Field(default_factory=dict, description="drawn neighbours per pool source")
+
+
+def quality_lines(q: NeighbourQualityRecord) -> list[str]:
+    """The neighbour quality as text lines (CLI, console)."""
+    def share(s: LabelShare | None) -> str:
+        if s is None or s.share is None:
+            return "no labelled neighbour"
+        return f"{100 * s.share:.1f} % ({s.matches} of {s.labelled} labelled neighbours of {s.queries} images)"
+
+    lines = [f"neighbour quality ({q.ranking}, k={q.k}, {q.neighbours} drawn): labelled neighbours with the image's "
+             f"pseudo-label {share(q.pseudo_label_agreement)}"]
+    if q.precision_at_k is not None:
+        lines.append(f"precision@{q.k} on the {q.precision_on or '?'}'s true labels {share(q.precision_at_k)}"
+                     + (f"; hit rate {100 * q.hit_rate:.1f} %" if q.hit_rate is not None else ""))
+    if q.sources:
+        lines.append("neighbours by pool source: " + ", ".join(f"{s or '(none)'} {n}" for s, n in q.sources.items()))
+    return lines
+
+
 #: the most labelled neighbours a report lists (the most used first); ``labelled_neighbours_total`` counts all
 MAX_LABELLED_LISTED = 2000
 
@@ -172,6 +215,8 @@ class JobReport(_Part):
                     "(the most used first; empty when none did)")
     labelled_neighbours_total: int | None = Field(default=None, ge=0, description="how many neighbours served as "
                                                   "labelled data (all of them, listed or not)")
+    neighbour_quality: NeighbourQualityRecord | None = Field(
+        default=None, description="how good the neighbours were (None: no retrieval, or a report from before it)")
     image_cache: CacheStats | None = None
     transfer: Transfer | None = None
     acceptance: AcceptanceRecord | None = Field(
@@ -203,6 +248,8 @@ def report_summary(report: JobReport) -> str:
     if report.labelled_neighbours:
         lines.append(labelled_summary([u.model_dump() for u in report.labelled_neighbours],
                                       total=report.labelled_neighbours_total))
+    if report.neighbour_quality is not None:
+        lines += quality_lines(report.neighbour_quality)
     acc = report.accuracy
     if acc is not None and acc.before is not None and acc.after is not None \
             and acc.before.top1 is not None and acc.after.top1 is not None:

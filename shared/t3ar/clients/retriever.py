@@ -219,11 +219,14 @@ class RetrieverClient(HttpClient):
         return np.frombuffer(base64.b64decode(out.vectors_b64 or ""), dtype="<f4").reshape(out.count, out.dim)
 
     def search(self, vectors: np.ndarray, k: int, *, r: int = 1, seed: int = 0, exclude_ids: Sequence[str] = (),
-               source: str | None = None, identity: str | None = None) -> SearchResult:
+               source: str | None = None, identity: str | None = None, label: str | None = None) -> SearchResult:
+        """Top-k pool items per query vector; ``source``/``label``: only items with that source tag / class label."""
         q = np.ascontiguousarray(np.atleast_2d(vectors), dtype="<f4")
         body: dict[str, Any] = {"vectors_b64": base64.b64encode(q.tobytes()).decode(), "k": k, "r": r,
                                 "seed": seed, "exclude_ids": list(exclude_ids), "source": source,
                                 "identity": identity}
+        if label is not None:
+            body["label"] = label
         return self._search(body)
 
     def search_images(self, images: Sequence[ImageInput], k: int, *, r: int = 1, seed: int = 0,
@@ -275,11 +278,17 @@ class RetrieverProvider:
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """Top-k per query; rows padded with '' (score -inf) when the pool has fewer than k items."""
+        return self.search_label(queries, k, None)
+
+    def search_label(self, queries: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, list[list[str]]]:
+        """:meth:`search` among the items labelled ``label`` only (None: every item): class-conditional retrieval
+        (:class:`t3ar.retrieval_ranking.LabelSearch`)."""
         n = len(queries)
         scores = np.full((n, k), -np.inf, dtype=np.float32)
         ids: list[list[str]] = []
         for start in range(0, n, self.batch_size):
-            res = self.client.search(queries[start:start + self.batch_size], k, identity=self._identity)
+            res = self.client.search(queries[start:start + self.batch_size], k, identity=self._identity,
+                                     label=label)
             for i, (row_ids, row_s) in enumerate(zip(res.ids, res.scores, strict=True)):
                 self._labels.update(zip(row_ids, res.labels[i], strict=True))
                 scores[start + i, :len(row_s)] = row_s

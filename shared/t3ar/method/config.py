@@ -101,6 +101,19 @@ class RetrievalOptions(Options):
         default="keep", description="a retrieved neighbour whose filtered pseudo-label is the query's (pseudo-)label: "
                                     "keep it as a negative (the paper), mask it out of the query's negatives, or "
                                     "make it a positive of the query")
+    ranking: Literal["index", "base-rerank", "class-conditional"] = Field(
+        default="index", description="how candidates are ranked (issue 52; t3ar.retrieval_ranking): index = the "
+                                     "pool's index (R); base-rerank = the index's candidates re-ranked by the base "
+                                     "model's features with BatchNorm statistics of the target; class-conditional = "
+                                     "the nearest among items labelled with the image's confident pseudo-label, the "
+                                     "index's candidates after them")
+    candidates: Literal["fixed", "scaled"] = Field(
+        default="fixed", description="candidates asked per query before ranking: fixed = r*k; scaled = r*k doubled "
+                                     "for every tenfold of the pool beyond 10,000 items (t3ar.method.ranking."
+                                     "candidate_count), the r*k best after ranking kept")
+    min_confidence: float = Field(
+        default=0.5, ge=0, le=1, description="class-conditional: the softmax probability a pseudo-label needs "
+                                             "(a fixed prior, not tuned on any evaluation image)")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,217 @@
+"""Neighbour precision per shift for every retriever option, beside the pseudo-labels' accuracy (issue 52, item 1).
+
+Retrieval pays only when it lands in a target image's class more often than the model's own guess does. Per
+shift and fraction this measures, over the adapted images (the images a job draws neighbours for), the share of
+each image's k nearest labelled pool items that carry its true class (precision@k) and the share of images with
+at least one (hit rate), for each way of ranking the pool:
+
+- ``index``: R, the pool's retriever (ImageNet EfficientNet-Lite0 at 96 px);
+- ``base``: the base model's features; ``base-bn``: the same after BatchNorm statistics are re-estimated on the
+  adapted images;
+- ``base-rerank``: R's r*k candidates re-ranked by the ``base-bn`` features (:func:`t3ar.method.ranking.
+  rerank_by_features`, the product's option);
+- ``class-conditional``: R's nearest among the items labelled with the image's confident ``base-bn`` pseudo-label,
+  then R's others (:func:`t3ar.method.ranking.class_conditional_rank`, the product's option);
+- ``random``: uniform random labelled items; ``class-matched-random``: random items of the pseudo-label's class.
+
+and the ``base-bn`` pseudo-labels' accuracy on the same images. Nothing here chooses an option: it measures them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from t3ar.method.neighbour_quality import hit_rate, label_agreement
+from t3ar.method.ranking import class_conditional_rank, confident_pseudo_labels, rerank_by_features
+
+log = logging.getLogger(__name__)
+
+RETRIEVERS: tuple[str, ...] = ("index", "base", "base-bn", "base-rerank", "class-conditional", "random",
+                               "class-matched-random")
+
+
+def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.sort(-scores, dim=1, stable=True).indices[:, :k]
+
+
+def _cos(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    return F.normalize(q.float(), dim=1) @ F.normalize(p.float(), dim=1).T
+
+
+def rankings(r_q: torch.Tensor, r_p: torch.Tensor, base_q: torch.Tensor, base_p: torch.Tensor, bn_q: torch.Tensor,
+             bn_p: torch.Tensor, pool_classes: torch.Tensor, pseudo: torch.Tensor, confident: torch.Tensor, *,
+             k: int, r: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Each retriever option's k neighbours per query ([N, k] pool indices, -1 = missing) among the labelled pool
+    items (``pool_classes`` >= 0; every vector and feature row aligned with it)."""
+    labelled = pool_classes >= 0
+    if not bool(labelled.any()):
+        raise ValueError("the pool has no labelled item")
+    mask = torch.where(labelled, 0.0, -torch.inf)
+    r_scores = _cos(r_q, r_p) + mask
+    bn_scores = _cos(bn_q, bn_p) + mask
+    out = {"index": _top(r_scores, k), "base": _top(_cos(base_q, base_p) + mask, k), "base-bn": _top(bn_scores, k)}
+    cand = _top(r_scores, k * r)
+    cand = cand.masked_fill(~labelled[cand], -1)
+    out["base-rerank"] = rerank_by_features(bn_q, bn_p, cand)[:, :k]
+    # unlabelled items score -inf: they come after every labelled one
+    out["class-conditional"] = class_conditional_rank(r_scores, pool_classes, pseudo, confident, k)
+    n = len(r_q)
+    lab_idx = torch.nonzero(labelled).flatten()
+    out["random"] = lab_idx[torch.rand(n, len(lab_idx), generator=generator).argsort(dim=1)[:, :k]]
+    matched = torch.full((n, k), -1, dtype=torch.long)
+    for i in range(n):
+        of_class = torch.nonzero(pool_classes == pseudo[i]).flatten()
+        if len(of_class):
+            matched[i] = of_class[torch.randint(len(of_class), (k,), generator=generator)]
+    out["class-matched-random"] = matched
+    return out
+
+
+def precision_table(ranked: Mapping[str, torch.Tensor], pool_classes: torch.Tensor, truth: torch.Tensor,
+                    pseudo: torch.Tensor) -> dict[str, dict[str, float | None]]:
+    """Per retriever: precision@k (true class among the labelled neighbours), hit rate, and the pseudo-labels'
+    accuracy on the same images (one number, repeated beside each)."""
+    acc = float((pseudo == truth).float().mean()) if len(truth) else None
+    out: dict[str, dict[str, float | None]] = {}
+    for name, idx in ranked.items():
+        classes = torch.where(idx >= 0, pool_classes[idx.clamp(min=0)], -1)
+        out[name] = {"precision_at_5": label_agreement(classes, truth).share, "hit_rate": hit_rate(classes, truth),
+                     "pseudo_label_accuracy": acc}
+    return out
+
+
+@dataclass
+class ShiftData:
+    """One shift's inputs: target images and labels (model class indices), the labelled pool's images and classes
+    and its R vectors, the target's R vectors."""
+
+    shift: str
+    images: torch.Tensor
+    labels: torch.Tensor
+    pool_images: torch.Tensor
+    pool_classes: torch.Tensor
+    r_pool: torch.Tensor
+    r_target: torch.Tensor
+
+
+def measure(model: Any, spec: Any, data: ShiftData, rows: Sequence[int], *, k: int, r: int, seed: int,
+            train_groups: int | None, min_confidence: float, device: torch.device) -> dict[str, dict[str, Any]]:
+    """The precision table of one shift on the adapted images ``rows`` (BatchNorm re-estimated on them)."""
+    from t3ar.retrieval_ranking import BaseView
+
+    x = data.images[list(rows)]
+    truth = data.labels[list(rows)]
+    base = BaseView(model, x, mean=spec.backbone.mean, std=spec.backbone.std, device=device,
+                    train_groups=train_groups, reestimate=False)  # the base model as it is
+    base_q, base_p = base.features_logits(x)[0], base.features_logits(data.pool_images)[0]
+    view = BaseView(model, x, mean=spec.backbone.mean, std=spec.backbone.std, device=device,
+                    train_groups=train_groups, batch_size=32, seed=seed)
+    bn_q, logits = view.features_logits(x)
+    bn_p = view.features_logits(data.pool_images)[0]
+    pseudo, confident = confident_pseudo_labels(logits, min_confidence)
+    ranked = rankings(data.r_target[list(rows)], data.r_pool, base_q, base_p, bn_q, bn_p, data.pool_classes, pseudo,
+                      confident, k=k, r=r, generator=torch.Generator().manual_seed(seed))
+    table = precision_table(ranked, data.pool_classes, truth, pseudo)
+    for row in table.values():
+        row["confident_share"] = float(confident.float().mean())
+    return table
+
+
+def run_neighbours(work: Path, cache: Path, *, shifts: Sequence[str], fractions: Sequence[float],
+                   seeds: Sequence[int], k: int = 5, r: int = 5, min_confidence: float = 0.5,
+                   source_epochs: int = 6, device: torch.device | None = None) -> dict[str, Any]:
+    """Measure :data:`RETRIEVERS` on each shift (the emoji kit's styles; the labelled pool: the kit's other styles
+    outside the target's and the source's artwork families), fraction and seed (the CPU plan's source model and
+    target split). Returns ``{"neighbour_precision": {retriever: {fraction: {per_shift: {shift: {...}}}}}, ...}``:
+    the shape the adaptation benchmark's JSON carries, with means over seeds."""
+    from t3ar.embedder import Embedder, EmbedderSpec
+    from t3ar.models.backbones import PRESETS
+    from t3ar_bench.method.data import build_kits, load_style, source_model
+    from t3ar_bench.method.labelled_pool import pool_names
+    from t3ar_bench.method.plans import CPU
+    from t3ar_bench.method.protocol import SOURCE_STYLE, fraction_subset, split_adapt_eval
+    from t3ar_bench.method.runs import source_config
+
+    device = device or torch.device("cpu")
+    t0 = time.perf_counter()
+    kits = build_kits(work, cache)
+    plan = CPU
+    source = load_style(kits.emoji, SOURCE_STYLE, plan.image_size)
+    embedder = Embedder(EmbedderSpec(backbone=PRESETS["efficientnet_lite0"], image_size=plan.retriever_size), device)
+    kit_styles = [s for s in kits.emoji_request["styles"] if s != SOURCE_STYLE]
+    per: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
+    styles: dict[str, Any] = {}
+    r_vecs: dict[str, torch.Tensor] = {}
+
+    def style(name: str) -> Any:
+        if name not in styles:
+            styles[name] = load_style(kits.emoji, name, plan.image_size, source.classes)
+            r_vecs[name] = torch.from_numpy(embedder.embed(styles[name].images))
+        return styles[name]
+
+    pools: dict[str, list[str]] = {}
+    for seed in seeds:
+        src = source_model(work, source, source_config(plan, seed).model_copy(update={"epochs": source_epochs}),
+                           plan.image_size, kits.emoji_request, device)
+        for shift in shifts:
+            target = style(shift)
+            names = [n for n in pool_names(shift, [], kit_styles, []) if n != SOURCE_STYLE]
+            pools[shift] = names
+            parts = [style(n) for n in names]
+            data = ShiftData(shift, target.images, target.labels, torch.cat([p.images for p in parts]),
+                             torch.cat([p.labels for p in parts]), torch.cat([r_vecs[n] for n in names]), r_vecs[shift])
+            adapt, _ = split_adapt_eval(target.labels.tolist(), plan.eval_share, plan.split_seed)
+            for f in fractions:
+                rows = [adapt[i] for i in fraction_subset(len(adapt), f, seed)]
+                table = measure(src.model, src.spec, data, rows, k=k, r=r, seed=seed, train_groups=plan.train_groups,
+                                min_confidence=min_confidence, device=device)
+                for name, row in table.items():
+                    per.setdefault(name, {}).setdefault(str(f), {}).setdefault(shift, []).append(row)
+                log.info("neighbours %s f=%s seed %d: %s", shift, f, seed,
+                         {n: round(v["precision_at_5"] or 0, 3) for n, v in table.items()})
+    out = {name: {f: {"per_shift": {s: _mean(rows) for s, rows in by_s.items()}} for f, by_s in by_f.items()}
+           for name, by_f in per.items()}
+    return {"neighbour_precision": out, "pools": pools, "k": k, "r": r, "min_confidence": min_confidence,
+            "seeds": list(seeds), "fractions": list(fractions), "source_epochs": source_epochs,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _mean(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    keys = rows[0].keys()
+    out: dict[str, float | None] = {}
+    for key in keys:
+        vals = [float(r[key]) for r in rows if r[key] is not None]
+        out[key] = round(float(np.mean(vals)), 4) if vals else None
+    out["n"] = len(rows)
+    return out
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    """The precision table as markdown: one row per retriever and shift, a column per fraction."""
+    np_ = results["neighbour_precision"]
+    fractions = [str(f) for f in results["fractions"]]
+    lines = [f"precision@{results['k']} of the labelled neighbours (true class), mean over seeds "
+             f"{results['seeds']}; the pseudo-labels' accuracy (base model, BatchNorm of the target) beside it", "",
+             "| retriever | shift | " + " | ".join(f"precision@{results['k']} at {f}" for f in fractions)
+             + " | " + " | ".join(f"pseudo-label acc. at {f}" for f in fractions) + " |",
+             "|---|---|" + "---|" * (2 * len(fractions))]
+    shifts = sorted({s for by_f in np_.values() for f in by_f.values() for s in f["per_shift"]})
+    for name in np_:
+        for s in shifts:
+            cells = [np_[name][f]["per_shift"].get(s, {}) for f in fractions]
+            lines.append(f"| {name} | {s} | " + " | ".join(_pct(c.get("precision_at_5")) for c in cells) + " | "
+                         + " | ".join(_pct(c.get("pseudo_label_accuracy")) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}"

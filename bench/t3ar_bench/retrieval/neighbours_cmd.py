@@ -1,0 +1,86 @@
+"""``t3ar bench neighbours``: neighbour precision per shift for every retriever option (issue 52, item 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from t3ar.logs import configure_logging
+from t3ar_bench.method.command import default_cache
+
+
+def _floats(spec: str) -> list[float]:
+    try:
+        return [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError as e:
+        raise click.BadParameter(f"not a comma-separated list of numbers: {spec!r}") from e
+
+
+@click.command("neighbours")
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-neighbours"),
+              show_default=True, help="Kits, source models and caches.")
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=default_cache,
+              help="Downloaded packages ($T3AR_CACHE_DIR or .cache/t3ar).")
+@click.option("--shifts", default="twitter,openmoji,openmoji-black,fluent3d", show_default=True,
+              help="Target styles of the emoji kit (comma-separated).")
+@click.option("--fractions", default="0.1,0.3", show_default=True)
+@click.option("--seeds", default="0", show_default=True)
+@click.option("--source-epochs", type=click.IntRange(1), default=6, show_default=True,
+              help="The source model's schedule (the cpu plan's: 6).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("docs/benchmarks"), show_default=True, help="Where neighbours.md/.json are written.")
+def neighbours(work: Path, cache: Path, shifts: str, fractions: str, seeds: str, source_epochs: int,
+               out_dir: Path) -> None:
+    """Precision@5 of each retriever option (R, the base model's features with and without the target's BatchNorm
+    statistics, re-ranking, class-conditional, random, class-matched random) beside the pseudo-labels' accuracy."""
+    from t3ar_bench.retrieval.neighbours import markdown, run_neighbours
+
+    configure_logging("INFO")
+    results = run_neighbours(work, cache, shifts=[s for s in shifts.split(",") if s], fractions=_floats(fractions),
+                             seeds=[int(s) for s in _floats(seeds)], source_epochs=source_epochs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "neighbours.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out_dir / "neighbours.md").write_text("# Neighbour precision per retriever option (issue 52)\n\n"
+                                           + markdown(results))
+    click.echo(markdown(results))
+    click.echo(f"wrote {out_dir / 'neighbours.md'} and {out_dir / 'neighbours.json'}")
+
+
+@click.command("mixed")
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-neighbours"),
+              show_default=True, help="Kits, source models and caches (shared with `bench neighbours`).")
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=default_cache,
+              help="Downloaded packages ($T3AR_CACHE_DIR or .cache/t3ar).")
+@click.option("--icons", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The icon store (t3ar.datakit.icons; default WORK/icons, built there when missing).")
+@click.option("--shift", default="twitter", show_default=True)
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--fraction", type=float, default=0.1, show_default=True)
+@click.option("--icon-cap", type=click.IntRange(1), default=None, help="At most this many icons per set.")
+@click.option("--clipart-cap", type=click.IntRange(1), default=None, help="At most this many per clipart source.")
+@click.option("--max-steps", type=click.IntRange(1), default=40, show_default=True)
+@click.option("--max-adapt", type=click.IntRange(2), default=None)
+@click.option("--max-eval", type=click.IntRange(2), default=None)
+@click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Icon rendering processes.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("docs/benchmarks/mixed-pool-smoke.json"), show_default=True)
+def mixed(work: Path, cache: Path, icons: Path | None, shift: str, seed: int, fraction: float, icon_cap: int | None,
+          clipart_cap: int | None, max_steps: int, max_adapt: int | None, max_eval: int | None, workers: int,
+          out_file: Path) -> None:
+    """One cell of the mixed-pool arms (T3AR with retrieval, t3ar-random, class-matched random labelled items, no
+    retrieval, bn-adapt, the whole-pool reference) on a pool where the relevant emoji are <= 5 %."""
+    from t3ar.datakit.icons import build_icons
+    from t3ar_bench.retrieval.mixed_main import run_mixed_cell
+
+    configure_logging("INFO")
+    store = icons or work / "icons"
+    report = build_icons(store, cache=cache, workers=workers)
+    results = run_mixed_cell(work, cache, store, shift=shift, seed=seed, fraction=fraction, icon_cap=icon_cap,
+                             clipart_cap=clipart_cap, max_steps=max_steps, max_adapt=max_adapt, max_eval=max_eval)
+    results["icon_store"] = {"total": report.total, "seconds_to_build": report.seconds, "reused": report.reused}
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(results, indent=2) + "\n")
+    click.echo(json.dumps({r["label"]: r["top1"] for r in results["records"]}, indent=2))
+    click.echo(f"wrote {out_file}")

@@ -1,0 +1,40 @@
+"""The neighbour-precision benchmark's pure parts (issue 52): every retriever option's ranking on small tensors,
+the precision table and its markdown."""
+
+from __future__ import annotations
+
+import torch
+
+from t3ar_bench.retrieval.neighbours import RETRIEVERS, markdown, precision_table, rankings
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    # pool: 0 (class 0), 1 (class 1), 2 (unlabelled), 3 (class 1); R and the features disagree on purpose
+    r_p = torch.tensor([[1.0, 0.0], [0.9, 0.1], [1.0, 0.0], [0.0, 1.0]])
+    bn_p = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.7, 0.7]])
+    return {"r_q": torch.tensor([[1.0, 0.0]]), "r_p": r_p, "base_q": torch.tensor([[0.0, 1.0]]), "base_p": r_p,
+            "bn_q": torch.tensor([[1.0, 0.0]]), "bn_p": bn_p, "pool_classes": torch.tensor([0, 1, -1, 1]),
+            "pseudo": torch.tensor([1]), "confident": torch.tensor([True])}
+
+
+def test_each_option_ranks_only_labelled_items_as_pinned() -> None:
+    got = rankings(**_inputs(), k=2, r=1, generator=torch.Generator().manual_seed(0))
+    assert set(got) == set(RETRIEVERS)
+    assert got["index"].tolist() == [[0, 1]]  # R: item 2 ties item 0 but is unlabelled
+    assert got["base"].tolist() == [[3, 1]]
+    assert got["base-bn"].tolist() == [[1, 3]]
+    assert got["base-rerank"].tolist() == [[1, 0]]  # R's top 2 (0, 1), re-ordered by the bn features
+    assert got["class-conditional"].tolist() == [[1, 3]]  # the pseudo-label's class first, by R
+    assert set(got["class-matched-random"].flatten().tolist()) <= {1, 3}
+    assert set(got["random"].flatten().tolist()) <= {0, 1, 3}
+
+
+def test_precision_table_and_markdown() -> None:
+    ranked = {"index": torch.tensor([[0, 1], [1, -1]]), "base": torch.tensor([[1, 1], [0, 0]])}
+    table = precision_table(ranked, torch.tensor([0, 1]), truth=torch.tensor([0, 1]), pseudo=torch.tensor([0, 0]))
+    assert table["index"] == {"precision_at_5": 2 / 3, "hit_rate": 1.0, "pseudo_label_accuracy": 0.5}
+    assert table["base"]["precision_at_5"] == 0.0 and table["base"]["hit_rate"] == 0.0
+    results = {"k": 5, "seeds": [0], "fractions": [0.1],
+               "neighbour_precision": {n: {"0.1": {"per_shift": {"twitter": row}}} for n, row in table.items()}}
+    text = markdown(results)
+    assert "| index | twitter | 66.7 | 50.0 |" in text and "| base | twitter | 0.0 | 50.0 |" in text
