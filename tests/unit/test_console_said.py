@@ -23,7 +23,7 @@ from uvicorn_kit import serving
 from t3ar.acceptance import images_to_resolve, paired_diff
 from t3ar.cli.job_cmd import jobs
 from t3ar.clients.api_models import Contribution, JobOut, Progress, TargetInfo
-from t3ar.clients.job_words import progress_words
+from t3ar.job_words import progress_words
 from t3ar_services.common.job_contract import REPORT_FILE, artifacts_dir
 
 USER = {"Authorization": "Bearer user-t"}

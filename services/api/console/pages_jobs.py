@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 from rq import Worker
 from starlette.concurrency import run_in_threadpool
 
-from t3ar.clients.job_words import method_name, noise_words, progress_words, returned_model, unadapted
+from t3ar.job_words import method_name, noise_words, progress_words, returned_model, unadapted
 from t3ar_services.api.console import web
 from t3ar_services.api.console.charts import line_chart
 from t3ar_services.api.console.session import Session

@@ -19,7 +19,7 @@ from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient, ApiError
 from t3ar.clients.api_models import JobOut, JobResult, ModelOut, Progress, Registration, ReportOut
 from t3ar.clients.job_report import acceptance_table, labelled_summary, quality_lines
-from t3ar.clients.job_words import noise_words, progress_words, returned_model
+from t3ar.job_words import noise_words, progress_words, returned_model
 from t3ar.method.presets import PRESET_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
