@@ -108,7 +108,7 @@ def test_registers_a_version_that_withdrawal_marks_stale_and_the_rerun_supersede
         run = c.get_run(reg.run_id)
         assert run.data.params["job_id"] == first.id and run.data.params["method"] == "t3ar"
         assert run.data.params["base_model_id"] == model_id and run.data.params["winner_rule"] == "none"
-        assert run.data.tags["t3ar.pool_items"].split()[0] == str(api.job(first.id).result["pool_ids_used"])
+        assert run.data.tags["t3ar.pool_items"].split()[0] == str(api.job(first.id).result.pool_ids_used)
         assert "accuracy.after.top1" in run.data.metrics and "steps" in run.data.metrics
         files = {f.path for f in c.list_artifacts(reg.run_id)} | {f.path for f in c.list_artifacts(reg.run_id,
                                                                                                     "checkpoint")}
