@@ -413,6 +413,12 @@ def test_a_jobs_config_and_result_are_typed_in_the_answers_and_the_document(env:
                    (json.dumps({**got["config"], "gone": {"x": 1}}), job_id))
     old = client.get(f"/jobs/{job_id}", headers=USER)
     assert old.status_code == 200 and old.json()["config"]["gone"] == {"x": 1}
+    # a readapt of it: a 409 naming the option, nothing stored or enqueued (it was a 500)
+    before = client.get("/jobs", headers=USER).json()
+    again = client.post(f"/jobs/{job_id}/readapt", headers=USER)
+    message = again.json()["error"]["message"]
+    assert again.status_code == 409 and "no longer validates" in message and "gone" in message, again.text
+    assert store.reruns_of(job_id) == [] and client.get("/jobs", headers=USER).json() == before
     doc = client.get("/openapi.json").json()
     schemas = doc["components"]["schemas"]
     for model in ("JobOut", "JobAccepted"):

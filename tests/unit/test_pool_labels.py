@@ -62,8 +62,10 @@ def _data(n_pool: int = 9) -> tuple[Classifier, torch.Tensor, torch.Tensor, torc
 def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN,
          **over: object) -> tuple[Classifier, AdaptResult]:
     model, target, pool, nbr = _data()
-    cfg = adapt_config(**{"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64,
-                         "train_groups": None, **over})
+    fields = {"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64, "train_groups": None, **over}
+    if fields["method"] == "t3ar-noretrieval":  # no pool: no k
+        del fields["k"]
+    cfg = adapt_config(**fields)
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 device=torch.device("cpu"), pool_labels=known, probe=Probe(pool_label_draw=draw))
     return model, res
@@ -129,8 +131,8 @@ def test_bn_start_sets_the_targets_statistics_and_bn_fixed_keeps_them() -> None:
 
 
 def test_the_second_stage_trains_only_the_bottleneck_and_head() -> None:
-    first, res1 = _run(method="t3ar-noretrieval", k=0, known=None)
-    both, res2 = _run(method="t3ar-noretrieval", k=0, known=None, second_stage_steps=5, second_stage_lr=0.01)
+    first, res1 = _run(method="t3ar-noretrieval", known=None)
+    both, res2 = _run(method="t3ar-noretrieval", known=None, second_stage_steps=5, second_stage_lr=0.01)
     assert res1.second_stage_steps == 0 and res2.second_stage_steps == 5 and res2.steps == res1.steps
     for name, a in first.state_dict().items():
         b = both.state_dict()[name]

@@ -38,8 +38,8 @@ NORM = Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu"))
 
 def _run(method: str = "t3ar", **kw: Any) -> tuple[Classifier, AdaptResult, torch.Tensor]:
     model, target, pool, nbr = tiny_problem()
-    cfg = adapt_config(**{"method": method, "k": 3, "epochs": 2, "batch_size": 4, "bank_size": 32,
-                         "train_groups": None, "seed": 0, **kw})
+    cfg = adapt_config(**{"method": method, **({} if method == "t3ar-noretrieval" else {"k": 3}), "epochs": 2,
+                         "batch_size": 4, "bank_size": 32, "train_groups": None, "seed": 0, **kw})
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
     return model, res, target

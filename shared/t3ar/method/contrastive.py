@@ -62,7 +62,7 @@ from t3ar.method.retrieval import dedup_sample
 from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights, stable_fisher
 from t3ar.method.second_stage import SecondStage
 from t3ar.method.segments import bucket, segmented_batch_stats
-from t3ar.method.specs.family import T3ARConfig
+from t3ar.method.specs.family import FamilyConfig, T3ARConfig
 from t3ar.method.views import Views
 from t3ar.method.vote import vote
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
@@ -119,7 +119,7 @@ class ContrastiveState:
     bank: MemoryBank
     id_pl: torch.Tensor  # [N_T] filtered pseudo-label per target id (-1 = none yet)
     labels: torch.Tensor | None  # [N_T] true labels (train-time mode) on the device
-    config: T3ARConfig
+    config: FamilyConfig
     shape_bucket: int  # pad the no-grad pass to a multiple of this many rows (CUDA: few distinct shapes)
     joint: bool = False  # the query pass joins the no-grad pass (joint_enabled)
     pool_pl: torch.Tensor | None = None  # [P] filtered pseudo-label per pool image (-1 = none yet)
@@ -132,7 +132,7 @@ class ContrastiveState:
 
     @classmethod
     @torch.no_grad()
-    def create(cls, model: Classifier, target: torch.Tensor, config: T3ARConfig, labels: torch.Tensor | None,
+    def create(cls, model: Classifier, target: torch.Tensor, config: FamilyConfig, labels: torch.Tensor | None,
                views: Views, gen: torch.Generator, device: torch.device, shape_bucket: int = 1,
                setup: MethodSetup | None = None) -> ContrastiveState:
         """Initialise the bank from min(m_b, N_T) random target samples: strong views, the current model in
@@ -254,12 +254,14 @@ class ContrastiveState:
                 y = lab
                 bank_labels = live.labels
             nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
-            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, cfg.retrieval.pool_negatives)
+            retrieval = cfg.retrieval_options
+            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev,
+                                       retrieval.pool_negatives if retrieval is not None else "own")
             extra_pos = None
             if self.pool_pl is not None and local_dev is not None and len(local_dev):
                 pool_mean, pool_counts = live.mean_logits(local_dev, from_pool=True)
                 self.pool_pl[local_dev] = torch.where(pool_counts > 0, pool_mean.argmax(1), self.pool_pl[local_dev])
-                if cfg.retrieval.false_negatives != "keep":
+                if retrieval is not None and retrieval.false_negatives != "keep":
                     pool_ids = torch.where(live.from_pool & live.valid, live.ids, 0)
                     # a pool label, where an item has one, says its class better than its pseudo-label
                     pool_cls = (self.pool_pl if self.pool_known is None
@@ -268,7 +270,7 @@ class ContrastiveState:
                     fn = same_class_pool_entries(live.from_pool & live.valid, bank_pool_labels, y)
                     out["false_negatives"] = (neg & fn).sum(1).float().mean()
                     neg = neg & ~fn
-                    if cfg.retrieval.false_negatives == "positive" and nbr_dev is not None:
+                    if retrieval.false_negatives == "positive" and nbr_dev is not None:
                         extra_pos = fn & losses.neighbour_entries(live, nbr_dev)
                 if cfg.pool_as_data and nbr_dev is not None:
                     data = self._pool_data(nbr_dev, y, local_dev, pool_mean, pool_counts, out)
@@ -293,23 +295,23 @@ class ContrastiveState:
             # the chosen neighbours' weak views, with gradient, never counted into the running statistics
             # (evaluation statistics come from target views only): normalised by the running (target) statistics
             # (``pool_data_norm='running'``) or by their own batch's, a few images of another domain
-            with norms_for_pool_data(model, cfg.pool_data.norm):
+            with norms_for_pool_data(model, pooled(cfg).pool_data.norm):
                 logits_pool = model(sv.pool_weak[data.rows.to(sv.pool_weak.device)])
             loss_pool = F.cross_entropy(logits_pool.float(), data.labels)
-            loss = loss + cfg.pool_data.weight * loss_pool
+            loss = loss + pooled(cfg).pool_data.weight * loss_pool
             out["loss_pool_data"] = loss_pool.detach()
         if sv.label_rows is not None and self.pool_known is not None:
             out["pool_label_count"] = torch.tensor(float(len(sv.label_rows)), device=dev)
             if len(sv.label_rows) and sv.label_weak is not None:
                 # labelled neighbours as data: their weak views against their pool labels, normalised like the
                 # pseudo-labelled ones (never counted into the running statistics)
-                with norms_for_pool_data(model, cfg.pool_data.norm):
+                with norms_for_pool_data(model, pooled(cfg).pool_data.norm):
                     logits_lab = model(sv.label_weak)
                 y_lab = self.pool_known[sv.label_rows.to(dev)]
                 per_row = F.cross_entropy(logits_lab.float(), y_lab, reduction="none")
-                w = balance_weights(y_lab) if cfg.pool_labels.balance else torch.ones_like(per_row)
+                w = balance_weights(y_lab) if pooled(cfg).pool_labels.balance else torch.ones_like(per_row)
                 loss_lab = (per_row * w).mean()
-                loss = loss + cfg.pool_labels.weight * loss_lab
+                loss = loss + pooled(cfg).pool_labels.weight * loss_lab
                 out["loss_pool_labels"] = loss_lab.detach()
         if self.anchor is not None:
             loss_anchor = self.anchor()
@@ -331,8 +333,8 @@ class ContrastiveState:
             pool_mean = torch.where(known[:, None], onehot, pool_mean)
             pool_counts = torch.where(known, pool_counts.clamp(min=1), pool_counts)
         allowed = self.pool_allowed[local.cpu()] if self.pool_allowed is not None else None
-        data = select_pool_data(nbr, y, local, pool_mean, pool_counts, threshold=cfg.pool_data.threshold,
-                                cap=cfg.pool_data.cap, allowed=allowed)
+        data = select_pool_data(nbr, y, local, pool_mean, pool_counts, threshold=pooled(cfg).pool_data.threshold,
+                                cap=pooled(cfg).pool_data.cap, allowed=allowed)
         out["pool_data_count"] = torch.tensor(float(len(data.rows)), device=y.device)
         if truth is not None:
             t = truth[data.rows]
@@ -390,7 +392,7 @@ class T3AR(MethodStep):
         fallback (:mod:`t3ar.method.family_stages`) and the second stage (:mod:`t3ar.method.second_stage`)."""
         cfg = _family(config)
         guards = cfg.safeguards
-        stages: list[Stage] = [PoolInputs(cfg.pool_data.sources if cfg.pool_as_data else None,
+        stages: list[Stage] = [PoolInputs(pooled(cfg).pool_data.sources if cfg.pool_as_data else None,
                                           cfg.pool_labels_as_data)]
         if cfg.batchnorm.start:
             stages.append(BatchNormStart())
@@ -408,14 +410,15 @@ class T3AR(MethodStep):
         cfg = family_config(setup)
         self.state, self.views, self.device = state, setup.views, setup.device
         self.pool_images, self.neighbours, self.candidates = setup.pool_images, setup.neighbours, setup.candidates
-        self.k, self.diagnostics = cfg.retrieval.k, setup.probe.diagnostics
+        retrieval = cfg.retrieval_options
+        self.k, self.diagnostics = (retrieval.k if retrieval is not None else 0), setup.probe.diagnostics
         self.draws = stream(cfg.seed, 3)
         self.pool_weak = stream(cfg.seed, 6) if cfg.pool_as_data else None
         n_pool = len(self.pool_images) if self.pool_images is not None else 0
         self.used = torch.zeros(n_pool, dtype=torch.bool)
         self.label_draw = None
         if cfg.pool_labels_as_data and setup.pool_known is not None:
-            self.label_draw = LabelDraw(setup.probe.pool_label_draw, setup.pool_known, cfg.pool_labels.cap,
+            self.label_draw = LabelDraw(setup.probe.pool_label_draw, setup.pool_known, pooled(cfg).pool_labels.cap,
                                         stream(cfg.seed, 7))
             self.label_views = stream(cfg.seed, 8)
         self.served = torch.zeros(n_pool, dtype=torch.long)
@@ -479,14 +482,22 @@ class T3AR(MethodStep):
         return (st.labels if st.labels is not None else st.id_pl).detach().clone()
 
 
-def family_config(setup: MethodSetup) -> T3ARConfig:
+def family_config(setup: MethodSetup) -> FamilyConfig:
     """The job's config, a T3AR-family one (the registry gives this step to the family's methods alone)."""
     return _family(setup.config)
 
 
-def _family(config: AdaptConfig) -> T3ARConfig:
-    if not isinstance(config, T3ARConfig):
+def _family(config: AdaptConfig) -> FamilyConfig:
+    if not isinstance(config, FamilyConfig):
         raise TypeError(f"{config.method} is not a method of the T3AR family: its config has no family options")
+    return config
+
+
+def pooled(config: FamilyConfig) -> T3ARConfig:
+    """A family config with a pool (its retrieval, pool data and pool labels groups): what the pool's code paths
+    read, reached only where the job has a pool."""
+    if not isinstance(config, T3ARConfig):
+        raise TypeError(f"{config.method} reads no pool: its config has no pool options")
     return config
 
 
@@ -498,7 +509,7 @@ def joint_enabled(config: AdaptConfig, device: torch.device) -> bool:
     return device.type == "cuda" if joint is None else joint
 
 
-def nograd_precision(config: T3ARConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
+def nograd_precision(config: FamilyConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
     """bfloat16 autocast for the no-gradient passes where ``config.cpu_bf16_nograd`` asks for it (CPU only; on
     CUDA the loop's own mixed precision applies), else nothing."""
     if config.cpu_bf16_nograd and device.type == "cpu":

@@ -175,15 +175,12 @@ def _flat(group: str, names: dict[str, str]) -> dict[str, tuple[str, str]]:
     return {flat: (group, name) for flat, name in names.items()}
 
 
-class T3ARConfig(ContrastiveConfig):
-    """The T3AR family's config (see the module). Defaults follow the paper, scaled to a CPU budget."""
+class FamilyConfig(ContrastiveConfig):
+    """The options every method of the T3AR family reads (see the module): its two configs,
+    :class:`T3ARConfig` (the methods with a pool) and :class:`T3ARNoRetrievalConfig`, add their ``method``.
+    Defaults follow the paper, scaled to a CPU budget."""
 
     FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
-        **_flat("retrieval", {n: n for n in RetrievalOptions.model_fields}),
-        **_flat("pool_data", {"pool_data_weight": "weight", "pool_data_threshold": "threshold",
-                              "pool_data_norm": "norm", "pool_data_cap": "cap", "pool_data_sources": "sources"}),
-        **_flat("pool_labels", {"pool_label_weight": "weight", "pool_label_cap": "cap",
-                                "pool_label_balance": "balance"}),
         **_flat("batchnorm", {"bn_start": "start", "bn_fixed": "fixed"}),
         **_flat("teacher", {"teacher_ema": "ema"}),
         **_flat("refinement", {"knn_refine": "knn", "knn_refine_labelled": "labelled",
@@ -192,14 +189,10 @@ class T3ARConfig(ContrastiveConfig):
         **_flat("safeguards", {n: n for n in SafeguardOptions.model_fields}),
     }
 
-    method: Literal["t3ar", "t3ar-random", "t3ar-noretrieval"] = "t3ar"
     preset: Preset | None = Field(
         default=None, description="a named configuration of the family (t3ar.method.presets): 'paper' (these "
                                   "defaults) or 'validated' (what the method benchmark froze on validation); its "
-                                  "options go under the ones given; None = none")
-    retrieval: RetrievalOptions = RetrievalOptions()
-    pool_data: PoolDataOptions = PoolDataOptions()
-    pool_labels: PoolLabelOptions = PoolLabelOptions()
+                                  "options go under the ones given (those of them the method has); None = none")
     batchnorm: BatchNormOptions = BatchNormOptions()
     teacher: TeacherOptions = TeacherOptions()
     refinement: RefinementOptions = RefinementOptions()
@@ -219,10 +212,12 @@ class T3ARConfig(ContrastiveConfig):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        return nest(cls, expand(data)) if isinstance(data, Mapping) else data
+        if not isinstance(data, Mapping):
+            return data
+        return nest(cls, expand(data, accepted={*cls.model_fields, *cls.FLAT}))
 
     @model_validator(mode="after")
-    def _across_groups(self) -> T3ARConfig:
+    def _across_groups(self) -> FamilyConfig:
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
@@ -236,18 +231,49 @@ class T3ARConfig(ContrastiveConfig):
         return self
 
     @property
-    def retrieval_options(self) -> RetrievalOptions | None:
-        return self.retrieval if self.uses_retrieval else None
-
-    @property
     def pool_as_data(self) -> bool:
         """Retrieved neighbours serve as pseudo-labelled training data (a retrieval method with a data weight)."""
-        return self.uses_retrieval and self.pool_data.weight > 0
+        return False
 
     @property
     def pool_labels_as_data(self) -> bool:
         """Retrieved neighbours that carry a pool label serve as labelled training data."""
-        return self.uses_retrieval and self.pool_labels.weight > 0
+        return False
+
+    @property
+    def resolved_anchor_weight(self) -> float:
+        return self.safeguards.resolved_anchor_weight
+
+
+class T3ARConfig(FamilyConfig):
+    """The config of the family's methods with a pool (``t3ar``, ``t3ar-random``): the family's options and how
+    the pool serves (retrieval, pool data, pool labels)."""
+
+    FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
+        **_flat("retrieval", {n: n for n in RetrievalOptions.model_fields}),
+        **_flat("pool_data", {"pool_data_weight": "weight", "pool_data_threshold": "threshold",
+                              "pool_data_norm": "norm", "pool_data_cap": "cap", "pool_data_sources": "sources"}),
+        **_flat("pool_labels", {"pool_label_weight": "weight", "pool_label_cap": "cap",
+                                "pool_label_balance": "balance"}),
+        **FamilyConfig.FLAT,
+    }
+
+    method: Literal["t3ar", "t3ar-random"] = "t3ar"
+    retrieval: RetrievalOptions = RetrievalOptions()
+    pool_data: PoolDataOptions = PoolDataOptions()
+    pool_labels: PoolLabelOptions = PoolLabelOptions()
+
+    @property
+    def retrieval_options(self) -> RetrievalOptions | None:
+        return self.retrieval
+
+    @property
+    def pool_as_data(self) -> bool:
+        return self.pool_data.weight > 0
+
+    @property
+    def pool_labels_as_data(self) -> bool:
+        return self.pool_labels.weight > 0
 
     def pool_use(self) -> PoolUse:
         """Neighbours as data (restricted to ``pool_data.sources``), and the pool labels for labelled neighbours
@@ -256,13 +282,23 @@ class T3ARConfig(ContrastiveConfig):
         return PoolUse(as_data=self.pool_as_data, labels=base.labels or self.pool_labels_as_data,
                        sources=self.pool_data.sources if self.pool_as_data else None)
 
-    @property
-    def resolved_anchor_weight(self) -> float:
-        return self.safeguards.resolved_anchor_weight
+
+class T3ARNoRetrievalConfig(FamilyConfig):
+    """``t3ar-noretrieval``'s config: the family's options without a pool (no retrieval, pool data or pool labels
+    group; a preset's pool options do not apply)."""
+
+    method: Literal["t3ar-noretrieval"] = "t3ar-noretrieval"
+
+    @model_validator(mode="after")
+    def _no_pool(self) -> T3ARNoRetrievalConfig:
+        if self.refinement.labelled:
+            raise ValueError("refinement.labelled lets labelled pool entries vote: t3ar-noretrieval reads no pool "
+                             "(a method with a pool: t3ar, t3ar-random)")
+        return self
 
 
 register(MethodSpec("t3ar-noretrieval", "the T3AR family without a pool", step=STEP, family=True,
-                    config=T3ARConfig))
+                    config=T3ARNoRetrievalConfig))
 register(MethodSpec("t3ar-random", "the T3AR family, random pool neighbours (the control)", step=STEP,
                     retrieval="random", family=True, config=T3ARConfig))
 register(MethodSpec("t3ar", "T3AR: retrieved pool neighbours as InfoNCE negatives", step=STEP, retrieval="nearest",
