@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names, parse_options
-from t3ar.errors import InvalidInputError, T3arError
 from pydantic import ValidationError
 
+from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names, parse_options
+from t3ar.errors import InvalidInputError, T3arError
 from t3ar.method.config import AdaptConfig, error_lines
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import ApiState
