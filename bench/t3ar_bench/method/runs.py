@@ -297,10 +297,11 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
         res = train_supervised(model, x, y, tc, mean=b.mean, std=b.std, device=ctx.device,
                                generator=torch.Generator().manual_seed(seed))
     else:
+        schedule = {"epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size, "lr": arm["lr"],
+                    "warmup_frac": plan.warmup_frac, "train_groups": train_groups}
+        accepted = method_config.config_class(arm["method"]).flat_fields()  # source: none; bn-adapt: its batch
         cfg = adapt_config(**{"method": arm["method"], "mode": arm.get("mode", "test"), **plan_k(arm, plan),
-                             "epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size,
-                             "lr": arm["lr"], "warmup_frac": plan.warmup_frac, "train_groups": train_groups,
-                             "seed": seed, **options})
+                             **{k: v for k, v in schedule.items() if k in accepted}, "seed": seed, **options})
         retrieved = None
         pool_kw: dict[str, Any] = {}
         probe_kw: dict[str, Any] = {}  # the benchmark's controls (t3ar.method.probe)
