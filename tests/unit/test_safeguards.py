@@ -18,6 +18,7 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.base import stream
 from t3ar.method.bn_adapt import bn_adapt
 from t3ar.method.config import adapt_config
+from t3ar.method.probe import Probe
 from t3ar.method.safeguards import (
     Anchor,
     CollapseWatch,
@@ -36,12 +37,12 @@ from t3ar.pipeline import AdaptOutcome
 NORM = Normalizer((0.5,) * 3, (0.5,) * 3, torch.device("cpu"))
 
 
-def _run(method: str = "t3ar", **kw: Any) -> tuple[Classifier, AdaptResult, torch.Tensor]:
+def _run(method: str = "t3ar", probe: Probe | None = None, **kw: Any) -> tuple[Classifier, AdaptResult, torch.Tensor]:
     model, target, pool, nbr = tiny_problem()
     cfg = adapt_config(**{"method": method, **({} if method == "t3ar-noretrieval" else {"k": 3}), "epochs": 2,
                          "batch_size": 4, "bank_size": 32, "train_groups": None, "seed": 0, **kw})
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
-                device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
+                device=torch.device("cpu"), generator=torch.Generator().manual_seed(0), probe=probe)
     return model, res, target
 
 
@@ -366,8 +367,8 @@ def test_a_collapse_restores_the_bn_adapt_state_and_ends(bn_start: bool, monkeyp
 def test_a_real_collapse_fires_the_watch() -> None:
     """BatchNorm on fixed statistics and a large lr: the cross-entropy on its own pseudo-labels pulls every
     prediction onto a class or two (the collapse the validation shift showed), and the watch sees it."""
-    model, res, _ = _run(collapse_fallback=0.5, bn_start=True, bn_fixed=True, lr=1.0, contrastive_weight=0.0,
-                         epochs=6)
+    model, res, _ = _run(collapse_fallback=0.5, bn_start=True, lr=1.0, contrastive_weight=0.0, epochs=6,
+                         probe=Probe(bn_fixed=True))
     assert res.collapse_step is not None and res.collapse_step < 6 * 3
     assert res.history[-1].pl_class_entropy < 0.5 * res.history[0].pl_class_entropy or \
         res.history[-1].pl_class_entropy < 0.5 * math.log(3)

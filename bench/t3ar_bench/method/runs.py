@@ -33,7 +33,7 @@ from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig, adapt_config
 from t3ar.method.evaluate import evaluate
-from t3ar.method.probe import Probe
+from t3ar.method.probe import PROBE_SWITCHES, Probe
 from t3ar.method.retrieval import NeighbourProvider
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.selection import criteria, soft_neighbourhood_density
@@ -291,6 +291,7 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {**arm, "n_adapt": len(subset), "n_eval": len(tgt.eval_idx), "epochs": epochs}
     options = dict(arm.get("options", {}))
     train_groups = options.pop("train_groups", plan.train_groups)
+    switches = {k: options.pop(k) for k in PROBE_SWITCHES if k in options}  # out of the product: the probe's
     if arm["method"] == "supervised":
         tc = TrainConfig(epochs=epochs, lr=arm["lr"], batch_size=plan.batch_size, train_groups=train_groups,
                          warmup_frac=plan.warmup_frac, seed=seed)
@@ -350,7 +351,8 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                     candidates=getattr(retrieved, "candidates", None) if retrieved else None,
                     device=ctx.device, generator=torch.Generator().manual_seed(seed),
                     on_step=on_step if arm.get("eval_curve") else None,
-                    probe=Probe(diagnostic_labels=y if curves else None, diagnostics=curves, **probe_kw), **pool_kw)
+                    probe=Probe(diagnostic_labels=y if curves else None, diagnostics=curves, **switches, **probe_kw),
+                    **pool_kw)
         if eval_curve:
             record["eval_curve"] = eval_curve
         record["steps"] = res.steps

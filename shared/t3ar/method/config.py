@@ -60,6 +60,9 @@ MAX_STEPS = 1_000_000
 MAX_BANK_SIZE = 262_144
 MAX_SEED = 2**32 - 1
 MAX_WEIGHT = 1000.0
+#: switches of the T3AR family that no benchmark round kept: out of the product, the benchmarks' alone
+#: (:class:`t3ar.method.probe.Probe`); a config naming one is refused saying so
+PROBE_SWITCHES: tuple[str, ...] = ("bn_fixed",)
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]
@@ -185,6 +188,11 @@ class AdaptConfig(BaseModel):
         parts = []
         for of, fields in by_owners.items():
             what = f"{', '.join(fields)} {'is' if len(fields) == 1 else 'are'}"
+            if not of and all(f in PROBE_SWITCHES for f in fields):
+                parts.append(f"{what} not an option of {method}: no benchmark round kept "
+                             f"{'it' if len(fields) == 1 else 'them'}, and only the benchmarks set "
+                             f"{'it' if len(fields) == 1 else 'them'} (t3ar.method.probe.Probe; docs/method.md)")
+                continue
             if not of:
                 parts.append(f"{what} not an option of {method} (nor of any registered method)")
                 continue

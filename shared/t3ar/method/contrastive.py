@@ -145,7 +145,7 @@ class ContrastiveState:
         was_training = model.training
         model.train()
         freeze_frozen_norms(model)
-        if config.batchnorm.fixed:
+        if setup is not None and setup.probe.bn_fixed:  # the benchmarks' switch (t3ar.method.probe)
             eval_norms(model)
         init = torch.randperm(n, generator=gen)[: min(config.bank_size, n)]
         with frozen_norm_stats(model):
@@ -412,6 +412,7 @@ class T3AR(MethodStep):
         self.pool_images, self.neighbours, self.candidates = setup.pool_images, setup.neighbours, setup.candidates
         retrieval = cfg.retrieval_options
         self.k, self.diagnostics = (retrieval.k if retrieval is not None else 0), setup.probe.diagnostics
+        self.bn_fixed = setup.probe.bn_fixed
         self.draws = stream(cfg.seed, 3)
         self.pool_weak = stream(cfg.seed, 6) if cfg.pool_as_data else None
         n_pool = len(self.pool_images) if self.pool_images is not None else 0
@@ -436,7 +437,7 @@ class T3AR(MethodStep):
                 with torch.autocast(setup.device.type, enabled=False):
                     fisher = fisher_diagonal(model, params, setup.target, norm=setup.views.norm,
                                              batch_size=cfg.batch_size, generator=stream(cfg.seed, 10),
-                                             bn_fixed=cfg.batchnorm.fixed)
+                                             bn_fixed=setup.probe.bn_fixed)
             state.anchor = Anchor.at(params, cfg.resolved_anchor_weight, fisher, lr=cfg.lr)
             if state.anchor.capped:
                 log.info("anchor (%s, weight %g): %d of %d values of F capped at %.3g, the curvature SGD follows at "
@@ -459,7 +460,7 @@ class T3AR(MethodStep):
         return sv
 
     def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: StepViews) -> StepOut:
-        if self.state.config.batchnorm.fixed:  # every BatchNorm layer on its running statistics, never updated
+        if self.bn_fixed:  # every BatchNorm layer on its running statistics, never updated (a probe's switch)
             eval_norms(model)
         out = self.state.step(model, ids.to(self.device), prepared, diagnostics=self.diagnostics)
         nbr = prepared.nbr

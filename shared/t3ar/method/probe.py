@@ -15,6 +15,10 @@ What a probe does (all on top of the method's inputs, none of them a product opt
 * ``pool_label_draw``: how the labelled data items are drawn (:mod:`t3ar.method.pool_labels`): 'retrieved' (what
   the product does), or the benchmark's controls 'random' and 'all', which draw from every labelled image in the
   pool images; it changes what is trained.
+* ``bn_fixed``: a switch of the T3AR family that no benchmark round kept, out of the product (docs/method.md):
+  every BatchNorm layer normalises with its running statistics during the steps and never updates them (with
+  ``batchnorm.start``: bn-adapt's, kept; on the validation shift it collapsed accuracy to 8.2 %). It changes what
+  is trained.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from t3ar.method.config import PROBE_SWITCHES
 from t3ar.method.pool_labels import LabelDrawMode
 
 
@@ -35,6 +40,7 @@ class Probe:
     pool_diagnostic_labels: torch.Tensor | None = None
     pool_label_oracle: bool = False
     pool_label_draw: LabelDrawMode = "retrieved"
+    bn_fixed: bool = False
 
     def check(self, n: int, n_pool: int) -> None:
         """Raise ValueError when the probe does not fit a run of ``n`` target and ``n_pool`` pool images (what
@@ -47,6 +53,10 @@ class Probe:
         if self.pool_label_oracle and self.pool_diagnostic_labels is None:
             raise ValueError("pool_label_oracle needs pool_diagnostic_labels")
 
+
+#: the switches of the T3AR family that left the product for the probe: the benchmarks set them as arm options
+#: and hand them to the probe; a job config naming one is refused saying so
+SWITCHES: tuple[str, ...] = PROBE_SWITCHES
 
 #: the product's run: no measurement, no control
 NO_PROBE = Probe()

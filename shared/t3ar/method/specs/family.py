@@ -75,9 +75,6 @@ class PoolLabelOptions(Options):
 class BatchNormOptions(Options):
     start: bool = Field(default=False, description="set the target's BatchNorm statistics first (what bn-adapt does, "
                                                    "same layers as train_groups), then train")
-    fixed: bool = Field(default=False, description="every BatchNorm layer normalises with its running statistics "
-                                                   "during the steps and never updates them (with start: bn-adapt's, "
-                                                   "kept)")
 
 
 class TeacherOptions(Options):
@@ -181,7 +178,7 @@ class FamilyConfig(ContrastiveConfig):
     Defaults follow the paper, scaled to a CPU budget."""
 
     FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
-        **_flat("batchnorm", {"bn_start": "start", "bn_fixed": "fixed"}),
+        **_flat("batchnorm", {"bn_start": "start"}),
         **_flat("teacher", {"teacher_ema": "ema"}),
         **_flat("refinement", {"knn_refine": "knn", "knn_refine_labelled": "labelled",
                                "refine_neighbors": "neighbors"}),
