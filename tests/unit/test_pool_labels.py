@@ -59,7 +59,7 @@ def _data(n_pool: int = 9) -> tuple[Classifier, torch.Tensor, torch.Tensor, torc
     return tiny_problem(n_pool=n_pool)
 
 
-def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN,
+def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN, teacher_ema: float = 0.0,
          **over: object) -> tuple[Classifier, AdaptResult]:
     model, target, pool, nbr = _data()
     fields = {"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64, "train_groups": None, **over}
@@ -67,7 +67,8 @@ def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN,
         del fields["k"]
     cfg = adapt_config(**fields)
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
-                device=torch.device("cpu"), pool_labels=known, probe=Probe(pool_label_draw=draw))
+                device=torch.device("cpu"), pool_labels=known,
+                probe=Probe(pool_label_draw=draw, teacher_ema=teacher_ema))
     return model, res
 
 

@@ -127,7 +127,8 @@ class ContrastiveState:
     pool_labels: torch.Tensor | None = None  # [P] true labels (-1 unknown): diagnostics / the oracle arm only
     pool_oracle: bool = False
     pool_known: torch.Tensor | None = None  # [P] pool labels as model classes (-1 = none): data and negatives
-    teacher: Classifier | None = None  # the EMA teacher of config.teacher.ema (None: the current model, m = 0)
+    teacher: Classifier | None = None  # the EMA teacher of the probe's teacher_ema (None: the current model, m = 0)
+    teacher_ema: float = 0.0  # its momentum (Probe.teacher_ema: a benchmark switch)
     anchor: Anchor | None = None  # the penalty towards the start weights (config.safeguards.anchor; None: none)
 
     @classmethod
@@ -161,7 +162,10 @@ class ContrastiveState:
         n_pool = len(setup.pool_images) if (setup is not None and setup.pool_images is not None) else 0
         pool_pl = torch.full((n_pool,), -1, dtype=torch.long, device=device) if n_pool else None
         teacher = None
-        if config.teacher.ema > 0:  # AdaContrast's key encoder: an EMA copy, never trained by the optimiser
+        if probe.teacher_ema > 0:  # AdaContrast's key encoder: an EMA copy, never trained by the optimiser
+            if config.joint_pass:
+                raise ValueError("joint_pass and the probe's teacher_ema cannot be combined: the keys come from the "
+                                 "EMA teacher, a forward of its own (leave joint_pass unset: it is then off)")
             teacher = copy.deepcopy(model)
             for p in teacher.parameters():
                 p.requires_grad_(False)
@@ -170,7 +174,7 @@ class ContrastiveState:
                    probe.pool_diagnostic_labels.to(device) if probe.pool_diagnostic_labels is not None else None,
                    probe.pool_label_oracle,
                    setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None,
-                   teacher)
+                   teacher, probe.teacher_ema)
 
     def _forwards(self, model: Classifier, key_model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int,
                   n_pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
@@ -221,7 +225,7 @@ class ContrastiveState:
         n_pool = 0 if pool_local is None else len(pool_local)
         key_model = model
         if self.teacher is not None:  # the teacher follows the model (its modes too), then computes the keys
-            momentum_update(self.teacher, model, cfg.teacher.ema)
+            momentum_update(self.teacher, model, self.teacher_ema)
             for mt, ms in zip(self.teacher.modules(), model.modules(), strict=True):
                 mt.training = ms.training
             key_model = self.teacher

@@ -19,6 +19,8 @@ What a probe does (all on top of the method's inputs, none of them a product opt
   every BatchNorm layer normalises with its running statistics during the steps and never updates them (with
   ``batchnorm.start``: bn-adapt's, kept; on the validation shift it collapsed accuracy to 8.2 %). It changes what
   is trained.
+* ``teacher_ema``: another such switch: keys, pool features and the logits behind the filtered pseudo-labels come
+  from an EMA teacher of the model with this momentum (AdaContrast's 0.999); 0 = the current model (the paper's).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Probe:
     pool_label_oracle: bool = False
     pool_label_draw: LabelDrawMode = "retrieved"
     bn_fixed: bool = False
+    teacher_ema: float = 0.0
 
     def check(self, n: int, n_pool: int) -> None:
         """Raise ValueError when the probe does not fit a run of ``n`` target and ``n_pool`` pool images (what
@@ -50,6 +53,8 @@ class Probe:
         if self.pool_diagnostic_labels is not None and self.pool_diagnostic_labels.shape != (n_pool,):
             raise ValueError(f"pool_diagnostic_labels must be [P={n_pool}], "
                              f"got {list(self.pool_diagnostic_labels.shape)}")
+        if not 0 <= self.teacher_ema < 1:
+            raise ValueError(f"teacher_ema is a momentum in [0, 1), got {self.teacher_ema}")
         if self.pool_label_oracle and self.pool_diagnostic_labels is None:
             raise ValueError("pool_label_oracle needs pool_diagnostic_labels")
 

@@ -2,10 +2,12 @@
 pool negatives. ``t3ar`` retrieves each target image's nearest pool neighbours, ``t3ar-random`` draws them at
 random (the control), ``t3ar-noretrieval`` reads no pool.
 
-Their config (:class:`T3ARConfig`) nests the family's options in groups (sub-models), each checking its own
-interactions: retrieval, pool data, pool labels, BatchNorm, teacher, refinement, second stage and safeguards (SAR's,
-EATA's and WiSE-FT's mechanisms: :mod:`t3ar.method.safeguards`), every one off by default. The config checks the
-interactions across groups, and job sizing adds the second stage's steps and the Fisher anchor's pass to the job's
+Their configs (:class:`FamilyConfig`: :class:`T3ARConfig` with a pool, :class:`T3ARNoRetrievalConfig` without) nest
+the family's options in groups (sub-models), each checking its own interactions: retrieval, pool data and pool labels
+(the methods with a pool), BatchNorm, refinement, second stage and safeguards (SAR's, EATA's and WiSE-FT's
+mechanisms: :mod:`t3ar.method.safeguards`), every one off by default. The switches no benchmark round kept are
+the benchmarks' alone (:data:`t3ar.method.config.PROBE_SWITCHES`, set through :class:`t3ar.method.probe.Probe`).
+The config checks the interactions across groups, and job sizing adds the second stage's steps and the Fisher anchor's pass to the job's
 budget (:meth:`Options.added_steps`, :meth:`Options.added_passes`). A config may name a preset
 (:mod:`t3ar.method.presets`) and may give its options flat, as earlier versions did (:attr:`T3ARConfig.FLAT`).
 """
@@ -75,13 +77,6 @@ class PoolLabelOptions(Options):
 class BatchNormOptions(Options):
     start: bool = Field(default=False, description="set the target's BatchNorm statistics first (what bn-adapt does, "
                                                    "same layers as train_groups), then train")
-
-
-class TeacherOptions(Options):
-    ema: float = Field(default=0.0, ge=0, lt=1,
-                       description="keys, pool features and the logits behind the filtered pseudo-labels come from an "
-                                   "EMA teacher of the model with this momentum (AdaContrast's 0.999); 0 = the "
-                                   "current model (the paper's m = 0)")
 
 
 class RefinementOptions(Options):
@@ -179,7 +174,6 @@ class FamilyConfig(ContrastiveConfig):
 
     FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
         **_flat("batchnorm", {"bn_start": "start"}),
-        **_flat("teacher", {"teacher_ema": "ema"}),
         **_flat("refinement", {"knn_refine": "knn", "knn_refine_labelled": "labelled",
                                "refine_neighbors": "neighbors"}),
         **_flat("second_stage", {"second_stage_steps": "steps", "second_stage_lr": "lr"}),
@@ -191,7 +185,6 @@ class FamilyConfig(ContrastiveConfig):
                                   "defaults) or 'validated' (what the method benchmark froze on validation); its "
                                   "options go under the ones given (those of them the method has); None = none")
     batchnorm: BatchNormOptions = BatchNormOptions()
-    teacher: TeacherOptions = TeacherOptions()
     refinement: RefinementOptions = RefinementOptions()
     second_stage: SecondStageOptions = SecondStageOptions()
     safeguards: SafeguardOptions = SafeguardOptions()
@@ -218,9 +211,6 @@ class FamilyConfig(ContrastiveConfig):
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
-        if self.joint_pass and self.teacher.ema:
-            raise ValueError("joint_pass and teacher_ema cannot be combined: the keys come from the EMA teacher, a "
-                             "forward of its own (leave joint_pass unset: it is then off)")
         if self.mode == "train" and self.safeguards.reliable_entropy is not None:
             _test_time_only("reliable_entropy", "filters the pseudo-labelled samples by their prediction's entropy")
         if self.mode == "train" and self.safeguards.collapse_fallback is not None:
