@@ -8,8 +8,8 @@ the family's options in groups (sub-models), each checking its own interactions:
 mechanisms: :mod:`t3ar.method.safeguards`), every one off by default. The switches no benchmark round kept are
 the benchmarks' alone (:data:`t3ar.method.config.PROBE_SWITCHES`, set through :class:`t3ar.method.probe.Probe`).
 The config checks the interactions across groups, and job sizing adds the second stage's steps and the Fisher
-anchor's pass to the job's budget (:meth:`Options.added_steps`, :meth:`Options.added_passes`). A config may name a preset
-(:mod:`t3ar.method.presets`) and may give its options flat, as earlier versions did (:attr:`T3ARConfig.FLAT`).
+anchor's pass to the job's budget (:meth:`Options.added_steps`, :meth:`Options.added_passes`). A config may name a
+preset (:mod:`t3ar.method.presets`) and may give its options flat, as earlier versions did (:attr:`T3ARConfig.FLAT`).
 """
 
 from __future__ import annotations
