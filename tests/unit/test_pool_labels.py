@@ -2,6 +2,7 @@
 on tiny tensors."""
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.bn_adapt import adapted_norms
 from t3ar.method.config import adapt_config
 from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights, labelled_neighbours
-from t3ar.method.probe import Probe
+from t3ar.method.probe import PROBE_SWITCHES, Probe
 from t3ar.models.classifier import Classifier, iter_batchnorms
 from t3ar.pipeline import pool_classes
 
@@ -62,13 +63,14 @@ def _data(n_pool: int = 9) -> tuple[Classifier, torch.Tensor, torch.Tensor, torc
 def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN, teacher_ema: float = 0.0,
          **over: object) -> tuple[Classifier, AdaptResult]:
     model, target, pool, nbr = _data()
+    switches: dict[str, Any] = {k: over.pop(k) for k in PROBE_SWITCHES if k in over}  # the benchmarks'
     fields = {"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64, "train_groups": None, **over}
     if fields["method"] == "t3ar-noretrieval":  # no pool: no k
         del fields["k"]
     cfg = adapt_config(**fields)
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 device=torch.device("cpu"), pool_labels=known,
-                probe=Probe(pool_label_draw=draw, teacher_ema=teacher_ema))
+                probe=Probe(pool_label_draw=draw, teacher_ema=teacher_ema, **switches))
     return model, res
 
 

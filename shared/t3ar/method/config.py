@@ -62,7 +62,7 @@ MAX_SEED = 2**32 - 1
 MAX_WEIGHT = 1000.0
 #: switches of the T3AR family that no benchmark round kept: out of the product, the benchmarks' alone
 #: (:class:`t3ar.method.probe.Probe`); a config naming one is refused saying so
-PROBE_SWITCHES: tuple[str, ...] = ("bn_fixed", "teacher_ema")
+PROBE_SWITCHES: tuple[str, ...] = ("bn_fixed", "teacher_ema", "pool_negatives")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]
@@ -96,9 +96,6 @@ class RetrievalOptions(Options):
     redraw_neighbours: bool = Field(
         default=False, description="re-sample k of the top r*k neighbours at every visit (the paper's sampling); "
                                    "False = drawn once per job")
-    pool_negatives: Literal["own", "all"] = Field(
-        default="own", description="own: a query's negatives from A are its own retrieved neighbours in the bank; "
-                                   "all: every pool entry in the bank")
     dedup_threshold: float | None = Field(
         default=None, gt=0, le=1, description="drop candidates whose retriever similarity to the query is >= this "
                                               "(near-duplicates) before sampling")

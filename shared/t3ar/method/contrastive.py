@@ -14,7 +14,7 @@ One step, for a batch x of target images with retrieved neighbours N(x):
   nearest q, :mod:`t3ar.method.vote`).
 * loss = ce_weight · CE(f(t(x)), ȳ) + contrastive_weight · InfoNCE(q, k; negatives = target entries with
   another pseudo-label + the bank entries of x's own neighbours, or of every pool image with
-  ``pool_negatives='all'``).
+  the benchmarks' probe switch ``pool_negatives='all'``).
 
 Retrieval acting on the model (each off by default, :mod:`t3ar.method.pool_data`): pool entries keep their
 logits in the bank, so every pool image has a filtered pseudo-label of its own; ``false_negatives`` masks (or
@@ -44,6 +44,7 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -129,6 +130,7 @@ class ContrastiveState:
     pool_known: torch.Tensor | None = None  # [P] pool labels as model classes (-1 = none): data and negatives
     teacher: Classifier | None = None  # the EMA teacher of the probe's teacher_ema (None: the current model, m = 0)
     teacher_ema: float = 0.0  # its momentum (Probe.teacher_ema: a benchmark switch)
+    pool_negatives: Literal["own", "all"] = "own"  # which pool entries are negatives (Probe.pool_negatives)
     anchor: Anchor | None = None  # the penalty towards the start weights (config.safeguards.anchor; None: none)
 
     @classmethod
@@ -174,7 +176,7 @@ class ContrastiveState:
                    probe.pool_diagnostic_labels.to(device) if probe.pool_diagnostic_labels is not None else None,
                    probe.pool_label_oracle,
                    setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None,
-                   teacher, probe.teacher_ema)
+                   teacher, probe.teacher_ema, probe.pool_negatives)
 
     def _forwards(self, model: Classifier, key_model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int,
                   n_pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
@@ -259,8 +261,7 @@ class ContrastiveState:
                 bank_labels = live.labels
             nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
             retrieval = cfg.retrieval_options
-            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev,
-                                       retrieval.pool_negatives if retrieval is not None else "own")
+            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, self.pool_negatives)
             extra_pos = None
             if self.pool_pl is not None and local_dev is not None and len(local_dev):
                 pool_mean, pool_counts = live.mean_logits(local_dev, from_pool=True)

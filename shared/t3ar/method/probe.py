@@ -21,11 +21,14 @@ What a probe does (all on top of the method's inputs, none of them a product opt
   is trained.
 * ``teacher_ema``: another such switch: keys, pool features and the logits behind the filtered pseudo-labels come
   from an EMA teacher of the model with this momentum (AdaContrast's 0.999); 0 = the current model (the paper's).
+* ``pool_negatives``: another: 'own' (the product's): a query's negatives from the pool are its own retrieved
+  neighbours in the bank; 'all': every pool entry in the bank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -44,6 +47,7 @@ class Probe:
     pool_label_draw: LabelDrawMode = "retrieved"
     bn_fixed: bool = False
     teacher_ema: float = 0.0
+    pool_negatives: Literal["own", "all"] = "own"
 
     def check(self, n: int, n_pool: int) -> None:
         """Raise ValueError when the probe does not fit a run of ``n`` target and ``n_pool`` pool images (what
