@@ -131,6 +131,8 @@ class ContrastiveState:
     teacher: Classifier | None = None  # the EMA teacher of the probe's teacher_ema (None: the current model, m = 0)
     teacher_ema: float = 0.0  # its momentum (Probe.teacher_ema: a benchmark switch)
     pool_negatives: Literal["own", "all"] = "own"  # which pool entries are negatives (Probe.pool_negatives)
+    reliable_entropy: float | None = None  # Probe.reliable_entropy (None: every sample)
+    reliable_reweight: bool = False  # Probe.reliable_reweight
     anchor: Anchor | None = None  # the penalty towards the start weights (config.safeguards.anchor; None: none)
 
     @classmethod
@@ -176,7 +178,7 @@ class ContrastiveState:
                    probe.pool_diagnostic_labels.to(device) if probe.pool_diagnostic_labels is not None else None,
                    probe.pool_label_oracle,
                    setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None,
-                   teacher, probe.teacher_ema, probe.pool_negatives)
+                   teacher, probe.teacher_ema, probe.pool_negatives, probe.reliable_entropy, probe.reliable_reweight)
 
     def _forwards(self, model: Classifier, key_model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int,
                   n_pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
@@ -279,10 +281,10 @@ class ContrastiveState:
                         extra_pos = fn & losses.neighbour_entries(live, nbr_dev)
                 if cfg.pool_as_data and nbr_dev is not None:
                     data = self._pool_data(nbr_dev, y, local_dev, pool_mean, pool_counts, out)
-        if cfg.safeguards.reliable_entropy is None:
+        if self.reliable_entropy is None:
             loss_ce = F.cross_entropy(q_logits.float(), y)
         else:  # SAR's / EATA's reliable samples only (t3ar.method.safeguards)
-            w = reliable_weights(q_logits, cfg.safeguards.reliable_entropy, cfg.safeguards.reliable_reweight)
+            w = reliable_weights(q_logits, self.reliable_entropy, self.reliable_reweight)
             loss_ce = filtered_mean(F.cross_entropy(q_logits.float(), y, reduction="none"), w)
             out["reliable_share"] = (w > 0).float().mean()
         cols = neg if extra_pos is None else neg | extra_pos
@@ -403,8 +405,7 @@ class T3AR(MethodStep):
             stages.append(BatchNormStart())
         if guards.wise_alpha is not None:
             stages.append(WiseFT(guards.wise_alpha))
-        if guards.collapse_fallback is not None:
-            stages.append(CollapseFallback(guards.collapse_fallback, bn_started=cfg.batchnorm.start))
+        stages.append(CollapseFallback(bn_started=cfg.batchnorm.start))  # on where the probe sets its switch
         if cfg.second_stage.added_steps():
             stages.append(SecondStage(cfg.second_stage.added_steps(), lr=cfg.second_stage.lr or cfg.lr,
                                       momentum=cfg.momentum, weight_decay=cfg.weight_decay,

@@ -23,6 +23,11 @@ What a probe does (all on top of the method's inputs, none of them a product opt
   from an EMA teacher of the model with this momentum (AdaContrast's 0.999); 0 = the current model (the paper's).
 * ``pool_negatives``: another: 'own' (the product's): a query's negatives from the pool are its own retrieved
   neighbours in the bank; 'all': every pool entry in the bank.
+* ``reliable_entropy``, ``reliable_reweight``, ``collapse_fallback``: the safeguards no round kept
+  (:mod:`t3ar.method.safeguards`), test time only: the cross-entropy counts only the samples whose prediction
+  entropy is under ``reliable_entropy`` x ln C (SAR and EATA: 0.4), weighted by 1 / exp(H - E0) with
+  ``reliable_reweight`` (EATA); when the entropy of the pseudo-labels' class histogram falls under
+  ``collapse_fallback`` x its start value, the bn-adapt state is restored and the job ends.
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ class Probe:
     bn_fixed: bool = False
     teacher_ema: float = 0.0
     pool_negatives: Literal["own", "all"] = "own"
+    reliable_entropy: float | None = None
+    reliable_reweight: bool = False
+    collapse_fallback: float | None = None
+
+    def test_time_only(self) -> list[str]:
+        """The switches set that need a test-time run (they filter or watch pseudo-labels)."""
+        return [name for name, on in (("reliable_entropy", self.reliable_entropy is not None),
+                                      ("collapse_fallback", self.collapse_fallback is not None)) if on]
 
     def check(self, n: int, n_pool: int) -> None:
         """Raise ValueError when the probe does not fit a run of ``n`` target and ``n_pool`` pool images (what
@@ -57,6 +70,13 @@ class Probe:
         if self.pool_diagnostic_labels is not None and self.pool_diagnostic_labels.shape != (n_pool,):
             raise ValueError(f"pool_diagnostic_labels must be [P={n_pool}], "
                              f"got {list(self.pool_diagnostic_labels.shape)}")
+        if self.reliable_entropy is not None and not 0 < self.reliable_entropy <= 1:
+            raise ValueError(f"reliable_entropy is a share of ln C in (0, 1], got {self.reliable_entropy}")
+        if self.reliable_reweight and self.reliable_entropy is None:
+            raise ValueError("reliable_reweight weights the reliable samples: it needs reliable_entropy (SAR and "
+                             "EATA: 0.4)")
+        if self.collapse_fallback is not None and not 0 < self.collapse_fallback < 1:
+            raise ValueError(f"collapse_fallback is a share in (0, 1), got {self.collapse_fallback}")
         if not 0 <= self.teacher_ema < 1:
             raise ValueError(f"teacher_ema is a momentum in [0, 1), got {self.teacher_ema}")
         if self.pool_label_oracle and self.pool_diagnostic_labels is None:

@@ -36,11 +36,6 @@ STEP = "t3ar.method.contrastive:T3AR"
 ANCHOR_WEIGHTS = {"l2": 0.05, "fisher": 2000.0}
 
 
-def _test_time_only(option: str, what: str) -> None:
-    raise ValueError(f"{option} {what}: a test-time option (mode 'test'); with the target's labels (mode 'train') "
-                     "there is nothing to filter or to watch")
-
-
 class PoolDataOptions(Options):
     """Retrieved neighbours as pseudo-labelled data (off when ``weight`` is 0)."""
 
@@ -113,16 +108,9 @@ class SecondStageOptions(Options):
 
 
 class SafeguardOptions(Options):
-    """Against self-training on wrong pseudo-labels: reliable samples (SAR, EATA), an anchor (L2-SP, EATA's
-    Fisher), a collapse fallback, and WiSE-FT's interpolation; each off by default."""
+    """Against self-training on wrong pseudo-labels: an anchor (L2-SP, EATA's Fisher) and WiSE-FT's interpolation;
+    each off by default (reliable samples and the collapse fallback are the benchmarks' probe switches)."""
 
-    reliable_entropy: float | None = Field(
-        default=None, gt=0, le=1, description="test time: the cross-entropy counts only the samples whose prediction "
-                                              "entropy (weak view) is under this x ln C (SAR and EATA: 0.4); None = "
-                                              "every sample")
-    reliable_reweight: bool = Field(
-        default=False, description="with reliable_entropy: weight each reliable sample by 1 / exp(H - E0), "
-                                   "E0 = reliable_entropy x ln C (EATA)")
     anchor: Literal["l2", "fisher"] | None = Field(
         default=None, description="a penalty anchor_weight x sum F (theta - theta_0)^2 over the trainable "
                                   "parameters, theta_0 their values at the start (after the BatchNorm start); F = 1 "
@@ -131,11 +119,6 @@ class SafeguardOptions(Options):
     anchor_weight: float | None = Field(
         default=None, gt=0, le=1e6, description="the anchor's weight; None = the paper's: 0.05 for 'l2' (L2-SP's "
                                                 "alpha/2, alpha = 0.1), 2000 for 'fisher' (EATA's)")
-    collapse_fallback: float | None = Field(
-        default=None, gt=0, lt=1, description="test time: when the entropy of the class histogram of the job's "
-                                              "pseudo-labels falls under this fraction of its start value, restore "
-                                              "the bn-adapt state and end the job (the report says at which step); "
-                                              "None = off")
     wise_alpha: float | None = Field(
         default=None, gt=0, le=1, description="after the run, each parameter becomes alpha x adapted + (1 - alpha) x "
                                               "start (WiSE-FT; start = the bn-adapt state's parameters, the job's "
@@ -144,9 +127,6 @@ class SafeguardOptions(Options):
 
     @model_validator(mode="after")
     def _check(self) -> SafeguardOptions:
-        if self.reliable_reweight and self.reliable_entropy is None:
-            raise ValueError("reliable_reweight weights the reliable samples: it needs reliable_entropy (SAR and "
-                             "EATA: 0.4)")
         if self.anchor_weight is not None and self.anchor is None:
             raise ValueError("anchor_weight is the anchor's weight: it needs anchor ('l2' or 'fisher')")
         return self
@@ -211,10 +191,6 @@ class FamilyConfig(ContrastiveConfig):
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
-        if self.mode == "train" and self.safeguards.reliable_entropy is not None:
-            _test_time_only("reliable_entropy", "filters the pseudo-labelled samples by their prediction's entropy")
-        if self.mode == "train" and self.safeguards.collapse_fallback is not None:
-            _test_time_only("collapse_fallback", "watches the pseudo-labels' class histogram")
         return self
 
     @property
