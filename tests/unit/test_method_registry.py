@@ -76,22 +76,24 @@ def test_job_sizing_reads_the_config() -> None:
 
 
 def test_the_family_config_nests_its_groups_and_parses_flat_input() -> None:
-    cfg = adapt_config(method="t3ar", k=3, bn_start=True, second_stage={"steps": 4}, refine_neighbors=5)
-    assert sorted(cfg.groups()) == sorted(["retrieval", "pool_data", "pool_labels", "batchnorm", "refinement",
-                                           "second_stage", "safeguards"])
+    cfg = adapt_config(method="t3ar", k=3, pool_label_weight=1.0, second_stage={"steps": 4}, refine_neighbors=5)
+    assert sorted(cfg.groups()) == sorted(["retrieval", "pool_data", "pool_labels", "refinement", "second_stage",
+                                           "safeguards"])
     dumped = cfg.model_dump()
-    assert dumped["retrieval"]["k"] == 3 and dumped["batchnorm"]["start"] and dumped["second_stage"]["steps"] == 4
-    assert "k" not in dumped and "bn_start" not in dumped  # the canonical form is the nested one
-    assert (cfg.retrieval.k, cfg.batchnorm.start, cfg.second_stage.steps, cfg.refinement.neighbors) == (3, True, 4, 5)
-    for flat in ("k", "bn_start", "second_stage_steps", "refine_neighbors"):  # one name per option: no flat attribute
+    assert dumped["retrieval"]["k"] == 3 and dumped["pool_labels"]["weight"] == 1
+    assert dumped["second_stage"]["steps"] == 4
+    assert "k" not in dumped and "pool_label_weight" not in dumped  # the canonical form is the nested one
+    assert (cfg.retrieval.k, cfg.pool_labels.weight, cfg.second_stage.steps, cfg.refinement.neighbors) == (3, 1, 4, 5)
+    for flat in ("k", "pool_label_weight", "second_stage_steps", "refine_neighbors"):  # one name per option
         assert not hasattr(cfg, flat)
     assert AdaptConfig.model_validate(dumped) == cfg == adapt_config(**cfg.flat())  # both forms, the same config
     assert adapt_config(method="t3ar", second_stage_steps=9, second_stage={"steps": 4}).second_stage.steps == 4
 
 
 def test_a_field_of_another_method_is_refused_naming_it() -> None:
-    with pytest.raises(ValueError, match="bn_start, knn_refine are options of the T3AR family .*, not of tent"):
-        adapt_config(method="tent", bn_start=True, knn_refine=True)
+    with pytest.raises(ValueError, match="second_stage_steps, knn_refine are options of the T3AR family .*, not of "
+                                         "tent"):
+        adapt_config(method="tent", second_stage_steps=3, knn_refine=True)
     with pytest.raises(ValueError, match="k is an option of the T3AR family .*, not of tent"):
         adapt_config(method="tent", k=3)  # accepted and ignored before: now refused, even at its default
     with pytest.raises(ValueError, match="ema is an option of adacontrast, not of t3ar"):

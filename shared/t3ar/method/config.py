@@ -62,7 +62,7 @@ MAX_SEED = 2**32 - 1
 MAX_WEIGHT = 1000.0
 #: switches of the T3AR family that no benchmark round kept: out of the product, the benchmarks' alone
 #: (:class:`t3ar.method.probe.Probe`); a config naming one is refused saying so
-PROBE_SWITCHES: tuple[str, ...] = ("bn_fixed", "teacher_ema", "pool_negatives", "reliable_entropy",
+PROBE_SWITCHES: tuple[str, ...] = ("bn_start", "bn_fixed", "teacher_ema", "pool_negatives", "reliable_entropy",
                                    "reliable_reweight", "collapse_fallback")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive

@@ -401,11 +401,10 @@ class T3AR(MethodStep):
         guards = cfg.safeguards
         stages: list[Stage] = [PoolInputs(pooled(cfg).pool_data.sources if cfg.pool_as_data else None,
                                           cfg.pool_labels_as_data)]
-        if cfg.batchnorm.start:
-            stages.append(BatchNormStart())
+        stages.append(BatchNormStart())  # on where the probe sets its switch
         if guards.wise_alpha is not None:
             stages.append(WiseFT(guards.wise_alpha))
-        stages.append(CollapseFallback(bn_started=cfg.batchnorm.start))  # on where the probe sets its switch
+        stages.append(CollapseFallback())  # on where the probe sets its switch
         if cfg.second_stage.added_steps():
             stages.append(SecondStage(cfg.second_stage.added_steps(), lr=cfg.second_stage.lr or cfg.lr,
                                       momentum=cfg.momentum, weight_decay=cfg.weight_decay,

@@ -55,11 +55,19 @@ def _bn_adapt(run: Run, purpose: int) -> None:
 
 
 class BatchNormStart(Stage):
-    """``batchnorm.start``: the target's BatchNorm statistics first (what bn-adapt does, on the layers that train),
-    then the steps."""
+    """The benchmarks' ``Probe.bn_start`` (a switch no round kept; off unless the probe sets it): the target's
+    BatchNorm statistics first (what bn-adapt does, on the layers that train), then the steps."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def setup(self, setup: MethodSetup) -> MethodSetup:
+        self.on = setup.probe.bn_start
+        return setup
 
     def before(self, run: Run) -> None:
-        _bn_adapt(run, 9)
+        if self.on:
+            _bn_adapt(run, 9)
 
 
 class WiseFT(Stage):
@@ -85,16 +93,18 @@ class CollapseFallback(Stage):
     """The benchmarks' ``Probe.collapse_fallback`` (a switch no round kept; ``fraction``, or the probe's when None;
     off when neither is set): watch the entropy of the class histogram of the job's pseudo-labels
     (``pl_class_entropy``, each step); when it falls under ``fraction`` of its start value, end the steps and
-    restore the bn-adapt state (taken at the start: the BatchNorm start's own when that ran, ``bn_started``)."""
+    restore the bn-adapt state (taken at the start: the BatchNorm start's own when that ran, the probe's
+    ``bn_start``)."""
 
-    def __init__(self, fraction: float | None = None, *, bn_started: bool) -> None:
-        self.fraction, self.bn_started = fraction, bn_started
+    def __init__(self, fraction: float | None = None) -> None:
+        self.fraction, self.bn_started = fraction, False
         self.state: dict[str, torch.Tensor] = {}
         self.watch: CollapseWatch | None = None
 
     def setup(self, setup: MethodSetup) -> MethodSetup:
         if self.fraction is None:
             self.fraction = setup.probe.collapse_fallback
+        self.bn_started = setup.probe.bn_start
         return setup
 
     def before(self, run: Run) -> None:

@@ -15,7 +15,9 @@ What a probe does (all on top of the method's inputs, none of them a product opt
 * ``pool_label_draw``: how the labelled data items are drawn (:mod:`t3ar.method.pool_labels`): 'retrieved' (what
   the product does), or the benchmark's controls 'random' and 'all', which draw from every labelled image in the
   pool images; it changes what is trained.
-* ``bn_fixed``: a switch of the T3AR family that no benchmark round kept, out of the product (docs/method.md):
+* ``bn_start``: a switch of the T3AR family that no benchmark round kept, out of the product (docs/method.md): the
+  target's BatchNorm statistics first (what bn-adapt does, on the layers that train), then the steps.
+* ``bn_fixed``: another, out of the product (docs/method.md):
   every BatchNorm layer normalises with its running statistics during the steps and never updates them (with
   ``batchnorm.start``: bn-adapt's, kept; on the validation shift it collapsed accuracy to 8.2 %). It changes what
   is trained.
@@ -50,6 +52,7 @@ class Probe:
     pool_diagnostic_labels: torch.Tensor | None = None
     pool_label_oracle: bool = False
     pool_label_draw: LabelDrawMode = "retrieved"
+    bn_start: bool = False
     bn_fixed: bool = False
     teacher_ema: float = 0.0
     pool_negatives: Literal["own", "all"] = "own"

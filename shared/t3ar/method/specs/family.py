@@ -4,7 +4,7 @@ random (the control), ``t3ar-noretrieval`` reads no pool.
 
 Their configs (:class:`FamilyConfig`: :class:`T3ARConfig` with a pool, :class:`T3ARNoRetrievalConfig` without) nest
 the family's options in groups (sub-models), each checking its own interactions: retrieval, pool data and pool labels
-(the methods with a pool), BatchNorm, refinement, second stage and safeguards (SAR's, EATA's and WiSE-FT's
+(the methods with a pool), refinement, second stage and safeguards (SAR's, EATA's and WiSE-FT's
 mechanisms: :mod:`t3ar.method.safeguards`), every one off by default. The switches no benchmark round kept are
 the benchmarks' alone (:data:`t3ar.method.config.PROBE_SWITCHES`, set through :class:`t3ar.method.probe.Probe`).
 The config checks the interactions across groups, and job sizing adds the second stage's steps and the Fisher
@@ -67,11 +67,6 @@ class PoolLabelOptions(Options):
                                                             "step's labelled neighbours when there are more)")
     balance: bool = Field(default=False, description="weight each class equally within a step (a retrieved set is "
                                                      "imbalanced); False = every labelled neighbour counts once")
-
-
-class BatchNormOptions(Options):
-    start: bool = Field(default=False, description="set the target's BatchNorm statistics first (what bn-adapt does, "
-                                                   "same layers as train_groups), then train")
 
 
 class RefinementOptions(Options):
@@ -153,7 +148,6 @@ class FamilyConfig(ContrastiveConfig):
     Defaults follow the paper, scaled to a CPU budget."""
 
     FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
-        **_flat("batchnorm", {"bn_start": "start"}),
         **_flat("refinement", {"knn_refine": "knn", "knn_refine_labelled": "labelled",
                                "refine_neighbors": "neighbors"}),
         **_flat("second_stage", {"second_stage_steps": "steps", "second_stage_lr": "lr"}),
@@ -164,7 +158,6 @@ class FamilyConfig(ContrastiveConfig):
         default=None, description="a named configuration of the family (t3ar.method.presets): 'paper' (these "
                                   "defaults) or 'validated' (what the method benchmark froze on validation); its "
                                   "options go under the ones given (those of them the method has); None = none")
-    batchnorm: BatchNormOptions = BatchNormOptions()
     refinement: RefinementOptions = RefinementOptions()
     second_stage: SecondStageOptions = SecondStageOptions()
     safeguards: SafeguardOptions = SafeguardOptions()
