@@ -76,7 +76,7 @@ def run_adapt_job(spec: dict[str, Any]) -> dict[str, Any]:
         config = job_spec.config
         REQUEST_ID.set(request_id_from(job_spec.request_id or job_spec.job_id))  # this work horse runs one job
         log.info("job %s started (model %s, method %s)", job_spec.job_id, job_spec.model_id, config.method)
-        progress.phase("starting", epochs=config.epochs or None)
+        progress.phase("starting", epochs=getattr(config, "epochs", None))
         result = _run(job_spec, config, settings, progress, connection, queue_wait)
         return result.model_dump(mode="json", exclude_none=True)  # the job's return value: JSON, unset fields out
     except JobCanceledError:

@@ -28,9 +28,11 @@ def planned_steps(config: AdaptConfig, n: int) -> int:
     stage's and those the method's groups of options add after it (the T3AR family's second stage), and each pass
     over the target with gradient that a group adds (the Fisher anchor's estimate) as an epoch of steps (a batch's
     forward and backward, without the optimiser)."""
-    spec = config.spec
-    if not spec.optimises:  # source, bn-adapt (one no-gradient pass)
+    from t3ar.method.config import trained
+
+    if not config.spec.optimises:  # source, bn-adapt (one no-gradient pass)
         return 0
+    config = trained(config)
     batch = max(1, min(config.batch_size, n))
     first = int(max(config.epochs * steps_per_epoch(n, batch), config.min_steps))
     return first + config.added_steps() + config.added_passes() * steps_per_epoch(n, batch)

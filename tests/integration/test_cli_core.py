@@ -57,9 +57,10 @@ def test_adapt_every_method_and_evaluate(data: dict[str, Path]) -> None:
                    "eata"):
         out = data["root"] / f"{method}.pt"
         retrieval = ["--k", "2", "--r", "2"] if method in ("t3ar", "t3ar-random") else []  # another's: refused
+        schedule = ["--epochs", "1", "--batch-size", "8"] if method != "source" else []  # source has none
         got = _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool",
-                      str(data["pool"]), "--method", method, *retrieval, "--epochs", "1",
-                      "--batch-size", "8", "--retriever-image-size", "32", "--out", str(out))
+                      str(data["pool"]), "--method", method, *retrieval, *schedule, "--retriever-image-size", "32",
+                      "--out", str(out))
         assert got["method"] == method and "before" in got and "after" in got
         _, info = load_checkpoint(out)
         assert info.lineage.method == method and info.adapt_config is not None
@@ -78,12 +79,12 @@ def test_method_options_through_config(data: dict[str, Path]) -> None:
     out = data["root"] / "opts.pt"
     _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool", str(data["pool"]),
             "--method", "t3ar", "--k", "2", "--r", "2", "--epochs", "1", "--batch-size", "8",
-            "--retriever-image-size", "32", "--config", '{"redraw_neighbours": true, "pool_negatives": "all"}',
+            "--retriever-image-size", "32", "--config", '{"redraw_neighbours": true, "false_negatives": "mask"}',
             "--out", str(out))
     _, info = load_checkpoint(out)
     assert info.adapt_config is not None
     retrieval = info.adapt_config["retrieval"]  # the nested, canonical form
-    assert retrieval["redraw_neighbours"] is True and retrieval["pool_negatives"] == "all"
+    assert retrieval["redraw_neighbours"] is True and retrieval["false_negatives"] == "mask"
 
 
 def test_fraction_and_train_time_mode(data: dict[str, Path]) -> None:
@@ -114,8 +115,10 @@ def test_train_source_writes_a_loadable_checkpoint(data: dict[str, Path]) -> Non
     (["adapt", "--method", "adacontrast", "--device", "cuda:7"], "cuda"),
     (["adapt", "--method", "adacontrast", "--train-groups", "most"], "invalid"),
     (["adapt", "--method", "adacontrast", "--labels"], "test-time method"),
-    (["adapt", "--method", "t3ar", "--config", '{"pool_negatives": "some"}'], "pool_negatives"),
+    (["adapt", "--method", "t3ar", "--config", '{"false_negatives": "some"}'], "false_negatives"),
+    (["adapt", "--method", "t3ar", "--config", '{"pool_negatives": "all"}'], "no benchmark round kept it"),
     (["adapt", "--method", "t3ar", "--config", "[1]"], "JSON object"),
+    (["adapt", "--method", "source", "--lr", "0.01"], "lr is an option of"),
 ])
 def test_bad_options_give_clear_errors(data: dict[str, Path], args: list[str], message: str) -> None:
     res = CliRunner().invoke(cli, [args[0], "--model", str(data["base"]), "--target", str(data["target"]),

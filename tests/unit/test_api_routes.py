@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from error_envelope import expect_error
 from fastapi.testclient import TestClient
+from mode_bound_method import mode_bound_method
 from PIL import Image
 from retriever_answers import stats_json
 from rq import Queue
@@ -214,13 +215,20 @@ def test_rejections_leave_nothing(env: Any, tmp_path: Path) -> None:
 
 def test_the_config_enqueued_is_the_config_validated_mode_included(env: Any, tmp_path: Path) -> None:
     """A labelled archive makes a job of a method with a train-time mode a train-time job; an option refused at
-    train time is refused then (422) before anything is stored, not accepted and failed by the worker."""
+    train time is refused then (422) before anything is stored, not accepted and failed by the worker. No product
+    option is refused at train time only any more (those that were are the benchmarks' probe switches): a method
+    registered for the test has one."""
     client, redis, _, data = env
     model_id = _model(client, tmp_path)
-    options = {"method": "t3ar", "retrieval": {"k": 3}, "safeguards": {"reliable_entropy": 0.4}}
+    with mode_bound_method() as name:
+        _mode_validated_with_the_config(client, redis, data, model_id, {"method": name, "watch": True}, "watch")
+
+
+def _mode_validated_with_the_config(client: TestClient, redis: Any, data: Path, model_id: str,
+                                    options: dict[str, Any], option: str) -> None:
     resp = _adapt(client, model_id, _archive(labels=True), options)
     assert resp.status_code == 422, resp.text
-    assert "reliable_entropy" in resp.json()["error"]["message"], resp.text
+    assert option in resp.json()["error"]["message"], resp.text
     assert Queue("t3ar-adapt", connection=redis, serializer=SERIALIZER).count == 0
     assert list((data / "jobs").iterdir()) == []
     assert client.get("/jobs", headers=USER).json()["total"] == 0
@@ -413,6 +421,12 @@ def test_a_jobs_config_and_result_are_typed_in_the_answers_and_the_document(env:
                    (json.dumps({**got["config"], "gone": {"x": 1}}), job_id))
     old = client.get(f"/jobs/{job_id}", headers=USER)
     assert old.status_code == 200 and old.json()["config"]["gone"] == {"x": 1}
+    # a readapt of it: a 409 naming the option, nothing stored or enqueued (it was a 500)
+    before = client.get("/jobs", headers=USER).json()
+    again = client.post(f"/jobs/{job_id}/readapt", headers=USER)
+    message = again.json()["error"]["message"]
+    assert again.status_code == 409 and "no longer validates" in message and "gone" in message, again.text
+    assert store.reruns_of(job_id) == [] and client.get("/jobs", headers=USER).json() == before
     doc = client.get("/openapi.json").json()
     schemas = doc["components"]["schemas"]
     for model in ("JobOut", "JobAccepted"):

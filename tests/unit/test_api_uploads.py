@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mode_bound_method import mode_bound_method
 from PIL import Image
 
 from t3ar.errors import DatasetError, ImageDecodeError, InvalidInputError, UnsafeArchiveError
@@ -137,12 +138,13 @@ def test_the_config_is_validated_in_the_mode_the_archive_decides(tmp_path: Path)
     """A labelled archive makes a train-time job: an option refused at train time is refused (no model_copy that
     skips validation); an explicit test mode keeps it."""
     members = {"a.png": _png(1), "b.png": _png(2), "labels.csv": b"path,label\na.png,red\nb.png,blue\n"}
-    options = '"method": "t3ar", "safeguards": {"reliable_entropy": 0.4}'
-    with pytest.raises(InvalidInputError, match="reliable_entropy"):
-        _prepare(tmp_path, members, "{" + options + "}")
-    assert not (tmp_path / "job" / "subsample.json").exists()  # refused before the images are read
-    _, cfg = _prepare(tmp_path / "2", members, "{" + options + ', "mode": "test"}')
-    assert cfg.mode == "test" and cfg.safeguards.reliable_entropy == 0.4  # type: ignore[attr-defined]
+    with mode_bound_method() as name:  # no product option is refused at train time only: a test method's is
+        options = f'"method": "{name}", "watch": true'
+        with pytest.raises(InvalidInputError, match="watch is a test-time option"):
+            _prepare(tmp_path, members, "{" + options + "}")
+        assert not (tmp_path / "job" / "subsample.json").exists()  # refused before the images are read
+        _, cfg = _prepare(tmp_path / "2", members, "{" + options + ', "mode": "test"}')
+        assert cfg.mode == "test" and cfg.watch  # type: ignore[attr-defined]
 
 
 def test_save_upload_limits(tmp_path: Path) -> None:

@@ -49,13 +49,13 @@ def test_a_job_submitted_from_the_form_is_enqueued_owned_audited_and_shown(clien
     form = client.get("/ui/submit")
     assert form.status_code == 200 and model_id in form.text and "<option selected>t3ar</option>" in form.text
     resp = client.post("/ui/submit", files={"archive": ("t.zip", target_zip()), "holdout": ("", b"")},
-                       data={"csrf": csrf, "model_id": model_id, "method": "source", "preset": "", "fraction": "0.5",
+                       data={"csrf": csrf, "model_id": model_id, "method": "tent", "preset": "", "fraction": "0.5",
                              "epochs": "2", "contribute": "on", "candidates": "", "winner_rule": ""},
                        follow_redirects=False)
     assert resp.status_code == 303, resp.text
     job_id = resp.headers["location"].removeprefix("/ui/jobs/")
     job = client.get(f"/jobs/{job_id}", headers={"Authorization": "Bearer user-t"}).json()
-    assert job["config"]["method"] == "source" and job["config"]["fraction"] == 0.5 and job["config"]["epochs"] == 2
+    assert job["config"]["method"] == "tent" and job["config"]["fraction"] == 0.5 and job["config"]["epochs"] == 2
     assert job["target"]["images"] == 4
     assert client.get(resp.headers["location"]).status_code == 200
     entry = _audit(client, "job.submit")[0]
@@ -102,7 +102,7 @@ def test_a_bad_archive_shows_the_form_again_with_the_reason_and_leaves_nothing(c
     csrf = signed_in(client)
     model_id = _model(client, tmp_path)
     resp = client.post("/ui/submit", files={"archive": ("t.zip", b"not a zip at all")},
-                       data={"csrf": csrf, "model_id": model_id, "method": "source", "epochs": "3"})
+                       data={"csrf": csrf, "model_id": model_id, "method": "tent", "epochs": "3"})
     assert resp.status_code == 422, resp.text
     assert 'id="submit-error"' in resp.text and 'id="submit-form"' in resp.text
     assert 'value="3"' in resp.text  # what was typed stays
@@ -110,7 +110,8 @@ def test_a_bad_archive_shows_the_form_again_with_the_reason_and_leaves_nothing(c
     assert client.get("/jobs", headers={"Authorization": "Bearer user-t"}).json()["jobs"] == []
     # options the domain layer refuses come back the same way: an unknown method, a bad number, a stray field
     for data, words in (({"method": "nope"}, "nope"), ({"method": "source", "epochs": "two"}, "whole number"),
-                        ({"method": "source", "confg": "{}"}, "confg")):
+                        ({"method": "source", "confg": "{}"}, "confg"),
+                        ({"method": "source", "epochs": "3"}, "not of source")):  # source has no schedule
         resp = client.post("/ui/submit", files={"archive": ("t.zip", target_zip())},
                            data={"csrf": csrf, "model_id": model_id, **data})
         assert resp.status_code == 422 and 'id="submit-error"' in resp.text and words in resp.text, resp.text

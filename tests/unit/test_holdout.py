@@ -115,7 +115,9 @@ def test_options_and_candidates() -> None:
         parse_options(None, False, "best")
     assert candidate_config(cfg, "tent") is cfg
     bn = candidate_config(cfg, "bn-adapt")
-    assert (bn.method, bn.seed, bn.epochs, bn.lr, bn.mode) == ("bn-adapt", 7, 3, 0.01, "test")
+    assert (bn.method, bn.seed, bn.mode) == ("bn-adapt", 7, "test")  # its config has no schedule: none passed
+    assert set(bn.model_dump()) == {"method", "mode", "fraction", "seed", "batch_size", "train_groups"}
+    assert set(candidate_config(cfg, "source").model_dump()) == {"method", "mode", "fraction", "seed"}
     t3 = candidate_config(adapt_config(method="t3ar-noretrieval", mode="train", seed=2), "t3ar")
     assert t3.method == "t3ar" and t3.mode == "train" and t3.preset == "validated" and t3.seed == 2
 

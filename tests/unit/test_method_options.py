@@ -1,6 +1,7 @@
 """Method options and diagnostics: per-visit neighbour redraw, 'all' pool negatives, near-duplicate dropping,
 pool share of the InfoNCE denominator, pseudo-label accuracy and gradient-norm proxies."""
 
+import dataclasses
 import math
 from typing import Any
 
@@ -16,7 +17,7 @@ from t3ar.method.augment import Normalizer
 from t3ar.method.bank import MemoryBank
 from t3ar.method.config import adapt_config
 from t3ar.method.contrastive import ContrastiveState, StepOut, StepViews, step_views
-from t3ar.method.probe import Probe
+from t3ar.method.probe import PROBE_SWITCHES, Probe
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier
 from t3ar.pipeline import retrieve
@@ -40,10 +41,14 @@ def _run(method: str = "t3ar", seed: int = 0, *, adapt_kw: dict[str, Any] | None
     seed_everything(seed)
     model = Classifier(TinyBackbone(), 8, 3, 16)
     target, pool, nbr, _ = _data()
+    switches = {k: cfg_kw.pop(k) for k in PROBE_SWITCHES if k in cfg_kw}  # the benchmarks' (t3ar.method.probe)
     cfg = tiny_config(method, k=2, epochs=2, batch_size=4, bank_size=32, train_groups=None, seed=seed, **cfg_kw)
+    kw = dict(adapt_kw or {})
+    if switches:
+        kw["probe"] = dataclasses.replace(kw.get("probe") or Probe(), **switches)
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
                 labels=torch.arange(N) % 3, device=torch.device("cpu"),
-                generator=torch.Generator().manual_seed(seed), **(adapt_kw or {}))
+                generator=torch.Generator().manual_seed(seed), **kw)
     return model, res
 
 

@@ -11,7 +11,8 @@ from t3ar.jobsize import memory_bytes, planned_steps
 from t3ar.method import config as method_config
 from t3ar.method import registry
 from t3ar.method.base import MethodStep
-from t3ar.method.config import AdaptConfig, adapt_config
+from t3ar.method.config import AdaptConfig, OptimiserConfig, adapt_config, config_class
+from t3ar.method.presets import with_default
 from t3ar.method.registry import MethodSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,8 @@ def test_a_name_is_registered_once() -> None:
 
 def test_job_sizing_reads_the_config() -> None:
     for name in registry.names():
-        cfg = adapt_config(method=name, epochs=2, batch_size=4)
+        accepted = config_class(name).flat_fields()
+        cfg = adapt_config(method=name, **{k: v for k, v in {"epochs": 2, "batch_size": 4}.items() if k in accepted})
         assert planned_steps(cfg, 12) == (6 if cfg.spec.optimises else 0), name
         bank = cfg.bank_entries
         assert (bank > 0) == (name in ("adacontrast", *registry.family())), name
@@ -69,27 +71,29 @@ def test_job_sizing_reads_the_config() -> None:
             assert memory_bytes(cfg, 12, 8, 16, 3) > memory_bytes(smaller, 12, 8, 16, 3)
     # the family's second stage adds its steps to the budget, given flat or nested
     for name in registry.family():
-        assert planned_steps(adapt_config(method=name, k=2, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
+        assert planned_steps(adapt_config(method=name, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
         assert planned_steps(adapt_config(method=name, epochs=2, batch_size=4, second_stage={"steps": 40}), 12) == 46
 
 
 def test_the_family_config_nests_its_groups_and_parses_flat_input() -> None:
-    cfg = adapt_config(method="t3ar", k=3, bn_start=True, second_stage={"steps": 4}, teacher_ema=0.5)
-    assert list(cfg.groups()) == ["retrieval", "pool_data", "pool_labels", "batchnorm", "teacher", "refinement",
-                                  "second_stage", "safeguards"]
+    cfg = adapt_config(method="t3ar", k=3, pool_label_weight=1.0, second_stage={"steps": 4}, refine_neighbors=5)
+    assert sorted(cfg.groups()) == sorted(["retrieval", "pool_data", "pool_labels", "refinement", "second_stage",
+                                           "safeguards"])
     dumped = cfg.model_dump()
-    assert dumped["retrieval"]["k"] == 3 and dumped["batchnorm"]["start"] and dumped["second_stage"]["steps"] == 4
-    assert "k" not in dumped and "bn_start" not in dumped  # the canonical form is the nested one
-    assert (cfg.retrieval.k, cfg.batchnorm.start, cfg.second_stage.steps, cfg.teacher.ema) == (3, True, 4, 0.5)
-    for flat in ("k", "bn_start", "second_stage_steps", "teacher_ema"):  # one name per option: no flat attribute
+    assert dumped["retrieval"]["k"] == 3 and dumped["pool_labels"]["weight"] == 1
+    assert dumped["second_stage"]["steps"] == 4
+    assert "k" not in dumped and "pool_label_weight" not in dumped  # the canonical form is the nested one
+    assert (cfg.retrieval.k, cfg.pool_labels.weight, cfg.second_stage.steps, cfg.refinement.neighbors) == (3, 1, 4, 5)
+    for flat in ("k", "pool_label_weight", "second_stage_steps", "refine_neighbors"):  # one name per option
         assert not hasattr(cfg, flat)
     assert AdaptConfig.model_validate(dumped) == cfg == adapt_config(**cfg.flat())  # both forms, the same config
     assert adapt_config(method="t3ar", second_stage_steps=9, second_stage={"steps": 4}).second_stage.steps == 4
 
 
 def test_a_field_of_another_method_is_refused_naming_it() -> None:
-    with pytest.raises(ValueError, match="bn_start, teacher_ema are options of the T3AR family .*, not of tent"):
-        adapt_config(method="tent", bn_start=True, teacher_ema=0.5)
+    with pytest.raises(ValueError, match="second_stage_steps, knn_refine are options of the T3AR family .*, not of "
+                                         "tent"):
+        adapt_config(method="tent", second_stage_steps=3, knn_refine=True)
     with pytest.raises(ValueError, match="k is an option of the T3AR family .*, not of tent"):
         adapt_config(method="tent", k=3)  # accepted and ignored before: now refused, even at its default
     with pytest.raises(ValueError, match="ema is an option of adacontrast, not of t3ar"):
@@ -118,7 +122,7 @@ def test_a_method_registers_its_config_class_with_a_group() -> None:
         def added_steps(self) -> int:
             return self.steps
 
-    class GroupedConfig(AdaptConfig):
+    class GroupedConfig(OptimiserConfig):
         method: Literal["grouped"] = "grouped"
         extra: Extra = Extra()
 
@@ -147,7 +151,7 @@ def test_a_config_is_validated_once() -> None:
 
     runs: list[int] = []
 
-    class CountedConfig(AdaptConfig):
+    class CountedConfig(OptimiserConfig):
         method: Literal["counted"] = "counted"
 
         @model_validator(mode="after")
@@ -180,3 +184,25 @@ def test_the_config_layer_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "shared")})
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_each_method_takes_only_the_options_it_reads() -> None:
+    """``source`` reads no batch or schedule, ``bn-adapt`` only its batch and layers, ``t3ar-noretrieval`` no pool
+    option (not even the default preset's pool label weight): an option a method ignores is refused, naming it."""
+    for name, option in [("source", {"lr": 0.01}), ("source", {"batch_size": 8}), ("source", {"train_groups": 1}),
+                         ("bn-adapt", {"lr": 0.01}), ("bn-adapt", {"epochs": 2}), ("bn-adapt", {"amp": False}),
+                         ("t3ar-noretrieval", {"k": 3}), ("t3ar-noretrieval", {"pool_data_weight": 1.0}),
+                         ("t3ar-noretrieval", {"retrieval": {"k": 3}}), ("t3ar-noretrieval", {"pool_labels": {}})]:
+        with pytest.raises(ValueError, match=f"not of {name}") as e:
+            adapt_config(method=name, **option)
+        assert next(iter(option)) in str(e.value), (name, option)
+    assert set(config_class("source").model_fields) == {"method", "mode", "fraction", "seed"}
+    assert set(config_class("bn-adapt").model_fields) == {"method", "mode", "fraction", "seed", "batch_size",
+                                                           "train_groups"}
+    assert adapt_config(method="bn-adapt", batch_size=8, train_groups=None).batch_size == 8
+    nr = adapt_config(**with_default({"method": "t3ar-noretrieval"}))  # the validated preset, less its pool option
+    assert nr.preset == "validated" and nr.second_stage.steps == 10 and "pool_labels" not in nr.model_dump()
+    assert nr.retrieval_options is None and not nr.pool_as_data
+    with pytest.raises(ValueError, match="t3ar-noretrieval reads no pool"):
+        adapt_config(method="t3ar-noretrieval", knn_refine=True, knn_refine_labelled=True)
+    assert adapt_config(**with_default({"method": "t3ar"})).pool_labels.weight == 2.0  # the preset's, with a pool

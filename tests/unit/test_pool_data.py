@@ -1,6 +1,7 @@
 """Retrieved neighbours as data and the false negatives among them, on tiny tensors."""
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from t3ar.method.adapt import adapt
 from t3ar.method.bank import MemoryBank
 from t3ar.method.config import adapt_config
 from t3ar.method.pool_data import agreement, same_class_pool_entries, select_pool_data
-from t3ar.method.probe import Probe
+from t3ar.method.probe import PROBE_SWITCHES, Probe
 from t3ar.models.classifier import Classifier
 
 
@@ -81,10 +82,11 @@ def test_neighbour_entries_are_the_querys_own_pool_entries() -> None:
 def _run(device: torch.device | None = None, **options: object) -> tuple[Classifier, object]:
     device = device or torch.device("cpu")
     model, target, pool, nbr = tiny_problem(device=device)
+    switches: dict[str, Any] = {k: options.pop(k) for k in PROBE_SWITCHES if k in options}  # the benchmarks'
     cfg = adapt_config(method="t3ar", k=3, epochs=3, batch_size=4, bank_size=64, train_groups=None, **options)  # type: ignore[arg-type]
     res = adapt(model, target, cfg, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), neighbours=nbr, pool_images=pool,
                 device=device, pool_sources=["emoji"] * 5 + ["clipart"] * 4,
-                probe=Probe(pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1])))
+                probe=Probe(pool_diagnostic_labels=torch.tensor([0, 1, 2, 0, 1, -1, -1, -1, -1]), **switches))
     return model, res
 
 

@@ -2,6 +2,7 @@
 on tiny tensors."""
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from t3ar.method.adapt import AdaptResult, adapt
 from t3ar.method.bn_adapt import adapted_norms
 from t3ar.method.config import adapt_config
 from t3ar.method.pool_labels import LabelDraw, LabelDrawMode, balance_weights, labelled_neighbours
-from t3ar.method.probe import Probe
+from t3ar.method.probe import PROBE_SWITCHES, Probe
 from t3ar.models.classifier import Classifier, iter_batchnorms
 from t3ar.pipeline import pool_classes
 
@@ -59,13 +60,17 @@ def _data(n_pool: int = 9) -> tuple[Classifier, torch.Tensor, torch.Tensor, torc
     return tiny_problem(n_pool=n_pool)
 
 
-def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN,
+def _run(draw: LabelDrawMode = "retrieved", known: torch.Tensor | None = KNOWN, teacher_ema: float = 0.0,
          **over: object) -> tuple[Classifier, AdaptResult]:
     model, target, pool, nbr = _data()
-    cfg = adapt_config(**{"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64,
-                         "train_groups": None, **over})
+    switches: dict[str, Any] = {k: over.pop(k) for k in PROBE_SWITCHES if k in over}  # the benchmarks'
+    fields = {"method": "t3ar", "k": 3, "epochs": 3, "batch_size": 4, "bank_size": 64, "train_groups": None, **over}
+    if fields["method"] == "t3ar-noretrieval":  # no pool: no k
+        del fields["k"]
+    cfg = adapt_config(**fields)
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=nbr, pool_images=pool,
-                device=torch.device("cpu"), pool_labels=known, probe=Probe(pool_label_draw=draw))
+                device=torch.device("cpu"), pool_labels=known,
+                probe=Probe(pool_label_draw=draw, teacher_ema=teacher_ema, **switches))
     return model, res
 
 
@@ -112,25 +117,26 @@ def test_labelled_false_negatives_are_masked_by_their_label() -> None:
 def test_bn_start_sets_the_targets_statistics_and_bn_fixed_keeps_them() -> None:
     model, target, _, _ = _data()
     cfg = adapt_config(method="t3ar-noretrieval", epochs=2, batch_size=4, bank_size=64, train_groups=1,
-                      bn_start=True, bn_fixed=True, lr=1e-3)
+                      lr=1e-3)
+    fixed = Probe(bn_start=True, bn_fixed=True)  # the benchmarks' switches, out of the product
     ref, *_ = _data()
     bn = adapt_config(method="bn-adapt", batch_size=4, train_groups=1, seed=0)
     adapt(ref, target, bn, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"),
           generator=torch.Generator().manual_seed(0 * 1_000_003 + 9))
-    adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"))
+    adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"), probe=fixed)
     # the adapted layers hold bn-adapt's statistics (the same batches), untouched by the steps
     for a, b in zip(adapted_norms(model, 1), adapted_norms(ref, 1), strict=True):
         assert torch.allclose(a.running_mean, b.running_mean) and torch.allclose(a.running_var, b.running_var)
     moving, *_ = _data()
-    adapt(moving, target, adapt_config(**{**cfg.flat(), "bn_fixed": False}), mean=(0.5,) * 3, std=(0.5,) * 3,
-          device=torch.device("cpu"))
+    adapt(moving, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, device=torch.device("cpu"),
+          probe=Probe(bn_start=True))
     assert any(not torch.allclose(a.running_mean, b.running_mean)
                for a, b in zip(iter_batchnorms(moving), iter_batchnorms(ref), strict=True))
 
 
 def test_the_second_stage_trains_only_the_bottleneck_and_head() -> None:
-    first, res1 = _run(method="t3ar-noretrieval", k=0, known=None)
-    both, res2 = _run(method="t3ar-noretrieval", k=0, known=None, second_stage_steps=5, second_stage_lr=0.01)
+    first, res1 = _run(method="t3ar-noretrieval", known=None)
+    both, res2 = _run(method="t3ar-noretrieval", known=None, second_stage_steps=5, second_stage_lr=0.01)
     assert res1.second_stage_steps == 0 and res2.second_stage_steps == 5 and res2.steps == res1.steps
     for name, a in first.state_dict().items():
         b = both.state_dict()[name]
@@ -144,9 +150,13 @@ def test_the_second_stage_trains_only_the_bottleneck_and_head() -> None:
 
 
 def test_family_only_options_are_refused_elsewhere() -> None:
-    for opt in ({"bn_start": True}, {"bn_fixed": True}, {"second_stage_steps": 3}):
-        with pytest.raises(ValueError, match="T3AR family"):
-            adapt_config(method="adacontrast", **opt)
+    with pytest.raises(ValueError, match="T3AR family"):
+        adapt_config(method="adacontrast", second_stage_steps=3)
+    for method in ("t3ar", "adacontrast"):  # out of the product: the refusal says where it went
+        with pytest.raises(ValueError, match=f"bn_fixed is not an option of {method}: no benchmark round kept it"):
+            adapt_config(method=method, bn_fixed=True)
+    with pytest.raises(ValueError, match="batchnorm"):
+        adapt_config(method="t3ar", batchnorm={"start": True})
 
 
 def test_an_ema_teacher_computes_the_keys_and_stays_out_of_the_optimiser() -> None:

@@ -122,8 +122,8 @@ def test_a_part_the_record_has_no_field_for_is_an_error_not_dropped(staged: type
 
 
 @pytest.mark.parametrize("options", [{}, {"second_stage": {"steps": 3}}, {"safeguards": {"anchor": "fisher"}},
-                                     {"second_stage": {"steps": 7}, "batchnorm": {"start": True},
-                                      "safeguards": {"wise_alpha": 0.5, "collapse_fallback": 0.2}}])
+                                     {"second_stage": {"steps": 7},
+                                      "safeguards": {"wise_alpha": 0.5}}])
 def test_the_family_stages_declare_what_the_job_cap_counts(options: dict[str, object]) -> None:
     cfg = method_config.config_adapter().validate_python({"method": "t3ar", **options})
     stages = T3AR.stages(cfg)

@@ -93,7 +93,7 @@ def arm_config(plan: ContinualPlan, sel: Mapping[str, Any], arm: str, seed: int,
     per_epoch = max(1, -(-n_adapt // batch))
     epochs = plan.epochs if plan.max_steps is None else max(1, min(plan.epochs, plan.max_steps // per_epoch))
     out: dict[str, Any] = {"method": method, "mode": "test", "seed": seed, "epochs": epochs, "batch_size": batch,
-                           "k": plan.k}
+                           **({"k": plan.k} if method == "t3ar" else {})}  # t3ar-noretrieval has no k
     if "validated" in sel:  # the grid protocol: the family's lr and term, T3AR's validated options
         out["lr"] = sel["lr"]["t3ar-noretrieval"]
         out.update(sel.get("term", {}) if method == "t3ar-noretrieval" else sel["validated"].get("options", {}))

@@ -29,7 +29,7 @@ import torch
 
 from t3ar.data.images import to_tensor_uint8
 from t3ar.digest import file_sha256
-from t3ar.method.config import adapt_config
+from t3ar.method.config import PROBE_SWITCHES, adapt_config
 from t3ar_bench.method.data import Kits, content_key, side_table
 from t3ar_bench.method.grid import grid_arms
 from t3ar_bench.method.pack import (
@@ -108,7 +108,8 @@ def neighbour_depth(arms: Sequence[Mapping[str, Any]], plan: BenchPlan) -> int:
     """The most candidates per image a retrieving arm asks the pool for (``k·r`` of its AdaptConfig)."""
     depth = 0
     for arm in arms:
-        cfg = adapt_config(**{"method": arm["method"], **plan_k(arm, plan), **arm.get("options", {})})
+        options = {k: v for k, v in arm.get("options", {}).items() if k not in PROBE_SWITCHES}  # the probe's
+        cfg = adapt_config(**{"method": arm["method"], **plan_k(arm, plan), **options})
         if (retrieval := cfg.retrieval_options) is not None:
             depth = max(depth, retrieval.k * retrieval.r)
     return depth

@@ -33,7 +33,7 @@ from t3ar.method.adapt import StepStats, adapt, stream
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig, adapt_config
 from t3ar.method.evaluate import evaluate
-from t3ar.method.probe import Probe
+from t3ar.method.probe import PROBE_SWITCHES, Probe
 from t3ar.method.retrieval import NeighbourProvider
 from t3ar.method.schedule import steps_per_epoch
 from t3ar.method.selection import criteria, soft_neighbourhood_density
@@ -292,16 +292,18 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {**arm, "n_adapt": len(subset), "n_eval": len(tgt.eval_idx), "epochs": epochs}
     options = dict(arm.get("options", {}))
     train_groups = options.pop("train_groups", plan.train_groups)
+    switches = {k: options.pop(k) for k in PROBE_SWITCHES if k in options}  # out of the product: the probe's
     if arm["method"] == "supervised":
         tc = TrainConfig(epochs=epochs, lr=arm["lr"], batch_size=plan.batch_size, train_groups=train_groups,
                          warmup_frac=plan.warmup_frac, seed=seed)
         res = train_supervised(model, x, y, tc, mean=b.mean, std=b.std, device=ctx.device,
                                generator=torch.Generator().manual_seed(seed))
     else:
+        schedule = {"epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size, "lr": arm["lr"],
+                    "warmup_frac": plan.warmup_frac, "train_groups": train_groups}
+        accepted = method_config.config_class(arm["method"]).flat_fields()  # source: none; bn-adapt: its batch
         cfg = adapt_config(**{"method": arm["method"], "mode": arm.get("mode", "test"), **plan_k(arm, plan),
-                             "epochs": epochs, "min_steps": plan.min_steps, "batch_size": plan.batch_size,
-                             "lr": arm["lr"], "warmup_frac": plan.warmup_frac, "train_groups": train_groups,
-                             "seed": seed, **options})
+                             **{k: v for k, v in schedule.items() if k in accepted}, "seed": seed, **options})
         retrieved = None
         pool_kw: dict[str, Any] = {}
         probe_kw: dict[str, Any] = {}  # the benchmark's controls (t3ar.method.probe)
@@ -352,7 +354,8 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                     candidates=getattr(retrieved, "candidates", None) if retrieved else None,
                     device=ctx.device, generator=torch.Generator().manual_seed(seed),
                     on_step=on_step if arm.get("eval_curve") else None,
-                    probe=Probe(diagnostic_labels=y if curves else None, diagnostics=curves, **probe_kw), **pool_kw)
+                    probe=Probe(diagnostic_labels=y if curves else None, diagnostics=curves, **switches, **probe_kw),
+                    **pool_kw)
         if eval_curve:
             record["eval_curve"] = eval_curve
         record["steps"] = res.steps

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from pydantic import ValidationError
+
 from t3ar.acceptance_options import AcceptanceOptions, candidate_config, candidate_names, parse_options
 from t3ar.errors import InvalidInputError, T3arError
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, error_lines
 from t3ar_services.api import schemas as s
 from t3ar_services.api.deps import ApiState
 from t3ar_services.api.domain import Links
@@ -218,12 +220,18 @@ def submit(state: ApiState, upload: TargetUpload, owner: tuple[str, str] | None 
 def readapt(state: ApiState, job_id: str, by: str = "") -> Accepted:
     """Re-run a job with the same base model, target and config against the *current* pool (so without withdrawn
     items); the new job records ``parent_id`` and belongs to the team of the job it re-runs (``by``: the key id
-    that asked). 409 when the target is no longer stored."""
+    that asked). 409 when the target is no longer stored, or when its stored config no longer validates (an option
+    this version removed or no longer lets its method take)."""
     orig = require_job(state.store, job_id)
     model = require_model(state.store, state.settings, orig.model_id)
     if not (state.settings.data_dir / orig.target_dir).is_dir():
         raise ConflictError(f"the target images of job {job_id} are no longer stored; submit them again")
-    cfg = AdaptConfig.model_validate(orig.config)
+    try:
+        cfg = AdaptConfig.model_validate(orig.config)
+    except ValidationError as e:
+        raise ConflictError(f"job {job_id}'s config no longer validates in this version (an option removed, or one "
+                            f"its method {orig.config.get('method', '?')} does not take): {'; '.join(error_lines(e))}"
+                            "; submit it again with today's options (GET /config-schema lists them)") from None
     found = holdout_of(state.settings.data_dir, orig.target_dir)  # the parent's holdout, next to the target
     configs = [candidate_config(cfg, name) for name in candidate_names(found[1], cfg)] if found else [cfg]
     subsample = read_subsample(state.settings.data_dir, orig.target_dir)  # the same target and config

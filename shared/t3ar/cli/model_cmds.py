@@ -175,8 +175,8 @@ def _read_target(path: Path, need_labels: bool) -> ImageSet:
 @click.option("--retriever-image-size", default=96, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--config", "config_json", default="{}", show_default=True,
-              help='JSON object of any other AdaptConfig fields, e.g. \'{"redraw_neighbours": true, '
-                   '"pool_negatives": "all"}\'.')
+              help='JSON object of any other AdaptConfig fields, e.g. \'{"dedup_threshold": 0.95, '
+                   '"false_negatives": "mask"}\'.')
 @click.option("--contribute", is_flag=True,
               help="After a successful run, copy the target images into the --pool folder as target-<run id>/ "
                    "(exact and R's near-duplicates of pool images skipped); delete that folder to withdraw them.")

@@ -40,7 +40,7 @@ from t3ar.method.ahead import enabled as ahead_enabled
 from t3ar.method.augment import Normalizer
 from t3ar.method.base import MethodSetup, MethodStep, Run, Stage, stream
 from t3ar.method.bn_adapt import bn_adapt
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, OptimiserConfig, StatisticsConfig, statistics, trained
 from t3ar.method.probe import NO_PROBE, Probe
 from t3ar.method.record import AdaptResult, StepStats
 from t3ar.method.schedule import Optimiser, scheduled, steps_per_epoch
@@ -107,10 +107,11 @@ def adapt(model: Classifier, target: torch.Tensor, config: AdaptConfig, *, mean:
     device = device or next(model.parameters()).device
     gen = generator or torch.Generator().manual_seed(config.seed)
     if config.spec.bn_statistics:  # no optimiser: the target's BatchNorm statistics (bn-adapt)
-        return _bn_adapt(model, target, config, Normalizer(mean, std, device), gen, on_step)
+        return _bn_adapt(model, target, statistics(config), Normalizer(mean, std, device), gen, on_step)
     method: type[MethodStep] | None = config.spec.step_class()
     if method is None:  # source: the model as it is
         return AdaptResult()
+    config = trained(config)
     stages = method.stages(config)
     views = Views(Normalizer(mean, std, device), stream(config.seed, 1), stream(config.seed, 5))
     setup = method_setup(target, config, views, device, stages, labels=labels, neighbours=neighbours,
@@ -189,7 +190,7 @@ def _read(parts: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(names, values.tolist(), strict=True))
 
 
-def method_setup(target: torch.Tensor, config: AdaptConfig, views: Views, device: torch.device,
+def method_setup(target: torch.Tensor, config: OptimiserConfig, views: Views, device: torch.device,
                  stages: Sequence[Stage] = (), *,
                  labels: torch.Tensor | None, neighbours: torch.Tensor | None, pool_images: torch.Tensor | None,
                  candidates: torch.Tensor | None, pool_sources: Sequence[str] | None,
@@ -245,7 +246,7 @@ def method_setup(target: torch.Tensor, config: AdaptConfig, views: Views, device
     return dataclasses.replace(setup, target=target, pool_images=pool)
 
 
-def _bn_adapt(model: Classifier, target: torch.Tensor, config: AdaptConfig, norm: Normalizer, gen: torch.Generator,
+def _bn_adapt(model: Classifier, target: torch.Tensor, config: StatisticsConfig, norm: Normalizer, gen: torch.Generator,
               on_step: Callable[[StepStats], None] | None) -> AdaptResult:
     """``bn-adapt`` (:mod:`t3ar.method.bn_adapt`) with the loop's result and progress: one pass, each batch
     reported as a step (no loss)."""

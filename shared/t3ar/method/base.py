@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 import torch
 from torch import nn
 
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import AdaptConfig, OptimiserConfig
 from t3ar.method.probe import NO_PROBE, Probe
 from t3ar.method.record import AdaptResult, StepStats
 from t3ar.method.views import Views
@@ -58,7 +58,7 @@ class MethodSetup:
     """
 
     target: torch.Tensor
-    config: AdaptConfig
+    config: OptimiserConfig
     views: Views
     device: torch.device
     labels: torch.Tensor | None = None
@@ -97,7 +97,7 @@ class MethodStep(ABC):
         return ()
 
     @classmethod
-    def trainable_params(cls, model: Classifier, config: AdaptConfig) -> list[nn.Parameter]:
+    def trainable_params(cls, model: Classifier, config: OptimiserConfig) -> list[nn.Parameter]:
         """Set ``requires_grad`` on ``model`` and return what trains: by default the last
         ``config.train_groups`` backbone groups, the bottleneck and the classifier head."""
         return configure_trainable(model, config.train_groups, head=True)

@@ -2,11 +2,13 @@
 
 Design:
 
-* :class:`AdaptConfig` is the common base: the fields every method reads (``method``, ``mode``, the schedule:
-  ``epochs``, ``min_steps``, ``batch_size``, ``lr``, ``momentum``, ``weight_decay``, ``warmup_frac``; what trains:
-  ``train_groups``; the data: ``fraction``, ``seed``; the loop's switches ``amp`` and ``views_ahead``) and the
-  hooks generic code reads (:attr:`~AdaptConfig.retrieval_options`, :attr:`~AdaptConfig.bank_entries`,
-  :meth:`~AdaptConfig.added_steps`, :meth:`~AdaptConfig.added_passes`). It is never an instance itself.
+* :class:`AdaptConfig` is the common base: the fields every method reads (``method``, ``mode``, the data:
+  ``fraction``, ``seed``) and the hooks generic code reads (:attr:`~AdaptConfig.retrieval_options`,
+  :attr:`~AdaptConfig.bank_entries`, :meth:`~AdaptConfig.added_steps`, :meth:`~AdaptConfig.added_passes`). It is
+  never an instance itself. :class:`StatisticsConfig` adds what ``bn-adapt`` reads (``batch_size``,
+  ``train_groups``), :class:`OptimiserConfig` what a method with optimiser steps reads (the schedule: ``epochs``,
+  ``min_steps``, ``batch_size``, ``lr``, ``momentum``, ``weight_decay``, ``warmup_frac``; what trains:
+  ``train_groups``; the loop's switches ``amp`` and ``views_ahead``): ``source`` takes none of them.
 * Each method's config is a subclass whose ``method`` is a ``Literal`` of its name(s), defined and registered
   beside the method's declaration (:class:`~t3ar.method.registry.MethodSpec`'s ``config``; a method without options
   of its own gives none and the registry makes the base's with its name). The registry builds the union of every
@@ -58,6 +60,10 @@ MAX_STEPS = 1_000_000
 MAX_BANK_SIZE = 262_144
 MAX_SEED = 2**32 - 1
 MAX_WEIGHT = 1000.0
+#: switches of the T3AR family that no benchmark round kept: out of the product, the benchmarks' alone
+#: (:class:`t3ar.method.probe.Probe`); a config naming one is refused saying so
+PROBE_SWITCHES: tuple[str, ...] = ("bn_start", "bn_fixed", "teacher_ema", "pool_negatives", "reliable_entropy",
+                                   "reliable_reweight", "collapse_fallback")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]
@@ -91,9 +97,6 @@ class RetrievalOptions(Options):
     redraw_neighbours: bool = Field(
         default=False, description="re-sample k of the top r*k neighbours at every visit (the paper's sampling); "
                                    "False = drawn once per job")
-    pool_negatives: Literal["own", "all"] = Field(
-        default="own", description="own: a query's negatives from A are its own retrieved neighbours in the bank; "
-                                   "all: every pool entry in the bank")
     dedup_threshold: float | None = Field(
         default=None, gt=0, le=1, description="drop candidates whose retriever similarity to the query is >= this "
                                               "(near-duplicates) before sampling")
@@ -146,23 +149,9 @@ class AdaptConfig(BaseModel):
 
     method: str = Field(description="the adaptation method: a name of the method registry (t3ar.method.registry)")
     mode: Literal["test", "train"] = "test"
-    # schedule
-    epochs: int = Field(default=10, ge=1, le=1000)
-    min_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
-                           description="lower bound on optimiser steps (tiny fractions of T)")
-    batch_size: int = Field(default=32, ge=2, le=4096)
-    lr: float = Field(default=0.001, gt=0, le=10)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=1e-4, ge=0, le=1)
-    warmup_frac: float = Field(default=0.1, ge=0, lt=1, description="fraction of steps of linear warm-up")
-    # what trains
-    train_groups: int | None = Field(default=2, ge=0, le=64,
-                                     description="last N backbone groups that train; None=all")
     # data
     fraction: float = Field(default=1.0, gt=0, le=1)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
-    views_ahead: ViewsAhead = None
 
     # --- the union: AdaptConfig.model_validate(...) and a field typed AdaptConfig give the method's own class
 
@@ -210,6 +199,11 @@ class AdaptConfig(BaseModel):
         parts = []
         for of, fields in by_owners.items():
             what = f"{', '.join(fields)} {'is' if len(fields) == 1 else 'are'}"
+            if not of and all(f in PROBE_SWITCHES for f in fields):
+                parts.append(f"{what} not an option of {method}: no benchmark round kept "
+                             f"{'it' if len(fields) == 1 else 'them'}, and only the benchmarks set "
+                             f"{'it' if len(fields) == 1 else 'them'} (t3ar.method.probe.Probe; docs/method.md)")
+                continue
             if not of:
                 parts.append(f"{what} not an option of {method} (nor of any registered method)")
                 continue
@@ -292,7 +286,55 @@ class AdaptConfig(BaseModel):
         return out
 
 
-class ContrastiveConfig(AdaptConfig):
+#: the options of a method that reads the target in batches (bn-adapt's statistics, every optimiser)
+BatchSize = Annotated[int, Field(ge=2, le=4096)]
+#: the last N backbone groups that train (or whose BatchNorm statistics bn-adapt sets); None = all
+TrainGroups = Annotated[int | None, Field(ge=0, le=64, description="last N backbone groups that train; None=all")]
+
+
+class StatisticsConfig(AdaptConfig):
+    """A method that sets the target's BatchNorm statistics in one pass, without an optimiser (``bn-adapt``): the
+    batch it reads and which groups' statistics it sets."""
+
+    batch_size: BatchSize = 32
+    train_groups: TrainGroups = 2
+
+
+class OptimiserConfig(AdaptConfig):
+    """A method with optimiser steps: the schedule, what trains and the loop's switches (every method whose spec
+    names a step class; a method without options of its own gets this class with its name)."""
+
+    # schedule
+    epochs: int = Field(default=10, ge=1, le=1000)
+    min_steps: int = Field(default=0, ge=0, le=MAX_STEPS,
+                           description="lower bound on optimiser steps (tiny fractions of T)")
+    batch_size: BatchSize = 32
+    lr: float = Field(default=0.001, gt=0, le=10)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=1e-4, ge=0, le=1)
+    warmup_frac: float = Field(default=0.1, ge=0, lt=1, description="fraction of steps of linear warm-up")
+    # what trains
+    train_groups: TrainGroups = 2
+    amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
+    views_ahead: ViewsAhead = None
+
+
+def trained(config: AdaptConfig) -> OptimiserConfig:
+    """``config`` as a config with optimiser steps (TypeError naming the method when its method has none)."""
+    if not isinstance(config, OptimiserConfig):
+        raise TypeError(f"{config.method} runs no optimiser steps: its config has no schedule")
+    return config
+
+
+def statistics(config: AdaptConfig) -> StatisticsConfig:
+    """``config`` as the config of a method that sets BatchNorm statistics without an optimiser (TypeError naming
+    the method otherwise)."""
+    if not isinstance(config, StatisticsConfig):
+        raise TypeError(f"{config.method} sets no BatchNorm statistics without an optimiser")
+    return config
+
+
+class ContrastiveConfig(OptimiserConfig):
     """The fields of the methods with a memory bank and a contrastive loss (AdaContrast, the T3AR family)."""
 
     temperature: float = Field(default=0.07, gt=0, le=100)
@@ -414,7 +456,8 @@ def config_class(name: str) -> type[AdaptConfig]:
         if made is None:
             tag: Any = Literal[name]
             title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", name)) + "Config"
-            made = registry.DERIVED[name] = create_model(title, __base__=AdaptConfig,
+            base = OptimiserConfig if spec.optimises else StatisticsConfig if spec.bn_statistics else AdaptConfig
+            made = registry.DERIVED[name] = create_model(title, __base__=base,
                                                          __module__=AdaptConfig.__module__, method=(tag, name))
         out: type[AdaptConfig] = made
         return out

@@ -14,7 +14,7 @@ One step, for a batch x of target images with retrieved neighbours N(x):
   nearest q, :mod:`t3ar.method.vote`).
 * loss = ce_weight · CE(f(t(x)), ȳ) + contrastive_weight · InfoNCE(q, k; negatives = target entries with
   another pseudo-label + the bank entries of x's own neighbours, or of every pool image with
-  ``pool_negatives='all'``).
+  the benchmarks' probe switch ``pool_negatives='all'``).
 
 Retrieval acting on the model (each off by default, :mod:`t3ar.method.pool_data`): pool entries keep their
 logits in the bank, so every pool image has a filtered pseudo-label of its own; ``false_negatives`` masks (or
@@ -44,6 +44,7 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,7 @@ from t3ar.method.retrieval import dedup_sample
 from t3ar.method.safeguards import Anchor, filtered_mean, fisher_diagonal, reliable_weights, stable_fisher
 from t3ar.method.second_stage import SecondStage
 from t3ar.method.segments import bucket, segmented_batch_stats
-from t3ar.method.specs.family import T3ARConfig
+from t3ar.method.specs.family import FamilyConfig, T3ARConfig
 from t3ar.method.views import Views
 from t3ar.method.vote import vote
 from t3ar.models.classifier import Classifier, eval_norms, freeze_frozen_norms, frozen_norm_stats, iter_batchnorms
@@ -119,7 +120,7 @@ class ContrastiveState:
     bank: MemoryBank
     id_pl: torch.Tensor  # [N_T] filtered pseudo-label per target id (-1 = none yet)
     labels: torch.Tensor | None  # [N_T] true labels (train-time mode) on the device
-    config: T3ARConfig
+    config: FamilyConfig
     shape_bucket: int  # pad the no-grad pass to a multiple of this many rows (CUDA: few distinct shapes)
     joint: bool = False  # the query pass joins the no-grad pass (joint_enabled)
     pool_pl: torch.Tensor | None = None  # [P] filtered pseudo-label per pool image (-1 = none yet)
@@ -127,12 +128,16 @@ class ContrastiveState:
     pool_labels: torch.Tensor | None = None  # [P] true labels (-1 unknown): diagnostics / the oracle arm only
     pool_oracle: bool = False
     pool_known: torch.Tensor | None = None  # [P] pool labels as model classes (-1 = none): data and negatives
-    teacher: Classifier | None = None  # the EMA teacher of config.teacher.ema (None: the current model, m = 0)
+    teacher: Classifier | None = None  # the EMA teacher of the probe's teacher_ema (None: the current model, m = 0)
+    teacher_ema: float = 0.0  # its momentum (Probe.teacher_ema: a benchmark switch)
+    pool_negatives: Literal["own", "all"] = "own"  # which pool entries are negatives (Probe.pool_negatives)
+    reliable_entropy: float | None = None  # Probe.reliable_entropy (None: every sample)
+    reliable_reweight: bool = False  # Probe.reliable_reweight
     anchor: Anchor | None = None  # the penalty towards the start weights (config.safeguards.anchor; None: none)
 
     @classmethod
     @torch.no_grad()
-    def create(cls, model: Classifier, target: torch.Tensor, config: T3ARConfig, labels: torch.Tensor | None,
+    def create(cls, model: Classifier, target: torch.Tensor, config: FamilyConfig, labels: torch.Tensor | None,
                views: Views, gen: torch.Generator, device: torch.device, shape_bucket: int = 1,
                setup: MethodSetup | None = None) -> ContrastiveState:
         """Initialise the bank from min(m_b, N_T) random target samples: strong views, the current model in
@@ -145,7 +150,7 @@ class ContrastiveState:
         was_training = model.training
         model.train()
         freeze_frozen_norms(model)
-        if config.batchnorm.fixed:
+        if setup is not None and setup.probe.bn_fixed:  # the benchmarks' switch (t3ar.method.probe)
             eval_norms(model)
         init = torch.randperm(n, generator=gen)[: min(config.bank_size, n)]
         with frozen_norm_stats(model):
@@ -161,7 +166,10 @@ class ContrastiveState:
         n_pool = len(setup.pool_images) if (setup is not None and setup.pool_images is not None) else 0
         pool_pl = torch.full((n_pool,), -1, dtype=torch.long, device=device) if n_pool else None
         teacher = None
-        if config.teacher.ema > 0:  # AdaContrast's key encoder: an EMA copy, never trained by the optimiser
+        if probe.teacher_ema > 0:  # AdaContrast's key encoder: an EMA copy, never trained by the optimiser
+            if config.joint_pass:
+                raise ValueError("joint_pass and the probe's teacher_ema cannot be combined: the keys come from the "
+                                 "EMA teacher, a forward of its own (leave joint_pass unset: it is then off)")
             teacher = copy.deepcopy(model)
             for p in teacher.parameters():
                 p.requires_grad_(False)
@@ -170,7 +178,7 @@ class ContrastiveState:
                    probe.pool_diagnostic_labels.to(device) if probe.pool_diagnostic_labels is not None else None,
                    probe.pool_label_oracle,
                    setup.pool_known.to(device) if (setup is not None and setup.pool_known is not None) else None,
-                   teacher)
+                   teacher, probe.teacher_ema, probe.pool_negatives, probe.reliable_entropy, probe.reliable_reweight)
 
     def _forwards(self, model: Classifier, key_model: Classifier, xw: torch.Tensor, xs: torch.Tensor, b: int,
                   n_pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
@@ -221,7 +229,7 @@ class ContrastiveState:
         n_pool = 0 if pool_local is None else len(pool_local)
         key_model = model
         if self.teacher is not None:  # the teacher follows the model (its modes too), then computes the keys
-            momentum_update(self.teacher, model, cfg.teacher.ema)
+            momentum_update(self.teacher, model, self.teacher_ema)
             for mt, ms in zip(self.teacher.modules(), model.modules(), strict=True):
                 mt.training = ms.training
             key_model = self.teacher
@@ -254,12 +262,13 @@ class ContrastiveState:
                 y = lab
                 bank_labels = live.labels
             nbr_dev = nbr.to(dev, non_blocking=True) if nbr is not None else None
-            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, cfg.retrieval.pool_negatives)
+            retrieval = cfg.retrieval_options
+            neg = losses.negative_mask(live, ids, y, bank_labels, nbr_dev, self.pool_negatives)
             extra_pos = None
             if self.pool_pl is not None and local_dev is not None and len(local_dev):
                 pool_mean, pool_counts = live.mean_logits(local_dev, from_pool=True)
                 self.pool_pl[local_dev] = torch.where(pool_counts > 0, pool_mean.argmax(1), self.pool_pl[local_dev])
-                if cfg.retrieval.false_negatives != "keep":
+                if retrieval is not None and retrieval.false_negatives != "keep":
                     pool_ids = torch.where(live.from_pool & live.valid, live.ids, 0)
                     # a pool label, where an item has one, says its class better than its pseudo-label
                     pool_cls = (self.pool_pl if self.pool_known is None
@@ -268,14 +277,14 @@ class ContrastiveState:
                     fn = same_class_pool_entries(live.from_pool & live.valid, bank_pool_labels, y)
                     out["false_negatives"] = (neg & fn).sum(1).float().mean()
                     neg = neg & ~fn
-                    if cfg.retrieval.false_negatives == "positive" and nbr_dev is not None:
+                    if retrieval.false_negatives == "positive" and nbr_dev is not None:
                         extra_pos = fn & losses.neighbour_entries(live, nbr_dev)
                 if cfg.pool_as_data and nbr_dev is not None:
                     data = self._pool_data(nbr_dev, y, local_dev, pool_mean, pool_counts, out)
-        if cfg.safeguards.reliable_entropy is None:
+        if self.reliable_entropy is None:
             loss_ce = F.cross_entropy(q_logits.float(), y)
         else:  # SAR's / EATA's reliable samples only (t3ar.method.safeguards)
-            w = reliable_weights(q_logits, cfg.safeguards.reliable_entropy, cfg.safeguards.reliable_reweight)
+            w = reliable_weights(q_logits, self.reliable_entropy, self.reliable_reweight)
             loss_ce = filtered_mean(F.cross_entropy(q_logits.float(), y, reduction="none"), w)
             out["reliable_share"] = (w > 0).float().mean()
         cols = neg if extra_pos is None else neg | extra_pos
@@ -293,23 +302,23 @@ class ContrastiveState:
             # the chosen neighbours' weak views, with gradient, never counted into the running statistics
             # (evaluation statistics come from target views only): normalised by the running (target) statistics
             # (``pool_data_norm='running'``) or by their own batch's, a few images of another domain
-            with norms_for_pool_data(model, cfg.pool_data.norm):
+            with norms_for_pool_data(model, pooled(cfg).pool_data.norm):
                 logits_pool = model(sv.pool_weak[data.rows.to(sv.pool_weak.device)])
             loss_pool = F.cross_entropy(logits_pool.float(), data.labels)
-            loss = loss + cfg.pool_data.weight * loss_pool
+            loss = loss + pooled(cfg).pool_data.weight * loss_pool
             out["loss_pool_data"] = loss_pool.detach()
         if sv.label_rows is not None and self.pool_known is not None:
             out["pool_label_count"] = torch.tensor(float(len(sv.label_rows)), device=dev)
             if len(sv.label_rows) and sv.label_weak is not None:
                 # labelled neighbours as data: their weak views against their pool labels, normalised like the
                 # pseudo-labelled ones (never counted into the running statistics)
-                with norms_for_pool_data(model, cfg.pool_data.norm):
+                with norms_for_pool_data(model, pooled(cfg).pool_data.norm):
                     logits_lab = model(sv.label_weak)
                 y_lab = self.pool_known[sv.label_rows.to(dev)]
                 per_row = F.cross_entropy(logits_lab.float(), y_lab, reduction="none")
-                w = balance_weights(y_lab) if cfg.pool_labels.balance else torch.ones_like(per_row)
+                w = balance_weights(y_lab) if pooled(cfg).pool_labels.balance else torch.ones_like(per_row)
                 loss_lab = (per_row * w).mean()
-                loss = loss + cfg.pool_labels.weight * loss_lab
+                loss = loss + pooled(cfg).pool_labels.weight * loss_lab
                 out["loss_pool_labels"] = loss_lab.detach()
         if self.anchor is not None:
             loss_anchor = self.anchor()
@@ -331,8 +340,8 @@ class ContrastiveState:
             pool_mean = torch.where(known[:, None], onehot, pool_mean)
             pool_counts = torch.where(known, pool_counts.clamp(min=1), pool_counts)
         allowed = self.pool_allowed[local.cpu()] if self.pool_allowed is not None else None
-        data = select_pool_data(nbr, y, local, pool_mean, pool_counts, threshold=cfg.pool_data.threshold,
-                                cap=cfg.pool_data.cap, allowed=allowed)
+        data = select_pool_data(nbr, y, local, pool_mean, pool_counts, threshold=pooled(cfg).pool_data.threshold,
+                                cap=pooled(cfg).pool_data.cap, allowed=allowed)
         out["pool_data_count"] = torch.tensor(float(len(data.rows)), device=y.device)
         if truth is not None:
             t = truth[data.rows]
@@ -390,14 +399,12 @@ class T3AR(MethodStep):
         fallback (:mod:`t3ar.method.family_stages`) and the second stage (:mod:`t3ar.method.second_stage`)."""
         cfg = _family(config)
         guards = cfg.safeguards
-        stages: list[Stage] = [PoolInputs(cfg.pool_data.sources if cfg.pool_as_data else None,
+        stages: list[Stage] = [PoolInputs(pooled(cfg).pool_data.sources if cfg.pool_as_data else None,
                                           cfg.pool_labels_as_data)]
-        if cfg.batchnorm.start:
-            stages.append(BatchNormStart())
+        stages.append(BatchNormStart())  # on where the probe sets its switch
         if guards.wise_alpha is not None:
             stages.append(WiseFT(guards.wise_alpha))
-        if guards.collapse_fallback is not None:
-            stages.append(CollapseFallback(guards.collapse_fallback, bn_started=cfg.batchnorm.start))
+        stages.append(CollapseFallback())  # on where the probe sets its switch
         if cfg.second_stage.added_steps():
             stages.append(SecondStage(cfg.second_stage.added_steps(), lr=cfg.second_stage.lr or cfg.lr,
                                       momentum=cfg.momentum, weight_decay=cfg.weight_decay,
@@ -408,14 +415,16 @@ class T3AR(MethodStep):
         cfg = family_config(setup)
         self.state, self.views, self.device = state, setup.views, setup.device
         self.pool_images, self.neighbours, self.candidates = setup.pool_images, setup.neighbours, setup.candidates
-        self.k, self.diagnostics = cfg.retrieval.k, setup.probe.diagnostics
+        retrieval = cfg.retrieval_options
+        self.k, self.diagnostics = (retrieval.k if retrieval is not None else 0), setup.probe.diagnostics
+        self.bn_fixed = setup.probe.bn_fixed
         self.draws = stream(cfg.seed, 3)
         self.pool_weak = stream(cfg.seed, 6) if cfg.pool_as_data else None
         n_pool = len(self.pool_images) if self.pool_images is not None else 0
         self.used = torch.zeros(n_pool, dtype=torch.bool)
         self.label_draw = None
         if cfg.pool_labels_as_data and setup.pool_known is not None:
-            self.label_draw = LabelDraw(setup.probe.pool_label_draw, setup.pool_known, cfg.pool_labels.cap,
+            self.label_draw = LabelDraw(setup.probe.pool_label_draw, setup.pool_known, pooled(cfg).pool_labels.cap,
                                         stream(cfg.seed, 7))
             self.label_views = stream(cfg.seed, 8)
         self.served = torch.zeros(n_pool, dtype=torch.long)
@@ -433,7 +442,7 @@ class T3AR(MethodStep):
                 with torch.autocast(setup.device.type, enabled=False):
                     fisher = fisher_diagonal(model, params, setup.target, norm=setup.views.norm,
                                              batch_size=cfg.batch_size, generator=stream(cfg.seed, 10),
-                                             bn_fixed=cfg.batchnorm.fixed)
+                                             bn_fixed=setup.probe.bn_fixed)
             state.anchor = Anchor.at(params, cfg.resolved_anchor_weight, fisher, lr=cfg.lr)
             if state.anchor.capped:
                 log.info("anchor (%s, weight %g): %d of %d values of F capped at %.3g, the curvature SGD follows at "
@@ -456,7 +465,7 @@ class T3AR(MethodStep):
         return sv
 
     def step(self, model: Classifier, ids: torch.Tensor, idx: torch.Tensor, prepared: StepViews) -> StepOut:
-        if self.state.config.batchnorm.fixed:  # every BatchNorm layer on its running statistics, never updated
+        if self.bn_fixed:  # every BatchNorm layer on its running statistics, never updated (a probe's switch)
             eval_norms(model)
         out = self.state.step(model, ids.to(self.device), prepared, diagnostics=self.diagnostics)
         nbr = prepared.nbr
@@ -479,14 +488,22 @@ class T3AR(MethodStep):
         return (st.labels if st.labels is not None else st.id_pl).detach().clone()
 
 
-def family_config(setup: MethodSetup) -> T3ARConfig:
+def family_config(setup: MethodSetup) -> FamilyConfig:
     """The job's config, a T3AR-family one (the registry gives this step to the family's methods alone)."""
     return _family(setup.config)
 
 
-def _family(config: AdaptConfig) -> T3ARConfig:
-    if not isinstance(config, T3ARConfig):
+def _family(config: AdaptConfig) -> FamilyConfig:
+    if not isinstance(config, FamilyConfig):
         raise TypeError(f"{config.method} is not a method of the T3AR family: its config has no family options")
+    return config
+
+
+def pooled(config: FamilyConfig) -> T3ARConfig:
+    """A family config with a pool (its retrieval, pool data and pool labels groups): what the pool's code paths
+    read, reached only where the job has a pool."""
+    if not isinstance(config, T3ARConfig):
+        raise TypeError(f"{config.method} reads no pool: its config has no pool options")
     return config
 
 
@@ -498,7 +515,7 @@ def joint_enabled(config: AdaptConfig, device: torch.device) -> bool:
     return device.type == "cuda" if joint is None else joint
 
 
-def nograd_precision(config: T3ARConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
+def nograd_precision(config: FamilyConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
     """bfloat16 autocast for the no-gradient passes where ``config.cpu_bf16_nograd`` asks for it (CPU only; on
     CUDA the loop's own mixed precision applies), else nothing."""
     if config.cpu_bf16_nograd and device.type == "cpu":

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from t3ar.method.base import MethodSetup, MethodStep, StepOut, stream
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import OptimiserConfig
 from t3ar.method.reliable import entropy_margin, fisher_diagonal, fisher_penalty, norm_affine_params, sample_entropy
 from t3ar.method.safeguards import stable_fisher
 from t3ar.method.views import Views
@@ -77,7 +77,7 @@ class EATA(MethodStep):
         self.counts = torch.zeros(3, device=device)
 
     @classmethod
-    def trainable_params(cls, model: Classifier, config: AdaptConfig) -> list[nn.Parameter]:
+    def trainable_params(cls, model: Classifier, config: OptimiserConfig) -> list[nn.Parameter]:
         return norm_affine_params(model)
 
     @classmethod

@@ -32,6 +32,9 @@ class PoolInputs(Stage):
         self.sources, self.labels_as_data = sources, labels_as_data
 
     def setup(self, setup: MethodSetup) -> MethodSetup:
+        if setup.config.mode == "train" and (switches := setup.probe.test_time_only()):
+            raise ValueError(f"{', '.join(switches)}: test-time only (mode 'test'); with the target's labels (mode "
+                             "'train') there is nothing to filter or to watch")
         draw = setup.probe.pool_label_draw
         if draw != "retrieved" and not (self.labels_as_data and setup.pool_known is not None):
             raise ValueError(f"pool_label_draw={draw!r} needs pool_labels and pool_labels.weight > 0")
@@ -52,11 +55,19 @@ def _bn_adapt(run: Run, purpose: int) -> None:
 
 
 class BatchNormStart(Stage):
-    """``batchnorm.start``: the target's BatchNorm statistics first (what bn-adapt does, on the layers that train),
-    then the steps."""
+    """The benchmarks' ``Probe.bn_start`` (a switch no round kept; off unless the probe sets it): the target's
+    BatchNorm statistics first (what bn-adapt does, on the layers that train), then the steps."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def setup(self, setup: MethodSetup) -> MethodSetup:
+        self.on = setup.probe.bn_start
+        return setup
 
     def before(self, run: Run) -> None:
-        _bn_adapt(run, 9)
+        if self.on:
+            _bn_adapt(run, 9)
 
 
 class WiseFT(Stage):
@@ -79,16 +90,26 @@ class WiseFT(Stage):
 
 
 class CollapseFallback(Stage):
-    """``safeguards.collapse_fallback``: watch the entropy of the class histogram of the job's pseudo-labels
+    """The benchmarks' ``Probe.collapse_fallback`` (a switch no round kept; ``fraction``, or the probe's when None;
+    off when neither is set): watch the entropy of the class histogram of the job's pseudo-labels
     (``pl_class_entropy``, each step); when it falls under ``fraction`` of its start value, end the steps and
-    restore the bn-adapt state (taken at the start: the BatchNorm start's own when that ran, ``bn_started``)."""
+    restore the bn-adapt state (taken at the start: the BatchNorm start's own when that ran, the probe's
+    ``bn_start``)."""
 
-    def __init__(self, fraction: float, bn_started: bool) -> None:
-        self.fraction, self.bn_started = fraction, bn_started
+    def __init__(self, fraction: float | None = None) -> None:
+        self.fraction, self.bn_started = fraction, False
         self.state: dict[str, torch.Tensor] = {}
         self.watch: CollapseWatch | None = None
 
+    def setup(self, setup: MethodSetup) -> MethodSetup:
+        if self.fraction is None:
+            self.fraction = setup.probe.collapse_fallback
+        self.bn_started = setup.probe.bn_start
+        return setup
+
     def before(self, run: Run) -> None:
+        if self.fraction is None:
+            return
         cfg = run.setup.config
         self.state = bn_adapt_state(run.model, run.setup.target, done=self.bn_started, train_groups=cfg.train_groups,
                                     batch_size=cfg.batch_size, norm=run.setup.views.norm,
@@ -101,10 +122,11 @@ class CollapseFallback(Stage):
         return class_entropy(labels, run.model.num_classes)
 
     def start(self, run: Run) -> None:
-        self.watch = CollapseWatch(float(self._entropy(run)), self.fraction)
+        if self.fraction is not None:
+            self.watch = CollapseWatch(float(self._entropy(run)), self.fraction)
 
     def step_parts(self, run: Run) -> dict[str, torch.Tensor]:
-        return {"pl_class_entropy": self._entropy(run)}
+        return {"pl_class_entropy": self._entropy(run)} if self.fraction is not None else {}
 
     def stop(self, run: Run, stats: StepStats) -> bool:
         value = getattr(stats, "pl_class_entropy", math.nan)

@@ -15,7 +15,7 @@ Pure data, no torch: the services validate configs with it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal, get_args
 
 from t3ar.method import registry
@@ -54,13 +54,15 @@ DEFAULT_PRESET: Preset = "validated"
 DEFAULT_METHOD: dict[str, str] = {"test": "t3ar", "train": "t3ar"}
 
 
-def expand(given: Mapping[str, Any]) -> dict[str, Any]:
+def expand(given: Mapping[str, Any], accepted: Collection[str] | None = None) -> dict[str, Any]:
     """``given`` with its preset's options filled in under the ones it sets itself (unchanged without a preset or
-    with an unknown one: validation then names the bad value)."""
+    with an unknown one: validation then names the bad value); with ``accepted``, only the preset's options among
+    those (a method without a pool takes none of the preset's pool options)."""
     out = dict(given)
     name = out.get("preset")
     if isinstance(name, str) and name in PRESETS:
-        out = {**PRESETS[name], **out}
+        preset = {k: v for k, v in PRESETS[name].items() if accepted is None or k in accepted}
+        out = {**preset, **out}
     return out
 
 

@@ -46,7 +46,7 @@ from torch import nn
 from torch.func import functional_call
 
 from t3ar.method.base import MethodSetup, MethodStep, StepOut
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import OptimiserConfig
 from t3ar.method.reliable import entropy_margin, masked_mean, norm_affine_params, running_stats_kept, sample_entropy
 from t3ar.method.views import Views
 from t3ar.models.classifier import Classifier, iter_batchnorms
@@ -87,7 +87,7 @@ class SAR(MethodStep):
         self._last: torch.Tensor | None = None  # [loss, any image trained on] of the step awaiting its update
 
     @classmethod
-    def trainable_params(cls, model: Classifier, config: AdaptConfig) -> list[nn.Parameter]:
+    def trainable_params(cls, model: Classifier, config: OptimiserConfig) -> list[nn.Parameter]:
         return norm_affine_params(model, SKIP_TOP_GROUPS)
 
     @classmethod

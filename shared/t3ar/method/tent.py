@@ -8,13 +8,13 @@ from torch import nn
 
 from t3ar.method import losses
 from t3ar.method.base import StatelessMethod, StepOut
-from t3ar.method.config import AdaptConfig
+from t3ar.method.config import OptimiserConfig
 from t3ar.models.classifier import Classifier, iter_batchnorms
 
 
 class Tent(StatelessMethod):
     @classmethod
-    def trainable_params(cls, model: Classifier, config: AdaptConfig) -> list[nn.Parameter]:
+    def trainable_params(cls, model: Classifier, config: OptimiserConfig) -> list[nn.Parameter]:
         for p in model.parameters():
             p.requires_grad_(False)
         params: list[nn.Parameter] = []

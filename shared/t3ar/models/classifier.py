@@ -141,7 +141,7 @@ def freeze_frozen_norms(model: nn.Module) -> None:
 
 def eval_norms(model: nn.Module) -> None:
     """Put every BatchNorm layer in eval mode: it normalises with its running statistics and keeps them
-    (``AdaptConfig.bn_fixed``). Call after ``model.train()``."""
+    (the benchmarks' ``Probe.bn_fixed``). Call after ``model.train()``."""
     for m in iter_batchnorms(model):
         m.eval()
 

@@ -2,12 +2,14 @@
 pool negatives. ``t3ar`` retrieves each target image's nearest pool neighbours, ``t3ar-random`` draws them at
 random (the control), ``t3ar-noretrieval`` reads no pool.
 
-Their config (:class:`T3ARConfig`) nests the family's options in groups (sub-models), each checking its own
-interactions: retrieval, pool data, pool labels, BatchNorm, teacher, refinement, second stage and safeguards (SAR's,
-EATA's and WiSE-FT's mechanisms: :mod:`t3ar.method.safeguards`), every one off by default. The config checks the
-interactions across groups, and job sizing adds the second stage's steps and the Fisher anchor's pass to the job's
-budget (:meth:`Options.added_steps`, :meth:`Options.added_passes`). A config may name a preset
-(:mod:`t3ar.method.presets`) and may give its options flat, as earlier versions did (:attr:`T3ARConfig.FLAT`).
+Their configs (:class:`FamilyConfig`: :class:`T3ARConfig` with a pool, :class:`T3ARNoRetrievalConfig` without) nest
+the family's options in groups (sub-models), each checking its own interactions: retrieval, pool data and pool labels
+(the methods with a pool), refinement, second stage and safeguards (SAR's, EATA's and WiSE-FT's
+mechanisms: :mod:`t3ar.method.safeguards`), every one off by default. The switches no benchmark round kept are
+the benchmarks' alone (:data:`t3ar.method.config.PROBE_SWITCHES`, set through :class:`t3ar.method.probe.Probe`).
+The config checks the interactions across groups, and job sizing adds the second stage's steps and the Fisher
+anchor's pass to the job's budget (:meth:`Options.added_steps`, :meth:`Options.added_passes`). A config may name a
+preset (:mod:`t3ar.method.presets`) and may give its options flat, as earlier versions did (:attr:`T3ARConfig.FLAT`).
 """
 
 from __future__ import annotations
@@ -32,11 +34,6 @@ STEP = "t3ar.method.contrastive:T3AR"
 #: the anchor's weight when the config gives none: L2-SP's alpha / 2 (alpha = 0.1; its penalty is alpha/2 x the
 #: squared distance), EATA's fisher_alpha
 ANCHOR_WEIGHTS = {"l2": 0.05, "fisher": 2000.0}
-
-
-def _test_time_only(option: str, what: str) -> None:
-    raise ValueError(f"{option} {what}: a test-time option (mode 'test'); with the target's labels (mode 'train') "
-                     "there is nothing to filter or to watch")
 
 
 class PoolDataOptions(Options):
@@ -70,21 +67,6 @@ class PoolLabelOptions(Options):
                                                             "step's labelled neighbours when there are more)")
     balance: bool = Field(default=False, description="weight each class equally within a step (a retrieved set is "
                                                      "imbalanced); False = every labelled neighbour counts once")
-
-
-class BatchNormOptions(Options):
-    start: bool = Field(default=False, description="set the target's BatchNorm statistics first (what bn-adapt does, "
-                                                   "same layers as train_groups), then train")
-    fixed: bool = Field(default=False, description="every BatchNorm layer normalises with its running statistics "
-                                                   "during the steps and never updates them (with start: bn-adapt's, "
-                                                   "kept)")
-
-
-class TeacherOptions(Options):
-    ema: float = Field(default=0.0, ge=0, lt=1,
-                       description="keys, pool features and the logits behind the filtered pseudo-labels come from an "
-                                   "EMA teacher of the model with this momentum (AdaContrast's 0.999); 0 = the "
-                                   "current model (the paper's m = 0)")
 
 
 class RefinementOptions(Options):
@@ -121,16 +103,9 @@ class SecondStageOptions(Options):
 
 
 class SafeguardOptions(Options):
-    """Against self-training on wrong pseudo-labels: reliable samples (SAR, EATA), an anchor (L2-SP, EATA's
-    Fisher), a collapse fallback, and WiSE-FT's interpolation; each off by default."""
+    """Against self-training on wrong pseudo-labels: an anchor (L2-SP, EATA's Fisher) and WiSE-FT's interpolation;
+    each off by default (reliable samples and the collapse fallback are the benchmarks' probe switches)."""
 
-    reliable_entropy: float | None = Field(
-        default=None, gt=0, le=1, description="test time: the cross-entropy counts only the samples whose prediction "
-                                              "entropy (weak view) is under this x ln C (SAR and EATA: 0.4); None = "
-                                              "every sample")
-    reliable_reweight: bool = Field(
-        default=False, description="with reliable_entropy: weight each reliable sample by 1 / exp(H - E0), "
-                                   "E0 = reliable_entropy x ln C (EATA)")
     anchor: Literal["l2", "fisher"] | None = Field(
         default=None, description="a penalty anchor_weight x sum F (theta - theta_0)^2 over the trainable "
                                   "parameters, theta_0 their values at the start (after the BatchNorm start); F = 1 "
@@ -139,11 +114,6 @@ class SafeguardOptions(Options):
     anchor_weight: float | None = Field(
         default=None, gt=0, le=1e6, description="the anchor's weight; None = the paper's: 0.05 for 'l2' (L2-SP's "
                                                 "alpha/2, alpha = 0.1), 2000 for 'fisher' (EATA's)")
-    collapse_fallback: float | None = Field(
-        default=None, gt=0, lt=1, description="test time: when the entropy of the class histogram of the job's "
-                                              "pseudo-labels falls under this fraction of its start value, restore "
-                                              "the bn-adapt state and end the job (the report says at which step); "
-                                              "None = off")
     wise_alpha: float | None = Field(
         default=None, gt=0, le=1, description="after the run, each parameter becomes alpha x adapted + (1 - alpha) x "
                                               "start (WiSE-FT; start = the bn-adapt state's parameters, the job's "
@@ -152,9 +122,6 @@ class SafeguardOptions(Options):
 
     @model_validator(mode="after")
     def _check(self) -> SafeguardOptions:
-        if self.reliable_reweight and self.reliable_entropy is None:
-            raise ValueError("reliable_reweight weights the reliable samples: it needs reliable_entropy (SAR and "
-                             "EATA: 0.4)")
         if self.anchor_weight is not None and self.anchor is None:
             raise ValueError("anchor_weight is the anchor's weight: it needs anchor ('l2' or 'fisher')")
         return self
@@ -175,33 +142,22 @@ def _flat(group: str, names: dict[str, str]) -> dict[str, tuple[str, str]]:
     return {flat: (group, name) for flat, name in names.items()}
 
 
-class T3ARConfig(ContrastiveConfig):
-    """The T3AR family's config (see the module). Defaults follow the paper, scaled to a CPU budget."""
+class FamilyConfig(ContrastiveConfig):
+    """The options every method of the T3AR family reads (see the module): its two configs,
+    :class:`T3ARConfig` (the methods with a pool) and :class:`T3ARNoRetrievalConfig`, add their ``method``.
+    Defaults follow the paper, scaled to a CPU budget."""
 
     FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
-        **_flat("retrieval", {n: n for n in RetrievalOptions.model_fields}),
-        **_flat("pool_data", {"pool_data_weight": "weight", "pool_data_threshold": "threshold",
-                              "pool_data_norm": "norm", "pool_data_cap": "cap", "pool_data_sources": "sources"}),
-        **_flat("pool_labels", {"pool_label_weight": "weight", "pool_label_cap": "cap",
-                                "pool_label_balance": "balance"}),
-        **_flat("batchnorm", {"bn_start": "start", "bn_fixed": "fixed"}),
-        **_flat("teacher", {"teacher_ema": "ema"}),
         **_flat("refinement", {"knn_refine": "knn", "knn_refine_labelled": "labelled",
                                "refine_neighbors": "neighbors"}),
         **_flat("second_stage", {"second_stage_steps": "steps", "second_stage_lr": "lr"}),
         **_flat("safeguards", {n: n for n in SafeguardOptions.model_fields}),
     }
 
-    method: Literal["t3ar", "t3ar-random", "t3ar-noretrieval"] = "t3ar"
     preset: Preset | None = Field(
         default=None, description="a named configuration of the family (t3ar.method.presets): 'paper' (these "
                                   "defaults) or 'validated' (what the method benchmark froze on validation); its "
-                                  "options go under the ones given; None = none")
-    retrieval: RetrievalOptions = RetrievalOptions()
-    pool_data: PoolDataOptions = PoolDataOptions()
-    pool_labels: PoolLabelOptions = PoolLabelOptions()
-    batchnorm: BatchNormOptions = BatchNormOptions()
-    teacher: TeacherOptions = TeacherOptions()
+                                  "options go under the ones given (those of them the method has); None = none")
     refinement: RefinementOptions = RefinementOptions()
     second_stage: SecondStageOptions = SecondStageOptions()
     safeguards: SafeguardOptions = SafeguardOptions()
@@ -219,35 +175,61 @@ class T3ARConfig(ContrastiveConfig):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        return nest(cls, expand(data)) if isinstance(data, Mapping) else data
+        if not isinstance(data, Mapping):
+            return data
+        return nest(cls, expand(data, accepted={*cls.model_fields, *cls.FLAT}))
 
     @model_validator(mode="after")
-    def _across_groups(self) -> T3ARConfig:
+    def _across_groups(self) -> FamilyConfig:
         if self.joint_pass and self.cpu_bf16_nograd:
             raise ValueError("joint_pass and cpu_bf16_nograd cannot be combined: the approximation runs the "
                              "no-gradient passes apart, in bfloat16")
-        if self.joint_pass and self.teacher.ema:
-            raise ValueError("joint_pass and teacher_ema cannot be combined: the keys come from the EMA teacher, a "
-                             "forward of its own (leave joint_pass unset: it is then off)")
-        if self.mode == "train" and self.safeguards.reliable_entropy is not None:
-            _test_time_only("reliable_entropy", "filters the pseudo-labelled samples by their prediction's entropy")
-        if self.mode == "train" and self.safeguards.collapse_fallback is not None:
-            _test_time_only("collapse_fallback", "watches the pseudo-labels' class histogram")
         return self
-
-    @property
-    def retrieval_options(self) -> RetrievalOptions | None:
-        return self.retrieval if self.uses_retrieval else None
 
     @property
     def pool_as_data(self) -> bool:
         """Retrieved neighbours serve as pseudo-labelled training data (a retrieval method with a data weight)."""
-        return self.uses_retrieval and self.pool_data.weight > 0
+        return False
 
     @property
     def pool_labels_as_data(self) -> bool:
         """Retrieved neighbours that carry a pool label serve as labelled training data."""
-        return self.uses_retrieval and self.pool_labels.weight > 0
+        return False
+
+    @property
+    def resolved_anchor_weight(self) -> float:
+        return self.safeguards.resolved_anchor_weight
+
+
+class T3ARConfig(FamilyConfig):
+    """The config of the family's methods with a pool (``t3ar``, ``t3ar-random``): the family's options and how
+    the pool serves (retrieval, pool data, pool labels)."""
+
+    FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
+        **_flat("retrieval", {n: n for n in RetrievalOptions.model_fields}),
+        **_flat("pool_data", {"pool_data_weight": "weight", "pool_data_threshold": "threshold",
+                              "pool_data_norm": "norm", "pool_data_cap": "cap", "pool_data_sources": "sources"}),
+        **_flat("pool_labels", {"pool_label_weight": "weight", "pool_label_cap": "cap",
+                                "pool_label_balance": "balance"}),
+        **FamilyConfig.FLAT,
+    }
+
+    method: Literal["t3ar", "t3ar-random"] = "t3ar"
+    retrieval: RetrievalOptions = RetrievalOptions()
+    pool_data: PoolDataOptions = PoolDataOptions()
+    pool_labels: PoolLabelOptions = PoolLabelOptions()
+
+    @property
+    def retrieval_options(self) -> RetrievalOptions | None:
+        return self.retrieval
+
+    @property
+    def pool_as_data(self) -> bool:
+        return self.pool_data.weight > 0
+
+    @property
+    def pool_labels_as_data(self) -> bool:
+        return self.pool_labels.weight > 0
 
     def pool_use(self) -> PoolUse:
         """Neighbours as data (restricted to ``pool_data.sources``), and the pool labels for labelled neighbours
@@ -256,13 +238,23 @@ class T3ARConfig(ContrastiveConfig):
         return PoolUse(as_data=self.pool_as_data, labels=base.labels or self.pool_labels_as_data,
                        sources=self.pool_data.sources if self.pool_as_data else None)
 
-    @property
-    def resolved_anchor_weight(self) -> float:
-        return self.safeguards.resolved_anchor_weight
+
+class T3ARNoRetrievalConfig(FamilyConfig):
+    """``t3ar-noretrieval``'s config: the family's options without a pool (no retrieval, pool data or pool labels
+    group; a preset's pool options do not apply)."""
+
+    method: Literal["t3ar-noretrieval"] = "t3ar-noretrieval"
+
+    @model_validator(mode="after")
+    def _no_pool(self) -> T3ARNoRetrievalConfig:
+        if self.refinement.labelled:
+            raise ValueError("refinement.labelled lets labelled pool entries vote: t3ar-noretrieval reads no pool "
+                             "(a method with a pool: t3ar, t3ar-random)")
+        return self
 
 
 register(MethodSpec("t3ar-noretrieval", "the T3AR family without a pool", step=STEP, family=True,
-                    config=T3ARConfig))
+                    config=T3ARNoRetrievalConfig))
 register(MethodSpec("t3ar-random", "the T3AR family, random pool neighbours (the control)", step=STEP,
                     retrieval="random", family=True, config=T3ARConfig))
 register(MethodSpec("t3ar", "T3AR: retrieved pool neighbours as InfoNCE negatives", step=STEP, retrieval="nearest",
