@@ -31,7 +31,8 @@ def test_bench_commands_come_from_the_benchmarks_distribution() -> None:
     bench = cli_main.cli.commands["bench"]
     assert isinstance(bench, click.Group) and bench.callback is not None
     assert bench.callback.__module__ == "t3ar_bench.cli"
-    assert set(bench.commands) == {"adapt", "compaction", "continual", "gpu-pack", "job", "pool", "retrieval", "speed"}
+    assert set(bench.commands) == {"adapt", "compaction", "continual", "gpu-pack", "job", "mixed", "neighbours", "pool",
+                                   "retrieval", "speed"}
 
 
 def test_a_broken_plugin_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
