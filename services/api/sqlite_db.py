@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 def open_db(path: Path) -> sqlite3.Connection:
@@ -30,6 +32,23 @@ class SqliteStore:
         self._db = open_db(path)
         self._db.executescript(self.schema)
         self._lock = threading.Lock()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the lock (``BEGIN IMMEDIATE``; rolled back when the block raises)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Every row ``sql`` selects, under the lock."""
+        with self._lock:
+            return list(self._db.execute(sql, args).fetchall())
 
     def close(self) -> None:
         with self._lock:

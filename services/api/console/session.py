@@ -132,8 +132,9 @@ class Sessions:
         body = _b64(json.dumps(payload, separators=(",", ":")).encode())
         return f"{body}.{self._mac('session', body)}"
 
-    def read(self, cookie: str | None, now: float | None = None) -> Session | None:
-        """The session a cookie names, or None: missing, forged, expired, or its token no longer accepted."""
+    def _signed(self, cookie: str | None) -> tuple[str, float, str, str | None] | None:
+        """(token fingerprint, expiry, nonce, key id) of a session cookie this console signed; None for no cookie,
+        a forged one or one that does not parse."""
         if not cookie or cookie.count(".") != 1:
             return None
         body, mac = cookie.split(".")
@@ -141,10 +142,17 @@ class Sessions:
             return None
         try:
             payload = json.loads(_unb64(body))
-            fp, expires, nonce = str(payload["f"]), float(payload["e"]), str(payload["n"])
-            key_id = str(payload["k"]) if "k" in payload else None
+            return (str(payload["f"]), float(payload["e"]), str(payload["n"]),
+                    str(payload["k"]) if "k" in payload else None)
         except (ValueError, KeyError, TypeError):
             return None
+
+    def read(self, cookie: str | None, now: float | None = None) -> Session | None:
+        """The session a cookie names, or None: missing, forged, expired, or its token no longer accepted."""
+        signed = self._signed(cookie)
+        if signed is None:
+            return None
+        fp, expires, nonce, key_id = signed
         if expires <= (time.time() if now is None else now):
             return None
         if nonce in self.revoked:
@@ -164,17 +172,10 @@ class Sessions:
     def ended(self, cookie: str | None, now: float | None = None) -> str | None:
         """Why a session cookie of ours no longer opens the console: ``revoked`` (its API key was revoked),
         ``expired``, else None (no cookie, a forged one, or signed out). Only a cookie :meth:`read` refuses."""
-        if not cookie or cookie.count(".") != 1:
+        signed = self._signed(cookie)
+        if signed is None:
             return None
-        body, mac = cookie.split(".")
-        if not secrets.compare_digest(mac, self._mac("session", body)):
-            return None
-        try:
-            payload = json.loads(_unb64(body))
-            expires, nonce = float(payload["e"]), str(payload["n"])
-            key_id = str(payload["k"]) if "k" in payload else None
-        except (ValueError, KeyError, TypeError):
-            return None
+        _, expires, nonce, key_id = signed
         if nonce in self.revoked:
             return None
         if expires <= (time.time() if now is None else now):

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from t3ar_services.api.sqlite_db import SqliteStore
 
@@ -54,21 +51,6 @@ class Registration:
 
 class RegistrationStore(SqliteStore):
     schema = _SCHEMA
-
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-
-    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return list(self._db.execute(sql, args).fetchall())
 
     def request(self, job_id: str, name: str, alias: str | None) -> None:
         """The job registers as ``name`` (and sets ``alias``) once it finished (a second call is no change)."""
