@@ -68,7 +68,8 @@ def test_job_finishes_and_checkpoint_loads(stack: Stack, model_id: str, pool_ids
 
 def test_train_mode_from_labels_csv(stack: Stack, model_id: str, pool_ids: list[str], labelled_zip: Path) -> None:
     with stack.api() as api:
-        accepted = api.adapt(labelled_zip, model_id, {**FAST_JOB, "method": "t3ar-noretrieval"})
+        job_config = {k: v for k, v in FAST_JOB.items() if k not in ("k", "r")}  # noretrieval has no retrieval group
+        accepted = api.adapt(labelled_zip, model_id, {**job_config, "method": "t3ar-noretrieval"})
         assert accepted.config.mode == "train"
         job = api.wait(accepted.id, poll=0.2, timeout=180)
         assert job.status == "finished", job
