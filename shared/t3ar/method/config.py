@@ -62,8 +62,8 @@ MAX_SEED = 2**32 - 1
 MAX_WEIGHT = 1000.0
 #: switches of the T3AR family that no benchmark round kept: out of the product, the benchmarks' alone
 #: (:class:`t3ar.method.probe.Probe`); a config naming one is refused saying so
-PROBE_SWITCHES: tuple[str, ...] = ("bn_start", "bn_fixed", "teacher_ema", "pool_negatives", "reliable_entropy",
-                                   "reliable_reweight", "collapse_fallback")
+PROBE_SWITCHES: tuple[str, ...] = ("bn_start", "bn_fixed", "teacher_ema", "pool_negatives", "redraw_neighbours",
+                                   "reliable_entropy", "reliable_reweight", "collapse_fallback")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]
@@ -94,9 +94,6 @@ class RetrievalOptions(Options):
 
     k: int = Field(default=5, ge=0, le=64, description="retrieved pool neighbours per target image")
     r: int = Field(default=5, ge=1, le=20, description="dedup: sample k of the top r*k neighbours")
-    redraw_neighbours: bool = Field(
-        default=False, description="re-sample k of the top r*k neighbours at every visit (the paper's sampling); "
-                                   "False = drawn once per job")
     dedup_threshold: float | None = Field(
         default=None, gt=0, le=1, description="drop candidates whose retriever similarity to the query is >= this "
                                               "(near-duplicates) before sampling")
