@@ -69,6 +69,10 @@ def test_job_sizing_reads_the_config() -> None:
         if bank:
             smaller = adapt_config(**{**cfg.flat(), "bank_size": 8})
             assert memory_bytes(cfg, 12, 8, 16, 3) > memory_bytes(smaller, 12, 8, 16, 3)
+        # the benchmarks' redraw (a probe switch, never a job's) holds every one of the r*k candidates' images
+        k_r = (cfg.retrieval_options.k * cfg.retrieval_options.r) if cfg.retrieval_options is not None else 0
+        assert (memory_bytes(cfg, 12, 8, 16, 3, redraw_neighbours=True) - memory_bytes(cfg, 12, 8, 16, 3)
+                == (12 * (k_r - cfg.retrieval_options.k) * 3 * 8 * 8 if cfg.retrieval_options is not None else 0)), name
     # the family's second stage adds its steps to the budget, given flat or nested
     for name in registry.family():
         assert planned_steps(adapt_config(method=name, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
