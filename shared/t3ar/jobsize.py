@@ -43,21 +43,24 @@ def kept_images(n_images: int, fraction: float) -> int:
     return max(2, min(n_images, math.ceil(n_images * fraction)))
 
 
-def memory_bytes(config: AdaptConfig, n: int, image_size: int, feature_dim: int | None, num_classes: int) -> int:
-    """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px."""
+def memory_bytes(config: AdaptConfig, n: int, image_size: int, feature_dim: int | None, num_classes: int, *,
+                 redraw_neighbours: bool = False) -> int:
+    """Bytes of the job's fixed tensors (see the module) for ``n`` target images of ``image_size`` px.
+    ``redraw_neighbours``: the benchmarks' probe switch (:class:`t3ar.method.probe.Probe`; never a job's): the
+    images of every one of the r·k candidates are held, not only the k drawn."""
     entries = config.bank_entries
     bank = entries * ((feature_dim or UNKNOWN_FEATURE_DIM) + num_classes) * 4 + entries * 18
     image = 3 * image_size * image_size
     pool = 0
     retrieval = config.retrieval_options
     if retrieval is not None:
-        pool = n * retrieval.k * (retrieval.r if retrieval.redraw_neighbours else 1) * image
+        pool = n * retrieval.k * (retrieval.r if redraw_neighbours else 1) * image
     return bank + n * image + pool
 
 
 #: the options a refusal names, those of them the config has: what sets its steps, and what sets its memory
 STEP_OPTIONS = ("epochs", "batch_size", "min_steps", "second_stage_steps", "anchor")
-MEMORY_OPTIONS = ("bank_size", "k", "r", "redraw_neighbours")
+MEMORY_OPTIONS = ("bank_size", "k", "r")
 
 
 def terms(config: AdaptConfig, options: tuple[str, ...]) -> str:

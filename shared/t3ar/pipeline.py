@@ -28,6 +28,7 @@ from t3ar.method.adapt import AdaptResult, StepStats, adapt
 from t3ar.method.augment import Normalizer
 from t3ar.method.config import AdaptConfig
 from t3ar.method.evaluate import evaluate
+from t3ar.method.probe import Probe
 from t3ar.method.retrieval import NeighbourProvider, dedup_sample, random_neighbours
 from t3ar.models.checkpoint import CheckpointInfo, Lineage
 from t3ar.models.classifier import Classifier
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 class Retrieved:
     """Neighbours of every target image as local indices into ``pool_images`` (fetched once).
 
-    ``candidates`` ([N, m] local indices, -1 = missing or dropped as a near-duplicate) is set when
-    ``config.retrieval.redraw_neighbours``: then ``pool_images`` covers every candidate and ``neighbours`` is the first
+    ``candidates`` ([N, m] local indices, -1 = missing or dropped as a near-duplicate) is set when the benchmarks'
+    probe sets ``redraw_neighbours``: then ``pool_images`` covers every candidate and ``neighbours`` is the first
     draw from them (what a fixed-neighbour run would use). None otherwise (only the k drawn are fetched).
     """
 
@@ -118,7 +119,8 @@ def near_duplicates(scores: np.ndarray, shape: tuple[int, int], threshold: float
 
 
 def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptConfig, image_size: int,
-             generator: torch.Generator, *, fetch_batch: int = 256, context: RankContext | None = None) -> Retrieved:
+             generator: torch.Generator, *, fetch_batch: int = 256, context: RankContext | None = None,
+             probe: Probe | None = None) -> Retrieved:
     """Nearest neighbours with dedup (``t3ar``) or uniformly random pool items (``t3ar-random``).
 
     ``t3ar``: the top r·k by the provider's search, minus near-duplicates (score >= ``dedup_threshold``),
@@ -127,12 +129,14 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     threshold does not apply (there are no scores). With ``redraw_neighbours`` the images of every
     candidate are fetched and returned with ``candidates``; otherwise only the k drawn are. ``generator`` is
     consumed identically either way, so both settings share the rest of the run's random streams.
+    ``redraw_neighbours`` is the benchmarks' switch (:class:`~t3ar.method.probe.Probe`); the product never sets it.
     """
     t0 = time.perf_counter()
     opts = config.retrieval_options
     if opts is None:
         raise ValueError(f"method {config.method} reads no pool")
     n, k = len(target), opts.k
+    redraw = probe is not None and probe.redraw_neighbours
     if provider.size() < k:
         raise InvalidInputError(f"the pool has {provider.size()} items; k={k} neighbours are needed per image")
     cand_rows: list[list[str]] | None = None
@@ -140,7 +144,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     sample: list[tuple[int, list[tuple[str, float | None]]]]
     if config.spec.retrieval == "random":
         all_ids = provider.all_ids()
-        m = min(k * opts.r, len(all_ids)) if opts.redraw_neighbours else k
+        m = min(k * opts.r, len(all_ids)) if redraw else k
         rows = random_neighbours(n, len(all_ids), m, generator)  # its first k columns do not depend on m
         cand_rows = [[all_ids[int(i)] for i in row] for row in rows]
         chosen = [row[:k] for row in cand_rows]
@@ -175,7 +179,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     local: dict[str, int] = {}
     neighbours = _localise(chosen, k, local)  # the drawn ones first: same local order as without redraw
     candidates = (_localise(cand_rows, max(map(len, cand_rows), default=k), local)
-                  if (opts.redraw_neighbours and cand_rows is not None) else None)
+                  if (redraw and cand_rows is not None) else None)
     pool_ids = list(local)
     tensors: list[torch.Tensor] = []
     for start in range(0, len(pool_ids), fetch_batch):
@@ -184,7 +188,7 @@ def retrieve(provider: NeighbourProvider, target: torch.Tensor, config: AdaptCon
     t3 = time.perf_counter()
     labels = provider.labels(pool_ids) if reads_pool_labels(config) else []
     log.info("retrieved %d distinct pool images for %d targets (k=%d, r=%d, %s, redraw=%s, %d near-duplicates "
-             "dropped)", len(pool_ids), n, k, opts.r, config.method, opts.redraw_neighbours, dropped)
+             "dropped)", len(pool_ids), n, k, opts.r, config.method, redraw, dropped)
     return Retrieved(neighbours, pool_images, pool_ids, t1 - t0, t2 - t1, t3 - t2, candidates, sample, labels)
 
 
@@ -258,6 +262,7 @@ def run_adaptation(
     target_tensor: torch.Tensor | None = None,
     rows: Sequence[int] | None = None,
     quality_holdout: tuple[torch.Tensor, torch.Tensor] | None = None,
+    probe: Probe | None = None,
 ) -> AdaptOutcome:
     """Subsample T (``config.fraction``; ``rows``: the subsample drawn already, e.g. recorded with a job), retrieve,
     adapt ``model`` in place, evaluate before/after.
@@ -265,7 +270,8 @@ def run_adaptation(
     Evaluation uses ``eval_set`` when given (held-out images), else the whole of ``target`` when it is
     labelled (the usual transductive test-time protocol), else none. ``quality_holdout`` (uint8 images, labels
     as model class indices): the holdout the neighbour quality's precision@k is measured on (else a labelled
-    target's own labels).
+    target's own labels). ``probe``: the benchmarks' research hook (:class:`~t3ar.method.probe.Probe`), handed to
+    retrieval and :func:`~t3ar.method.adapt.adapt`; the product never sets it.
     """
     spec = info.spec
     t_start = time.perf_counter()
@@ -296,7 +302,7 @@ def run_adaptation(
         if provider is None:
             raise InvalidInputError(f"method {config.method} needs a pool (retriever)")
         context = RankContext.for_job(model, x, config, spec, device)
-        retrieved = retrieve(provider, x, config, spec.image_size, gen, context=context)
+        retrieved = retrieve(provider, x, config, spec.image_size, gen, context=context, probe=probe)
     sources = None
     if retrieved is not None and provider is not None and config.pool_use().sources is not None:
         sources = provider.sources(retrieved.pool_ids)  # which neighbours may serve as data
@@ -309,7 +315,8 @@ def run_adaptation(
                    neighbours=retrieved.neighbours if retrieved else None,
                    pool_images=retrieved.pool_images if retrieved else None,
                    candidates=retrieved.candidates if retrieved else None,
-                   device=device, generator=gen, on_step=on_step, pool_sources=sources, pool_labels=known)
+                   device=device, generator=gen, on_step=on_step, pool_sources=sources, pool_labels=known,
+                   probe=probe)
     t_eval = time.perf_counter()
     seconds_adapt_call = t_eval - t_adapt
     after = evaluate(model, ev_x, ev_y, spec.classes, norm) if ev_x is not None and ev_y is not None else None

@@ -24,7 +24,7 @@ from t3ar.data.images import to_tensor_uint8
 from t3ar.errors import InvalidInputError
 from t3ar.method.augment import Normalizer
 from t3ar.method.bn_adapt import bn_adapt
-from t3ar.method.config import AdaptConfig, trained
+from t3ar.method.config import AdaptConfig, train_groups, trained
 from t3ar.method.neighbour_quality import NeighbourQuality, hit_rate, label_agreement, source_mix
 from t3ar.method.ranking import (
     candidate_count,
@@ -205,7 +205,7 @@ class RankContext:
             return None
         run = trained(config)  # a retrieval method trains: its config has the schedule the view's BatchNorm pass uses
         view = BaseView(model, target, mean=spec.backbone.mean, std=spec.backbone.std, device=device,
-                        train_groups=run.train_groups, batch_size=run.batch_size, seed=config.seed)
+                        train_groups=train_groups(run), batch_size=run.batch_size, seed=config.seed)
         return cls(view, spec.classes, spec.image_size, opts.min_confidence)
 
     def pseudo_labels(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,12 +79,12 @@ def test_method_options_through_config(data: dict[str, Path]) -> None:
     out = data["root"] / "opts.pt"
     _invoke("adapt", "--model", str(data["base"]), "--target", str(data["target"]), "--pool", str(data["pool"]),
             "--method", "t3ar", "--k", "2", "--r", "2", "--epochs", "1", "--batch-size", "8",
-            "--retriever-image-size", "32", "--config", '{"redraw_neighbours": true, "false_negatives": "mask"}',
+            "--retriever-image-size", "32", "--config", '{"dedup_threshold": 0.95, "false_negatives": "mask"}',
             "--out", str(out))
     _, info = load_checkpoint(out)
     assert info.adapt_config is not None
     retrieval = info.adapt_config["retrieval"]  # the nested, canonical form
-    assert retrieval["redraw_neighbours"] is True and retrieval["false_negatives"] == "mask"
+    assert retrieval["dedup_threshold"] == 0.95 and retrieval["false_negatives"] == "mask"
 
 
 def test_fraction_and_train_time_mode(data: dict[str, Path]) -> None:
@@ -117,6 +117,7 @@ def test_train_source_writes_a_loadable_checkpoint(data: dict[str, Path]) -> Non
     (["adapt", "--method", "adacontrast", "--labels"], "test-time method"),
     (["adapt", "--method", "t3ar", "--config", '{"false_negatives": "some"}'], "false_negatives"),
     (["adapt", "--method", "t3ar", "--config", '{"pool_negatives": "all"}'], "no benchmark round kept it"),
+    (["adapt", "--method", "t3ar", "--config", '{"redraw_neighbours": true}'], "no benchmark round kept it"),
     (["adapt", "--method", "t3ar", "--config", "[1]"], "JSON object"),
     (["adapt", "--method", "source", "--lr", "0.01"], "lr is an option of"),
 ])

@@ -160,6 +160,7 @@ def test_the_packs_pool_retrieves_and_draws_what_the_benchs_pool_does(built: tup
                                                                        tmp_path: Path) -> None:
     from t3ar.method.adapt import stream
     from t3ar.method.config import adapt_config
+    from t3ar.method.probe import NO_PROBE, Probe
     from t3ar.pipeline import retrieve
     from t3ar_bench.method.data import side_table
     from t3ar_bench.method.pack import load_pack, unpack_images
@@ -180,17 +181,17 @@ def test_the_packs_pool_retrieves_and_draws_what_the_benchs_pool_does(built: tup
     assert (mine.adapt_idx, mine.eval_idx) == (tgt.adapt_idx, tgt.eval_idx)
     assert torch.equal(mine.style.images, tgt.style.images) and torch.equal(mine.style.labels, tgt.style.labels)
     options = manifest["selection"]["labelled"]["options"]
-    # the frozen configuration, and with every candidate of the top k·r fetched (redraw)
-    for cfg in (adapt_config(method="t3ar", k=PLAN.k, **options),
-                adapt_config(method="t3ar", k=PLAN.k, **options, redraw_neighbours=True)):
+    # the frozen configuration, and with every candidate of the top k·r fetched (the probe's redraw)
+    cfg = adapt_config(method="t3ar", k=PLAN.k, **options)
+    for probe in (NO_PROBE, Probe(redraw_neighbours=True)):
         for seed in (0, 1):
             subset = [tgt.adapt_idx[i] for i in fraction_subset(len(tgt.adapt_idx), 0.5, seed)]
             x = tgt.style.images[subset]
-            a = retrieve(bench, x, cfg, PLAN.image_size, stream(seed, 4))
-            b = retrieve(packed, x, cfg, PLAN.image_size, stream(seed, 4))
+            a = retrieve(bench, x, cfg, PLAN.image_size, stream(seed, 4), probe=probe)
+            b = retrieve(packed, x, cfg, PLAN.image_size, stream(seed, 4), probe=probe)
             assert a.pool_ids == b.pool_ids and torch.equal(a.neighbours, b.neighbours)
             assert torch.equal(a.pool_images, b.pool_images)
-            if cfg.retrieval.redraw_neighbours:
+            if probe.redraw_neighbours:
                 assert a.candidates is not None and b.candidates is not None
                 assert torch.equal(a.candidates, b.candidates)
     ids_a, x_a = labelled_tensors(bench, bench_key + "|bench", data.side, PLAN.image_size)

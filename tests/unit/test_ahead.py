@@ -2,6 +2,7 @@
 
 import os
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from t3ar.device import seed_everything
 from t3ar.method import registry
 from t3ar.method.adapt import adapt
 from t3ar.method.ahead import NICE, Ahead, enabled
+from t3ar.method.probe import PROBE_SWITCHES, Probe
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.classifier import Classifier
 
@@ -102,11 +104,12 @@ def test_auto_is_on_for_cpu_and_cuda() -> None:
 
 def _adapt(method: str, ahead: bool, **kw: object) -> tuple[dict[str, torch.Tensor], list[float]]:
     model, target, pool, cand = tiny_problem(14, 9, 4, seed=123)
+    switches: dict[str, Any] = {k: kw.pop(k) for k in PROBE_SWITCHES if k in kw}  # the benchmarks' (Probe)
     cfg = tiny_config(method, k=2, epochs=3, batch_size=4, bank_size=32, train_groups=None, seed=5,
                       views_ahead=ahead, **kw)
     res = adapt(model, target, cfg, mean=(0.5,) * 3, std=(0.5,) * 3, neighbours=cand[:, :2], pool_images=pool,
                 candidates=cand, labels=torch.arange(14) % 3, device=torch.device("cpu"),
-                generator=torch.Generator().manual_seed(7))
+                generator=torch.Generator().manual_seed(7), probe=Probe(**switches))
     return model.state_dict(), [h.loss for h in res.history]
 
 

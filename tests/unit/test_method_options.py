@@ -117,6 +117,14 @@ def test_redraw_without_candidates_is_an_error() -> None:
         _run(redraw_neighbours=True)
 
 
+@pytest.mark.parametrize("method", ["t3ar", "t3ar-random"])
+def test_redraw_is_no_job_option_only_the_probes(method: str) -> None:
+    with pytest.raises(ValueError, match=f"redraw_neighbours is not an option of {method}: no benchmark round kept it"):
+        adapt_config(method=method, redraw_neighbours=True)
+    with pytest.raises(ValueError, match="redraw_neighbours"):  # nor in the retrieval group
+        adapt_config(method=method, retrieval={"redraw_neighbours": True})
+
+
 # --- pool negatives -----------------------------------------------------------------------------------------
 
 def _small_bank() -> tuple[MemoryBank, torch.Tensor]:
@@ -207,8 +215,9 @@ def test_diagnostics_fill_finite_grad_norms_and_change_no_parameter() -> None:
 def _retrieve(method: str = "t3ar", **cfg_kw: Any) -> tuple[Any, SixItemPool]:
     provider = SixItemPool()
     target = torch.zeros(20, 3, 8, 8, dtype=torch.uint8)
+    switches = {k: cfg_kw.pop(k) for k in PROBE_SWITCHES if k in cfg_kw}  # the benchmarks' (t3ar.method.probe)
     got = retrieve(provider, target, adapt_config(method=method, k=2, r=2, **cfg_kw), 8,
-                   torch.Generator().manual_seed(0))
+                   torch.Generator().manual_seed(0), probe=Probe(**switches))
     return got, provider
 
 

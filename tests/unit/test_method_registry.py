@@ -69,6 +69,10 @@ def test_job_sizing_reads_the_config() -> None:
         if bank:
             smaller = adapt_config(**{**cfg.flat(), "bank_size": 8})
             assert memory_bytes(cfg, 12, 8, 16, 3) > memory_bytes(smaller, 12, 8, 16, 3)
+        # the benchmarks' redraw (a probe switch, never a job's) holds every one of the r*k candidates' images
+        k_r = (cfg.retrieval_options.k * cfg.retrieval_options.r) if cfg.retrieval_options is not None else 0
+        assert (memory_bytes(cfg, 12, 8, 16, 3, redraw_neighbours=True) - memory_bytes(cfg, 12, 8, 16, 3)
+                == (12 * (k_r - cfg.retrieval_options.k) * 3 * 8 * 8 if cfg.retrieval_options is not None else 0)), name
     # the family's second stage adds its steps to the budget, given flat or nested
     for name in registry.family():
         assert planned_steps(adapt_config(method=name, epochs=2, batch_size=4, second_stage_steps=40), 12) == 46
@@ -192,7 +196,10 @@ def test_each_method_takes_only_the_options_it_reads() -> None:
     for name, option in [("source", {"lr": 0.01}), ("source", {"batch_size": 8}), ("source", {"train_groups": 1}),
                          ("bn-adapt", {"lr": 0.01}), ("bn-adapt", {"epochs": 2}), ("bn-adapt", {"amp": False}),
                          ("t3ar-noretrieval", {"k": 3}), ("t3ar-noretrieval", {"pool_data_weight": 1.0}),
-                         ("t3ar-noretrieval", {"retrieval": {"k": 3}}), ("t3ar-noretrieval", {"pool_labels": {}})]:
+                         ("t3ar-noretrieval", {"retrieval": {"k": 3}}), ("t3ar-noretrieval", {"pool_labels": {}}),
+                         # the entropy methods train the norm layers' affine parameters alone
+                         ("tent", {"train_groups": 1}), ("sar", {"train_groups": None}),
+                         ("eata", {"train_groups": 2})]:
         with pytest.raises(ValueError, match=f"not of {name}") as e:
             adapt_config(method=name, **option)
         assert next(iter(option)) in str(e.value), (name, option)
@@ -200,6 +207,14 @@ def test_each_method_takes_only_the_options_it_reads() -> None:
     assert set(config_class("bn-adapt").model_fields) == {"method", "mode", "fraction", "seed", "batch_size",
                                                            "train_groups"}
     assert adapt_config(method="bn-adapt", batch_size=8, train_groups=None).batch_size == 8
+    for name in ("tent", "sar", "eata"):
+        assert "train_groups" not in config_class(name).model_fields and "lr" in config_class(name).model_fields
+    assert method_config.train_groups(adapt_config(method="shot-im", train_groups=1)) == 1  # ...others keep it
+    with pytest.raises(TypeError, match="tent has no train_groups"):
+        method_config.train_groups(method_config.trained(adapt_config(method="tent")))
+    from t3ar.acceptance_options import candidate_config  # an acceptance candidate takes the shared options it has
+    tent = candidate_config(adapt_config(method="t3ar", train_groups=1, lr=0.01), "tent")
+    assert tent.method == "tent" and method_config.trained(tent).lr == 0.01 and "train_groups" not in tent.model_dump()
     nr = adapt_config(**with_default({"method": "t3ar-noretrieval"}))  # the validated preset, less its pool option
     assert nr.preset == "validated" and nr.second_stage.steps == 10 and "pool_labels" not in nr.model_dump()
     assert nr.retrieval_options is None and not nr.pool_as_data

@@ -104,7 +104,8 @@ def run_stream(plan: ContinualPlan, steps: Sequence[Step], base_model: Path, bas
     targets, what the step contributed and what curation removed."""
     import torch
 
-    from t3ar.method.config import AdaptConfig
+    from t3ar.method.config import PROBE_SWITCHES, AdaptConfig
+    from t3ar.method.probe import Probe
     from t3ar.models.checkpoint import load_checkpoint
     from t3ar.pipeline import run_adaptation
 
@@ -124,10 +125,13 @@ def run_stream(plan: ContinualPlan, steps: Sequence[Step], base_model: Path, bas
                 t0 = time.perf_counter()
                 torch.manual_seed(seed)
                 model, info = load_checkpoint(base_model, device=device)  # every step from the base model
-                cfg = AdaptConfig.model_validate(arm_config(plan, selection, arm, seed, len(step.adapt)))
+                fields = arm_config(plan, selection, arm, seed, len(step.adapt))
+                # the switches out of the product (e.g. an earlier selection's redraw_neighbours): the probe's
+                switches = {k: fields.pop(k) for k in PROBE_SWITCHES if k in fields}
+                cfg = AdaptConfig.model_validate(fields)
                 provider = cache.pool(folder) if arm != "none" else None
                 outcome = run_adaptation(model, info, step.adapt, cfg, provider=provider, device=device,
-                                         eval_set=step.evaluation)
+                                         eval_set=step.evaluation, probe=Probe(**switches) if switches else None)
                 used = list(outcome.lineage.pool_ids)
                 past = sum(p.startswith("target-") for p in used)
                 rec: dict[str, Any] = {

@@ -316,7 +316,8 @@ def run_arm(ctx: Context, arm: Mapping[str, Any]) -> dict[str, Any]:
                 else pool
             # a ranking option that uses the model (issue 52) sees the source model with the target's statistics
             retrieved = retrieve(provider, x, cfg, src.spec.image_size, stream(seed, 4),
-                                 context=RankContext.for_job(src.model, x, cfg, src.spec, ctx.device))
+                                 context=RankContext.for_job(src.model, x, cfg, src.spec, ctx.device),
+                                 probe=Probe(redraw_neighbours=bool(switches.get("redraw_neighbours", False))))
             record["pool"] = pool_key
             record["pool_images_fetched"] = len(retrieved.pool_ids)
             pool_ids, pool_x = list(retrieved.pool_ids), retrieved.pool_images

@@ -34,7 +34,7 @@ from t3ar.device import seed_everything
 from t3ar.method import config as method_config
 from t3ar.method.adapt import StepStats, adapt
 from t3ar.method.ahead import enabled as ahead_enabled
-from t3ar.method.config import AdaptConfig, trained, validate
+from t3ar.method.config import AdaptConfig, train_groups, trained, validate
 from t3ar.method.contrastive import joint_enabled
 from t3ar.method.supervised import TrainConfig, train_supervised
 from t3ar.models.backbones import PRESETS
@@ -242,7 +242,7 @@ def _nograd_runner(model: Classifier, rows: int, size: int, device: torch.device
     def run(on_step: StepFn) -> object:
         m = copy.deepcopy(model)
         fast_layout(m, device)
-        configure_trainable(m, trained(validate({"method": "t3ar"})).train_groups)
+        configure_trainable(m, train_groups(trained(validate({"method": "t3ar"}))))
         m.train()
         freeze_frozen_norms(m)
         x = torch.randn(rows, 3, size, size, device=device)

@@ -13,7 +13,7 @@ ahead on a background thread where ``config.views_ahead`` says so (:mod:`t3ar.me
 default): the same results either way.
 
 Random streams are separate (so the arms of a comparison share all but what differs): batch order from
-``generator`` (or ``config.seed``); target views, pool views, bank initialisation and (the retrieval group's
+``generator`` (or ``config.seed``); target views, pool views, bank initialisation and (the probe's
 ``redraw_neighbours``) the per-visit neighbour draws each from their own generator derived from
 ``config.seed`` (:func:`~t3ar.method.base.stream`, which lists them).
 
@@ -199,19 +199,19 @@ def method_setup(target: torch.Tensor, config: OptimiserConfig, views: Views, de
     device where they fit (:data:`DEVICE_DATA_SHARE`), neighbour indices on the CPU.
 
     ``labels`` are required in train mode. Retrieval methods need ``pool_images`` and either ``neighbours``
-    ([N, k] indices into ``pool_images``, -1 = missing: fixed for the job) or, with the retrieval group's
-    ``redraw_neighbours``, ``candidates`` ([N, m >= k] indices, -1 = missing): every visit of a batch then draws k
-    of each row's valid candidates anew (``dedup_sample``, generator ``stream(seed, 3)``) and ``neighbours`` is
-    ignored. ``pool_sources`` ([P] the source of each pool image) and ``pool_labels`` ([P] the pool label of each
-    pool image as an index into the model's classes, -1 = none: a product input) are what the pool tells beside
-    its images; the method's ``stages`` check what they need of them and derive what the method reads
+    ([N, k] indices into ``pool_images``, -1 = missing: fixed for the job) or, with the probe's
+    ``redraw_neighbours`` (a benchmark switch), ``candidates`` ([N, m >= k] indices, -1 = missing): every visit of a
+    batch then draws k of each row's valid candidates anew (``dedup_sample``, generator ``stream(seed, 3)``) and
+    ``neighbours`` is ignored. ``pool_sources`` ([P] the source of each pool image) and ``pool_labels`` ([P] the
+    pool label of each pool image as an index into the model's classes, -1 = none: a product input) are what the
+    pool tells beside its images; the method's ``stages`` check what they need of them and derive what the method reads
     (:meth:`~t3ar.method.base.Stage.setup`, in order, before anything is placed on the device).
     ``probe``: the benchmarks' research hook (:class:`~t3ar.method.probe.Probe`); the product never sets it."""
     if config.mode == "train" and labels is None:
         raise ValueError("train-time mode needs labels")
     retrieval = config.retrieval_options
     k = retrieval.k if retrieval is not None else 0
-    redraw = retrieval is not None and retrieval.redraw_neighbours
+    redraw = retrieval is not None and probe.redraw_neighbours
     if redraw and candidates is None:
         raise ValueError(f"{config.method} with redraw_neighbours=True needs candidates ([N, r*k] pool indices, "
                          "e.g. Retrieved.candidates)")

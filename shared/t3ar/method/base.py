@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 import torch
 from torch import nn
 
-from t3ar.method.config import AdaptConfig, OptimiserConfig
+from t3ar.method.config import AdaptConfig, OptimiserConfig, train_groups
 from t3ar.method.probe import NO_PROBE, Probe
 from t3ar.method.record import AdaptResult, StepStats
 from t3ar.method.views import Views
@@ -100,7 +100,7 @@ class MethodStep(ABC):
     def trainable_params(cls, model: Classifier, config: OptimiserConfig) -> list[nn.Parameter]:
         """Set ``requires_grad`` on ``model`` and return what trains: by default the last
         ``config.train_groups`` backbone groups, the bottleneck and the classifier head."""
-        return configure_trainable(model, config.train_groups, head=True)
+        return configure_trainable(model, train_groups(config), head=True)
 
     @classmethod
     @abstractmethod

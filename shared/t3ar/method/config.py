@@ -7,8 +7,10 @@ Design:
   :attr:`~AdaptConfig.bank_entries`, :meth:`~AdaptConfig.added_steps`, :meth:`~AdaptConfig.added_passes`). It is
   never an instance itself. :class:`StatisticsConfig` adds what ``bn-adapt`` reads (``batch_size``,
   ``train_groups``), :class:`OptimiserConfig` what a method with optimiser steps reads (the schedule: ``epochs``,
-  ``min_steps``, ``batch_size``, ``lr``, ``momentum``, ``weight_decay``, ``warmup_frac``; what trains:
-  ``train_groups``; the loop's switches ``amp`` and ``views_ahead``): ``source`` takes none of them.
+  ``min_steps``, ``batch_size``, ``lr``, ``momentum``, ``weight_decay``, ``warmup_frac``; the loop's switches ``amp``
+  and ``views_ahead``), :class:`GroupsConfig` adds what trains (``train_groups``: every method with optimiser
+  steps but ``tent``, ``sar`` and ``eata``, which train the norm layers' affine parameters alone and refuse it):
+  ``source`` takes none of them.
 * Each method's config is a subclass whose ``method`` is a ``Literal`` of its name(s), defined and registered
   beside the method's declaration (:class:`~t3ar.method.registry.MethodSpec`'s ``config``; a method without options
   of its own gives none and the registry makes the base's with its name). The registry builds the union of every
@@ -62,8 +64,8 @@ MAX_SEED = 2**32 - 1
 MAX_WEIGHT = 1000.0
 #: switches of the T3AR family that no benchmark round kept: out of the product, the benchmarks' alone
 #: (:class:`t3ar.method.probe.Probe`); a config naming one is refused saying so
-PROBE_SWITCHES: tuple[str, ...] = ("bn_start", "bn_fixed", "teacher_ema", "pool_negatives", "reliable_entropy",
-                                   "reliable_reweight", "collapse_fallback")
+PROBE_SWITCHES: tuple[str, ...] = ("bn_start", "bn_fixed", "teacher_ema", "pool_negatives", "redraw_neighbours",
+                                   "reliable_entropy", "reliable_reweight", "collapse_fallback")
 #: what the T3AR family does with a retrieved neighbour that the model predicts in the query's own (pseudo-)class:
 #: keep it as a negative (the paper), mask it out of the negatives, or make it a positive
 FalseNegatives = Literal["keep", "mask", "positive"]
@@ -94,9 +96,6 @@ class RetrievalOptions(Options):
 
     k: int = Field(default=5, ge=0, le=64, description="retrieved pool neighbours per target image")
     r: int = Field(default=5, ge=1, le=20, description="dedup: sample k of the top r*k neighbours")
-    redraw_neighbours: bool = Field(
-        default=False, description="re-sample k of the top r*k neighbours at every visit (the paper's sampling); "
-                                   "False = drawn once per job")
     dedup_threshold: float | None = Field(
         default=None, gt=0, le=1, description="drop candidates whose retriever similarity to the query is >= this "
                                               "(near-duplicates) before sampling")
@@ -313,10 +312,16 @@ class OptimiserConfig(AdaptConfig):
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=1e-4, ge=0, le=1)
     warmup_frac: float = Field(default=0.1, ge=0, lt=1, description="fraction of steps of linear warm-up")
-    # what trains
-    train_groups: TrainGroups = 2
     amp: bool = Field(default=True, description="mixed precision on CUDA (ignored on CPU)")
     views_ahead: ViewsAhead = None
+
+
+class GroupsConfig(OptimiserConfig):
+    """A method with optimiser steps that trains the last ``train_groups`` backbone groups (the default of a
+    method with optimiser steps; ``tent``, ``sar`` and ``eata`` train the norm layers' affine parameters alone and
+    take :class:`OptimiserConfig`, which refuses ``train_groups`` naming the method)."""
+
+    train_groups: TrainGroups = 2
 
 
 def trained(config: AdaptConfig) -> OptimiserConfig:
@@ -324,6 +329,14 @@ def trained(config: AdaptConfig) -> OptimiserConfig:
     if not isinstance(config, OptimiserConfig):
         raise TypeError(f"{config.method} runs no optimiser steps: its config has no schedule")
     return config
+
+
+def train_groups(config: OptimiserConfig) -> int | None:
+    """The last N backbone groups that train with ``config`` (None = all; TypeError naming the method when its
+    config has none: its step says what trains)."""
+    if not isinstance(config, GroupsConfig):
+        raise TypeError(f"{config.method} has no train_groups option: its step names what trains")
+    return config.train_groups
 
 
 def statistics(config: AdaptConfig) -> StatisticsConfig:
@@ -334,7 +347,7 @@ def statistics(config: AdaptConfig) -> StatisticsConfig:
     return config
 
 
-class ContrastiveConfig(OptimiserConfig):
+class ContrastiveConfig(GroupsConfig):
     """The fields of the methods with a memory bank and a contrastive loss (AdaContrast, the T3AR family)."""
 
     temperature: float = Field(default=0.07, gt=0, le=100)
@@ -456,7 +469,7 @@ def config_class(name: str) -> type[AdaptConfig]:
         if made is None:
             tag: Any = Literal[name]
             title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", name)) + "Config"
-            base = OptimiserConfig if spec.optimises else StatisticsConfig if spec.bn_statistics else AdaptConfig
+            base = GroupsConfig if spec.optimises else StatisticsConfig if spec.bn_statistics else AdaptConfig
             made = registry.DERIVED[name] = create_model(title, __base__=base,
                                                          __module__=AdaptConfig.__module__, method=(tag, name))
         out: type[AdaptConfig] = made

@@ -17,6 +17,7 @@ import torch
 
 from t3ar.method.base import MethodSetup, Run, Stage, stream
 from t3ar.method.bn_adapt import bn_adapt
+from t3ar.method.config import train_groups
 from t3ar.method.record import StepStats
 from t3ar.method.safeguards import CollapseWatch, bn_adapt_state, class_entropy, interpolate
 
@@ -50,7 +51,7 @@ class PoolInputs(Stage):
 def _bn_adapt(run: Run, purpose: int) -> None:
     """bn-adapt of ``run.model`` on the target, its batches from the stream ``purpose``."""
     cfg = run.setup.config
-    bn_adapt(run.model, run.setup.target, train_groups=cfg.train_groups, batch_size=cfg.batch_size,
+    bn_adapt(run.model, run.setup.target, train_groups=train_groups(cfg), batch_size=cfg.batch_size,
              norm=run.setup.views.norm, generator=stream(cfg.seed, purpose))
 
 
@@ -111,7 +112,8 @@ class CollapseFallback(Stage):
         if self.fraction is None:
             return
         cfg = run.setup.config
-        self.state = bn_adapt_state(run.model, run.setup.target, done=self.bn_started, train_groups=cfg.train_groups,
+        self.state = bn_adapt_state(run.model, run.setup.target, done=self.bn_started,
+                                    train_groups=train_groups(cfg),
                                     batch_size=cfg.batch_size, norm=run.setup.views.norm,
                                     generator=stream(cfg.seed, 9))
 

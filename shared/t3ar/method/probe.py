@@ -25,6 +25,9 @@ What a probe does (all on top of the method's inputs, none of them a product opt
   from an EMA teacher of the model with this momentum (AdaContrast's 0.999); 0 = the current model (the paper's).
 * ``pool_negatives``: another: 'own' (the product's): a query's negatives from the pool are its own retrieved
   neighbours in the bank; 'all': every pool entry in the bank.
+* ``redraw_neighbours``: another (the paper's sampling; no round kept it): k of each row's r·k candidates are
+  drawn anew at every visit instead of once per job. It reaches retrieval (:func:`t3ar.pipeline.retrieve` then
+  returns the candidates) and the method (:func:`t3ar.method.adapt.method_setup`).
 * ``reliable_entropy``, ``reliable_reweight``, ``collapse_fallback``: the safeguards no round kept
   (:mod:`t3ar.method.safeguards`), test time only: the cross-entropy counts only the samples whose prediction
   entropy is under ``reliable_entropy`` x ln C (SAR and EATA: 0.4), weighted by 1 / exp(H - E0) with
@@ -56,6 +59,7 @@ class Probe:
     bn_fixed: bool = False
     teacher_ema: float = 0.0
     pool_negatives: Literal["own", "all"] = "own"
+    redraw_neighbours: bool = False
     reliable_entropy: float | None = None
     reliable_reweight: bool = False
     collapse_fallback: float | None = None

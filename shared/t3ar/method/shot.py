@@ -8,14 +8,14 @@ from torch import nn
 
 from t3ar.method import losses
 from t3ar.method.base import StatelessMethod, StepOut
-from t3ar.method.config import OptimiserConfig
+from t3ar.method.config import OptimiserConfig, train_groups
 from t3ar.models.classifier import Classifier, configure_trainable
 
 
 class ShotIM(StatelessMethod):
     @classmethod
     def trainable_params(cls, model: Classifier, config: OptimiserConfig) -> list[nn.Parameter]:
-        return configure_trainable(model, config.train_groups, head=False)
+        return configure_trainable(model, train_groups(config), head=False)
 
     def prepare(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return self.views.weak(x)
