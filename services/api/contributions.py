@@ -36,6 +36,7 @@ from t3ar.errors import T3arError, without_paths
 from t3ar_services.api.contrib_store import ContributionRow, ContributionStore, now
 from t3ar_services.api.errors import ConflictError, NotFoundError
 from t3ar_services.api.store import Store
+from t3ar_services.api.sweeper import Sweeper
 from t3ar_services.api.withdrawals import Withdrawer
 from t3ar_services.common.job_contract import LINEAGE_FILE, artifacts_dir
 
@@ -80,8 +81,14 @@ def _by_label(files: list[Path], labels: dict[Path, str]) -> list[tuple[str | No
     return list(groups.items())
 
 
-class Contributor:
-    """Makes and withdraws contributions (see the module docstring)."""
+class Contributor(Sweeper):
+    """Makes and withdraws contributions (see the module docstring); its background sweep (:meth:`Sweeper.start`)
+    runs :meth:`run_pending` every interval, the first after one interval."""
+
+    thread_name = "t3ar-api-contributor"
+    sweep_what = "contribution"
+    sweep_first = False
+    join_timeout = 30.0
 
     def __init__(self, store: Store, data_dir: Path, clients: Callable[[], tuple[RetrieverClient, RetrieverClient]],
                  withdrawer: Withdrawer, job_status: Callable[[str], str]) -> None:
@@ -92,34 +99,7 @@ class Contributor:
         self.withdrawer = withdrawer  # the one withdrawal path (records, tells the caches, syncs lineage)
         self.job_status = job_status  # job id -> queued | started | finished | failed | canceled
         self.lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    # --- the background thread ---------------------------------------------------------------------------
-    def start(self, interval: float) -> None:
-        def loop() -> None:
-            while not self._stop.is_set():
-                self._wake.wait(interval)
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
-                try:
-                    self.run_pending()
-                except Exception:
-                    log.exception("contribution sweep failed; retried at the next one")
-
-        self._thread = threading.Thread(target=loop, name="t3ar-api-contributor", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def wake(self) -> None:
-        self._wake.set()
+        super().__init__()
 
     # --- contributing ------------------------------------------------------------------------------------
     def run_pending(self) -> int:

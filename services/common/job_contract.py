@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import secrets
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from t3ar.acceptance_options import AcceptanceOptions
-from t3ar.clients.api_models import JobResult, Progress
+from t3ar.clients.api_models import JobResult, Progress, read_leniently
 from t3ar.clients.job_report import (
     MAX_LABELLED_LISTED,
     REPORT_VERSION,
@@ -68,8 +67,6 @@ from t3ar_services.common.files import atomic_file
 __all__ = ["REPORT_VERSION", "AcceptanceRecord", "Accuracy", "CacheStats", "EpochPoint", "EvalBrief", "JobReport",
            "JobResult", "LabelledNeighbour", "MAX_LABELLED_LISTED", "Neighbour", "NeighbourQualityRecord",
            "NeighbourRow", "Progress", "StepPoint", "Transfer"]
-
-log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE = "t3ar-adapt"
 JOB_FUNCTION = "t3ar_services.worker.jobs.run_adapt_job"
@@ -146,16 +143,7 @@ class JobMeta(Progress):
     def read(cls, meta: dict[str, Any] | None) -> JobMeta:
         """``meta`` as written; a field that does not fit the contract is left out (a job's answer never fails on
         what a worker wrote)."""
-        meta = dict(meta or {})
-        try:
-            return cls.model_validate(meta)
-        except ValidationError as e:
-            bad = {err["loc"][0] for err in e.errors() if err["loc"]}
-            log.warning("a job's meta does not fit the contract; left out: %s", ", ".join(map(str, sorted(bad))))
-            try:
-                return cls.model_validate({k: v for k, v in meta.items() if k not in bad})
-            except ValidationError:
-                return cls()
+        return read_leniently(cls, dict(meta or {}), "a job's meta")
 
     def progress(self) -> Progress | None:
         """The progress part, or None before the worker wrote any."""

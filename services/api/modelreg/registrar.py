@@ -30,6 +30,7 @@ from t3ar_services.api.modelreg.payload import build
 from t3ar_services.api.modelreg.records import Registration, RegistrationStore, now_iso
 from t3ar_services.api.modelreg.settings import MlflowSettings, scrub
 from t3ar_services.api.store import Store
+from t3ar_services.api.sweeper import Sweeper
 from t3ar_services.common.job_contract import LINEAGE_FILE, MODEL_FILE, REPORT_FILE, artifacts_dir
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,15 @@ class Hooks:
     pool_items: Callable[[list[str]], dict[str, dict[str, Any]]]
 
 
-class Registrar:
+class Registrar(Sweeper):
+    """Registers finished jobs' models in MLflow; its background sweep (:meth:`start`) runs :meth:`run_pending` at
+    once, then every interval."""
+
+    thread_name = "t3ar-api-registrar"
+    sweep_what = "MLflow registration"
+    sweep_first = True
+    join_timeout = 60.0
+
     def __init__(self, settings: MlflowSettings, records: RegistrationStore, store: Store, data_dir: Path,
                  hooks: Hooks) -> None:
         self.settings = settings
@@ -57,10 +66,8 @@ class Registrar:
         self.data_dir = data_dir
         self.hooks = hooks
         self.on_step: Callable[[str], None] | None = None  # tests interrupt attempts here (mlflow_ops.register)
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        super().__init__()
 
     @property
     def enabled(self) -> bool:
@@ -80,26 +87,7 @@ class Registrar:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(self.settings.http_timeout_s)))
 
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.run_pending()
-                except Exception:
-                    log.exception("MLflow registration sweep failed; retried at the next one")
-                self._wake.wait(interval)
-                self._wake.clear()
-
-        self._thread = threading.Thread(target=loop, name="t3ar-api-registrar", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-
-    def wake(self) -> None:
-        self._wake.set()
+        super().start(interval)
 
     # --- requests ----------------------------------------------------------------------------------------
     def request(self, job_id: str, name: str, alias: str | None) -> None:

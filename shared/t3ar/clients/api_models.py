@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -17,6 +17,24 @@ from t3ar.clients.job_report import AcceptanceRecord, JobReport, LabelledNeighbo
 from t3ar.method.config import AdaptConfig
 
 log = logging.getLogger(__name__)
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def read_leniently(model: type[_M], value: Mapping[str, Any], what: str) -> _M:
+    """``value`` as ``model``, a field that does not fit left out (and logged, naming ``what``); the model's
+    defaults where what is left still does not fit. How a job's answer reads what a worker wrote without failing
+    on it (:meth:`JobResult.read`, and the services' ``JobMeta.read``)."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as e:
+        bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+        log.warning("%s does not fit the contract; left out: %s", what, ", ".join(map(str, sorted(bad))))
+        try:
+            return model.model_validate({k: v for k, v in value.items() if k not in bad})
+        except ValidationError:
+            return model()
+
 
 JobStatusName = Literal["queued", "started", "finished", "failed", "canceled"]
 
@@ -180,15 +198,7 @@ class JobResult(BaseModel):
         fails on what a worker wrote); None when it is not an object."""
         if not isinstance(value, dict):
             return None
-        try:
-            return cls.model_validate(value)
-        except ValidationError as e:
-            bad = {err["loc"][0] for err in e.errors() if err["loc"]}
-            log.warning("a job's result does not fit the contract; left out: %s", ", ".join(map(str, sorted(bad))))
-            try:
-                return cls.model_validate({k: v for k, v in value.items() if k not in bad})
-            except ValidationError:
-                return cls()
+        return read_leniently(cls, value, "a job's result")
 
 
 class Registration(BaseModel):

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,26 @@ def read_manifest(out: Path, kind: str) -> dict[str, Any] | None:
 
 def write_json(path: Path, obj: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+@dataclass
+class KitReport:
+    """What a kit build produced: where, at what image size, how many images, whether an up-to-date build was
+    reused and how long it took; a kit's report adds its per-source counts (also what ``manifest.json``
+    records, less ``out`` and ``reused``)."""
+
+    out: Path
+    size: int
+    total: int
+    reused: bool = field(default=False, kw_only=True)
+    seconds: float = field(default=0.0, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"out": str(self.out)}
+
+    def write_manifest(self, path: Path, kind: str, request: Mapping[str, Any]) -> None:
+        body = {k: v for k, v in self.to_dict().items() if k not in ("out", "reused")}
+        write_json(path, {"kind": kind, "request": request, "report": body})
 
 
 @contextmanager

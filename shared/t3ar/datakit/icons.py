@@ -21,12 +21,11 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from t3ar.data.images import letterbox, open_image
-from t3ar.datakit.common import atomic_output, fetch_npm_package, npm_package_info, read_manifest, slug, write_json
+from t3ar.datakit.common import KitReport, atomic_output, fetch_npm_package, npm_package_info, read_manifest, slug
 from t3ar.datakit.iconify import read_iconify
 from t3ar.errors import ImageDecodeError, InvalidInputError
 
@@ -54,17 +53,10 @@ class SetStats:
 
 
 @dataclass
-class IconStoreReport:
-    out: Path
-    size: int
-    total: int
-    sets: dict[str, SetStats] = field(default_factory=dict)
-    reused: bool = False
-    seconds: float = 0.0
+class IconStoreReport(KitReport):
+    """What :func:`build_icon_store` produced (also what ``manifest.json`` records)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"out": str(self.out), "size": self.size, "total": self.total, "reused": self.reused,
-                "seconds": self.seconds, "sets": {k: asdict(v) for k, v in self.sets.items()}}
+    sets: dict[str, SetStats] = field(default_factory=dict)
 
 
 def _render(job: tuple[str, str, int]) -> tuple[str, bytes | None]:
@@ -149,8 +141,7 @@ def build_icons(out: Path, *, cache: Path, sets: Mapping[str, str] | None = None
         report.total = sum(s.written for s in report.sets.values())
         report.seconds = round(time.monotonic() - start, 3)
         (tmp / "LICENSES.md").write_text("\n".join(licences), encoding="utf-8")
-        body = {k: v for k, v in report.to_dict().items() if k not in ("out", "reused")}
-        write_json(tmp / "manifest.json", {"kind": KIND, "request": request, "report": body})
+        report.write_manifest(tmp / "manifest.json", KIND, request)
     logger.info("icon store: %d images from %d sets in %.0f s", report.total, len(report.sets), report.seconds)
     return report
 

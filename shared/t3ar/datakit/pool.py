@@ -18,12 +18,11 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from t3ar.data.images import IMAGE_SUFFIXES, letterbox, open_image, pixel_digest
-from t3ar.datakit.common import atomic_output, deb_version, fetch_deb, read_manifest, write_json
+from t3ar.datakit.common import KitReport, atomic_output, deb_version, fetch_deb, read_manifest
 from t3ar.errors import ImageDecodeError, InvalidInputError
 
 logger = logging.getLogger(__name__)
@@ -68,18 +67,10 @@ class SourceStats:
 
 
 @dataclass
-class PoolKitReport:
+class PoolKitReport(KitReport):
     """What :func:`build_pool` produced (also what ``manifest.json`` records)."""
 
-    out: Path
-    size: int
-    total: int
     sources: dict[str, SourceStats] = field(default_factory=dict)
-    reused: bool = False
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"out": str(self.out)}
 
 
 def _walk(root: Path, suffixes: Iterable[str]) -> list[Path]:
@@ -264,7 +255,6 @@ def build_pool(
         report.total = sum(s.written for s in report.sources.values())
         report.seconds = round(time.monotonic() - start, 3)
         (tmp / "LICENSES.md").write_text("\n".join(licences), encoding="utf-8")
-        body = {k: v for k, v in report.to_dict().items() if k not in ("out", "reused")}
-        write_json(tmp / "manifest.json", {"kind": KIND, "request": request, "report": body})
+        report.write_manifest(tmp / "manifest.json", KIND, request)
     logger.info("pool kit: %d images from %d sources in %s", report.total, len(report.sources), out)
     return report
