@@ -13,7 +13,10 @@ Arms (one shift, seed and fraction per cell):
   labelled ones among them as data;
 - ``t3ar-labels-random``: as many labelled items as retrieval gives, drawn uniformly from every labelled pool
   item (the class-matched random control: every labelled item is of the task's classes);
-- ``t3ar-labels-all``: every labelled item of the model's classes in turn (the whole-pool reference).
+- ``t3ar-labels-all``: every labelled item of the model's classes in turn (the whole-pool reference);
+- ``t3ar-labels-base-rerank``: ``t3ar-labels`` with the index's candidates re-ranked by the base model's features;
+- ``t3ar-labels-balanced``, ``t3ar-labels-second-stage``: the recipe (item 4): the labelled term class-balanced;
+  SWAT's second stage (bottleneck and head on the target alone) after the mixed fine-tune.
 
 A smoke cell (minutes) shows the pipeline works on such a pool; its figures are not results.
 """
@@ -52,9 +55,13 @@ MIXED_ARMS: tuple[tuple[str, str, str | None, dict[str, Any]], ...] = (
     ("t3ar-random", "t3ar-random", None, {}),
     ("t3ar-labels", "t3ar", "retrieved", LABELS),
     ("t3ar-labels-class-conditional", "t3ar", "retrieved", {**LABELS, "retrieval": {"ranking": "class-conditional"}}),
+    ("t3ar-labels-base-rerank", "t3ar", "retrieved", {**LABELS, "retrieval": {"ranking": "base-rerank"}}),
     ("t3ar-random-labels", "t3ar-random", "retrieved", LABELS),
     ("t3ar-labels-random", "t3ar", "random", LABELS),
     ("t3ar-labels-all", "t3ar", "all", LABELS),
+    # item 4, the recipe: the retrieved labelled items class-balanced, and SWAT's second stage after the fine-tune
+    ("t3ar-labels-balanced", "t3ar", "retrieved", {"pool_labels": {"weight": 1.0, "balance": True}}),
+    ("t3ar-labels-second-stage", "t3ar", "retrieved", {**LABELS, "second_stage": {"steps": 10}}),
 )
 
 

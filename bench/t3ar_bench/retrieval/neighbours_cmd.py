@@ -48,6 +48,16 @@ def neighbours(work: Path, cache: Path, shifts: str, fractions: str, seeds: str,
     click.echo(f"wrote {out_dir / 'neighbours.md'} and {out_dir / 'neighbours.json'}")
 
 
+def _part(spec: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError as e:
+        raise click.BadParameter(f"not I/N: {spec!r}") from e
+    if not 0 <= i < n:
+        raise click.BadParameter(f"part {spec!r}: I must be in 0..N-1")
+    return i, n
+
+
 @click.command("mixed")
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-neighbours"),
               show_default=True, help="Kits, source models and caches (shared with `bench neighbours`).")
@@ -55,32 +65,51 @@ def neighbours(work: Path, cache: Path, shifts: str, fractions: str, seeds: str,
               help="Downloaded packages ($T3AR_CACHE_DIR or .cache/t3ar).")
 @click.option("--icons", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The icon store (t3ar.datakit.icons; default WORK/icons, built there when missing).")
-@click.option("--shift", default="twitter", show_default=True)
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
-@click.option("--fraction", type=float, default=0.1, show_default=True)
+@click.option("--shifts", default="fluent3d,twitter,openmoji,openmoji-black", show_default=True,
+              help="Target styles of the emoji kit; the first is the validation shift, which chooses the options.")
+@click.option("--seeds", default="0,1,2", show_default=True)
+@click.option("--fractions", default="0.1,0.3", show_default=True)
+@click.option("--arms", default=None, help="Only these arms (comma-separated labels; default every arm).")
+@click.option("--part", default="0/1", show_default=True,
+              help="I/N: run every N-th run from the I-th (split the grid over processes; runs are cached).")
+@click.option("--threads", type=click.IntRange(1), default=None, help="torch threads (default: torch's).")
 @click.option("--icon-cap", type=click.IntRange(1), default=None, help="At most this many icons per set.")
 @click.option("--clipart-cap", type=click.IntRange(1), default=None, help="At most this many per clipart source.")
 @click.option("--max-steps", type=click.IntRange(1), default=40, show_default=True)
 @click.option("--max-adapt", type=click.IntRange(2), default=None)
 @click.option("--max-eval", type=click.IntRange(2), default=None)
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Icon rendering processes.")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("docs/benchmarks/mixed-pool-smoke.json"), show_default=True)
-def mixed(work: Path, cache: Path, icons: Path | None, shift: str, seed: int, fraction: float, icon_cap: int | None,
-          clipart_cap: int | None, max_steps: int, max_adapt: int | None, max_eval: int | None, workers: int,
-          out_file: Path) -> None:
-    """One cell of the mixed-pool arms (T3AR with retrieval, t3ar-random, class-matched random labelled items, no
-    retrieval, bn-adapt, the whole-pool reference) on a pool where the relevant emoji are <= 5 %."""
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("docs/benchmarks"),
+              show_default=True, help="Where mixed-pool.md/.json are written (by a run of the whole grid, part 0/1).")
+def mixed(work: Path, cache: Path, icons: Path | None, shifts: str, seeds: str, fractions: str, arms: str | None,
+          part: str, threads: int | None, icon_cap: int | None, clipart_cap: int | None, max_steps: int,
+          max_adapt: int | None, max_eval: int | None, workers: int, out_dir: Path) -> None:
+    """The mixed-pool arms (T3AR with retrieval, t3ar-random, class-matched random labelled items, no retrieval,
+    bn-adapt, the whole-pool reference, the ranking options and the recipe) on a pool where the relevant emoji are
+    <= 5 %, over shifts x seeds x fractions, with the issue's goals in points."""
+    import torch
+
     from t3ar.datakit.icons import build_icons
-    from t3ar_bench.retrieval.mixed_main import run_mixed_cell
+    from t3ar_bench.retrieval.mixed_grid import run_mixed_grid
+    from t3ar_bench.retrieval.mixed_report import markdown, report
 
     configure_logging("INFO")
+    if threads:
+        torch.set_num_threads(threads)
     store = icons or work / "icons"
-    report = build_icons(store, cache=cache, workers=workers)
-    results = run_mixed_cell(work, cache, store, shift=shift, seed=seed, fraction=fraction, icon_cap=icon_cap,
-                             clipart_cap=clipart_cap, max_steps=max_steps, max_adapt=max_adapt, max_eval=max_eval)
-    results["icon_store"] = {"total": report.total, "seconds_to_build": report.seconds, "reused": report.reused}
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(json.dumps(results, indent=2) + "\n")
-    click.echo(json.dumps({r["label"]: r["top1"] for r in results["records"]}, indent=2))
-    click.echo(f"wrote {out_file}")
+    built = build_icons(store, cache=cache, workers=workers)
+    shift_list = [s for s in shifts.split(",") if s]
+    results = run_mixed_grid(work, cache, store, shifts=shift_list, seeds=[int(s) for s in _floats(seeds)],
+                             fractions=_floats(fractions), arms=[a for a in arms.split(",") if a] if arms else None,
+                             part=_part(part), icon_cap=icon_cap, clipart_cap=clipart_cap, max_steps=max_steps,
+                             max_adapt=max_adapt, max_eval=max_eval)
+    results["icon_store"] = {"total": built.total, "seconds_to_build": built.seconds, "reused": built.reused}
+    if _part(part) != (0, 1):
+        click.echo(f"part {part}: {len(results['records'])} runs done (the whole grid's call writes the report)")
+        return
+    full = report(results, validation=shift_list[0])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "mixed-pool.json").write_text(json.dumps(full, indent=2) + "\n")
+    (out_dir / "mixed-pool.md").write_text(markdown(full))
+    click.echo(markdown(full))
+    click.echo(f"wrote {out_dir / 'mixed-pool.md'} and {out_dir / 'mixed-pool.json'}")
