@@ -45,11 +45,12 @@ def grid_plan(shifts: Sequence[str], seeds: Sequence[int], fractions: Sequence[f
 
 def grid_arms(shifts: Sequence[str], seeds: Sequence[int], fractions: Sequence[float],
               labels: Sequence[str] | None, pool_ids: dict[str, str], lr: float) -> list[dict[str, Any]]:
-    """Every arm of every cell, cell by cell (shift, seed, fraction), in :data:`MIXED_ARMS` order. ``pool_ids``
-    names each shift's pool (part of the run's cache key: two pools never share a run)."""
+    """Every arm of every cell, seed by seed (then shift, fraction: a grid cut short holds whole seeds), in
+    :data:`MIXED_ARMS` order. ``pool_ids`` names each shift's pool (part of the run's cache key: two pools never
+    share a run)."""
     out = []
-    for shift in shifts:
-        for seed in seeds:
+    for seed in seeds:
+        for shift in shifts:
             for fraction in fractions:
                 for label, method, draw, options in MIXED_ARMS:
                     if labels is None or label in labels:
