@@ -81,9 +81,11 @@ def _part(spec: str) -> tuple[int, int]:
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Icon rendering processes.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("docs/benchmarks"),
               show_default=True, help="Where mixed-pool.md/.json are written (by a run of the whole grid, part 0/1).")
+@click.option("--adopt/--no-adopt", default=False, show_default=True,
+              help="Also add the goals (and OUT/neighbours.json's precision) to OUT/adaptation-cpu.{json,md,png}.")
 def mixed(work: Path, cache: Path, icons: Path | None, shifts: str, seeds: str, fractions: str, arms: str | None,
           part: str, threads: int | None, icon_cap: int | None, clipart_cap: int | None, max_steps: int,
-          max_adapt: int | None, max_eval: int | None, workers: int, out_dir: Path) -> None:
+          max_adapt: int | None, max_eval: int | None, workers: int, out_dir: Path, adopt: bool) -> None:
     """The mixed-pool arms (T3AR with retrieval, t3ar-random, class-matched random labelled items, no retrieval,
     bn-adapt, the whole-pool reference, the ranking options and the recipe) on a pool where the relevant emoji are
     <= 5 %, over shifts x seeds x fractions, with the issue's goals in points."""
@@ -113,3 +115,16 @@ def mixed(work: Path, cache: Path, icons: Path | None, shifts: str, seeds: str, 
     (out_dir / "mixed-pool.md").write_text(markdown(full))
     click.echo(markdown(full))
     click.echo(f"wrote {out_dir / 'mixed-pool.md'} and {out_dir / 'mixed-pool.json'}")
+    if adopt:
+        import datetime
+        import subprocess
+
+        from t3ar_bench.retrieval.mixed_adopt import write
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False).stdout.strip() or "unknown"
+        source = (f"`t3ar bench mixed` on {datetime.date.today().isoformat()} (commit {commit}, "
+                  f"{len(full['records'])} runs)")
+        npath = out_dir / "neighbours.json"
+        neighbours_json = json.loads(npath.read_text()) if npath.is_file() else None
+        click.echo(f"adopted into {write(out_dir, full, neighbours_json, source=source)}")
