@@ -24,7 +24,7 @@ from t3ar.models.backbones import PRESETS
 from t3ar_bench.method.arms import make_arm
 from t3ar_bench.method.data import BenchPool, EmbeddingStore, build_kits, side_table, source_model
 from t3ar_bench.method.plans import CPU, BenchPlan
-from t3ar_bench.method.runs import Context, code_hash, load_targets, pool_name, run_arm, source_config
+from t3ar_bench.method.runs import Context, arm_key, code_hash, load_targets, pool_name, run_arm, source_config
 from t3ar_bench.retrieval.mixed_main import MIXED_ARMS, build_mixed
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,10 @@ def run_mixed_grid(work: Path, cache: Path, icons: Path, *, shifts: Sequence[str
                    fractions: Sequence[float], arms: Sequence[str] | None = None, part: tuple[int, int] = (0, 1),
                    icon_cap: int | None = None, clipart_cap: int | None = None, max_steps: int = 40,
                    max_adapt: int | None = None, max_eval: int | None = None, lr: float = 1e-3,
-                   device: torch.device | None = None) -> dict[str, Any]:
-    """Run (or read from the cache) this part's share of the grid's runs; return every record it holds."""
+                   cached_only: bool = False, device: torch.device | None = None) -> dict[str, Any]:
+    """Run (or read from the cache) this part's share of the grid's runs; return every record it holds.
+    ``cached_only``: run nothing, gather the runs already in the cache (a grid run in stages: the validation
+    shift's arms first, the evaluation shifts' then)."""
     device = device or torch.device("cpu")
     t0 = time.perf_counter()
     plan = grid_plan(shifts, seeds, fractions, max_steps=max_steps, max_adapt=max_adapt, max_eval=max_eval)
@@ -99,6 +101,8 @@ def run_mixed_grid(work: Path, cache: Path, icons: Path, *, shifts: Sequence[str
     records = []
     for i, arm in enumerate(todo):
         if i % count != index:
+            continue
+        if cached_only and not (ctx.work / "method-runs" / f"{arm_key(ctx, arm)}.json").is_file():
             continue
         t = time.perf_counter()
         rec = run_arm(ctx, arm)

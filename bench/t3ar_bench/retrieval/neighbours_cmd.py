@@ -73,6 +73,7 @@ def _part(spec: str) -> tuple[int, int]:
 @click.option("--part", default="0/1", show_default=True,
               help="I/N: run every N-th run from the I-th (split the grid over processes; runs are cached).")
 @click.option("--threads", type=click.IntRange(1), default=None, help="torch threads (default: torch's).")
+@click.option("--cached-only", is_flag=True, help="Run nothing: report the runs already in the cache.")
 @click.option("--icon-cap", type=click.IntRange(1), default=None, help="At most this many icons per set.")
 @click.option("--clipart-cap", type=click.IntRange(1), default=None, help="At most this many per clipart source.")
 @click.option("--max-steps", type=click.IntRange(1), default=40, show_default=True)
@@ -84,7 +85,8 @@ def _part(spec: str) -> tuple[int, int]:
 @click.option("--adopt/--no-adopt", default=False, show_default=True,
               help="Also add the goals (and OUT/neighbours.json's precision) to OUT/adaptation-cpu.{json,md,png}.")
 def mixed(work: Path, cache: Path, icons: Path | None, shifts: str, seeds: str, fractions: str, arms: str | None,
-          part: str, threads: int | None, icon_cap: int | None, clipart_cap: int | None, max_steps: int,
+          part: str, threads: int | None, cached_only: bool, icon_cap: int | None, clipart_cap: int | None,
+          max_steps: int,
           max_adapt: int | None, max_eval: int | None, workers: int, out_dir: Path, adopt: bool) -> None:
     """The mixed-pool arms (T3AR with retrieval, t3ar-random, class-matched random labelled items, no retrieval,
     bn-adapt, the whole-pool reference, the ranking options and the recipe) on a pool where the relevant emoji are
@@ -104,7 +106,7 @@ def mixed(work: Path, cache: Path, icons: Path | None, shifts: str, seeds: str, 
     results = run_mixed_grid(work, cache, store, shifts=shift_list, seeds=[int(s) for s in _floats(seeds)],
                              fractions=_floats(fractions), arms=[a for a in arms.split(",") if a] if arms else None,
                              part=_part(part), icon_cap=icon_cap, clipart_cap=clipart_cap, max_steps=max_steps,
-                             max_adapt=max_adapt, max_eval=max_eval)
+                             max_adapt=max_adapt, max_eval=max_eval, cached_only=cached_only)
     results["icon_store"] = {"total": built.total, "seconds_to_build": built.seconds, "reused": built.reused}
     if _part(part) != (0, 1):
         click.echo(f"part {part}: {len(results['records'])} runs done (the whole grid's call writes the report)")
