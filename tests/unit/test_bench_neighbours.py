@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from t3ar_bench.retrieval.neighbours import RETRIEVERS, markdown, precision_table, rankings
+from t3ar.label_metric import fit_label_metric
+from t3ar_bench.retrieval.neighbours import ADAPTED, RETRIEVERS, markdown, precision_table, rankings
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -19,7 +20,7 @@ def _inputs() -> dict[str, torch.Tensor]:
 
 def test_each_option_ranks_only_labelled_items_as_pinned() -> None:
     got = rankings(**_inputs(), k=2, r=1, generator=torch.Generator().manual_seed(0))
-    assert set(got) == set(RETRIEVERS)
+    assert set(got) == set(RETRIEVERS) - set(ADAPTED)  # no label map given: the adapted options are left out
     assert got["index"].tolist() == [[0, 1]]  # R: item 2 ties item 0 but is unlabelled
     assert got["base"].tolist() == [[3, 1]]
     assert got["base-bn"].tolist() == [[1, 3]]
@@ -27,6 +28,20 @@ def test_each_option_ranks_only_labelled_items_as_pinned() -> None:
     assert got["class-conditional"].tolist() == [[1, 3]]  # the pseudo-label's class first, by R
     assert set(got["class-matched-random"].flatten().tolist()) <= {1, 3}
     assert set(got["random"].flatten().tolist()) <= {0, 1, 3}
+
+
+def test_the_label_adapted_options_use_the_map_fit_on_the_pool_and_the_refined_label() -> None:
+    inputs = _inputs()
+    metric = fit_label_metric(inputs["r_p"], inputs["pool_classes"], shrinkage=0.5)
+    gen = torch.Generator().manual_seed(0)
+    got = rankings(**inputs, k=2, r=1, generator=gen, metric=metric, logits=torch.tensor([[0.0, 0.3]]))
+    assert list(got) == list(RETRIEVERS)
+    # one mapped direction: items 0 and 1 (R's 2 candidates) map alike, so their R order stays; item 3 maps apart
+    assert got["label-adapted"].tolist() == [[0, 1]] and got["label-adapted-all"].tolist() == [[0, 1]]
+    # the candidates vote half and half: the model's weak class 1 wins, then R's best of the rest
+    assert got["refined-class-conditional"].tolist() == [[1, 3]]
+    flipped = rankings(**inputs, k=2, r=1, generator=gen, metric=metric, logits=torch.tensor([[0.3, 0.0]]))
+    assert flipped["refined-class-conditional"].tolist() == [[0, 1]]  # class 0's one item, then R's others
 
 
 def test_precision_table_and_markdown() -> None:
