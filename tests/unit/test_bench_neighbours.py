@@ -6,7 +6,15 @@ from __future__ import annotations
 import torch
 
 from t3ar.label_metric import fit_label_metric
-from t3ar_bench.retrieval.neighbours import ADAPTED, RETRIEVERS, markdown, precision_table, rankings
+from t3ar_bench.retrieval.neighbours import (
+    ADAPTED,
+    RETRIEVERS,
+    markdown,
+    precision_table,
+    rankings,
+    summary,
+    summary_markdown,
+)
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -53,3 +61,25 @@ def test_precision_table_and_markdown() -> None:
                "neighbour_precision": {n: {"0.1": {"per_shift": {"twitter": row}}} for n, row in table.items()}}
     text = markdown(results)
     assert "| index | twitter | 66.7 | 50.0 |" in text and "| base | twitter | 0.0 | 50.0 |" in text
+
+
+def test_summary_gaps_the_goal_and_the_validation_choice() -> None:
+    def row(p: float, acc: float) -> dict[str, float]:
+        return {"precision_at_5": p, "pseudo_label_accuracy": acc}
+
+    results = {"fractions": [0.1], "neighbour_precision": {
+        "index": {"0.1": {"per_shift": {"val": row(0.5, 0.5), "a": row(0.6, 0.5), "b": row(0.4, 0.5),
+                                        "c": row(0.7, 0.5)}}},
+        "label-adapted": {"0.1": {"per_shift": {"val": row(0.5, 0.5), "a": row(0.5, 0.5), "b": row(0.5, 0.5),
+                                                "c": row(0.5, 0.5)}}},
+        "refined-class-conditional": {"0.1": {"per_shift": {"val": row(0.45, 0.5), "a": row(0.9, 0.5),
+                                                            "b": row(0.9, 0.5), "c": row(0.9, 0.5)}}},
+        "class-matched-random": {"0.1": {"per_shift": {"val": row(0.9, 0.5)}}}}}
+    summ = summary(results, "val")
+    index = summ["goal"]["index"]["0.1"]
+    assert index["per_shift"] == {"val": 0.0, "a": 10.0, "b": -10.0, "c": 20.0}
+    assert index["median_evaluation"] == 10.0 and index["met"] is True  # the validation shift is not counted
+    assert summ["goal"]["label-adapted"]["0.1"]["met"] is False
+    # the controls are never chosen; a tie on the validation shift goes to the earlier (simpler) option
+    assert summ["validation_choice"]["0.1"]["retriever"] == "index"
+    assert "| index | 0.1 | +10.0 | -10.0 | +20.0 | +0.0 | +10.0 | +5.0 | met |" in summary_markdown(summ)

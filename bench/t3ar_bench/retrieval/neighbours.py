@@ -60,6 +60,13 @@ RETRIEVERS: tuple[str, ...] = ("index", "base", "base-bn", "base-rerank", "class
                                "label-adapted-all", "refined-class-conditional", "random", "class-matched-random")
 #: the options that need the label map (and, for the refined one, the model's logits)
 ADAPTED: tuple[str, ...] = ("label-adapted", "label-adapted-all", "refined-class-conditional")
+#: the options a job could rank by (each ranks only what the pool's index answered: its plain or label-filtered
+#: search), among which validation chooses; ``base``/``base-bn`` (every pool image seen by the model) and
+#: ``label-adapted-all`` (an index of the mapped vectors) are references, ``random``/``class-matched-random`` controls
+CHOOSABLE: tuple[str, ...] = ("index", "base-rerank", "class-conditional", "label-adapted",
+                              "refined-class-conditional")
+#: the issue's goal: precision@5 at least the pseudo-labels' accuracy + this many points (median over shifts)
+GOAL_POINTS = 5.0
 #: the weight of the labelled neighbours' vote against the model's probabilities in the refined pseudo-label (a
 #: prior: half and half)
 REFINE_WEIGHT = 0.5
@@ -288,6 +295,63 @@ def markdown(results: Mapping[str, Any]) -> str:
             lines.append(f"| {name} | {s} | " + " | ".join(_pct(c.get("precision_at_5")) for c in cells) + " | "
                          + " | ".join(_pct(c.get("pseudo_label_accuracy")) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def summary(results: Mapping[str, Any], validation: str) -> dict[str, Any]:
+    """The issue's goal and validation's choice, from the results alone. Per retriever and fraction: precision@5 -
+    pseudo-label accuracy in points per shift, their median over the evaluation shifts (every shift but
+    ``validation``) and over every shift, and whether the evaluation median reaches :data:`GOAL_POINTS`. Per
+    fraction: the :data:`CHOOSABLE` option with the highest precision on the validation shift (the worst-shift
+    rule with one validation shift; a tie goes to the earlier, simpler option), and that option's figures."""
+    np_ = results["neighbour_precision"]
+    goal: dict[str, dict[str, Any]] = {}
+    for name, by_f in np_.items():
+        for f, cell in by_f.items():
+            gaps = {s: round(100 * (row["precision_at_5"] - row["pseudo_label_accuracy"]), 2)
+                    for s, row in cell["per_shift"].items()
+                    if row.get("precision_at_5") is not None and row.get("pseudo_label_accuracy") is not None}
+            evaluation = [g for s, g in gaps.items() if s != validation]
+            med = round(float(np.median(evaluation)), 2) if evaluation else None
+            goal.setdefault(name, {})[f] = {
+                "per_shift": gaps, "median_evaluation": med,
+                "median_all": round(float(np.median(list(gaps.values()))), 2) if gaps else None,
+                "met": None if med is None else bool(med >= GOAL_POINTS)}
+    choice: dict[str, Any] = {}
+    for f in (str(x) for x in results["fractions"]):
+        scored = [(np_[n][f]["per_shift"][validation]["precision_at_5"], -i, n) for i, n in enumerate(CHOOSABLE)
+                  if n in np_ and validation in np_[n].get(f, {}).get("per_shift", {})]
+        if scored:
+            best = max(scored)[2]
+            choice[f] = {"retriever": best, "validation_precision_at_5": max(scored)[0], "goal": goal[best][f]}
+    return {"validation_shift": validation, "goal_points": GOAL_POINTS, "goal": goal, "validation_choice": choice}
+
+
+def summary_markdown(summ: Mapping[str, Any]) -> str:
+    """The goal table (points over the pseudo-labels' accuracy) and validation's choice as markdown."""
+    goal = summ["goal"]
+    fractions = list(next(iter(goal.values()))) if goal else []
+    shifts = sorted({s for by_f in goal.values() for c in by_f.values() for s in c["per_shift"]})
+    val = summ["validation_shift"]
+    lines = [f"precision@5 - pseudo-label accuracy (points; goal >= +{summ['goal_points']:g}, median over the "
+             f"evaluation shifts, i.e. all but {val}, the validation shift)", "",
+             "| retriever | fraction | " + " | ".join(shifts) + " | median (evaluation) | median (all) | goal |",
+             "|---|---|" + "---|" * (len(shifts) + 3)]
+    for name, by_f in goal.items():
+        for f in fractions:
+            c = by_f[f]
+            lines.append(f"| {name} | {f} | " + " | ".join(_pts(c["per_shift"].get(s)) for s in shifts)
+                         + f" | {_pts(c['median_evaluation'])} | {_pts(c['median_all'])} | "
+                         + ("met" if c["met"] else "not met") + " |")
+    lines += ["", f"validation ({val}) keeps, by precision@5 among {', '.join(CHOOSABLE)}:", ""]
+    for f, ch in summ["validation_choice"].items():
+        lines.append(f"- at {f}: `{ch['retriever']}` ({_pct(ch['validation_precision_at_5'])} on {val}); on the "
+                     f"evaluation shifts {_pts(ch['goal']['median_evaluation'])} points over the pseudo-labels "
+                     f"(median), goal " + ("met" if ch["goal"]["met"] else "not met"))
+    return "\n".join(lines) + "\n"
+
+
+def _pts(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1f}"
 
 
 def _pct(v: float | None) -> str:
