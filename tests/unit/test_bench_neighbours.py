@@ -48,8 +48,11 @@ def test_the_label_adapted_options_use_the_map_fit_on_the_pool_and_the_refined_l
     assert got["label-adapted"].tolist() == [[0, 1]] and got["label-adapted-all"].tolist() == [[0, 1]]
     # the candidates vote half and half: the model's weak class 1 wins, then R's best of the rest
     assert got["refined-class-conditional"].tolist() == [[1, 3]]
+    assert got["refined-index-class-conditional"].tolist() == [[1, 3]]  # R's own 2 nearest: the same vote here
     flipped = rankings(**inputs, k=2, r=1, generator=gen, metric=metric, logits=torch.tensor([[0.3, 0.0]]))
     assert flipped["refined-class-conditional"].tolist() == [[0, 1]]  # class 0's one item, then R's others
+    no_map = rankings(**inputs, k=2, r=1, generator=gen, logits=torch.tensor([[0.3, 0.0]]))
+    assert set(no_map) == set(RETRIEVERS) - set(ADAPTED) | {"refined-index-class-conditional"}
 
 
 def test_precision_table_and_markdown() -> None:

@@ -20,6 +20,8 @@ at least one (hit rate), for each way of ranking the pool:
   refined pseudo-label, the arg-max of the model's probabilities and the ``label-adapted`` neighbours' vote shares
   mixed half and half (:func:`t3ar.label_metric.refine_pseudo_labels`), for every image (no confidence threshold:
   its precision is the refined pseudo-labels' accuracy wherever the pool holds items of the class);
+  ``refined-index-class-conditional``: the same with the vote of R's own k nearest (no map: what the label map adds
+  to the refined pseudo-label);
 - ``random``: uniform random labelled items; ``class-matched-random``: random items of the pseudo-label's class.
 
 and the ``base-bn`` pseudo-labels' accuracy on the same images. Nothing here chooses an option: it measures them.
@@ -57,14 +59,16 @@ from t3ar.method.ranking import class_conditional_rank, confident_pseudo_labels,
 log = logging.getLogger(__name__)
 
 RETRIEVERS: tuple[str, ...] = ("index", "base", "base-bn", "base-rerank", "class-conditional", "label-adapted",
-                               "label-adapted-all", "refined-class-conditional", "random", "class-matched-random")
-#: the options that need the label map (and, for the refined one, the model's logits)
-ADAPTED: tuple[str, ...] = ("label-adapted", "label-adapted-all", "refined-class-conditional")
+                               "label-adapted-all", "refined-class-conditional", "refined-index-class-conditional",
+                               "random", "class-matched-random")
+#: the options that need the label map or the queries' logits (the refined pseudo-labels)
+ADAPTED: tuple[str, ...] = ("label-adapted", "label-adapted-all", "refined-class-conditional",
+                            "refined-index-class-conditional")
 #: the options a job could rank by (each ranks only what the pool's index answered: its plain or label-filtered
 #: search), among which validation chooses; ``base``/``base-bn`` (every pool image seen by the model) and
 #: ``label-adapted-all`` (an index of the mapped vectors) are references, ``random``/``class-matched-random`` controls
 CHOOSABLE: tuple[str, ...] = ("index", "base-rerank", "class-conditional", "label-adapted",
-                              "refined-class-conditional")
+                              "refined-class-conditional", "refined-index-class-conditional")
 #: the issue's goal: precision@5 at least the pseudo-labels' accuracy + this many points (median over shifts)
 GOAL_POINTS = 5.0
 #: the weight of the labelled neighbours' vote against the model's probabilities in the refined pseudo-label (a
@@ -86,8 +90,8 @@ def rankings(r_q: torch.Tensor, r_p: torch.Tensor, base_q: torch.Tensor, base_p:
              logits: torch.Tensor | None = None, refine_weight: float = REFINE_WEIGHT) -> dict[str, torch.Tensor]:
     """Each retriever option's k neighbours per query ([N, k] pool indices, -1 = missing) among the labelled pool
     items (``pool_classes`` >= 0; every vector and feature row aligned with it). The :data:`ADAPTED` options need
-    ``metric`` (the label map, fit on the pool's labelled items) and ``logits`` (the queries' [N, C], for the
-    refined pseudo-label); without them they are left out."""
+    ``metric`` (the label map, fit on the pool's labelled items) and/or ``logits`` (the queries' [N, C], for the
+    refined pseudo-labels); without them they are left out."""
     labelled = pool_classes >= 0
     if not bool(labelled.any()):
         raise ValueError("the pool has no labelled item")
@@ -108,6 +112,10 @@ def rankings(r_q: torch.Tensor, r_p: torch.Tensor, base_q: torch.Tensor, base_p:
             refined, every = refine_pseudo_labels(logits, neighbour_vote(adapted, pool_classes, logits.shape[1], k),
                                                   refine_weight, 0.0)
             out["refined-class-conditional"] = class_conditional_rank(r_scores, pool_classes, refined, every, k)
+    if logits is not None:
+        refined, every = refine_pseudo_labels(logits, neighbour_vote(cand, pool_classes, logits.shape[1], k),
+                                              refine_weight, 0.0)
+        out["refined-index-class-conditional"] = class_conditional_rank(r_scores, pool_classes, refined, every, k)
     n = len(r_q)
     lab_idx = torch.nonzero(labelled).flatten()
     out["random"] = lab_idx[torch.rand(n, len(lab_idx), generator=generator).argsort(dim=1)[:, :k]]
