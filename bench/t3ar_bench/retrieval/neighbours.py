@@ -19,7 +19,7 @@ at least one (hit rate), for each way of ranking the pool:
 - ``refined-class-conditional``: class-conditional retrieval (R's nearest among the items of one class) on a
   refined pseudo-label, the arg-max of the model's probabilities and the ``label-adapted`` neighbours' vote shares
   mixed half and half (:func:`t3ar.label_metric.refine_pseudo_labels`), for every image (no confidence threshold:
-  its precision is the refined pseudo-labels' accuracy wherever the pool holds items of the class);
+  its precision is the refined pseudo-labels' accuracy wherever the pool holds k items of the class);
   ``refined-index-class-conditional``: the same with the vote of R's own k nearest (no map: what the label map adds
   to the refined pseudo-label);
 - ``random``: uniform random labelled items; ``class-matched-random``: random items of the pseudo-label's class.
