@@ -29,22 +29,39 @@ def _floats(spec: str) -> list[float]:
 @click.option("--seeds", default="0", show_default=True)
 @click.option("--source-epochs", type=click.IntRange(1), default=6, show_default=True,
               help="The source model's schedule (the cpu plan's: 6).")
+@click.option("--shrinkage", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+              help="The label map's shrinkage of the within-class covariance (default: t3ar.label_metric's).")
+@click.option("--no-label-adapted", is_flag=True, help="Leave out the options that fit a map on the pool's labels.")
+@click.option("--threads", type=click.IntRange(1), default=None, help="torch threads (default: torch's).")
+@click.option("--validation", default="fluent3d", show_default=True,
+              help="The validation shift: the report's choice of option is made on it alone.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("docs/benchmarks"), show_default=True, help="Where neighbours.md/.json are written.")
 def neighbours(work: Path, cache: Path, shifts: str, fractions: str, seeds: str, source_epochs: int,
+               shrinkage: float | None, no_label_adapted: bool, threads: int | None, validation: str,
                out_dir: Path) -> None:
     """Precision@5 of each retriever option (R, the base model's features with and without the target's BatchNorm
-    statistics, re-ranking, class-conditional, random, class-matched random) beside the pseudo-labels' accuracy."""
-    from t3ar_bench.retrieval.neighbours import markdown, run_neighbours
+    statistics, re-ranking, class-conditional, R re-ranked in a space fit on the pool's labels, class-conditional
+    on a pseudo-label refined by the labelled neighbours, random, class-matched random) beside the pseudo-labels'
+    accuracy."""
+    import torch
+
+    from t3ar.label_metric import DEFAULT_SHRINKAGE
+    from t3ar_bench.retrieval.neighbours import markdown, run_neighbours, summary, summary_markdown
 
     configure_logging("INFO")
+    if threads:
+        torch.set_num_threads(threads)
     results = run_neighbours(work, cache, shifts=[s for s in shifts.split(",") if s], fractions=_floats(fractions),
-                             seeds=[int(s) for s in _floats(seeds)], source_epochs=source_epochs)
+                             seeds=[int(s) for s in _floats(seeds)], source_epochs=source_epochs,
+                             shrinkage=DEFAULT_SHRINKAGE if shrinkage is None else shrinkage,
+                             label_adapted=not no_label_adapted)
+    results["summary"] = summary(results, validation)
+    text = markdown(results) + "\n" + summary_markdown(results["summary"])
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "neighbours.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "neighbours.md").write_text("# Neighbour precision per retriever option (issue 52)\n\n"
-                                           + markdown(results))
-    click.echo(markdown(results))
+    (out_dir / "neighbours.md").write_text("# Neighbour precision per retriever option (issue 52)\n\n" + text)
+    click.echo(text)
     click.echo(f"wrote {out_dir / 'neighbours.md'} and {out_dir / 'neighbours.json'}")
 
 
