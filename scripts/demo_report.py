@@ -143,19 +143,22 @@ def _quality_lines(quality: Mapping[str, Any] | None) -> list[str]:
 
 def _pool_line(d: Path) -> str | None:
     """The pool the demo ingested (its ``ingest-<order>-<source>.json`` summaries, in ingest order)."""
-    parts = []
+    parts, total, labelled = [], 0, 0
     for f in sorted(d.glob("ingest-*.json")):  # ingest-<order>-<source>.json
         s = json.loads(f.read_text())
         source = f.stem.split("-", 2)[-1]
-        labelled = f", {s['labelled']} labelled" if s.get("labelled") else " unlabelled"
-        parts.append(f"{source} {s['added']}{labelled}")
-    return "pool (items added): " + "; ".join(parts) if parts else None
+        total += s["added"]
+        labelled += s["added"] if s.get("labelled") else 0  # a style's class folders label every image
+        parts.append(f"{source} {s['added']}{' labelled' if s.get('labelled') else ''}")
+    if not parts:
+        return None
+    return f"pool: {total} items, {labelled} of them labelled ({', '.join(parts)}; exact and near-duplicates skipped)"
 
 
 def report(d: Path, start: float, device: str, bench: Mapping[str, Any] | None, *, ranking: str, shift: str,
            fraction: float, bench_path: str) -> list[str]:
     """Everything the demo prints after its job: the job's figures, then the benchmark's aggregate beside them."""
-    from t3ar.clients.job_report import AcceptanceRecord, acceptance_table
+    from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, candidate_pool_lines
     from t3ar.job_words import noise_words
 
     job, before, after = (json.loads((d / f).read_text()) for f in ("job.json", "before.json", "after.json"))
@@ -164,23 +167,28 @@ def report(d: Path, start: float, device: str, bench: Mapping[str, Any] | None, 
     clipart = json.loads((d / "pool" / "manifest.json").read_text())["report"]["sources"]["openclipart"]
     res = job.get("result") or {}
     labelled = res.get("labelled_neighbours_total") or 0
-    out = [f"job {job['id']}: {job['status']} on {job['target']['images']} target images, {res.get('steps')} steps, "
-           f"{res.get('pool_ids_used')} pool images used, {labelled} labelled pool items used as labelled data "
-           f"(T3AR with the pool's labels, ranking {ranking})"]
+    acc = job.get("acceptance") or res.get("acceptance")
+    returned = f"the returned model ({acc['winner']})" if acc else "the adapted model"
+    out = [f"job {job['id']} (T3AR with the pool's labels, ranking {ranking}): {job['status']} on "
+           f"{job['target']['images']} target images, {res.get('steps')} steps; {returned} used "
+           f"{res.get('pool_ids_used')} pool images, {labelled} labelled pool items as labelled data"]
     if (pool := _pool_line(d)) is not None:
         out.append(pool)
     if "accuracy_after" in res and res["accuracy_after"] is not None:
         out.append(f"accuracy on the adapted target subset: {100 * res['accuracy_before']:.1f}% -> "
                    f"{100 * res['accuracy_after']:.1f}%")
-    acc = job.get("acceptance") or res.get("acceptance")
+    per_candidate: list[str] = []
     if acc:
         record = AcceptanceRecord.model_validate(acc)
         out += acceptance_table(record)
         if (noise := noise_words(record)) is not None:
             out.append(noise)
+        per_candidate = candidate_pool_lines(record)  # each candidate's pool use and neighbour quality, a loser's too
     out.append(f"accuracy on all {after['n']} {shift.capitalize()} emoji ({'the winner' if acc else 'adapted'}; the "
                f"holdout's images included):  {100 * before['top1']:.1f}% -> {100 * after['top1']:.1f}%")
-    out += _quality_lines(res.get("neighbour_quality"))
+    # the job's neighbour quality (result.neighbour_quality: the returned model's), or each candidate's where the
+    # acceptance record carries them (the returned model's among them)
+    out += per_candidate or _quality_lines(res.get("neighbour_quality"))
     out += benchmark_lines(bench, shift=shift, ranking=ranking, fraction=fraction, path=bench_path)
     out.append(f"these numbers depend on: device {device}, {rt['threads']} torch thread(s), CPU {rt['machine']} "
                f"{rt['cpu_capability']} ({rt.get('cpu', 'model unknown')}), torch {libs['torch']}, timm "

@@ -15,7 +15,7 @@ from provider_kit import SixItemPool
 from t3ar.acceptance import DEFAULT_RULE
 from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.candidates import SharedProvider, run_candidates
-from t3ar.clients.job_report import AcceptanceRecord, acceptance_table
+from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, candidate_pool_lines
 from t3ar.data.holdout import HoldoutError, read_holdout
 from t3ar.data.target import read_target
 from t3ar.method.config import adapt_config
@@ -67,6 +67,17 @@ def test_candidates_share_the_pool_and_the_winner_is_loaded(setup: tuple[Path, P
     assert rec.candidates[0].vs_source is None and rec.candidates[2].vs_source is not None
     table = acceptance_table(rec)
     assert table[1].split()[0] == "candidate" and any(line.rstrip().endswith("<-") for line in table[2:])
+    # what each candidate drew from the pool is kept whoever wins (the job's result carries the winner's alone)
+    used = {c.name: c for c in rec.candidates}
+    assert used["source"].pool_ids_used == 0 and used["source"].neighbour_quality is None
+    assert used["t3ar"].pool_ids_used == len(done.runs["t3ar"].outcome.lineage.pool_ids) > 0
+    assert used["t3ar"].labelled_neighbours_total == 0  # SixItemPool's items carry no label
+    quality = used["t3ar"].neighbour_quality
+    assert quality is not None and quality.k == 2 and quality.sources == {"x": quality.neighbours}
+    assert AcceptanceRecord.model_validate(rec.model_dump(mode="json")) == rec  # the contract reads it back
+    lines = candidate_pool_lines(rec)
+    assert any(line.startswith("candidate t3ar (") and "pool images retrieved" in line for line in lines)
+    assert not any("candidate source" in line for line in lines)
     phases = done.phase_seconds()
     assert phases["steps"] >= done.runs["t3ar"].outcome.phase_seconds["steps"]
 

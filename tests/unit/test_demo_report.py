@@ -141,9 +141,10 @@ def test_the_report_prints_the_jobs_figures_and_the_benchmark_beside_them(tmp_pa
     d = _demo_dir(tmp_path / "demo", quality=QUALITY)
     lines = dr.report(d, 0.0, "cpu", BENCH, ranking="index", shift="twitter", fraction=0.3, bench_path="b.json")
     text = "\n".join(lines)
-    assert lines[0].startswith("job j1: finished on 579 target images, 18 steps, 900 pool images used, 700 labelled "
-                               "pool items used as labelled data")
-    assert "pool (items added): openclipart 536 unlabelled; openmoji 1800, 1800 labelled" in text
+    assert lines[0] == ("job j1 (T3AR with the pool's labels, ranking index): finished on 579 target images, 18 "
+                        "steps; the returned model (t3ar) used 900 pool images, 700 labelled pool items as labelled "
+                        "data")
+    assert "pool: 2336 items, 1800 of them labelled (openclipart 536, openmoji 1800 labelled;" in text
     assert "accuracy on the adapted target subset: 47.8% -> 55.0%" in text
     assert "t3ar wins" in text and "Within noise: t3ar - bn-adapt = +3.0 points [-1.0, +7.0]" in text
     assert "accuracy on all 1910 Twitter emoji (the winner; the holdout's images included):  49.3% -> 58.0%" in text
@@ -151,6 +152,23 @@ def test_the_report_prints_the_jobs_figures_and_the_benchmark_beside_them(tmp_pa
     assert "precision@5 on the target's true labels 45.0 %" in text and "openmoji 2000, openclipart 895" in text
     assert text.index("neighbour quality") < text.index("the mixed-pool benchmark (b.json)")
     assert "one shift is not the whole" in text and "openmoji 17.0.0" in text
+
+
+def test_the_report_shows_each_candidates_pool_use_when_the_record_has_it(tmp_path: Path) -> None:
+    d = _demo_dir(tmp_path / "demo", quality=None)
+    job = json.loads((d / "job.json").read_text())
+    job["acceptance"]["winner"] = "bn-adapt"  # the retrieval candidate lost: the job's result has no quality
+    job["acceptance"]["candidates"][1]["pool_ids_used"] = 0
+    job["acceptance"]["candidates"][2].update(pool_ids_used=900, labelled_neighbours_total=700,
+                                              neighbour_quality=QUALITY)
+    job["result"].update(pool_ids_used=0, labelled_neighbours_total=None)
+    (d / "job.json").write_text(json.dumps(job))
+    text = "\n".join(dr.report(d, 0.0, "cpu", None, ranking="index", shift="twitter", fraction=0.3,
+                               bench_path="b.json"))
+    assert "the returned model (bn-adapt) used 0 pool images, 0 labelled pool items" in text
+    assert ("candidate t3ar (not returned): 900 pool images retrieved, 700 served as labelled data\n"
+            "  neighbour quality (index, k=5, 2895 drawn)") in text
+    assert "candidate bn-adapt" not in text and "none reported" not in text
 
 
 def test_the_report_says_when_the_returned_model_drew_no_neighbours(tmp_path: Path) -> None:
