@@ -170,8 +170,8 @@ def report(d: Path, start: float, device: str, bench: Mapping[str, Any] | None, 
     acc = job.get("acceptance") or res.get("acceptance")
     returned = f"the returned model ({acc['winner']})" if acc else "the adapted model"
     out = [f"job {job['id']} (T3AR with the pool's labels, ranking {ranking}): {job['status']} on "
-           f"{job['target']['images']} target images, {res.get('steps')} steps; {returned} used "
-           f"{res.get('pool_ids_used')} pool images, {labelled} labelled pool items as labelled data"]
+           f"{job['target']['images']} target images; {returned}: {res.get('steps')} steps, "
+           f"{res.get('pool_ids_used')} pool images used, {labelled} labelled pool items used as labelled data"]
     if (pool := _pool_line(d)) is not None:
         out.append(pool)
     if "accuracy_after" in res and res["accuracy_after"] is not None:

@@ -141,9 +141,9 @@ def test_the_report_prints_the_jobs_figures_and_the_benchmark_beside_them(tmp_pa
     d = _demo_dir(tmp_path / "demo", quality=QUALITY)
     lines = dr.report(d, 0.0, "cpu", BENCH, ranking="index", shift="twitter", fraction=0.3, bench_path="b.json")
     text = "\n".join(lines)
-    assert lines[0] == ("job j1 (T3AR with the pool's labels, ranking index): finished on 579 target images, 18 "
-                        "steps; the returned model (t3ar) used 900 pool images, 700 labelled pool items as labelled "
-                        "data")
+    assert lines[0] == ("job j1 (T3AR with the pool's labels, ranking index): finished on 579 target images; the "
+                        "returned model (t3ar): 18 steps, 900 pool images used, 700 labelled pool items used as "
+                        "labelled data")
     assert "pool: 2336 items, 1800 of them labelled (openclipart 536, openmoji 1800 labelled;" in text
     assert "accuracy on the adapted target subset: 47.8% -> 55.0%" in text
     assert "t3ar wins" in text and "Within noise: t3ar - bn-adapt = +3.0 points [-1.0, +7.0]" in text
@@ -165,7 +165,7 @@ def test_the_report_shows_each_candidates_pool_use_when_the_record_has_it(tmp_pa
     (d / "job.json").write_text(json.dumps(job))
     text = "\n".join(dr.report(d, 0.0, "cpu", None, ranking="index", shift="twitter", fraction=0.3,
                                bench_path="b.json"))
-    assert "the returned model (bn-adapt) used 0 pool images, 0 labelled pool items" in text
+    assert "the returned model (bn-adapt): 18 steps, 0 pool images used, 0 labelled pool items used" in text
     assert ("candidate t3ar (not returned): 900 pool images retrieved, 700 served as labelled data\n"
             "  neighbour quality (index, k=5, 2895 drawn)") in text
     assert "candidate bn-adapt" not in text and "none reported" not in text
