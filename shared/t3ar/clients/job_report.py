@@ -185,7 +185,9 @@ def quality_lines(q: NeighbourQualityRecord) -> list[str]:
         lines.append(f"precision@{q.k} on the {q.precision_on or '?'}'s true labels {share(q.precision_at_k)}"
                      + (f"; hit rate {100 * q.hit_rate:.1f} %" if q.hit_rate is not None else ""))
     if q.sources:
-        lines.append("neighbours by pool source: " + ", ".join(f"{s or '(none)'} {n}" for s, n in q.sources.items()))
+        # the most first: a record read back from JSON may hold its sources in name order
+        ordered = sorted(q.sources.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines.append("neighbours by pool source: " + ", ".join(f"{s or '(none)'} {n}" for s, n in ordered))
     return lines
 
 
