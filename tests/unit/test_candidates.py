@@ -195,9 +195,9 @@ def test_jobs_show_prints_the_acceptance_table() -> None:
     assert "+100.0 [+100.0, +100.0]" in rows["bn-adapt"] and "-10.0" in rows["t3ar"]
     # a losing retrieval candidate's pool use and neighbour quality are printed too
     quality = {"ranking": "index", "k": 5, "neighbours": 45, "sources": {"clipart": 5, "openmoji": 40}}
-    record = as_record(decide(correct, "paired"), pool_use={"t3ar": {"pool_ids_used": 30, "labelled_neighbours_total":
+    losing = as_record(decide(correct, "paired"), pool_use={"t3ar": {"pool_ids_used": 30, "labelled_neighbours_total":
                                                                      12, "neighbour_quality": quality}})
-    job = JobOut.model_validate({**job.model_dump(mode="json"), "acceptance": record.model_dump(mode="json")})
+    job = JobOut.model_validate({**job.model_dump(mode="json"), "acceptance": losing.model_dump(mode="json")})
     text = _summary(job)
     assert "candidate t3ar (not returned): 30 pool images retrieved, 12 served as labelled data" in text
     assert "neighbours by pool source: openmoji 40, clipart 5" in text and "candidate bn-adapt" not in text
