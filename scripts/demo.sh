@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # The README's first command: set everything up, then run the main job through the real stack.
 #
-#   1. set up .venv (scripts/setup.sh)
-#   2. build the emoji style-shift data (Google = source style, Twitter = target style) and an auxiliary pool
-#      (OpenClipart) with the data kit; packages are downloaded once into the cache
+#   1. set up .venv (scripts/setup.sh; skipped with T3AR_DEMO_SETUP=0)
+#   2. build the emoji style-shift data (Google = source style, Twitter = target style) and the auxiliary pool with
+#      the data kit: 600 unlabelled OpenClipart images plus the kit's labelled emoji styles outside Twitter's and
+#      Google's artwork families (openmoji, openmoji-black, fluent3d: the method benchmark's rule), their class
+#      folders the same class names as the source model's; packages are downloaded once into the cache, here,
+#      before any job
 #   3. train a source model on Google emoji (or reuse .cache/demo/source.pt when source.json shows it was
 #      trained on the same data, code, library versions, thread count and CPU ISA)
 #   4. `t3ar up` on a fresh state dir: Redis + retriever (empty pool) + API + one worker on 127.0.0.1
-#   5. ingest the pool, submit a Twitter target subset (its labels are used for evaluation only) with an
-#      acceptance holdout (labelled Twitter images outside the target, never trained on), follow the job with a
-#      progress bar, download the checkpoint of the holdout's winner
-#   6. print the acceptance table and accuracy on all Twitter emoji before -> after, stop the stack
+#   5. ingest the pool (the emoji styles with their labels), submit a Twitter target subset (its labels are used
+#      for evaluation only) with an acceptance holdout (labelled Twitter images outside the target, never trained
+#      on) to T3AR with the pool's labels as data (the mixed-pool benchmark's labelled arm: the paper preset,
+#      pool_labels.weight 1, the retrieval ranking below), follow the job, download the holdout winner's checkpoint
+#   6. print the acceptance table, accuracy on all Twitter emoji before -> after, the pool items used, the job's
+#      neighbour quality and, beside them, the mixed-pool benchmark's aggregate (docs/benchmarks/mixed-pool.json;
+#      a line says when it has not been run); stop the stack (scripts/demo_report.py prints it)
 #
 # Environment: T3AR_DEMO_DIR (default .cache/demo), T3AR_CACHE_DIR (downloaded packages, default .cache/packages),
 # T3AR_DEMO_EPOCHS (adaptation epochs, default 2), T3AR_DEMO_FRACTION (share of Twitter submitted, default 0.3),
 # T3AR_DEMO_HOLDOUT (labelled holdout images per class, default 1; 0 = no holdout),
-# OMP_NUM_THREADS (torch threads per process, default 1), T3AR_DEMO_DEVICE (default cpu; auto = CUDA when present).
+# OMP_NUM_THREADS (torch threads per process, default 1), T3AR_DEMO_DEVICE (default cpu; auto = CUDA when present),
+# T3AR_DEMO_RANKING (the job's retrieval.ranking: index | class-conditional | base-rerank; default: the choice of
+# the mixed-pool benchmark, `choice.ranking` of docs/benchmarks/mixed-pool.json, else index),
+# T3AR_DEMO_SETUP (default 1; 0 = skip scripts/setup.sh, for a .venv already set up, e.g. shared by worktrees).
 #
 # --mlflow: the stack starts MLflow's tracking server too (`t3ar up --mlflow`); the job asks for the alias
 # `challenger`, and the demo waits for its registration and prints the version it registered (docs/serving.md).
@@ -23,7 +32,8 @@
 # Reproducibility: the printed accuracies are the same in every run on one machine with the same settings.
 # They change with OMP_NUM_THREADS and with the CPU's instruction set (oneDNN/MKL kernels: AVX2 vs AVX-512
 # give different weight gradients), with the device (CUDA trains with AMP), with the torch/timm/Pillow/numpy
-# versions (unpinned ones come from PyPI at set-up) and with the openclipart-png version apt serves.
+# versions (unpinned ones come from PyPI at set-up), with the openclipart-png version apt serves and with the
+# retrieval ranking (which docs/benchmarks/mixed-pool.json may change).
 set -euo pipefail
 MLFLOW=0
 for arg in "$@"; do
@@ -45,8 +55,12 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 step() { printf '\n== [%4ss] %s\n' "$(( $(date +%s) - start ))" "$*" >&2; }
 
-step "setup (.venv)"
-bash scripts/setup.sh
+if [ "${T3AR_DEMO_SETUP:-1}" = 0 ]; then
+  step "setup skipped (T3AR_DEMO_SETUP=0): using .venv as it is"
+else
+  step "setup (.venv)"
+  bash scripts/setup.sh
+fi
 T=.venv/bin/t3ar
 PY=.venv/bin/python
 D=${T3AR_DEMO_DIR:-.cache/demo}
@@ -61,6 +75,14 @@ step "emoji data: google (source), twitter (target), 64 px"
 
 step "auxiliary pool: 600 OpenClipart images"
 "$T" data pool --out "$D/pool" --sources openclipart --max-items 600 --cache "$CACHE"
+
+step "labelled pool: the kit's emoji styles outside Twitter's and Google's artwork families, with their classes"
+POOL_STYLES=$("$PY" scripts/demo_report.py pool-styles twitter google)
+# A kit of its own: the Google/Twitter kit keeps the emoji present in all its styles, so adding styles to it would
+# change the source model's data.
+"$T" data emoji --out "$D/emoji-pool" --styles "$POOL_STYLES" --cache "$CACHE"
+# the job's retrieval ranking: T3AR_DEMO_RANKING, else the mixed-pool benchmark's validation choice, else index
+RANKING=$("$PY" scripts/demo_report.py ranking)
 
 step "source model on Google emoji"
 TRAIN_ARGS=(--epochs 8 --val-fraction 0.1 --seed 0 --device "$DEVICE")
@@ -136,14 +158,25 @@ done
 eval "$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['exports'])" "$D/stack/stack.json")"
 sed -n '1,6p' "$D/up.log" >&2
 
-step "ingest the pool into the retriever"
+step "ingest the pool into the retriever: openclipart (unlabelled), then ${POOL_STYLES} (labelled: class folders)"
 # One request in flight: batches are committed in file order, so near-duplicate skipping keeps the same images
 # in every run (with two in flight, which copy of a near-identical pair is kept depends on timing).
-"$T" pool ingest "$D/pool" --source openclipart --in-flight 1
+rm -f "$D"/ingest-*.json
+"$T" pool ingest "$D/pool" --source openclipart --in-flight 1 --json >"$D/ingest-0-openclipart.json"
+n=1
+for style in ${POOL_STYLES//,/ }; do
+  "$T" pool ingest "$D/emoji-pool/$style" --source "$style" --labels folders --in-flight 1 --json \
+    >"$D/ingest-$n-$style.json"
+  n=$((n + 1))
+done
 
-step "submit the target (with its holdout: source, bn-adapt and t3ar are scored on it) and follow the job"
-"$T" submit "$D/target" --model "$D/source.pt" --method t3ar --mode test --k 5 --epochs "$EPOCHS" \
-  --batch-size 32 "${HOLDOUT_ARGS[@]}" "${REGISTER_ARGS[@]}" --out "$D/adapted.pt" --json >"$D/job.json"
+step "submit the target to T3AR with the pool's labels (ranking ${RANKING}; holdout: source, bn-adapt and t3ar are scored on it)"
+# the mixed-pool benchmark's labelled arm (t3ar-labels): AdaptConfig's defaults (the paper preset), the labelled
+# neighbours as data at weight 1, k = 5, the ranking chosen above
+JOB_CONFIG="{\"retrieval\": {\"k\": 5, \"ranking\": \"$RANKING\"}, \"pool_labels\": {\"weight\": 1}}"
+"$T" submit "$D/target" --model "$D/source.pt" --method t3ar --preset paper --mode test --config "$JOB_CONFIG" \
+  --epochs "$EPOCHS" --batch-size 32 "${HOLDOUT_ARGS[@]}" "${REGISTER_ARGS[@]}" --out "$D/adapted.pt" \
+  --json >"$D/job.json"
 
 if [ "$MLFLOW" = 1 ]; then
   step "MLflow: the job's registration (off the job's path: it finished already)"
@@ -164,39 +197,6 @@ fi
 step "accuracy on all Twitter emoji (the submitted subset and the rest)"
 "$T" evaluate --model "$D/source.pt" --data "$D/emoji/twitter" --device "$DEVICE" --json >"$D/before.json"
 "$T" evaluate --model "$D/adapted.pt" --data "$D/emoji/twitter" --device "$DEVICE" --json >"$D/after.json"
-"$PY" - "$D" "$start" "$DEVICE" <<'EOF'
-import json, sys, time
-from pathlib import Path
-d = Path(sys.argv[1])
-job, before, after = (json.loads((d / f).read_text()) for f in ("job.json", "before.json", "after.json"))
-src = json.loads((d / "source.json").read_text())
-libs, rt = src["libraries"], src["runtime"]
-pool = json.loads((d / "pool" / "manifest.json").read_text())["report"]["sources"]["openclipart"]
-res = job.get("result") or {}
-print(f"\njob {job['id']}: {job['status']} on {job['target']['images']} target images, {res.get('steps')} steps, "
-      f"{res.get('pool_ids_used')} pool images used")
-if "accuracy_after" in res:
-    print(f"accuracy on the adapted target subset: {100 * res['accuracy_before']:.1f}% -> "
-          f"{100 * res['accuracy_after']:.1f}%")
-acc = job.get("acceptance") or res.get("acceptance")
-if acc:
-    from t3ar.clients.job_report import AcceptanceRecord, acceptance_table
-    print("\n".join(acceptance_table(AcceptanceRecord.model_validate(acc))))
-print(f"accuracy on all {after['n']} Twitter emoji ({'the winner' if acc else 'adapted'}; the holdout's images "
-      f"included):  {100 * before['top1']:.1f}% -> {100 * after['top1']:.1f}%")
-print(f"these numbers depend on: device {sys.argv[3]}, {rt['threads']} torch thread(s), CPU {rt['machine']} "
-      f"{rt['cpu_capability']} ({rt.get('cpu', 'model unknown')}), torch {libs['torch']}, timm {libs['timm']}, Pillow {libs['pillow']}, "
-      f"numpy {libs['numpy']}, {pool['package']} {pool['version']}, training inputs {src['digest'][:12]} "
-      f"({d / 'source.json'})")
-reg_file = d / "registration.json"
-if reg_file.is_file() and reg_file.stat().st_mtime >= float(sys.argv[2]):
-    reg = json.loads(reg_file.read_text())
-    if reg and reg["state"] == "done":
-        print(f"MLflow: registered {reg['model_uri']} (alias {reg['alias']}); version {reg['version_url']}")
-        print(f"  serve it: MLFLOW_TRACKING_URI={reg['run_url'].split('/#/')[0]} mlflow models serve "
-              f"-m 'models:/{reg['name']}@{reg['alias']}' -p 5001 --env-manager local")
-    else:
-        print(f"MLflow: registration {reg and reg['state']}: {reg and reg['error']}")
-print(f"checkpoint: {d / 'adapted.pt'}   demo wall time: {time.time() - float(sys.argv[2]):.0f} s")
-EOF
+"$PY" scripts/demo_report.py report "$D" "$start" "$DEVICE" --ranking "$RANKING" --shift twitter \
+  --fraction "$FRACTION"
 step "stopping the stack"

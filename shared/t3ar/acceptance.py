@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -228,10 +228,12 @@ def gain_refusal(acc: Acceptance) -> str | None:
 
 
 def as_record(acc: Acceptance, *, require_gain: bool = False, seconds: Mapping[str, float] | None = None,
-              methods: Mapping[str, str] | None = None, classes: int | None = None) -> AcceptanceRecord:
+              methods: Mapping[str, str] | None = None, classes: int | None = None,
+              pool_use: Mapping[str, Mapping[str, Any]] | None = None) -> AcceptanceRecord:
     """The decision as the job contract's record (what a job report, ``GET /jobs/{id}`` and a checkpoint's metadata
-    carry), with each candidate's wall ``seconds`` and ``methods`` (by candidate name) and the holdout's ``classes``
-    when given."""
+    carry), with each candidate's wall ``seconds`` and ``methods`` (by candidate name), the holdout's ``classes``
+    and what each candidate drew from the pool (``pool_use``: name -> the :class:`~t3ar.clients.job_report.
+    CandidateRecord` fields ``pool_ids_used``, ``labelled_neighbours_total``, ``neighbour_quality``) when given."""
     def points(d: PairedDiff | None) -> PairedPoints | None:
         return None if d is None else PairedPoints(points=round(d.points, 3), lo=round(d.lo, 3), hi=round(d.hi, 3))
 
@@ -245,5 +247,6 @@ def as_record(acc: Acceptance, *, require_gain: bool = False, seconds: Mapping[s
         candidates=[CandidateRecord(name=s.name, method=(methods or {}).get(s.name), top1=round(s.top1, 6),
                                     ci=[round(s.lo, 6), round(s.hi, 6)], n=s.n, vs_source=points(s.vs_source),
                                     vs_bn_adapt=points(s.vs_bn_adapt),
-                                    seconds=round(seconds[s.name], 3) if seconds and s.name in seconds else None)
+                                    seconds=round(seconds[s.name], 3) if seconds and s.name in seconds else None,
+                                    **(pool_use or {}).get(s.name, {}))
                     for s in acc.scores])

@@ -136,7 +136,11 @@ class CandidatesOutcome:
         return as_record(self.acceptance, require_gain=require_gain,
                          seconds={name: run.seconds for name, run in self.runs.items()},
                          methods={name: run.config.method for name, run in self.runs.items()},
-                         classes=self.holdout_classes)
+                         classes=self.holdout_classes,
+                         pool_use={name: {"pool_ids_used": len(run.outcome.lineage.pool_ids),
+                                          "labelled_neighbours_total": len(run.outcome.labelled_neighbours),
+                                          "neighbour_quality": run.outcome.neighbour_quality}
+                                   for name, run in self.runs.items()})
 
     def phase_seconds(self) -> dict[str, float]:
         """The candidates' pipeline phases added up (the worker's phase table), the holdout's decoding and

@@ -51,6 +51,13 @@ def test_a_job_with_a_holdout_returns_the_winner(stack: Stack, model_id: str, po
         info = read_info(api.download_checkpoint(accepted.id, tmp_path / "won.pt"))
         assert info.lineage.method == acc.winner and info.metrics["acceptance"]["winner"] == acc.winner
         assert (info.lineage.pool_ids == ()) == (acc.winner != "t3ar")
+        # each candidate's pool use comes back whoever won (the job's result holds the winner's alone)
+        used = {c.name: c for c in acc.candidates}
+        assert used["t3ar"].pool_ids_used and used["t3ar"].neighbour_quality is not None
+        assert used["t3ar"].neighbour_quality.neighbours > 0
+        assert all(used[n].pool_ids_used == 0 and used[n].neighbour_quality is None
+                   for n in ("source", "bn-adapt", "tent"))
+        assert job.result.pool_ids_used == used[acc.winner].pool_ids_used
         # a holdout image that is also a target image is refused before anything is queued
         with zipfile.ZipFile(labelled_zip) as zf:
             member = next(n for n in zf.namelist() if n.endswith(".png"))

@@ -15,7 +15,7 @@ from provider_kit import SixItemPool
 from t3ar.acceptance import DEFAULT_RULE
 from t3ar.acceptance_options import AcceptanceOptions
 from t3ar.candidates import SharedProvider, run_candidates
-from t3ar.clients.job_report import AcceptanceRecord, acceptance_table
+from t3ar.clients.job_report import AcceptanceRecord, acceptance_table, candidate_pool_lines
 from t3ar.data.holdout import HoldoutError, read_holdout
 from t3ar.data.target import read_target
 from t3ar.method.config import adapt_config
@@ -67,6 +67,17 @@ def test_candidates_share_the_pool_and_the_winner_is_loaded(setup: tuple[Path, P
     assert rec.candidates[0].vs_source is None and rec.candidates[2].vs_source is not None
     table = acceptance_table(rec)
     assert table[1].split()[0] == "candidate" and any(line.rstrip().endswith("<-") for line in table[2:])
+    # what each candidate drew from the pool is kept whoever wins (the job's result carries the winner's alone)
+    used = {c.name: c for c in rec.candidates}
+    assert used["source"].pool_ids_used == 0 and used["source"].neighbour_quality is None
+    assert used["t3ar"].pool_ids_used == len(done.runs["t3ar"].outcome.lineage.pool_ids) > 0
+    assert used["t3ar"].labelled_neighbours_total == 0  # SixItemPool's items carry no label
+    quality = used["t3ar"].neighbour_quality
+    assert quality is not None and quality.k == 2 and quality.sources == {"x": quality.neighbours}
+    assert AcceptanceRecord.model_validate(rec.model_dump(mode="json")) == rec  # the contract reads it back
+    lines = candidate_pool_lines(rec)
+    assert any(line.startswith("candidate t3ar (") and "pool images retrieved" in line for line in lines)
+    assert not any("candidate source" in line for line in lines)
     phases = done.phase_seconds()
     assert phases["steps"] >= done.runs["t3ar"].outcome.phase_seconds["steps"]
 
@@ -182,3 +193,11 @@ def test_jobs_show_prints_the_acceptance_table() -> None:
     rows = {line.split()[0]: line for line in text.splitlines()[2:] if line.strip()}
     assert rows["bn-adapt"].rstrip().endswith("<-") and "100.0" in rows["bn-adapt"]
     assert "+100.0 [+100.0, +100.0]" in rows["bn-adapt"] and "-10.0" in rows["t3ar"]
+    # a losing retrieval candidate's pool use and neighbour quality are printed too
+    quality = {"ranking": "index", "k": 5, "neighbours": 45, "sources": {"clipart": 5, "openmoji": 40}}
+    losing = as_record(decide(correct, "paired"), pool_use={"t3ar": {"pool_ids_used": 30, "labelled_neighbours_total":
+                                                                     12, "neighbour_quality": quality}})
+    job = JobOut.model_validate({**job.model_dump(mode="json"), "acceptance": losing.model_dump(mode="json")})
+    text = _summary(job)
+    assert "candidate t3ar (not returned): 30 pool images retrieved, 12 served as labelled data" in text
+    assert "neighbours by pool source: openmoji 40, clipart 5" in text and "candidate bn-adapt" not in text

@@ -32,6 +32,10 @@ def test_the_summary_names_the_neighbour_quality_and_an_old_report_reads() -> No
             "hit rate 75.0 %") in text
     assert "neighbours by pool source: emoji-google 30, tux-paint 10" in text
     assert JobReport(job_id="old").neighbour_quality is None
+    # sources in name order (as a record read back from JSON may hold them) print the most first
+    by_name = {**QUALITY, "sources": {"a-clipart": 2, "b-openmoji": 9, "c-fluent": 9}}
+    text = report_summary(JobReport(job_id="j", neighbour_quality=by_name))  # type: ignore[arg-type]
+    assert "neighbours by pool source: b-openmoji 9, c-fluent 9, a-clipart 2" in text
 
 
 def test_a_share_out_of_range_is_refused() -> None:

@@ -18,7 +18,7 @@ from t3ar.cli.common import MethodChoice, echo_result, holdout_options, pct, ser
 from t3ar.cli.json_arg import json_object
 from t3ar.clients.api import ApiClient, ApiError
 from t3ar.clients.api_models import JobOut, JobResult, ModelOut, Progress, Registration, ReportOut
-from t3ar.clients.job_report import acceptance_table, labelled_summary, quality_lines
+from t3ar.clients.job_report import acceptance_table, candidate_pool_lines, labelled_summary, quality_lines
 from t3ar.job_words import noise_words, progress_words, returned_model
 from t3ar.method.presets import PRESET_NAMES
 
@@ -64,6 +64,8 @@ def _summary(job: JobOut, report: ReportOut | None = None) -> str:
         line += "\n    " + "\n    ".join(acceptance_table(acc))
         if noise := noise_words(acc):
             line += f"\n    {noise}"
+        if used := candidate_pool_lines(acc):  # what each candidate drew from the pool, the losers' too
+            line += "\n    " + "\n    ".join(used)
     if job.registration is not None:
         line += "\n    " + registration_line(job.registration)
     res = job.result or JobResult()

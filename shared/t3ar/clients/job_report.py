@@ -112,6 +112,14 @@ class CandidateRecord(_Part):
     vs_source: PairedPoints | None = Field(default=None, description="minus the base model, in points")
     vs_bn_adapt: PairedPoints | None = Field(default=None, description="minus bn-adapt, in points")
     seconds: float | None = Field(default=None, description="wall seconds of its adaptation and holdout scoring")
+    # what the candidate drew from the pool, whether it won or not: a job's result and report carry the winner's
+    # alone, so without these a retrieval candidate that lost to bn-adapt left no trace of its neighbours (issue 52)
+    pool_ids_used: int | None = Field(default=None, ge=0, description="distinct pool items the candidate retrieved "
+                                                                      "(None: a record from before it was kept)")
+    labelled_neighbours_total: int | None = Field(
+        default=None, ge=0, description="pool neighbours that served the candidate as labelled training data")
+    neighbour_quality: NeighbourQualityRecord | None = Field(
+        default=None, description="how good the candidate's neighbours were (None: it drew none)")
 
 
 class RunnerUp(PairedPoints):
@@ -177,7 +185,25 @@ def quality_lines(q: NeighbourQualityRecord) -> list[str]:
         lines.append(f"precision@{q.k} on the {q.precision_on or '?'}'s true labels {share(q.precision_at_k)}"
                      + (f"; hit rate {100 * q.hit_rate:.1f} %" if q.hit_rate is not None else ""))
     if q.sources:
-        lines.append("neighbours by pool source: " + ", ".join(f"{s or '(none)'} {n}" for s, n in q.sources.items()))
+        # the most first: a record read back from JSON may hold its sources in name order
+        ordered = sorted(q.sources.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines.append("neighbours by pool source: " + ", ".join(f"{s or '(none)'} {n}" for s, n in ordered))
+    return lines
+
+
+def candidate_pool_lines(acc: AcceptanceRecord) -> list[str]:
+    """What each candidate that drew pool neighbours used of the pool, and how good its neighbours were (text
+    lines; the returned model's own are the job's, a losing candidate's are only here); empty for a record
+    without them."""
+    lines = []
+    for c in acc.candidates:
+        if not c.pool_ids_used and c.neighbour_quality is None:
+            continue
+        role = "the returned model" if c.name == acc.winner else "not returned"
+        lines.append(f"candidate {c.name} ({role}): {c.pool_ids_used or 0} pool images retrieved, "
+                     f"{c.labelled_neighbours_total or 0} served as labelled data")
+        if c.neighbour_quality is not None:
+            lines += ["  " + line for line in quality_lines(c.neighbour_quality)]
     return lines
 
 
