@@ -1,7 +1,8 @@
 """Neighbour quality through the real stack (`t3ar up`: real Redis, retriever, API, worker; issue 52): a job with
 class-conditional retrieval over a labelled archive reports how good its neighbours were (pseudo-label
 agreement, precision on its labelled target, the neighbours by pool source) in its result (``GET /jobs/{id}``)
-and its report; an archive item withdrawn before a job never reaches it through the option."""
+and its report; so does a job with the ranking the mixed-pool benchmark's validation chose (the index's, the
+default: docs/benchmarks/mixed-pool.md); an archive item withdrawn before a job never reaches it through either."""
 
 from __future__ import annotations
 
@@ -46,3 +47,19 @@ def test_a_class_conditional_job_reports_its_neighbour_quality(tmp_path: Path) -
         report = api.report(job.id)
         assert report.neighbour_quality is not None and report.neighbour_quality.model_dump() == quality
         assert all(withdrawn != n.id for row in report.neighbour_sample for n in row.neighbours)
+
+        # the option validation chose on the mixed pool: the index's ranking (the default), the labels as data
+        chosen = {**{k: v for k, v in FAST_JOB.items() if k not in ("k", "r")}, "mode": "test", "fraction": 1.0,
+                  "retrieval": {"k": 3, "r": 1}, "pool_labels": {"weight": 1.0}}
+        job2 = api.adapt(target_zip(tmp_path / "t2.zip", per_class=3, seed=4), model_id, chosen)
+        done2 = api.wait(job2.id, poll=0.2, timeout=300)
+        assert done2.status == "finished", done2
+        assert done2.result is not None and done2.result.neighbour_quality is not None
+        q2 = done2.result.neighbour_quality.model_dump()
+        assert q2["ranking"] == "index" and q2["k"] == 3 and q2["neighbours"] == 3 * 3 * len(CLASSES)
+        # the index ranks all 40 items: labelled and unlabelled neighbours; every labelled one is counted
+        assert 0 < q2["pseudo_label_agreement"]["labelled"] <= q2["neighbours"]
+        assert q2["precision_on"] == "target"
+        assert set(q2["sources"]) <= {"archive", "unlabelled"} and sum(q2["sources"].values()) == q2["neighbours"]
+        report2 = api.report(job2.id)
+        assert all(withdrawn != n.id for row in report2.neighbour_sample for n in row.neighbours)
