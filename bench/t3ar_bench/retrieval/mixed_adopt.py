@@ -8,8 +8,9 @@ The JSON keeps every key of the last round. Under ``goals`` it gains the issue's
 from ``t3ar bench neighbours``. ``labelled_vs_random`` and ``labelled_vs_bn_adapt`` had the last round's values
 (the all-relevant labelled pool): those move to ``<key>_labelled_pool``, and ``goals.provenance`` says which run
 each goal comes from. The markdown gains one section between markers (replaced on a re-run); the PNG shows the
-issue's goals, and the last round's plot moves to ``adaptation-cpu-acceptance.png``. Pure functions but the
-writer.
+issue's goals, and the plan's own plot moves to ``adaptation-cpu-acceptance.png``. A rerun of ``t3ar bench adapt
+--plan cpu`` rewrites the three files without these: ``t3ar bench mixed --cached-only --adopt`` adds them again.
+Pure functions but the writer.
 """
 
 from __future__ import annotations
@@ -98,17 +99,21 @@ def section(adopted: Mapping[str, Any], mixed_md_link: str = "mixed-pool.md") ->
                      f"{_cell(g.get('0.3'))} |")
     if "neighbour_precision" in goals:
         np_ = goals["neighbour_precision"]
+        ev = set(mp["evaluation_shifts"])
         lines += ["", "Neighbour precision@5 on the labelled pool beside the pseudo-labels' accuracy (%, median over "
-                  "shifts; goal: precision >= accuracy + 5):", "", "| retriever | fraction | precision@5 | "
-                  "pseudo-labels | per shift (precision / pseudo-labels) |", "|---|---|---|---|---|"]
+                  "the evaluation shifts; goal: precision >= accuracy + 5; per shift, the validation shift too):", "",
+                  "| retriever | fraction | precision@5 | pseudo-labels | median of the differences (points) | per "
+                  "shift (precision / pseudo-labels) |", "|---|---|---|---|---|---|"]
         for r, by_f in np_.items():
             for f, cell in by_f.items():
                 ps = cell["per_shift"]
-                prec = sorted(v["precision_at_5"] for v in ps.values())
-                acc = sorted(v["pseudo_label_accuracy"] for v in ps.values())
+                prec = sorted(v["precision_at_5"] for s, v in ps.items() if s in ev)
+                acc = sorted(v["pseudo_label_accuracy"] for s, v in ps.items() if s in ev)
                 per = ", ".join(f"{s} {100 * v['precision_at_5']:.1f} / {100 * v['pseudo_label_accuracy']:.1f}"
                                 for s, v in ps.items())
-                lines.append(f"| {r} | {f} | {100 * _median(prec):.1f} | {100 * _median(acc):.1f} | {per} |")
+                diff = sorted(v["precision_at_5"] - v["pseudo_label_accuracy"] for s, v in ps.items() if s in ev)
+                lines.append(f"| {r} | {f} | {100 * _median(prec):.1f} | {100 * _median(acc):.1f} | "
+                             f"{100 * _median(diff):+.1f} | {per} |")
     lines += ["", "The last round's `labelled_vs_random` / `labelled_vs_bn_adapt` (the all-relevant labelled pool) "
               "are kept as `*_labelled_pool`; `goals.provenance` names each goal's run.", END]
     return "\n".join(lines) + "\n"
@@ -136,13 +141,15 @@ def plot(adopted: Mapping[str, Any], path: Path) -> bool:
     y = 0.0
     ticks: list[float] = []
     names: list[str] = []
+    labelled: set[str] = set()
     for key in keys:
         for f, colour in (("0.1", "tab:blue"), ("0.3", "tab:orange")):
             c = goals[key]["test"].get(f)
             if c:
                 err = [[c["mean"] - c["lo"]], [c["hi"] - c["mean"]]] if not math.isnan(c["lo"]) else None
                 ax.errorbar([c["mean"]], [y], xerr=err, fmt="o", color=colour,
-                            label=f"{float(f):.0%} of the target" if not ticks else None)
+                            label=f"{float(f):.0%} of the target" if f not in labelled else None)
+                labelled.add(f)
                 ticks.append(y)
                 names.append(f"{key} ({float(f):.0%})")
                 if key in bars:
@@ -162,14 +169,15 @@ def plot(adopted: Mapping[str, Any], path: Path) -> bool:
 def write(out_dir: Path, mixed: Mapping[str, Any], neighbours: Mapping[str, Any] | None, *, source: str) -> Path:
     """Adopt into ``out_dir``/adaptation-cpu.{json,md,png}; the JSON is replaced whole or not at all."""
     cpu_path = out_dir / "adaptation-cpu.json"
-    adopted = adopt(json.loads(cpu_path.read_text()), mixed, neighbours, source=source)
+    cpu = json.loads(cpu_path.read_text())
+    adopted = adopt(cpu, mixed, neighbours, source=source)
     tmp = cpu_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(adopted, indent=1, default=str))
     tmp.replace(cpu_path)
     md = out_dir / "adaptation-cpu.md"
     md.write_text(with_section(md.read_text(), section(adopted)))
     png, kept = out_dir / "adaptation-cpu.png", out_dir / "adaptation-cpu-acceptance.png"
-    if png.is_file() and not kept.is_file():
+    if png.is_file() and "mixed_pool" not in cpu:  # the plan's own plot (a fresh `bench adapt` run): keep it
         shutil.copy2(png, kept)
     plot(adopted, png)
     return cpu_path

@@ -73,13 +73,16 @@ def report(results: Mapping[str, Any], *, validation: str) -> dict[str, Any]:
             cell["verdict"] = verdict(cell, BARS.get(name))
     arms = results["arms"]
     return {**results, "validation_shift": validation, "evaluation_shifts": evaluation,
-            "choice": {"labelled": chosen, "ranking": next(k for k, v in RANKING_ARMS.items() if v == chosen),
+            "choice": {"labelled": chosen,
+                       "validation_seeds": sorted({int(r["seed"]) for r in records if r.get("shift") == validation}),
+                       "ranking": next(k for k, v in RANKING_ARMS.items() if v == chosen),
                        "validation_means": validation_means(records, validation, [*RANKING_ARMS.values(),
                                                                                   "t3ar-labels-balanced",
                                                                                   "t3ar-labels-second-stage"]),
                        "rule": "the ranking arm with the best mean top-1 over seeds and fractions on the "
                                "validation shift; the index's ranking on a tie"},
-            "goals": goals, "accepted_wins": accepted_wins(records, chosen),
+            "goals": goals,
+            "accepted_wins": accepted_wins([r for r in records if r.get("shift") in evaluation], chosen),
             "top1": {str(f): arm_table(records, arms, shifts, f) for f in fractions},
             "labelled_items": labelled_items(records, arms), "bars": BARS}
 
@@ -101,7 +104,8 @@ def markdown(rep: Mapping[str, Any]) -> str:
               f"{plan['image_size']} px, R = {plan['retriever']} at {plan['retriever_size']} px.", "",
               "## Validation's choice", "",
               f"Labelled retrieval arm: **{rep['choice']['labelled']}** (ranking `{rep['choice']['ranking']}`): "
-              f"{rep['choice']['rule']}.", "", "| arm | validation mean top-1 (%) |", "|---|---|"]
+              f"{rep['choice']['rule']} (seeds {', '.join(map(str, rep['choice']['validation_seeds']))}).", "",
+              "| arm | validation mean top-1 (%) |", "|---|---|"]
     for arm, v in rep["choice"]["validation_means"].items():
         lines.append(f"| {arm} | {100 * v:.1f} |")
     lines += ["", "## Goals (points, paired over evaluation shifts x seeds, 95 % CI)", "",
@@ -112,7 +116,8 @@ def markdown(rep: Mapping[str, Any]) -> str:
             per = ", ".join(f"{s} {_pts(v)}" for s, v in c["per_shift"].items())
             lines.append(f"| {name} | {'–' if bar is None else f'{bar:+.1f}'} | {f} | {_pts(c['mean'])} "
                          f"[{_pts(c['lo'])}, {_pts(c['hi'])}] | {c['n']} | {c['verdict']} | {per} |")
-    lines += ["", f"Accepted model (1 holdout image per class) over the cells: {rep['accepted_wins']}.", ""]
+    lines += ["", "Accepted model (1 holdout image per class, the product's rule) over the evaluation cells: "
+              + ", ".join(f"{m} {n}" for m, n in sorted(rep["accepted_wins"].items(), key=lambda x: -x[1])) + ".", ""]
     for f, table in rep["top1"].items():
         shifts = list(rep["shifts"])
         lines += [f"## Top-1 (%) at fraction {f}, mean over seeds", "",
@@ -121,7 +126,10 @@ def markdown(rep: Mapping[str, Any]) -> str:
             lines.append(f"| {arm} | " + " | ".join(f"{row[s]:.1f}" if s in row else "–" for s in shifts) + " |")
         lines.append("")
     lines += ["## Labelled items the arms trained on", "",
-              "| arm | per step | distinct | share of uses with the query's true class | runs |",
+              "The share: of the uses, those whose label is the true class of an image that retrieved the item (for "
+              "the draws without retrieval, `t3ar-labels-random` and `t3ar-labels-all`: the class of any adapted "
+              "image).", "",
+              "| arm | per step | distinct | share of uses of a retrieving image's true class | runs |",
               "|---|---|---|---|---|"]
     for arm, u in rep["labelled_items"].items():
         share = "–" if math.isnan(u["query_class_share"]) else f"{100 * u['query_class_share']:.1f} %"
