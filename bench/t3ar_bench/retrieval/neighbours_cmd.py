@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -18,11 +19,19 @@ def _floats(spec: str) -> list[float]:
         raise click.BadParameter(f"not a comma-separated list of numbers: {spec!r}") from e
 
 
+def work_and_cache_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``--work`` (kits, source models and caches; one directory for both commands, so each reuses the other's) and
+    ``--cache`` (downloaded packages)."""
+    command = click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=default_cache,
+                           help="Downloaded packages ($T3AR_CACHE_DIR or .cache/t3ar).")(command)
+    return click.option("--work", type=click.Path(file_okay=False, path_type=Path),
+                        default=Path(".cache/bench-neighbours"), show_default=True,
+                        help="Kits, source models and caches (shared by `bench neighbours` and `bench mixed`)."
+                        )(command)
+
+
 @click.command("neighbours")
-@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-neighbours"),
-              show_default=True, help="Kits, source models and caches.")
-@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=default_cache,
-              help="Downloaded packages ($T3AR_CACHE_DIR or .cache/t3ar).")
+@work_and_cache_options
 @click.option("--shifts", default="twitter,openmoji,openmoji-black,fluent3d", show_default=True,
               help="Target styles of the emoji kit (comma-separated).")
 @click.option("--fractions", default="0.1,0.3", show_default=True)
@@ -76,10 +85,7 @@ def _part(spec: str) -> tuple[int, int]:
 
 
 @click.command("mixed")
-@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path(".cache/bench-neighbours"),
-              show_default=True, help="Kits, source models and caches (shared with `bench neighbours`).")
-@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=default_cache,
-              help="Downloaded packages ($T3AR_CACHE_DIR or .cache/t3ar).")
+@work_and_cache_options
 @click.option("--icons", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The icon store (t3ar.datakit.icons; default WORK/icons, built there when missing).")
 @click.option("--shifts", default="fluent3d,twitter,openmoji,openmoji-black", show_default=True,
